@@ -1,0 +1,128 @@
+"""Typed run configuration, readable from YAML and overridable from the CLI.
+
+Defaults give a working run on the bundled demo (Adult at epsilon=1, delta=1e-5).
+Everything here is public: none of it is read off the private rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from privflow.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PrivacyConfig(_Section):
+    """The run's total (epsilon, delta) and the standalone epsilon shares of the small stages.
+
+    DP-SGD takes what remains: its noise is calibrated so that the tight (PLD) composition
+    of every stage lands at or just under the target (privacy/plan.py).
+    """
+
+    epsilon: float = Field(1.0, gt=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
+    stats_share: float = Field(0.03, ge=0, lt=1)
+    prior_share: float = Field(0.05, ge=0, lt=1)
+    select_share: float = Field(0.03, ge=0, lt=1)
+
+
+class ModelConfig(_Section):
+    """Which flow to train and its shape (models/)."""
+
+    name: Literal["dphflow", "maf"] = "maf"
+    blocks: int = Field(4, ge=1, le=32)
+    hidden: int = Field(64, ge=4, le=4096)
+    spline_bins: int = Field(8, ge=2, le=64)
+    spline_bound: float = Field(4.0, gt=0)
+    dequantization: Literal["uniform", "variational"] = "uniform"
+    linear: Literal["lu", "lowrank", "none"] = "lu"
+    rank: int = Field(1, ge=1)
+    prior: Literal["normal", "mog"] = "normal"
+    mog_components: int = Field(5, ge=1, le=64)
+    mog_iterations: int = Field(10, ge=1, le=200)
+
+
+class TrainConfig(_Section):
+    """DP-SGD/DP-Adam with Poisson sampling (privacy/dp_sgd.py)."""
+
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = Field(3e-3, gt=0)
+    batch_size: int = Field(512, ge=1, description="expected Poisson batch size")
+    epochs: float = Field(8.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    clipping: Literal["flat", "per_layer", "per_unit", "sparsify"] = "flat"
+    sparsity: float = Field(0.5, ge=0, lt=1)
+    checkpoint_every: int = Field(50, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0
+    threads: int | None = Field(None, ge=1)
+
+
+class SelectConfig(_Section):
+    """Report-Noisy-Max over checkpoints on the clipped validation log-likelihood."""
+
+    top_k: int = Field(1, ge=1)
+    validation_fraction: float = Field(0.1, gt=0, lt=0.5)
+    score_low: float = Field(-20.0, description="per-row log-likelihood clipped below here (nats)")
+    score_high: float = Field(10.0, description="per-row log-likelihood clipped above here (nats)")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "SelectConfig":
+        if not self.score_low < self.score_high:
+            raise ValueError("score_low must be below score_high")
+        return self
+
+
+class EvaluateConfig(_Section):
+    """Diagnostics for the data owner (not differentially private)."""
+
+    synthetic_rows: int | None = Field(None, ge=1, description="default: as many as the input has")
+    fidelity: bool = True
+    utility: bool = True
+    likelihood: bool = True
+    privacy_risk: bool = True
+    report: bool = True
+    repeats: int = Field(1, ge=1)
+    test_data: Path | None = None
+
+
+class RunConfig(_Section):
+    """One training run: data, schema, privacy, model, training, selection, evaluation, registry."""
+
+    data: Path
+    schema_path: Path
+    policy: Literal["strict", "quarantine"] = "strict"
+    store: Path = Path(".privflow")
+    model_name: str | None = Field(None, description="registered model name; default privflow-<dataset>")
+    alias: str = "champion"
+    privacy: PrivacyConfig = PrivacyConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    select: SelectConfig = SelectConfig()
+    evaluate: EvaluateConfig = EvaluateConfig()
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: object) -> "RunConfig":
+        p = Path(path)
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"Config file '{p}' cannot be read: {exc}") from None
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.build(**raw)
+
+    @classmethod
+    def build(cls, **values: object) -> "RunConfig":
+        """Validate values into a config; errors become one ConfigError naming each field."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"Invalid run settings: {problems}.") from None

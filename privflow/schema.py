@@ -1,0 +1,141 @@
+"""The dataset schema: the public description of a table (privacy rule 2).
+
+Everything the pipeline may know about the data without spending privacy lives here:
+column names, types, numeric bounds, category lists, which columns may be missing, the
+dataset's identity and its total budget. Nothing in it is read off the private rows.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from privflow.errors import SchemaError
+
+ColumnType = Literal["numeric", "integer", "categorical"]
+Transform = Literal["none", "log1p"]
+
+
+class Budget(BaseModel):
+    """A dataset's total (epsilon, delta) across all runs, composed by the ledger."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+
+
+class Column(BaseModel):
+    """One column: numeric/integer with public bounds, or categorical with a public list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1)
+    type: ColumnType
+    bounds: tuple[float, float] | None = None
+    categories: tuple[str, ...] | None = None
+    transform: Transform = "none"
+    nullable: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "Column":
+        if self.type in ("numeric", "integer"):
+            if self.bounds is None:
+                raise ValueError(f"column '{self.name}' is {self.type} and needs public bounds [low, high]")
+            low, high = self.bounds
+            if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                raise ValueError(f"column '{self.name}': bounds must be finite with low < high, got {list(self.bounds)}")
+            if self.categories is not None:
+                raise ValueError(f"column '{self.name}' is {self.type}; 'categories' is only for categorical columns")
+            if self.transform == "log1p" and low < 0:
+                raise ValueError(f"column '{self.name}': a log1p transform needs bounds >= 0")
+        else:
+            if not self.categories:
+                raise ValueError(f"column '{self.name}' is categorical and needs a non-empty 'categories' list")
+            if len(set(self.categories)) != len(self.categories):
+                raise ValueError(f"column '{self.name}': categories are not unique")
+            if self.bounds is not None or self.transform != "none":
+                raise ValueError(f"column '{self.name}' is categorical; 'bounds' and 'transform' do not apply")
+        return self
+
+    @field_validator("categories", mode="before")
+    @classmethod
+    def _as_strings(cls, v: object) -> object:
+        if isinstance(v, list | tuple):
+            return tuple(str(x) for x in v)
+        return v
+
+    @property
+    def is_categorical(self) -> bool:
+        return self.type == "categorical"
+
+
+class DatasetInfo(BaseModel):
+    """The dataset's identity (the ledger's key) and its total privacy budget."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    budget: Budget = Budget(epsilon=10.0, delta=1e-5)
+    expected_rows: int | None = Field(
+        None,
+        ge=1,
+        description="public, approximate row count; turns batch size and epochs into a Poisson "
+        "sample rate and a step count without reading the data",
+    )
+
+
+class Schema(BaseModel):
+    """A table's public schema; `target` names the label used by utility diagnostics."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dataset: DatasetInfo
+    columns: tuple[Column, ...] = Field(min_length=1)
+    target: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "Schema":
+        names = [c.name for c in self.columns]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate column names: {dup}")
+        if self.target is not None:
+            if self.target not in names:
+                raise ValueError(f"target '{self.target}' is not a declared column")
+            if not self.column(self.target).is_categorical:
+                raise ValueError(f"target '{self.target}' must be categorical")
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def column(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "Schema":
+        """Read a schema file; any problem becomes a SchemaError naming the file and the field."""
+        p = Path(path)
+        if not p.is_file():
+            raise SchemaError(f"Schema file '{p}' does not exist.")
+        try:
+            raw = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise SchemaError(f"Schema file '{p}' is not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise SchemaError(f"Schema file '{p}' must hold a mapping with 'dataset' and 'columns'.")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(x) for x in e['loc']) or 'schema'}: {e['msg']}" for e in exc.errors()
+            )
+            raise SchemaError(f"Schema file '{p}' is invalid: {problems}.") from None
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
