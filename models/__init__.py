@@ -1,0 +1,43 @@
+"""Torch-only flow models of privflow (no Prefect, no MLflow).
+
+``build_flow(name, cardinalities, **model_config)`` builds a ``TabularFlow`` from the fields of
+``privflow.config.ModelConfig``; ``model.config`` holds the arguments so that
+``build_flow(**model.config)`` rebuilds an identical module for ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.base import TabularFlow
+from models.dphflow import DPHFlow
+from models.maf import MAF
+
+__all__ = ["DPHFlow", "MAF", "TabularFlow", "build_flow", "FLOW_OPTIONS"]
+
+# Options each family takes (ModelConfig field names plus a few model-only knobs).
+FLOW_OPTIONS: dict[str, frozenset[str]] = {
+    "maf": frozenset({"blocks", "hidden", "hidden_layers", "dequantization", "prior", "mog_components",
+                      "logit_alpha", "deq_components"}),
+    "dphflow": frozenset({"blocks", "hidden", "hidden_layers", "spline_bins", "spline_bound", "linear", "rank",
+                          "embed_dim", "dequantization", "prior", "mog_components", "logit_alpha",
+                          "deq_components", "seed"}),
+}
+# ModelConfig fields that concern another family or DP-EM only: accepted and ignored.
+_IGNORED = frozenset({"spline_bins", "spline_bound", "linear", "rank", "mog_iterations", "seed"})
+
+
+def build_flow(name: str, cardinalities: list[int | None], **kwargs: Any) -> TabularFlow:
+    """Build the flow ``name`` ("maf" or "dphflow") for features with these cardinalities
+    (None = continuous in [0, 1], K = categorical codes 0..K-1)."""
+    if name not in FLOW_OPTIONS:
+        raise ValueError(f"unknown flow '{name}'; choose one of {sorted(FLOW_OPTIONS)}")
+    allowed = FLOW_OPTIONS[name]
+    unknown = set(kwargs) - allowed - _IGNORED
+    if unknown:
+        raise TypeError(f"build_flow('{name}') got unknown options {sorted(unknown)}")
+    used = {k: v for k, v in kwargs.items() if k in allowed}
+    cards = [None if c is None else int(c) for c in cardinalities]
+    config = {"name": name, "cardinalities": cards, **used}
+    cls = MAF if name == "maf" else DPHFlow
+    return cls(cards, config=config, **used)

@@ -128,7 +128,7 @@ class PRVAccountant(Accountant):
 
     name = "prv"
 
-    def __init__(self, eps_error: float = 0.005, delta_error: float = 1e-10) -> None:
+    def __init__(self, eps_error: float = 0.001, delta_error: float = 1e-10) -> None:
         self.eps_error = eps_error
         self.delta_error = delta_error
 

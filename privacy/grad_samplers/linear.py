@@ -1,0 +1,132 @@
+"""Fast clipping ops for linear layers y = x W^T + b, optionally with a fixed mask (W * M).
+
+Per-example weight gradient of a layer called J times in one forward (the MADE shared by
+all DP-HFlow blocks): G_n = (sum_u g_{u,n} a_{u,n}^T) * M. Its squared norm never needs G_n
+(fast gradient clipping, Lee & Kifer 2021; Gram trick for repeated calls):
+
+    ||G_n||^2 = sum_{u,v} (g_u * g_v)^T M (a_u * a_v)        (elementwise products, per n)
+
+which for M = 1 is sum_{u,v} (a_u . a_v)(g_u . g_v). A MADE mask has few distinct rows
+(one per degree), so M (a_u * a_v) is computed on the distinct rows only and scattered back.
+The clipped sum sum_n w_n G_n is one matrix product (sum_u (w * g_u)^T a_u) * M.
+nn.Linear's grad sampler is opacus' own; MaskedLinear's is in ``masked_linear.py``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from privacy.grad_samplers._common import split_backprops
+from privacy.grad_samplers.registry import Call, register_ghost
+
+_GROUPS: "weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, Tensor, Tensor]]" = weakref.WeakKeyDictionary()
+
+
+def mask_groups(layer: nn.Module, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Distinct rows of the mask [k, in] and each output row's group index [out] (cached)."""
+    cached = _GROUPS.get(layer)
+    if cached is not None and cached[0] is mask:
+        return cached[1], cached[2]
+    rows, inverse = torch.unique(mask, dim=0, return_inverse=True)
+    _GROUPS[layer] = (mask, rows, inverse)
+    return rows, inverse
+
+
+class LinearGhost:
+    """Ghost norms / weighted sums for a linear layer; subclasses supply the mask."""
+
+    def mask(self, layer: nn.Module) -> Tensor | None:
+        return None
+
+    def applicable(self, layer: nn.Module, calls: Sequence[Call]) -> bool:
+        sizes = set()
+        for c in calls:
+            if len(c.activations) != 1 or not isinstance(c.activations[0], Tensor) or c.kwargs:
+                return False
+            a = c.activations[0]
+            g, _ = split_backprops(c.backprops)
+            if a.dim() != 2 or g.dim() != 2 or a.shape[0] != g.shape[0]:
+                return False
+            sizes.add(a.shape[0])
+        return len(sizes) == 1
+
+    @staticmethod
+    def _stack(calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
+        gs = [split_backprops(c.backprops)[0] for c in calls]
+        a = torch.stack([c.activations[0].to(gs[0].dtype) for c in calls])
+        return a, torch.stack(gs)  # [J, n, in], [J, n, out]
+
+    def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
+        a, g = self._stack(calls)
+        j = a.shape[0]
+        out: dict[nn.Parameter, Tensor] = {}
+        if layer.weight.requires_grad:
+            mask = self.mask(layer)
+            if mask is None:
+                if j == 1:
+                    s = (a[0] * a[0]).sum(1) * (g[0] * g[0]).sum(1)
+                else:
+                    ka = torch.einsum("uni,vni->nuv", a, a)
+                    kg = torch.einsum("uni,vni->nuv", g, g)
+                    s = (ka * kg).sum((1, 2))
+            else:
+                rows, inverse = mask_groups(layer, mask)
+                iu, iv = torch.triu_indices(j, j, device=a.device)
+                coef = torch.where(iu == iv, 1.0, 2.0).to(a.dtype)
+                p = (a[iu] * a[iv]) @ rows.to(a.dtype).T  # [pairs, n, k]
+                q = torch.zeros_like(p).index_add_(2, inverse, g[iu] * g[iv])
+                s = ((p * q).sum(2) * coef[:, None]).sum(0)
+            out[layer.weight] = s
+        if layer.bias is not None and layer.bias.requires_grad:
+            b = g.sum(0)
+            out[layer.bias] = (b * b).sum(1)
+        return out
+
+    def unit_stats(
+        self, layer: nn.Module, calls: Sequence[Call]
+    ) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
+        if len(calls) != 1:
+            return None  # row L1 norms of a sum over calls need the per-example gradient
+        a, g = self._stack(calls)
+        a, g = a[0], g[0]
+        out: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
+        if layer.weight.requires_grad:
+            mask = self.mask(layer)
+            if mask is None:
+                l1 = g.abs() * a.abs().sum(1, keepdim=True)
+                sq = g * g * (a * a).sum(1, keepdim=True)
+            else:
+                rows, inverse = mask_groups(layer, mask)
+                rt = rows.to(a.dtype).T
+                l1 = g.abs() * (a.abs() @ rt)[:, inverse]
+                sq = g * g * ((a * a) @ rt)[:, inverse]
+            out[layer.weight] = (l1, sq)
+        if layer.bias is not None and layer.bias.requires_grad:
+            out[layer.bias] = (g.abs(), g * g)
+        return out
+
+    def weighted_sum(
+        self, layer: nn.Module, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
+    ) -> dict[nn.Parameter, Tensor]:
+        a, g = self._stack(calls)
+        j, n, d_in = a.shape
+        out: dict[nn.Parameter, Tensor] = {}
+        if layer.weight.requires_grad:
+            w = weights[layer.weight]
+            w = w[:, None] if w.dim() == 1 else w
+            gw = (g * w).reshape(j * n, -1)
+            grad = gw.T @ a.reshape(j * n, d_in)
+            mask = self.mask(layer)
+            out[layer.weight] = grad * mask.to(grad.dtype) if mask is not None else grad
+        if layer.bias is not None and layer.bias.requires_grad:
+            w = weights[layer.bias]
+            w = w[:, None] if w.dim() == 1 else w
+            out[layer.bias] = (g * w).sum((0, 1))
+        return out
+
+
+register_ghost(nn.Linear)(LinearGhost)

@@ -1,0 +1,78 @@
+"""Registries beside opacus' GRAD_SAMPLERS: fast clipping ops and structural parameter counts.
+
+* ``GHOST_OPS[type]``: layers whose per-example gradient norms and clipped sums can be formed
+  from the stored activations and output gradients without materialising per-example
+  gradients (fast gradient clipping, Lee & Kifer 2021, as DP-HFlow's "Fast Per-example
+  Gradient Computation" section uses it). Layers without an entry are materialised through
+  their opacus grad sampler.
+* ``FREE_NUMEL[type]``: how many entries of each parameter can be non-zero in a gradient
+  (a MADE mask or a triangular factor fixes the others at 0); the "parameter complexity"
+  used to split the clipping threshold and the m of stochastic sparsification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from torch import Tensor, nn
+
+
+@dataclass
+class Call:
+    """One forward call of a layer: its (detached) inputs and, after backward, its output grads."""
+
+    activations: list[Any]
+    kwargs: dict[str, Any]
+    backprops: Any = None
+
+
+class GhostOps(Protocol):
+    """Fast clipping operations for one layer type (all calls of one step at once)."""
+
+    def applicable(self, layer: nn.Module, calls: Sequence[Call]) -> bool: ...
+
+    def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
+        """Per-example squared norm [n] of each parameter's gradient summed over the calls."""
+        ...
+
+    def unit_stats(
+        self, layer: nn.Module, calls: Sequence[Call]
+    ) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
+        """Per-example, per-row (L1 norm, squared L2 norm), each [n, rows]; None if not cheap."""
+        ...
+
+    def weighted_sum(
+        self, layer: nn.Module, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
+    ) -> dict[nn.Parameter, Tensor]:
+        """sum_i w_i * grad_i, with w [n] (one per example) or [n, rows] (one per example and row)."""
+        ...
+
+
+GHOST_OPS: dict[type, GhostOps] = {}
+FREE_NUMEL: dict[type, Callable[[nn.Module], dict[nn.Parameter, int]]] = {}
+
+
+def register_ghost(cls: type) -> Callable[[Any], Any]:
+    def deco(ops: Any) -> Any:
+        GHOST_OPS[cls] = ops() if isinstance(ops, type) else ops
+        return ops
+
+    return deco
+
+
+def register_free_numel(cls: type) -> Callable[[Any], Any]:
+    def deco(fn: Callable[[nn.Module], dict[nn.Parameter, int]]) -> Any:
+        FREE_NUMEL[cls] = fn
+        return fn
+
+    return deco
+
+
+def free_numel(layer: nn.Module) -> dict[nn.Parameter, int]:
+    """Structurally free gradient entries of each directly owned trainable parameter."""
+    fn = FREE_NUMEL.get(type(layer))
+    if fn is not None:
+        return fn(layer)
+    return {p: p.numel() for p in layer.parameters(recurse=False) if p.requires_grad}

@@ -1,0 +1,483 @@
+"""The privacy ledger: a persistent, per-dataset record of every privacy event ever spent.
+
+One SQLite file (stdlib sqlite3, WAL journal) holds datasets with their total budget and
+runs with their events as JSON. A run reserves its events before it reads a row
+(ARCHITECTURE.md, privacy rules 3 and 6): inside `BEGIN IMMEDIATE` (the database write
+lock, so concurrent reservers are serialised across processes) the ledger composes every
+event already recorded for the dataset (reserved, settled or failed: any of them may have
+read data) with the new ones using the PLD accountant at the dataset's delta, and refuses
+the run if the total would pass the budget. The reported epsilon comes only from here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from privacy.accountant import PLDAccountant
+from privacy.events import (
+    Event,
+    GaussianEvent,
+    LaplaceEvent,
+    NonPrivateEvent,
+    PoissonGaussianEvent,
+    PureDPEvent,
+    RepeatedEvent,
+    events_from_json,
+    events_to_json,
+    flatten,
+)
+from privflow.errors import BudgetExceeded, PrivacyPlanError
+
+log = logging.getLogger(__name__)
+
+# Relative slack for floating-point noise only: a plan calibrated to land exactly on the
+# budget may compose to budget * (1 + 1e-12) in the PLD's arithmetic.
+_REL_TOL = 1e-9
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS datasets (
+    name TEXT PRIMARY KEY,
+    budget_epsilon REAL NOT NULL,
+    budget_delta REAL NOT NULL,
+    fingerprint TEXT,
+    created TEXT NOT NULL,
+    spent_epsilon REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS fingerprints (
+    dataset TEXT NOT NULL REFERENCES datasets(name),
+    fingerprint TEXT NOT NULL,
+    first_seen TEXT NOT NULL,
+    PRIMARY KEY (dataset, fingerprint)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    dataset TEXT NOT NULL REFERENCES datasets(name),
+    status TEXT NOT NULL CHECK (status IN ('reserved', 'settled', 'failed')),
+    events TEXT NOT NULL,
+    reserved_events TEXT NOT NULL,
+    reserved_epsilon REAL NOT NULL,
+    epsilon REAL NOT NULL,
+    stages TEXT NOT NULL,
+    created TEXT NOT NULL,
+    settled_at TEXT
+);
+CREATE TABLE IF NOT EXISTS notes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset TEXT NOT NULL,
+    at TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run's row: `events` are what it spent (or holds in reserve); `epsilon` is that run alone."""
+
+    run_id: str
+    dataset: str
+    status: str
+    events: tuple[Event, ...]
+    created: str
+    settled_at: str | None
+    epsilon: float
+    reserved_events: tuple[Event, ...] = ()
+    stages: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    """A dataset's budget and what its runs have spent (PLD composition at budget_delta)."""
+
+    name: str
+    budget_epsilon: float
+    budget_delta: float
+    fingerprint: str | None
+    created: str
+    spent_epsilon: float
+    runs: int
+    fingerprints: tuple[str, ...] = ()
+
+    @property
+    def remaining_epsilon(self) -> float:
+        return max(0.0, self.budget_epsilon - self.spent_epsilon)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def merge_events(events: Sequence[Event]) -> list[Event]:
+    """An equivalent, shorter list for the accountant: identical events merged into one repetition.
+
+    DP-SGD runs with the same (q, sigma) add their steps. Composition is commutative, so
+    the composed epsilon is unchanged; self-composition by repeated squaring is far cheaper
+    than composing run after run.
+    """
+    counts: dict[Event, int] = {}
+    for event, n in flatten(list(events)):
+        if isinstance(event, PoissonGaussianEvent):
+            key: Event = PoissonGaussianEvent(event.sample_rate, event.noise_multiplier, 1)
+            n *= event.steps
+        else:
+            key = event
+        counts[key] = counts.get(key, 0) + n
+    out: list[Event] = []
+    for event, n in counts.items():
+        if n == 0:
+            continue
+        if isinstance(event, PoissonGaussianEvent):
+            out.append(PoissonGaussianEvent(event.sample_rate, event.noise_multiplier, n))
+        else:
+            out.append(event if n == 1 else RepeatedEvent(event, n))
+    return out
+
+
+def compose_epsilon(events: Sequence[Event], delta: float) -> float:
+    """The ledger's (and privflow's reported) epsilon: PLD composition at `delta`."""
+    merged = merge_events(events)
+    return PLDAccountant().epsilon(merged, delta) if merged else 0.0
+
+
+def describe_event(event: Event) -> str:
+    """A short human label, e.g. 'poisson_gaussian(q=0.01, sigma=1.1, steps=1000)'."""
+    if isinstance(event, RepeatedEvent):
+        return f"{describe_event(event.event)} x{event.count}"
+    if isinstance(event, GaussianEvent | LaplaceEvent):
+        return f"{event.kind}(sigma={event.noise_multiplier:.4g})"
+    if isinstance(event, PoissonGaussianEvent):
+        return f"poisson_gaussian(q={event.sample_rate:.4g}, sigma={event.noise_multiplier:.4g}, steps={event.steps})"
+    if isinstance(event, PureDPEvent):
+        return f"pure_dp(eps={event.epsilon:.4g})"
+    if isinstance(event, NonPrivateEvent):
+        return f"non_private({event.reason})"
+    return repr(event)
+
+
+class Ledger:
+    """Persistent privacy ledger in one SQLite file; safe across threads and processes."""
+
+    def __init__(self, path: str | Path, timeout: float = 300.0) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        con = self._connect()
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("BEGIN IMMEDIATE")
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    con.execute(statement)
+            con.execute("COMMIT")
+        finally:
+            con.close()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        con.row_factory = sqlite3.Row
+        con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+        con.execute("PRAGMA foreign_keys=ON")
+        con.execute("PRAGMA synchronous=FULL")
+        return con
+
+    @contextmanager
+    def _tx(self, immediate: bool = True) -> Iterator[sqlite3.Connection]:
+        """A transaction: IMMEDIATE takes the write lock at once, so check-then-write is atomic."""
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            try:
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+        finally:
+            con.close()
+
+    # -- datasets ---------------------------------------------------------------------------
+
+    def ensure_dataset(
+        self, name: str, budget_epsilon: float, budget_delta: float, fingerprint: str | None = None
+    ) -> list[str]:
+        """Register a dataset or check it against the record; returns warnings (empty when all agrees).
+
+        A known dataset keeps its recorded budget (change it deliberately with `set_budget`).
+        A fingerprint different from the recorded ones is stored and reported, never ignored:
+        new rows under an old name still share the old name's budget.
+        """
+        if not (math.isfinite(budget_epsilon) and budget_epsilon > 0):
+            raise PrivacyPlanError(f"Dataset '{name}': budget epsilon must be a finite positive number.")
+        if not 0 < budget_delta < 1:
+            raise PrivacyPlanError(f"Dataset '{name}': budget delta must lie in (0, 1).")
+        warnings: list[str] = []
+        with self._tx() as con:
+            row = con.execute("SELECT * FROM datasets WHERE name = ?", (name,)).fetchone()
+            now = _now()
+            if row is None:
+                con.execute(
+                    "INSERT INTO datasets (name, budget_epsilon, budget_delta, fingerprint, created) VALUES (?, ?, ?, ?, ?)",
+                    (name, float(budget_epsilon), float(budget_delta), fingerprint, now),
+                )
+                if fingerprint is not None:
+                    con.execute("INSERT INTO fingerprints VALUES (?, ?, ?)", (name, fingerprint, now))
+                return warnings
+            if (row["budget_epsilon"], row["budget_delta"]) != (float(budget_epsilon), float(budget_delta)):
+                warnings.append(
+                    f"Dataset '{name}' keeps its recorded budget (epsilon={row['budget_epsilon']:g}, "
+                    f"delta={row['budget_delta']:g}); the requested (epsilon={budget_epsilon:g}, "
+                    f"delta={budget_delta:g}) was not applied. Use Ledger.set_budget to change it on purpose."
+                )
+            if fingerprint is not None and fingerprint != row["fingerprint"]:
+                seen = {r[0] for r in con.execute("SELECT fingerprint FROM fingerprints WHERE dataset = ?", (name,))}
+                if row["fingerprint"] is not None:
+                    warnings.append(
+                        f"Dataset '{name}' now has fingerprint {fingerprint[:12]}, recorded before as "
+                        f"{row['fingerprint'][:12]}"
+                        + (" (seen earlier)" if fingerprint in seen else "")
+                        + ". The data changed under the same name; its spent budget still counts."
+                    )
+                if fingerprint not in seen:
+                    con.execute("INSERT INTO fingerprints VALUES (?, ?, ?)", (name, fingerprint, now))
+                con.execute("UPDATE datasets SET fingerprint = ? WHERE name = ?", (fingerprint, name))
+            for w in warnings:
+                con.execute("INSERT INTO notes (dataset, at, message) VALUES (?, ?, ?)", (name, now, w))
+        for w in warnings:
+            log.warning(w)
+        return warnings
+
+    def set_budget(self, name: str, budget_epsilon: float, budget_delta: float) -> None:
+        """Change a dataset's total budget on purpose (recorded in its notes); spend is recomputed."""
+        if not (math.isfinite(budget_epsilon) and budget_epsilon > 0) or not 0 < budget_delta < 1:
+            raise PrivacyPlanError(f"Dataset '{name}': need epsilon > 0 and 0 < delta < 1.")
+        with self._tx() as con:
+            row = self._dataset_row(con, name)
+            con.execute(
+                "UPDATE datasets SET budget_epsilon = ?, budget_delta = ? WHERE name = ?",
+                (float(budget_epsilon), float(budget_delta), name),
+            )
+            msg = (
+                f"budget changed from (epsilon={row['budget_epsilon']:g}, delta={row['budget_delta']:g}) "
+                f"to (epsilon={budget_epsilon:g}, delta={budget_delta:g})"
+            )
+            con.execute("INSERT INTO notes (dataset, at, message) VALUES (?, ?, ?)", (name, _now(), msg))
+            for r in con.execute("SELECT run_id, events FROM runs WHERE dataset = ?", (name,)).fetchall():
+                eps = compose_epsilon(events_from_json(r["events"]), budget_delta)
+                con.execute("UPDATE runs SET epsilon = ? WHERE run_id = ?", (eps, r["run_id"]))
+            self._refresh_spent(con, name, float(budget_delta))
+
+    @staticmethod
+    def _dataset_row(con: sqlite3.Connection, name: str) -> sqlite3.Row:
+        row = con.execute("SELECT * FROM datasets WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise PrivacyPlanError(f"Dataset '{name}' is not in the privacy ledger; register it first.")
+        return row
+
+    @staticmethod
+    def _dataset_events(con: sqlite3.Connection, name: str, exclude: str | None = None) -> list[Event]:
+        out: list[Event] = []
+        for r in con.execute("SELECT run_id, events FROM runs WHERE dataset = ? ORDER BY rowid", (name,)):
+            if r["run_id"] != exclude:
+                out.extend(events_from_json(r["events"]))
+        return out
+
+    def _refresh_spent(self, con: sqlite3.Connection, name: str, delta: float) -> float:
+        total = compose_epsilon(self._dataset_events(con, name), delta)
+        con.execute("UPDATE datasets SET spent_epsilon = ? WHERE name = ?", (total, name))
+        return total
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def reserve(
+        self, dataset: str, run_id: str, events: list[Event], stages: dict[str, str] | None = None
+    ) -> None:
+        """Atomically reserve `events` for a run, or raise BudgetExceeded without recording anything.
+
+        Idempotent per run_id: a retried task finds its reservation and adds nothing.
+        """
+        with self._tx() as con:
+            ds = self._dataset_row(con, dataset)
+            existing = con.execute("SELECT dataset, status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if existing is not None:
+                if existing["dataset"] != dataset:
+                    raise PrivacyPlanError(
+                        f"Run '{run_id}' is recorded on dataset '{existing['dataset']}', not '{dataset}'."
+                    )
+                if existing["status"] == "failed":
+                    con.execute("UPDATE runs SET status = 'reserved' WHERE run_id = ?", (run_id,))
+                return
+            delta = float(ds["budget_delta"])
+            budget = float(ds["budget_epsilon"])
+            earlier = self._dataset_events(con, dataset)
+            spent = float(ds["spent_epsilon"])  # kept equal to compose_epsilon(earlier, delta)
+            requested = compose_epsilon(events, delta)
+            total = compose_epsilon(earlier + list(events), delta)
+            if not total <= budget * (1 + _REL_TOL):
+                n_runs = con.execute("SELECT COUNT(*) FROM runs WHERE dataset = ?", (dataset,)).fetchone()[0]
+                raise BudgetExceeded(
+                    f"Run '{run_id}' was refused before reading any row: dataset '{dataset}' has a total "
+                    f"budget of epsilon={budget:.4g} (delta={delta:g}); {n_runs} earlier run(s) spent "
+                    f"epsilon={spent:.4g}, leaving {max(0.0, budget - spent):.4g}, and this run requests "
+                    f"epsilon={requested:.4g} on its own, which composes to a total of {total:.4g}. "
+                    "Lower the run's epsilon, or raise the dataset's budget deliberately."
+                )
+            now = _now()
+            js = events_to_json(list(events))
+            con.execute(
+                "INSERT INTO runs (run_id, dataset, status, events, reserved_events, reserved_epsilon, epsilon,"
+                " stages, created) VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
+                (run_id, dataset, js, js, requested, requested, json.dumps(stages or {}), now),
+            )
+            con.execute("UPDATE datasets SET spent_epsilon = ? WHERE name = ?", (total, dataset))
+
+    def settle(self, run_id: str, events: list[Event]) -> None:
+        """Replace a run's reservation by what it actually spent (at most what it reserved).
+
+        If the actual events cost more than the reservation, they are still recorded (the
+        ledger must never under-count) with status 'failed', and PrivacyPlanError is raised.
+        """
+        js = events_to_json(list(events))
+        overspent: str | None = None
+        with self._tx() as con:
+            run = con.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if run is None:
+                raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
+            if run["status"] == "settled":
+                if run["events"] == js:
+                    return
+                raise PrivacyPlanError(f"Run '{run_id}' is already settled with other events.")
+            ds = self._dataset_row(con, run["dataset"])
+            delta = float(ds["budget_delta"])
+            actual = compose_epsilon(events, delta)
+            reserved = float(run["reserved_epsilon"])
+            status = "settled"
+            if not actual <= reserved * (1 + _REL_TOL):
+                status = "failed"
+                overspent = (
+                    f"Run '{run_id}' spent epsilon={actual:.4g} but reserved only {reserved:.4g}; "
+                    "the ledger records what it spent and marks the run failed."
+                )
+            con.execute(
+                "UPDATE runs SET events = ?, epsilon = ?, status = ?, settled_at = ? WHERE run_id = ?",
+                (js, actual, status, _now(), run_id),
+            )
+            self._refresh_spent(con, run["dataset"], delta)
+        if overspent is not None:
+            log.error(overspent)
+            raise PrivacyPlanError(overspent)
+
+    def abandon(self, run_id: str) -> None:
+        """Mark a reserved run failed; its reserved events stay counted (it may have read data)."""
+        with self._tx() as con:
+            run = con.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if run is None:
+                raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
+            if run["status"] == "reserved":
+                con.execute("UPDATE runs SET status = 'failed', settled_at = ? WHERE run_id = ?", (_now(), run_id))
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def spent(self, dataset: str) -> tuple[float, float]:
+        """(epsilon, delta) spent on a dataset by all its runs; (0, 0) before any run."""
+        with self._tx(immediate=False) as con:
+            ds = self._dataset_row(con, dataset)
+            n = con.execute("SELECT COUNT(*) FROM runs WHERE dataset = ?", (dataset,)).fetchone()[0]
+        return (float(ds["spent_epsilon"]), float(ds["budget_delta"])) if n else (0.0, 0.0)
+
+    def runs(self, dataset: str | None = None) -> list[RunRecord]:
+        """Runs in the order they reserved, optionally of one dataset."""
+        with self._tx(immediate=False) as con:
+            if dataset is None:
+                rows = con.execute("SELECT * FROM runs ORDER BY rowid").fetchall()
+            else:
+                rows = con.execute("SELECT * FROM runs WHERE dataset = ? ORDER BY rowid", (dataset,)).fetchall()
+        return [
+            RunRecord(
+                run_id=r["run_id"],
+                dataset=r["dataset"],
+                status=r["status"],
+                events=tuple(events_from_json(r["events"])),
+                created=r["created"],
+                settled_at=r["settled_at"],
+                epsilon=float(r["epsilon"]),
+                reserved_events=tuple(events_from_json(r["reserved_events"])),
+                stages=tuple(sorted(json.loads(r["stages"]).items())),
+            )
+            for r in rows
+        ]
+
+    def datasets(self) -> list[DatasetRecord]:
+        with self._tx(immediate=False) as con:
+            rows = con.execute("SELECT * FROM datasets ORDER BY created").fetchall()
+            counts = dict(con.execute("SELECT dataset, COUNT(*) FROM runs GROUP BY dataset").fetchall())
+            prints: dict[str, list[str]] = {}
+            for r in con.execute("SELECT dataset, fingerprint FROM fingerprints ORDER BY first_seen"):
+                prints.setdefault(r[0], []).append(r[1])
+        return [
+            DatasetRecord(
+                name=r["name"],
+                budget_epsilon=float(r["budget_epsilon"]),
+                budget_delta=float(r["budget_delta"]),
+                fingerprint=r["fingerprint"],
+                created=r["created"],
+                spent_epsilon=float(r["spent_epsilon"]),
+                runs=int(counts.get(r["name"], 0)),
+                fingerprints=tuple(prints.get(r["name"], [])),
+            )
+            for r in rows
+        ]
+
+    def notes(self, dataset: str | None = None) -> list[tuple[str, str, str]]:
+        """(dataset, time, message) of recorded warnings: fingerprint changes, budget changes."""
+        with self._tx(immediate=False) as con:
+            q = "SELECT dataset, at, message FROM notes" + (" WHERE dataset = ?" if dataset else "") + " ORDER BY id"
+            return [tuple(r) for r in con.execute(q, (dataset,) if dataset else ())]
+
+    def describe(self, dataset: str | None = None) -> str:
+        """A plain-text table of datasets and their runs, with each run's and the cumulative epsilon."""
+        datasets = [d for d in self.datasets() if dataset is None or d.name == dataset]
+        if dataset is not None and not datasets:
+            return f"Dataset '{dataset}' is not in the privacy ledger ({self.path})."
+        if not datasets:
+            return f"The privacy ledger ({self.path}) is empty."
+        lines: list[str] = [f"Privacy ledger: {self.path}"]
+        for d in datasets:
+            lines.append("")
+            lines.append(
+                f"Dataset {d.name}: budget epsilon={d.budget_epsilon:.4g} delta={d.budget_delta:g}; "
+                f"spent epsilon={d.spent_epsilon:.4f}, remaining {d.remaining_epsilon:.4f}; "
+                f"{d.runs} run(s); fingerprint {d.fingerprint[:12] if d.fingerprint else '-'}"
+            )
+            runs = self.runs(d.name)
+            if runs:
+                header = ("run", "status", "created", "eps (run)", "eps (cumulative)", "events")
+                table = [header]
+                so_far: list[Event] = []
+                for r in runs:
+                    so_far.extend(r.events)
+                    cumulative = compose_epsilon(so_far, d.budget_delta)
+                    events = "; ".join(describe_event(e) for e in r.events) or "-"
+                    table.append((r.run_id, r.status, r.created[:19], f"{r.epsilon:.4f}", f"{cumulative:.4f}", events))
+                widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+                for row in table:
+                    cells = [row[i].ljust(widths[i]) for i in range(len(widths))]
+                    lines.append("  " + "  ".join(cells) + "  " + row[-1])
+                for r in runs:
+                    if r.stages:
+                        lines.append(f"  {r.run_id} stages: " + ", ".join(f"{k}={v}" for k, v in r.stages))
+            for _, at, message in self.notes(d.name):
+                lines.append(f"  note {at[:19]}: {message}")
+        return "\n".join(lines)
+
+
+__all__ = ["DatasetRecord", "Ledger", "RunRecord", "compose_epsilon", "describe_event", "merge_events"]

@@ -1,0 +1,22 @@
+"""DP mechanisms: each module gives the data operation and the privacy event it costs."""
+
+from privacy.mechanisms.dp_mog import MoGParams, dp_em_mog, dp_mog_event
+from privacy.mechanisms.dp_stats import dp_mean_std, dp_stats_event
+from privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
+from privacy.mechanisms.laplace import laplace_event, laplace_mechanism
+from privacy.mechanisms.report_noisy_max import clipped_loglik_scores, report_noisy_max, rnm_event
+
+__all__ = [
+    "MoGParams",
+    "clipped_loglik_scores",
+    "dp_em_mog",
+    "dp_mean_std",
+    "dp_mog_event",
+    "dp_stats_event",
+    "gaussian_event",
+    "gaussian_mechanism",
+    "laplace_event",
+    "laplace_mechanism",
+    "report_noisy_max",
+    "rnm_event",
+]

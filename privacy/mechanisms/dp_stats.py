@@ -1,0 +1,103 @@
+"""DP per-feature clipped mean and standard deviation for activation-norm initialisation.
+
+DP-NF (Waites & Cummings 2021), Appendix B.1, Algorithm 4, with the Gaussian mechanism in
+place of Laplace. Sensitivity: each coordinate is clipped to [-clip, clip] and the released
+vector is [count, sum(x)/clip, sum(x^2)/clip^2] (1 + 2d numbers, one Gaussian release).
+Adding or removing one row moves the count by 1, each scaled sum by at most 1 and each scaled
+sum of squares by at most 1, so the joint L2 sensitivity is sqrt(1 + 2d). Dividing by clip
+and clip^2 only rescales coordinates (public constants), so that no block's noise is set by
+another block's larger range. Mean and std are post-processing of the noisy vector.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from privacy.calibration import gaussian_noise_for_epsilon
+from privacy.events import GaussianEvent
+from privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
+
+
+def _clipped(x: np.ndarray, clip: float) -> np.ndarray:
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip must be a finite positive number, got {clip!r}")
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim != 2:
+        raise ValueError(f"x must be [rows, features], got shape {arr.shape}")
+    # NaN -> 0 is a per-row map, so it cannot raise the sensitivity.
+    return np.clip(np.nan_to_num(arr, nan=0.0, posinf=clip, neginf=-clip), -clip, clip)
+
+
+def mean_std_statistics(x: np.ndarray, clip: float) -> np.ndarray:
+    """The noiseless vector [n, sum(c)/clip, sum(c^2)/clip^2], c = x clipped to [-clip, clip]."""
+    c = _clipped(x, clip) / clip
+    return np.concatenate([[float(c.shape[0])], c.sum(axis=0), (c * c).sum(axis=0)])
+
+
+def mean_std_sensitivity(d: int) -> float:
+    """Joint L2 sensitivity of `mean_std_statistics` under add/remove of one row: sqrt(1 + 2d)."""
+    return math.sqrt(1.0 + 2.0 * d)
+
+
+def release_mean_std_statistics(
+    x: np.ndarray, clip: float, noise_multiplier: float, rng: np.random.Generator
+) -> np.ndarray:
+    """One Gaussian release of `mean_std_statistics` (the only step that reads the rows)."""
+    stats = mean_std_statistics(x, clip)
+    d = (stats.size - 1) // 2
+    return gaussian_mechanism(stats, mean_std_sensitivity(d), noise_multiplier, rng)
+
+
+def mean_std_from_statistics(
+    noisy: np.ndarray, clip: float, std_floor: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Post-processing: mean clipped to [-clip, clip]; std in [std_floor, clip] (public bounds).
+
+    The count is floored at 1 so a tiny or negative noisy count cannot divide by zero.
+    """
+    noisy = np.asarray(noisy, dtype=np.float64)
+    d = (noisy.size - 1) // 2
+    floor = 1e-2 * clip if std_floor is None else float(std_floor)
+    if not 0 < floor <= clip:
+        raise ValueError(f"std_floor must lie in (0, clip], got {floor}")
+    count = max(float(noisy[0]), 1.0)
+    mean = np.clip(clip * noisy[1 : 1 + d] / count, -clip, clip)
+    second = np.clip(clip * clip * noisy[1 + d :] / count, 0.0, clip * clip)
+    var = np.clip(second - mean * mean, floor * floor, clip * clip)
+    return mean, np.sqrt(var)
+
+
+def dp_mean_std(
+    x: np.ndarray,
+    clip: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    *,
+    std_floor: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """DP per-feature (mean[d], std[d]) of x clipped to [-clip, clip]; costs `dp_stats_event(noise_multiplier)`."""
+    noisy = release_mean_std_statistics(x, clip, noise_multiplier, rng)
+    return mean_std_from_statistics(noisy, clip, std_floor)
+
+
+def dp_stats_event(noise_multiplier: float) -> GaussianEvent:
+    """One Gaussian release."""
+    return gaussian_event(noise_multiplier)
+
+
+def noise_for_epsilon(epsilon: float, delta: float) -> float:
+    """Multiplier for a standalone (epsilon, delta) on this one release (analytic Gaussian)."""
+    return gaussian_noise_for_epsilon(epsilon, delta)
+
+
+__all__ = [
+    "dp_mean_std",
+    "dp_stats_event",
+    "mean_std_from_statistics",
+    "mean_std_sensitivity",
+    "mean_std_statistics",
+    "noise_for_epsilon",
+    "release_mean_std_statistics",
+]

@@ -1,0 +1,66 @@
+"""Report-Noisy-Max over candidates (Boob et al. 2018, section 4) and its privacy event.
+
+Sensitivity: every score may move by at most `sensitivity` when one row is added or
+removed. Gumbel noise of scale 2*sensitivity/epsilon on each score and an argmax is exactly
+the exponential mechanism P(i) ~ exp(epsilon * s_i / (2 sensitivity)) (McSherry & Talwar
+2007), epsilon-DP per pick. Top-k without replacement by one-shot Gumbel top-k has the
+distribution of k sequential picks on the remaining candidates (Plackett-Luce; Durfee &
+Rogers 2019), so k picks cost k * epsilon: `RepeatedEvent(PureDPEvent(epsilon), k)`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from privacy.events import PureDPEvent, RepeatedEvent
+
+
+def report_noisy_max(
+    scores: np.ndarray, sensitivity: float, epsilon: float, rng: np.random.Generator, k: int = 1
+) -> list[int]:
+    """Indices of the k candidates with the largest Gumbel-noised scores, best first (distinct)."""
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim != 1 or s.size == 0:
+        raise ValueError(f"scores must be a non-empty 1-d array, got shape {s.shape}")
+    if not np.all(np.isfinite(s)):
+        raise ValueError("scores must be finite (clip them first, e.g. with clipped_loglik_scores)")
+    if not (math.isfinite(sensitivity) and sensitivity > 0):
+        raise ValueError(f"sensitivity must be a finite positive number, got {sensitivity!r}")
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError(f"epsilon must be a finite positive number, got {epsilon!r}")
+    if not 1 <= k <= s.size:
+        raise ValueError(f"k must lie in [1, {s.size}], got {k}")
+    noisy = s + rng.gumbel(0.0, 2.0 * sensitivity / epsilon, size=s.shape)
+    order = np.argsort(-noisy, kind="stable")
+    return [int(i) for i in order[:k]]
+
+
+def rnm_event(epsilon: float, k: int = 1) -> RepeatedEvent:
+    """k exponential-mechanism picks of epsilon each, composed."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return RepeatedEvent(PureDPEvent(float(epsilon)), int(k))
+
+
+def clipped_loglik_scores(loglik: np.ndarray, low: float, high: float) -> tuple[np.ndarray, float]:
+    """Per-checkpoint score = sum over validation rows of (clip(loglik, low, high) - low).
+
+    loglik[t, i] is checkpoint t's log-likelihood of private row i. Adding a row adds one
+    term in [0, high - low] to every score and removing one takes it away, so the sensitivity
+    is high - low. The SUM, not the mean: a mean divides by m, the private number of rows,
+    whose change moves every term; using m as if public would leak it. Ranking is the same
+    either way. A NaN log-likelihood counts as `low` (the worst score), so a broken
+    checkpoint cannot raise the sensitivity.
+    """
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"need finite low < high, got low={low}, high={high}")
+    ll = np.asarray(loglik, dtype=np.float64)
+    if ll.ndim != 2:
+        raise ValueError(f"loglik must be [checkpoints, rows], got shape {ll.shape}")
+    clipped = np.clip(np.nan_to_num(ll, nan=low, posinf=high, neginf=low), low, high) - low
+    return clipped.sum(axis=1), float(high - low)
+
+
+__all__ = ["clipped_loglik_scores", "report_noisy_max", "rnm_event"]

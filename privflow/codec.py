@@ -1,0 +1,186 @@
+"""The schema-only codec between a typed table and the model's encoded space.
+
+Every map here is fixed by the public schema (bounds, transforms, category lists) and is
+applied row by row, so it uses no statistic of the data and spends no privacy (ARCHITECTURE
+"Privacy rules" 2). Layout, per column in schema order (CONTRACTS.md "The encoded space"):
+
+- numeric/integer: one continuous feature u = (t(x) - t(lo)) / (t(hi) - t(lo)) in [0, 1],
+  t = identity or log1p; if nullable, null -> u = 0 plus a categorical `<col>__missing`
+  feature (cardinality 2, 1 = missing) right after it;
+- categorical with K labels: one categorical feature holding the code 0..K-1 (declared order)
+  as a float; if nullable, null -> code K (cardinality K + 1).
+
+`decode` maps ANY finite array back to rows that are valid under the schema.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import polars as pl
+
+from privflow.errors import DataError, SchemaError
+from privflow.schema import Column, Schema
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One coordinate of the encoded space; `cardinality` is None for continuous features."""
+
+    name: str
+    column: str
+    kind: Literal["continuous", "categorical"]
+    cardinality: int | None
+
+
+def _t(x: np.ndarray | float, transform: str) -> Any:
+    return np.log1p(x) if transform == "log1p" else x
+
+
+def _t_inv(v: np.ndarray, transform: str) -> np.ndarray:
+    return np.expm1(v) if transform == "log1p" else v
+
+
+class Codec:
+    """Encode a validated, typed frame to float32 features and decode any array back to rows."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        feats: list[Feature] = []
+        for col in schema.columns:
+            if col.is_categorical:
+                k = len(col.categories or ())
+                feats.append(Feature(col.name, col.name, "categorical", k + 1 if col.nullable else k))
+            else:
+                lo, hi = col.bounds  # type: ignore[misc]
+                if col.type == "integer" and math.ceil(lo) > math.floor(hi):
+                    raise SchemaError(f"column '{col.name}' is integer but its bounds [{lo}, {hi}] hold no integer")
+                feats.append(Feature(col.name, col.name, "continuous", None))
+                if col.nullable:
+                    feats.append(Feature(f"{col.name}__missing", col.name, "categorical", 2))
+        self.features: list[Feature] = feats
+
+    @classmethod
+    def from_schema(cls, schema: Schema) -> "Codec":
+        return cls(schema)
+
+    @property
+    def dim(self) -> int:
+        return len(self.features)
+
+    @property
+    def cardinalities(self) -> list[int | None]:
+        """The model's input spec: None for a continuous feature, else the number of codes."""
+        return [f.cardinality for f in self.features]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.schema.dataset.name,
+            "dim": self.dim,
+            "features": [asdict(f) for f in self.features],
+            "columns": [c.model_dump(mode="json") for c in self.schema.columns],
+        }
+
+    # ------------------------------------------------------------------ encode
+
+    @staticmethod
+    def _scale(col: Column) -> tuple[float, float]:
+        lo, hi = col.bounds  # type: ignore[misc]
+        t_lo, t_hi = float(_t(lo, col.transform)), float(_t(hi, col.transform))
+        return t_lo, t_hi - t_lo
+
+    def encode(self, df: pl.DataFrame) -> np.ndarray:
+        """Typed frame (from `validate`) -> float32 array [n, dim]; see the module docstring."""
+        missing = [c for c in self.schema.names if c not in df.columns]
+        if missing:
+            raise DataError(f"Cannot encode: the table lacks the declared column(s) {missing}.")
+        n = df.height
+        out = np.empty((n, self.dim), dtype=np.float32)
+        j = 0
+        for col in self.schema.columns:
+            s = df.get_column(col.name)
+            isnull = s.is_null().to_numpy()
+            if isnull.any() and not col.nullable:
+                raise DataError(
+                    f"Cannot encode column '{col.name}': {int(isnull.sum())} null value(s) in a column that is "
+                    "not nullable; validate the table first."
+                )
+            if col.is_categorical:
+                cats = list(col.categories or ())
+                codes = s.cast(pl.String).replace_strict(cats, list(range(len(cats))), default=None, return_dtype=pl.Int64)
+                unknown = codes.is_null().to_numpy() & ~isnull
+                if unknown.any():
+                    raise DataError(
+                        f"Cannot encode column '{col.name}': {int(unknown.sum())} value(s) are not in its declared "
+                        "categories; validate the table first."
+                    )
+                out[:, j] = codes.fill_null(len(cats)).to_numpy().astype(np.float32)
+                j += 1
+                continue
+            try:
+                x = s.cast(pl.Float64).to_numpy().astype(np.float64)
+            except Exception:
+                raise DataError(
+                    f"Cannot encode column '{col.name}': its {s.dtype} values are not numbers; encode the typed "
+                    "frame returned by validate()."
+                ) from None
+            t_lo, width = self._scale(col)
+            lo, hi = col.bounds  # type: ignore[misc]
+            xv = np.where(isnull, lo, x)
+            u = np.clip((_t(np.clip(xv, lo, hi), col.transform) - t_lo) / width, 0.0, 1.0)
+            out[:, j] = np.where(isnull, 0.0, u)
+            j += 1
+            if col.nullable:
+                out[:, j] = isnull.astype(np.float32)
+                j += 1
+        return out
+
+    # ------------------------------------------------------------------ decode
+
+    def decode(self, array: np.ndarray) -> pl.DataFrame:
+        """Any finite array [n, dim] -> rows valid under the schema (typed as `validate` returns).
+
+        Continuous: clip to [0, 1], invert the scaling and transform, round integer columns,
+        clip to the bounds. Categorical: floor, clip to 0..cardinality-1, look up the label
+        (the missing code gives null).
+        """
+        a = np.asarray(array, dtype=np.float64)
+        if a.ndim != 2 or a.shape[1] != self.dim:
+            raise ValueError(f"decode expects an array of shape [n, {self.dim}], got {list(a.shape)}")
+        if np.isnan(a).any():
+            raise ValueError("decode got NaN values; the sampler must return finite numbers")
+        n = a.shape[0]
+        cols: dict[str, pl.Series] = {}
+        j = 0
+        for col in self.schema.columns:
+            if col.is_categorical:
+                cats = list(col.categories or ())
+                k = len(cats)
+                card = k + 1 if col.nullable else k
+                codes = np.clip(np.floor(a[:, j]), 0, card - 1).astype(np.int64)
+                labels = np.array(cats + [None], dtype=object)[codes].tolist()
+                cols[col.name] = pl.Series(col.name, labels, dtype=pl.String).cast(pl.Enum(cats))
+                j += 1
+                continue
+            lo, hi = col.bounds  # type: ignore[misc]
+            t_lo, width = self._scale(col)
+            u = np.clip(a[:, j], 0.0, 1.0)
+            x = _t_inv(t_lo + u * width, col.transform)
+            j += 1
+            if col.nullable:
+                isnull = np.clip(np.floor(a[:, j]), 0, 1) == 1
+                j += 1
+            else:
+                isnull = np.zeros(n, dtype=bool)
+            if col.type == "integer":
+                xi = np.clip(np.rint(x), math.ceil(lo), math.floor(hi)).astype(np.int64)
+                s = pl.Series(col.name, xi, dtype=pl.Int64)
+            else:
+                s = pl.Series(col.name, np.clip(x, lo, hi), dtype=pl.Float64)
+            if isnull.any():
+                s = pl.select(pl.when(pl.Series(isnull)).then(None).otherwise(s)).to_series().alias(col.name)
+            cols[col.name] = s
+        return pl.DataFrame(cols)

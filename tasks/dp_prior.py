@@ -1,0 +1,33 @@
+"""dp_prior: the DP mixture-of-Gaussians base distribution (DP-EM, DP-NF App. B.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from prefect import task
+
+from privacy.mechanisms import dp_mog
+from privacy.events import GaussianEvent, RepeatedEvent
+from privacy.plan import StagePlan
+from tasks._options import PRIVATE
+
+# DP-EM runs on features standardised by the DP statistics; a public box of +-4 keeps
+# the sufficient statistics bounded while covering nearly all standardised mass.
+PRIOR_CLIP = 4.0
+
+
+@task(name="dp_prior", **PRIVATE)
+def dp_prior(
+    model: torch.nn.Module, x: np.ndarray, mean: np.ndarray, std: np.ndarray, stage: StagePlan, components: int
+) -> dp_mog.MoGParams:
+    """Fit the prior on the actnorm-standardised features and install it as the flow's base."""
+    event = stage.event
+    assert isinstance(event, RepeatedEvent) and isinstance(event.event, GaussianEvent), event
+    with torch.no_grad():
+        z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
+    z = (z - mean) / std
+    params = dp_mog.dp_em_mog(
+        z, components, event.count, PRIOR_CLIP, event.event.noise_multiplier, np.random.default_rng()
+    )
+    model.set_prior(*(torch.as_tensor(a, dtype=torch.float32) for a in (params.weights, params.means, params.stds)))
+    return params

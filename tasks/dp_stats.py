@@ -1,0 +1,25 @@
+"""dp_stats: DP per-feature mean and std that initialise the first activation norm (DP-NF App. B.1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from prefect import task
+
+from privacy.mechanisms import dp_stats
+from privacy.plan import StagePlan
+from tasks._options import PRIVATE
+
+# Public clip for the features the first actnorm sees: the logit map sends [0, 1] into
+# roughly [-7, 7], so clipping there bounds each row's contribution without touching most.
+STATS_CLIP = 7.0
+
+
+@task(name="dp_stats", **PRIVATE)
+def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tuple[np.ndarray, np.ndarray]:
+    """Release the clipped mean/std with the planned Gaussian noise and set the actnorm from them."""
+    with torch.no_grad():
+        z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
+    mean, std = dp_stats.dp_mean_std(z, STATS_CLIP, stage.event.noise_multiplier, np.random.default_rng())
+    model.init_actnorm(torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
+    return mean, std

@@ -1,0 +1,11 @@
+"""Evaluation diagnostics for the data owner (NOT differentially private; ARCHITECTURE rule 5).
+
+A plain library (no Prefect, no MLflow): fidelity (marginal TV, Kendall's tau and Cramer's V
+matrices), utility (DP-HFlow's nine-classifier train-on-synthetic / test-on-real protocol),
+privacy-risk checks (distance to closest record, likelihood membership inference), figures,
+and `evaluate`, which runs what the EvaluateConfig switches on and writes one HTML report.
+"""
+
+from tasks.evaluation.report import BANNER, EvaluationResult, evaluate
+
+__all__ = ["BANNER", "EvaluationResult", "evaluate"]

@@ -1,0 +1,138 @@
+"""Schema-only encodings shared by the diagnostics (privacy rule 2: nothing is fitted on rows).
+
+Numeric columns are mapped to [0, 1] by their PUBLIC bounds after the schema's transform
+(the same map as privflow/codec.py), categoricals are one-hot over the PUBLIC category list.
+Bin edges for histograms come from the public bounds too, so no statistic of the private rows
+shapes any encoding, binning or scaling used here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+
+from privflow.errors import DataError
+from privflow.schema import Column, Schema
+
+N_BINS = 20
+MISSING = "(missing)"
+
+
+def check_columns(schema: Schema, df: pl.DataFrame, what: str) -> None:
+    """Raise a DataError naming the table if any schema column is absent."""
+    absent = [n for n in schema.names if n not in df.columns]
+    if absent:
+        raise DataError(
+            f"The {what} table lacks the schema's columns {absent}; every table given to the "
+            f"evaluation must hold all of {schema.names}."
+        )
+
+
+def _t(col: Column, x: np.ndarray | float) -> np.ndarray | float:
+    return np.log1p(x) if col.transform == "log1p" else x
+
+
+def numeric_values(col: Column, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Return (values as float64 with NaN for null, missing mask) of a numeric column."""
+    s = df.get_column(col.name).cast(pl.Float64)
+    v = s.to_numpy().astype(np.float64, copy=True)
+    miss = ~np.isfinite(v)
+    return v, miss
+
+
+def scaled(col: Column, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(t(x) - t(lo)) / (t(hi) - t(lo)) clipped to [0, 1] (null -> 0), and the missing mask."""
+    assert col.bounds is not None
+    lo, hi = col.bounds
+    v, miss = numeric_values(col, df)
+    with np.errstate(invalid="ignore"):
+        tv = _t(col, np.clip(np.where(miss, lo, v), lo, hi))
+    z = (tv - _t(col, lo)) / (_t(col, hi) - _t(col, lo))
+    z = np.clip(z, 0.0, 1.0)
+    z[miss] = 0.0
+    return z, miss
+
+
+def category_codes(col: Column, df: pl.DataFrame) -> np.ndarray:
+    """Integer codes 0..K-1 in declared order; K for null or an undeclared label."""
+    assert col.categories is not None
+    k = len(col.categories)
+    s = df.get_column(col.name).cast(pl.String)
+    mapping = {c: i for i, c in enumerate(col.categories)}
+    codes = s.replace_strict(mapping, default=k, return_dtype=pl.Int64).fill_null(k)
+    return codes.to_numpy().astype(np.int64)
+
+
+def numeric_bin_edges(col: Column, n_bins: int = N_BINS) -> np.ndarray:
+    """n_bins equal-width edges over the public bounds on the transformed scale."""
+    assert col.bounds is not None
+    lo, hi = col.bounds
+    return np.linspace(float(_t(col, lo)), float(_t(col, hi)), n_bins + 1)
+
+
+def binned_counts(col: Column, df: pl.DataFrame, n_bins: int = N_BINS) -> tuple[np.ndarray, list[str]]:
+    """Counts per public bin, last bin = missing (or undeclared label), with bin labels.
+
+    Numeric: `n_bins` equal-width bins of t(x) over [t(lo), t(hi)], values outside the bounds
+    clipped into the end bins. Categorical: the declared categories.
+    """
+    if col.is_categorical:
+        assert col.categories is not None
+        k = len(col.categories)
+        counts = np.bincount(category_codes(col, df), minlength=k + 1).astype(np.float64)
+        return counts, [*col.categories, MISSING]
+    assert col.bounds is not None
+    lo, hi = col.bounds
+    v, miss = numeric_values(col, df)
+    edges = numeric_bin_edges(col, n_bins)
+    tv = _t(col, np.clip(v[~miss], lo, hi))
+    idx = np.clip(np.searchsorted(edges, tv, side="right") - 1, 0, n_bins - 1)
+    counts = np.bincount(idx, minlength=n_bins).astype(np.float64)
+    counts = np.append(counts, float(miss.sum()))
+    labels = [f"[{_fmt(col, edges[i])}, {_fmt(col, edges[i + 1])})" for i in range(n_bins)]
+    return counts, [*labels, MISSING]
+
+
+def _fmt(col: Column, t_edge: float) -> str:
+    x = math.expm1(t_edge) if col.transform == "log1p" else t_edge
+    return f"{x:.4g}"
+
+
+def feature_matrix(
+    schema: Schema, df: pl.DataFrame, exclude: tuple[str, ...] = (), onehot_scale: float = 1.0
+) -> tuple[np.ndarray, list[str]]:
+    """Public-bounds encoding: scaled numerics (+ missing flag if nullable), one-hot categoricals.
+
+    One-hot blocks include a missing slot when the column is nullable; an undeclared label
+    gives an all-zero block. `onehot_scale` weights the one-hot entries (1/sqrt(2) makes a
+    category mismatch cost 1 in squared Euclidean distance, like a full-range numeric gap).
+    """
+    blocks: list[np.ndarray] = []
+    names: list[str] = []
+    n = df.height
+    for col in schema.columns:
+        if col.name in exclude:
+            continue
+        if col.is_categorical:
+            assert col.categories is not None
+            k = len(col.categories)
+            width = k + 1 if col.nullable else k
+            codes = category_codes(col, df)
+            oh = np.zeros((n, width + 1), dtype=np.float64)
+            oh[np.arange(n), np.minimum(codes, width)] = onehot_scale
+            blocks.append(oh[:, :width])
+            names.extend(f"{col.name}={c}" for c in col.categories)
+            if col.nullable:
+                names.append(f"{col.name}={MISSING}")
+        else:
+            z, miss = scaled(col, df)
+            blocks.append(z[:, None])
+            names.append(col.name)
+            if col.nullable:
+                blocks.append(miss.astype(np.float64)[:, None])
+                names.append(f"{col.name}__missing")
+    if not blocks:
+        return np.zeros((n, 0)), []
+    return np.concatenate(blocks, axis=1), names

@@ -1,0 +1,99 @@
+"""register: log the run to MLflow and register the released generator under an alias."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import torch
+from mlflow import MlflowClient
+from prefect import task
+
+import models
+import privflow
+from privflow.sampler import FlowSampler
+from privflow.schema import Schema
+
+_REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
+
+
+def tracking(store: Path) -> str:
+    """Point MLflow at the SQLite store under `store` (or at MLFLOW_TRACKING_URI when an
+    operator set one, e.g. a real tracking server); returns the URI."""
+    store.mkdir(parents=True, exist_ok=True)
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store.resolve() / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return uri
+
+
+def experiment_for(dataset: str, store: Path) -> str:
+    """The dataset's experiment, with artifacts under the store (not ./mlruns of the cwd)."""
+    name = f"privflow-{dataset}"
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        client.create_experiment(name, artifact_location=(store.resolve() / "artifacts").as_uri())
+    mlflow.set_experiment(name)
+    return name
+
+
+# The parts of privflow/ the sampler imports; bundled without the demo data or the CLI.
+_SAMPLER_MODULES = ("__init__.py", "codec.py", "errors.py", "sampler.py", "schema.py")
+
+
+def _sampler_package(tmp: Path) -> str:
+    pkg = tmp / "code" / "privflow"
+    pkg.mkdir(parents=True)
+    for module in _SAMPLER_MODULES:
+        shutil.copy(Path(privflow.__file__).parent / module, pkg / module)
+    return str(pkg)
+
+
+@task(name="register", retries=2, retry_delay_seconds=2)
+def register_model(
+    name: str,
+    alias: str,
+    schema: Schema,
+    model_name: str,
+    model_config: dict[str, Any],
+    states: list[dict],
+    tags: dict[str, str],
+) -> str:
+    """Log the selected checkpoint(s) as a pyfunc sampler, register a version, set the alias.
+
+    Safe to retry: it only writes DP outputs (weights chosen by Report-Noisy-Max) and the
+    public schema, so a retry spends no privacy.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        artifacts: dict[str, str] = {}
+        for i, state in enumerate(states):
+            path = Path(tmp) / f"checkpoint_{i}.pt"
+            torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
+            artifacts[f"checkpoint_{i}"] = str(path)
+        meta = {
+            "schema": schema.model_dump(mode="json"),
+            "model": {"name": model_name, "config": model_config},
+            "checkpoints": list(artifacts),
+        }
+        (Path(tmp) / "meta.json").write_text(json.dumps(meta))
+        artifacts["meta"] = str(Path(tmp) / "meta.json")
+        info = mlflow.pyfunc.log_model(
+            name="generator",
+            python_model=FlowSampler(),
+            artifacts=artifacts,
+            code_paths=[str(Path(models.__file__).parent), _sampler_package(Path(tmp))],
+            pip_requirements=_REQUIREMENTS,
+            registered_model_name=name,
+        )
+    version = str(info.registered_model_version)
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    client.set_registered_model_alias(name, alias, version)
+    return version

@@ -1,0 +1,58 @@
+"""select: Report-Noisy-Max over checkpoints on the clipped validation log-likelihood.
+
+DP-GAN note, section 4: score every checkpoint on held-out private rows and pick the
+best k with the exponential mechanism; the score is a sum of per-row log-likelihoods
+clipped to public bounds, so one row moves each score by at most (high - low).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from prefect import task
+
+from privacy.events import PureDPEvent, RepeatedEvent
+from privacy.mechanisms import report_noisy_max
+from privacy.plan import StagePlan
+from privflow.config import SelectConfig
+from tasks._options import PRIVATE
+
+
+def per_pick_epsilon(stage: StagePlan) -> float:
+    event = stage.event
+    if isinstance(event, RepeatedEvent):
+        event = event.event
+    if not isinstance(event, PureDPEvent):
+        raise TypeError(f"selection must plan a pure-DP event, got {stage.event!r}")
+    return event.epsilon
+
+
+def loglik_matrix(
+    make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray, batch: int = 4096
+) -> np.ndarray:
+    """[checkpoints, rows] per-row log-likelihoods."""
+    data = torch.as_tensor(x, dtype=torch.float32)
+    out = np.empty((len(states), len(data)))
+    with torch.no_grad():
+        for t, state in enumerate(states):
+            model = make_model(state)
+            out[t] = torch.cat([model.log_prob(data[i : i + batch]) for i in range(0, len(data), batch)]).numpy()
+    return out
+
+
+@task(name="select", **PRIVATE)
+def select_checkpoints(
+    make_model: Callable[[dict], torch.nn.Module],
+    checkpoints: list[tuple[int, dict]],
+    x_val: np.ndarray,
+    stage: StagePlan,
+    cfg: SelectConfig,
+) -> list[int]:
+    """Indices into `checkpoints` of the k winners (k capped at the number of checkpoints)."""
+    k = min(cfg.top_k, len(checkpoints))
+    loglik = loglik_matrix(make_model, [s for _, s in checkpoints], x_val)
+    loglik = np.nan_to_num(loglik, nan=cfg.score_low, neginf=cfg.score_low, posinf=cfg.score_high)
+    scores, sensitivity = report_noisy_max.clipped_loglik_scores(loglik, cfg.score_low, cfg.score_high)
+    return report_noisy_max.report_noisy_max(scores, sensitivity, per_pick_epsilon(stage), np.random.default_rng(), k=k)

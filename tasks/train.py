@@ -1,0 +1,68 @@
+"""train: DP-SGD / DP-Adam with Poisson sampling on the flow, with a progress bar."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from prefect import task
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from privacy.dp_sgd import TrainResult, TrainSettings, train
+from privacy.events import PoissonGaussianEvent
+from privacy.plan import StagePlan
+from privflow.config import TrainConfig
+from tasks._options import PRIVATE
+
+
+def resolve_device(choice: str) -> str:
+    """auto -> cuda when present; asking for cuda without one is a clear error."""
+    from privflow.errors import ConfigError
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was requested but torch sees no CUDA device on this machine.")
+    return choice
+
+
+def settings_for(cfg: TrainConfig, stage: StagePlan | None) -> TrainSettings:
+    """Trainer settings from the config and the planned DP-SGD event (None: non-private)."""
+    event = stage.event if stage is not None else None
+    if event is not None and not isinstance(event, PoissonGaussianEvent):
+        raise TypeError(f"the train stage must plan a PoissonGaussianEvent, got {event!r}")
+    return TrainSettings(
+        sample_rate=event.sample_rate if event else cfg.batch_size / max(cfg.batch_size, 1),
+        steps=event.steps if event else 1,
+        noise_multiplier=event.noise_multiplier if event else 0.0,
+        max_grad_norm=cfg.max_grad_norm,
+        clipping=cfg.clipping,
+        sparsity=cfg.sparsity,
+        optimizer=cfg.optimizer,
+        lr=cfg.lr,
+        checkpoint_every=cfg.checkpoint_every,
+        expected_batch_size=float(cfg.batch_size),
+        device=resolve_device(cfg.device),
+        seed=cfg.seed,
+        private=event is not None,
+    )
+
+
+@task(name="train", **PRIVATE)
+def train_flow_model(model: torch.nn.Module, x: np.ndarray, settings: TrainSettings, show_progress: bool = True) -> TrainResult:
+    """Run exactly the planned number of DP steps; checkpoints every k steps."""
+    data = torch.as_tensor(x, dtype=torch.float32)
+    columns = [
+        TextColumn("[bold]DP training"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    ]
+    with Progress(*columns, disable=not show_progress, transient=False) as progress:
+        bar = progress.add_task("train", total=settings.steps, loss=float("nan"))
+
+        def on_step(step: int, loss: float) -> None:
+            progress.update(bar, completed=step, loss=loss)
+
+        return train(model, data, settings, on_step=on_step)

@@ -1,0 +1,59 @@
+"""The privacy plan meets its target by composition, and refuses what cannot be met."""
+
+from __future__ import annotations
+
+import pytest
+
+from privacy.accountant import PLDAccountant, PRVAccountant
+from privacy.events import GaussianEvent, PureDPEvent
+from privacy.plan import SGDShape, make_plan
+from privflow.errors import PrivacyPlanError
+
+
+def _gauss(eps: float) -> GaussianEvent:
+    from privacy.calibration import gaussian_noise_for_epsilon
+
+    return GaussianEvent(gaussian_noise_for_epsilon(eps, 1e-5))
+
+
+SMALL = {"dp_stats": (0.05, _gauss), "select": (0.05, PureDPEvent)}
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 4.0])
+def test_plan_lands_within_one_percent_under_target(epsilon: float) -> None:
+    plan = make_plan(epsilon, 1e-5, SMALL, SGDShape(0.02, 300))
+    assert 0.99 * epsilon <= plan.epsilon <= epsilon
+    # the figure is the composition of the recorded events, recomputed from them alone
+    assert PLDAccountant().epsilon(plan.events, 1e-5) == pytest.approx(plan.epsilon, rel=1e-9)
+    # an independent accountant (PRV) agrees within 1%
+    assert PRVAccountant().epsilon(plan.events, 1e-5) == pytest.approx(plan.epsilon, rel=0.01)
+    assert plan.epsilon_rdp >= plan.epsilon
+
+
+def test_composition_is_tighter_than_the_sum_of_stage_epsilons() -> None:
+    plan = make_plan(1.0, 1e-5, SMALL, SGDShape(0.02, 300))
+    assert sum(s.epsilon_alone for s in plan.stages) > plan.epsilon
+    assert plan.stage("dp_stats").epsilon_alone == pytest.approx(0.05, rel=0.01)
+    assert plan.stage("select").epsilon_alone == pytest.approx(0.05, rel=1e-3)
+
+
+def test_more_steps_need_more_noise() -> None:
+    short = make_plan(1.0, 1e-5, SMALL, SGDShape(0.02, 100)).stage("train").event
+    long = make_plan(1.0, 1e-5, SMALL, SGDShape(0.02, 1000)).stage("train").event
+    assert long.noise_multiplier > short.noise_multiplier
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "delta", "stages", "match"),
+    [
+        (0.0, 1e-5, SMALL, "epsilon"),
+        (-1.0, 1e-5, SMALL, "epsilon"),
+        (1.0, 0.0, SMALL, "delta"),
+        (1.0, 1.0, SMALL, "delta"),
+        (1.0, 1e-5, {"a": (0.6, PureDPEvent), "b": (0.5, PureDPEvent)}, "add up"),
+        (1e-4, 1e-5, SMALL, "stages other than training|No noise level"),
+    ],
+)
+def test_plan_refuses_what_cannot_be_met(epsilon, delta, stages, match) -> None:
+    with pytest.raises(PrivacyPlanError, match=match):
+        make_plan(epsilon, delta, stages, SGDShape(0.02, 300))

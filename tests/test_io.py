@@ -1,0 +1,148 @@
+"""privflow.io: reading CSV/Parquet as the validator expects it, writing, fingerprinting."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from privflow.errors import DataError
+from privflow.io import fingerprint, read_table, write_table
+
+DEMO = Path(__file__).resolve().parents[1] / "privflow" / "demo"
+
+
+def _write(path: Path, data: bytes | str) -> Path:
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def test_adult_csv_is_read_as_strings_with_missing_as_null() -> None:
+    df = read_table(DEMO / "adult_train.csv")
+    assert df.shape == (32561, 15)
+    assert all(dtype == pl.String for dtype in df.schema.values())
+    # the publisher's '?' markers, written as empty fields in the demo file
+    nulls = df.null_count().row(0, named=True)
+    assert (nulls["workclass"], nulls["occupation"], nulls["native-country"]) == (1836, 1843, 583)
+    assert nulls["age"] == 0
+    assert df["age"][0] == "39" and df["income"][1] == "<=50K"
+
+
+def test_empty_and_quoted_empty_fields_are_null(tmp_path: Path) -> None:
+    p = _write(tmp_path / "t.csv", 'a,b,c\n1,,x\n"",2,""\n')
+    df = read_table(p)
+    assert df.to_dicts() == [{"a": "1", "b": None, "c": "x"}, {"a": None, "b": "2", "c": None}]
+
+
+def test_numbers_stay_text_so_validation_sees_them(tmp_path: Path) -> None:
+    df = read_table(_write(tmp_path / "t.csv", "a,b\n007,1.50\nabc,2\n"))
+    assert df["a"].to_list() == ["007", "abc"] and df["b"].to_list() == ["1.50", "2"]
+
+
+def test_blank_lines_are_not_rows_and_bom_is_ignored(tmp_path: Path) -> None:
+    p = _write(tmp_path / "t.csv", b"\xef\xbb\xbfa,b\r\n1,2\r\n\r\n3,4\r\n\r\n")
+    df = read_table(p)
+    assert df.columns == ["a", "b"]
+    assert df.to_dicts() == [{"a": "1", "b": "2"}, {"a": "3", "b": "4"}]
+
+
+def test_quoted_commas_and_newlines_survive(tmp_path: Path) -> None:
+    df = read_table(_write(tmp_path / "t.csv", 'a,b\n"x, y","line1\nline2"\n'))
+    assert df.to_dicts() == [{"a": "x, y", "b": "line1\nline2"}]
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n", "a,b\n", "a,b\n\n"])
+def test_empty_file_or_no_rows_is_refused(tmp_path: Path, content: str) -> None:
+    p = _write(tmp_path / "empty.csv", content)
+    with pytest.raises(DataError, match="empty|no data rows") as exc:
+        read_table(p)
+    assert str(p) in str(exc.value)
+
+
+@pytest.mark.parametrize("name", ["data.txt", "data.xlsx", "data", "data.json"])
+def test_unsupported_suffix_is_refused(tmp_path: Path, name: str) -> None:
+    p = _write(tmp_path / name, "a,b\n1,2\n")
+    with pytest.raises(DataError, match="CSV .* or Parquet") as exc:
+        read_table(p)
+    assert str(p) in str(exc.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        read_table(tmp_path / "nope.csv")
+
+
+def test_binary_content_with_csv_suffix_is_refused(tmp_path: Path) -> None:
+    pq = tmp_path / "real.parquet"
+    pl.DataFrame({"a": [1, 2]}).write_parquet(pq)
+    fake = _write(tmp_path / "fake.csv", pq.read_bytes())
+    with pytest.raises(DataError, match="not a UTF-8 text CSV|NUL bytes") as exc:
+        read_table(fake)
+    assert "fake.csv" in str(exc.value)
+
+
+def test_text_with_parquet_suffix_is_refused(tmp_path: Path) -> None:
+    p = _write(tmp_path / "fake.parquet", "a,b\n1,2\n")
+    with pytest.raises(DataError, match="does not parse as Parquet") as exc:
+        read_table(p)
+    assert "fake.parquet" in str(exc.value)
+
+
+def test_ragged_rows_are_refused_with_line_numbers(tmp_path: Path) -> None:
+    p = _write(tmp_path / "r.csv", "a,b,c\n1,2,3\n4,5\n6,7,8,9\n1,2,3\n")
+    with pytest.raises(DataError, match=r"2 row\(s\).*header's 3.*\[3, 4\]"):
+        read_table(p)
+
+
+def test_duplicate_and_blank_headers_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="more than once.*'a'"):
+        read_table(_write(tmp_path / "d.csv", "a,b,a\n1,2,3\n"))
+    with pytest.raises(DataError, match="blank column name"):
+        read_table(_write(tmp_path / "b.csv", "a,,c\n1,2,3\n"))
+
+
+def test_unterminated_quote_is_refused(tmp_path: Path) -> None:
+    # strict csv: a stray quote inside an unquoted field is an error, not silently absorbed
+    with pytest.raises(DataError, match="not valid CSV|number of fields"):
+        read_table(_write(tmp_path / "q.csv", 'a,b\n1,"2\n3,4\n'))
+
+
+def test_parquet_round_trip_keeps_types(tmp_path: Path) -> None:
+    df = pl.DataFrame(
+        {
+            "n": [1, 2, None],
+            "x": [0.5, None, 2.0],
+            "c": pl.Series(["a", None, "b"], dtype=pl.Enum(["a", "b"])),
+            "s": ["u", "", "w"],
+        }
+    )
+    for name in ("t.parquet", "t.pq"):
+        p = write_table(df, tmp_path / "sub" / name)
+        back = read_table(p)
+        assert back["n"].to_list() == [1, 2, None] and back["n"].dtype == pl.Int64
+        assert back["x"].to_list() == [0.5, None, 2.0]
+        assert back["c"].cast(pl.String).to_list() == ["a", None, "b"]
+        assert back["s"].to_list() == ["u", None, "w"]  # empty string means missing in Parquet too
+
+
+def test_csv_write_then_read(tmp_path: Path) -> None:
+    df = pl.DataFrame({"a": [1, None], "b": ["x,y", "z"]})
+    back = read_table(write_table(df, tmp_path / "o.csv"))
+    assert back.to_dicts() == [{"a": "1", "b": "x,y"}, {"a": None, "b": "z"}]
+    with pytest.raises(DataError, match="suffix"):
+        write_table(df, tmp_path / "o.xlsx")
+
+
+def test_fingerprint_is_sha256_of_bytes(tmp_path: Path) -> None:
+    src = DEMO / "adult_test.csv"
+    assert fingerprint(src) == hashlib.sha256(src.read_bytes()).hexdigest()
+    a = _write(tmp_path / "a.csv", "a,b\n1,2\n")
+    b = _write(tmp_path / "b.csv", "a,b\n1,3\n")
+    c = _write(tmp_path / "c.csv", "a,b\n1,2\n")
+    assert fingerprint(a) != fingerprint(b)
+    assert fingerprint(a) == fingerprint(c)
+    assert len(fingerprint(a)) == 64
+    with pytest.raises(DataError):
+        fingerprint(tmp_path / "missing.csv")
