@@ -57,7 +57,9 @@ class Codec:
             else:
                 lo, hi = col.bounds  # type: ignore[misc]
                 if col.type == "integer" and math.ceil(lo) > math.floor(hi):
-                    raise SchemaError(f"column '{col.name}' is integer but its bounds [{lo}, {hi}] hold no integer")
+                    raise SchemaError(
+                        f"Column '{col.name}' is integer but its bounds [{lo}, {hi}] hold no integer."
+                    )
                 feats.append(Feature(col.name, col.name, "continuous", None))
                 if col.nullable:
                     feats.append(Feature(f"{col.name}__missing", col.name, "categorical", 2))
@@ -110,12 +112,14 @@ class Codec:
                 )
             if col.is_categorical:
                 cats = list(col.categories or ())
-                codes = s.cast(pl.String).replace_strict(cats, list(range(len(cats))), default=None, return_dtype=pl.Int64)
+                codes = s.cast(pl.String).replace_strict(
+                    cats, list(range(len(cats))), default=None, return_dtype=pl.Int64
+                )
                 unknown = codes.is_null().to_numpy() & ~isnull
                 if unknown.any():
                     raise DataError(
-                        f"Cannot encode column '{col.name}': {int(unknown.sum())} value(s) are not in its declared "
-                        "categories; validate the table first."
+                        f"Cannot encode column '{col.name}': {int(unknown.sum())} value(s) are not in its "
+                        "declared categories; validate the table first."
                     )
                 out[:, j] = codes.fill_null(len(cats)).to_numpy().astype(np.float32)
                 j += 1

@@ -35,10 +35,16 @@ Check = Literal["missing_column", "extra_column", "type", "integer", "bounds", "
 SCHEMA_LEVEL = "schema"
 ROW_LEVEL = "row"
 
+ROW_COLUMN = "_privflow_row"  # quarantine file: the row's 0-based position in the input
+REASON_COLUMN = "_privflow_failed_checks"  # quarantine file: "column:check;..." for the row
+
 _NUMERIC_DTYPES = (
     pl.Float32, pl.Float64, pl.Int8, pl.Int16, pl.Int32, pl.Int64,
-    pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64, pl.Boolean,
+    pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64, pl.Boolean, pl.Null,
 )  # fmt: skip
+_CHECK_ORDER = {c: i for i, c in enumerate(
+    ("missing_column", "extra_column", "type", "integer", "not_null", "bounds", "category")
+)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,11 @@ class Failure:
 
 @dataclass(frozen=True)
 class ValidationReport:
-    """Outcome of `validate`: per-column failures and row counts. NOT differentially private."""
+    """Outcome of `validate`: per-column failures and row counts. NOT differentially private.
+
+    `failing_rows` counts rows failing at least one check (every row when a check fails at
+    schema level); `quarantined_rows` those set aside under the quarantine policy.
+    """
 
     dataset: str
     policy: Policy
@@ -138,10 +148,14 @@ def _rows(n: int) -> str:
     return f"{n} row{'s' if n != 1 else ''}"
 
 
+def _null_where(mask: pl.Series, s: pl.Series) -> pl.Series:
+    return pl.select(pl.when(mask).then(None).otherwise(s)).to_series().alias(s.name)
+
+
 @dataclass
 class _Coerced:
-    frame: pl.DataFrame  # declared columns present in the input, numeric ones as Float64
-    masks: dict[tuple[str, str], pl.Series]  # (column, check) -> boolean row mask
+    frame: pl.DataFrame  # declared columns present in the input; numeric ones Float64, categoricals String
+    masks: dict[tuple[str, str], pl.Series]  # (column, "type"|"integer") -> boolean row mask
     schema_failures: list[Failure]
 
 
@@ -165,10 +179,16 @@ def _raw_missing(s: pl.Series) -> pl.Series:
 
 
 def _coerce(raw: pl.DataFrame, schema: Schema) -> _Coerced:
-    """Cast declared columns to their schema type in polars, counting what does not parse."""
+    """Cast each declared column to its schema type (strict=False), counting what does not parse.
+
+    A value that is present but not a number ("abc", "nan") is a row-level "type" failure;
+    when no present value of a column parses, the column itself has the wrong type (schema
+    level). In integer columns a finite number with a fraction is an "integer" failure.
+    """
+    n = raw.height
     out: dict[str, pl.Series] = {}
     masks: dict[tuple[str, str], pl.Series] = {}
-    schema_failures: list[Failure] = []
+    failures: list[Failure] = []
     for col in schema.columns:
         if col.name not in raw.columns:
             continue
@@ -177,64 +197,73 @@ def _coerce(raw: pl.DataFrame, schema: Schema) -> _Coerced:
             try:
                 out[col.name] = s.cast(pl.String)
             except Exception:
-                schema_failures.append(
-                    Failure(col.name, "type", raw.height, SCHEMA_LEVEL,
-                            f"holds {s.dtype} values, which cannot be read as category labels")  # fmt: skip
-                )
-                out[col.name] = pl.Series(col.name, [None] * raw.height, dtype=pl.String)
+                detail = f"holds {s.dtype} values, which cannot be read as category labels"
+                failures.append(Failure(col.name, "type", n, SCHEMA_LEVEL, detail))
+                out[col.name] = pl.Series(col.name, [None] * n, dtype=pl.String)
             continue
         if s.dtype == pl.String:
             parsed = s.str.strip_chars().cast(pl.Float64, strict=False)
-            # a value that is present but is not a finite-or-infinite number ("abc", "nan")
             bad = s.is_not_null() & (parsed.is_null() | parsed.is_nan().fill_null(False))
-            parsed = pl.select(pl.when(bad).then(None).otherwise(parsed)).to_series()
-        elif s.dtype in _NUMERIC_DTYPES or s.dtype == pl.Null:
+            parsed = _null_where(bad, parsed)
+        elif s.dtype in _NUMERIC_DTYPES:
             parsed = s.cast(pl.Float64)
-            parsed = pl.select(pl.when(parsed.is_nan()).then(None).otherwise(parsed)).to_series()
-            bad = pl.Series([False] * raw.height)
+            parsed = _null_where(parsed.is_nan().fill_null(False), parsed)  # NaN counts as missing
+            bad = pl.Series(col.name, [False] * n)
         else:
-            schema_failures.append(
-                Failure(col.name, "type", raw.height, SCHEMA_LEVEL,
-                        f"holds {s.dtype} values where {col.type} numbers are declared")  # fmt: skip
-            )
-            out[col.name] = pl.Series(col.name, [None] * raw.height, dtype=pl.Float64)
+            detail = f"holds {s.dtype} values where {col.type} numbers are declared"
+            failures.append(Failure(col.name, "type", n, SCHEMA_LEVEL, detail))
+            out[col.name] = pl.Series(col.name, [None] * n, dtype=pl.Float64)
             continue
-        parsed = parsed.alias(col.name)
         n_bad = int(bad.sum())
-        n_present = int(s.is_not_null().sum())
-        if n_bad and n_bad == n_present:
-            schema_failures.append(
-                Failure(col.name, "type", n_bad, SCHEMA_LEVEL,
-                        f"no value parses as a number ({_rows(n_bad)}): the whole column has the wrong type")  # fmt: skip
-            )
+        if n_bad and n_bad == int(s.is_not_null().sum()):
+            detail = f"no value parses as a number ({_rows(n_bad)}): the whole column has the wrong type"
+            failures.append(Failure(col.name, "type", n_bad, SCHEMA_LEVEL, detail))
         elif n_bad:
             masks[(col.name, "type")] = bad
         if col.type == "integer":
-            finite = parsed.is_not_null() & parsed.is_finite().fill_null(False)
-            frac = finite & (parsed != parsed.round(0)).fill_null(False)
-            if int(frac.sum()):
+            frac = (parsed.is_finite() & (parsed != parsed.round(0))).fill_null(False)
+            if frac.any():
                 masks[(col.name, "integer")] = frac
-        out[col.name] = parsed
-    return _Coerced(pl.DataFrame(out, schema={k: v.dtype for k, v in out.items()}), masks, schema_failures)
+        out[col.name] = parsed.alias(col.name)
+    frame = pl.DataFrame(list(out.values())) if out else pl.DataFrame()
+    return _Coerced(frame, masks, failures)
 
 
 # ----------------------------------------------------------------------------- GX suite
 
 
 def _gx_quiet() -> None:
-    """No usage statistics, no progress bars (must be set before GX is imported)."""
+    """No usage statistics (read when GX is imported); progress bars are switched off per context."""
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("GE_USAGE_STATS", "FALSE")
 
 
-def _run_gx(
-    raw: pl.DataFrame, coerced: pl.DataFrame, schema: Schema
-) -> tuple[list[tuple[str, str, int]], list[str], list[str], int]:
-    """Build the suites from the schema and run them; return (column, check, unexpected_count).
+def _gx_exception(info: Any) -> str | None:
+    """GX reports an evaluation error either flat or keyed by metric; find any raised one."""
+    if not isinstance(info, dict):
+        return None
+    if info.get("raised_exception"):
+        return str(info.get("exception_message"))
+    for v in info.values():
+        if isinstance(v, dict) and v.get("raised_exception"):
+            return str(v.get("exception_message"))
+    return None
 
-    Structure suite on the frame as given (presence, no undeclared columns, not-null);
-    value suite on the coerced frame (bounds, categories). Also returns the missing and
-    extra column lists and the number of expectations evaluated.
+
+@dataclass
+class _GxOutcome:
+    counts: list[tuple[str, str, int]]  # (column, check, unexpected_count) per row-level expectation
+    missing: list[str]
+    extra: list[str]
+    expectations: int
+
+
+def _run_gx(raw: pl.DataFrame, coerced: pl.DataFrame, schema: Schema) -> _GxOutcome:
+    """Build two suites from the schema and run each on a whole-dataframe batch.
+
+    Structure suite on the frame as given (columns match the declared set exactly, each
+    declared column exists, not-null where not nullable); value suite on the coerced frame
+    (public bounds, declared categories). Results are kept at counts (no unexpected values).
     """
     _gx_quiet()
     import great_expectations as gx
@@ -244,67 +273,64 @@ def _run_gx(
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     asset = ctx.data_sources.add_pandas("privflow").add_dataframe_asset("table")
-    batch = asset.add_batch_definition_whole_dataframe("whole")
+    batch_def = asset.add_batch_definition_whole_dataframe("whole")
 
-    tag: dict[str, tuple[str, str]] = {}
+    def tagged(exp_cls: Any, name: str, check: str, **kwargs: Any) -> Any:
+        return exp_cls(meta={"privflow": {"column": name, "check": check}}, **kwargs)
 
-    def add(suite: Any, exp: Any, column: str, check: str) -> None:
-        exp = suite.add_expectation(exp)
-        tag[str(exp.id)] = (column, check)
-
-    structure = ctx.suites.add(gx.ExpectationSuite(name=f"{schema.dataset.name}-structure"))
-    add(structure, gxe.ExpectTableColumnsToMatchSet(column_set=schema.names, exact_match=True), "*", "columns")
+    structure = gx.ExpectationSuite(name=f"{schema.dataset.name}-structure")
+    structure.add_expectation(
+        tagged(gxe.ExpectTableColumnsToMatchSet, "*", "columns", column_set=schema.names, exact_match=True)
+    )
     for col in schema.columns:
-        add(structure, gxe.ExpectColumnToExist(column=col.name), col.name, "missing_column")
+        structure.add_expectation(tagged(gxe.ExpectColumnToExist, col.name, "missing_column", column=col.name))
         if not col.nullable and col.name in raw.columns:
-            add(structure, gxe.ExpectColumnValuesToNotBeNull(column=col.name), col.name, "not_null")
+            structure.add_expectation(
+                tagged(gxe.ExpectColumnValuesToNotBeNull, col.name, "not_null", column=col.name)
+            )
 
-    values = ctx.suites.add(gx.ExpectationSuite(name=f"{schema.dataset.name}-values"))
+    values = gx.ExpectationSuite(name=f"{schema.dataset.name}-values")
     for col in schema.columns:
         if col.name not in coerced.columns:
             continue
         if col.is_categorical:
-            add(values, gxe.ExpectColumnValuesToBeInSet(column=col.name, value_set=list(col.categories or ())),
-                col.name, "category")  # fmt: skip
+            exp = tagged(gxe.ExpectColumnValuesToBeInSet, col.name, "category",
+                         column=col.name, value_set=list(col.categories or ()))  # fmt: skip
         else:
             lo, hi = col.bounds  # type: ignore[misc]
-            add(values, gxe.ExpectColumnValuesToBeBetween(column=col.name, min_value=lo, max_value=hi),
-                col.name, "bounds")  # fmt: skip
+            exp = tagged(gxe.ExpectColumnValuesToBeBetween, col.name, "bounds",
+                         column=col.name, min_value=lo, max_value=hi)  # fmt: skip
+        values.add_expectation(exp)
 
-    # counts only: no partial list of unexpected values is kept
     fmt = {"result_format": "BASIC", "partial_unexpected_count": 0}
-    counts: list[tuple[str, str, int]] = []
-    missing: list[str] = []
-    extra: list[str] = []
-    n_exp = 0
+    outcome = _GxOutcome([], [], [], 0)
     for suite, frame in ((structure, raw), (values, coerced)):
         if not suite.expectations:
             continue
-        vd = ctx.validation_definitions.add(gx.ValidationDefinition(name=f"{suite.name}-run", data=batch, suite=suite))
-        result = vd.run(batch_parameters={"dataframe": frame.to_pandas()}, result_format=fmt)
-        for r in result.results:
-            n_exp += 1
-            column, check = tag[str(r.expectation_config.id)]
-            exc = r.exception_info or {}
-            if isinstance(exc, dict) and exc.get("raised_exception"):
-                raise RuntimeError(f"Great Expectations failed to evaluate {check} on '{column}': "
-                                   f"{exc.get('exception_message')}")  # fmt: skip
+        batch = batch_def.get_batch(batch_parameters={"dataframe": frame.to_pandas()})
+        for r in batch.validate(suite, result_format=fmt).results:
+            outcome.expectations += 1
+            tag = r.expectation_config.meta["privflow"]
+            column, check = tag["column"], tag["check"]
+            problem = _gx_exception(r.exception_info)
+            if problem:
+                raise RuntimeError(f"internal: GX could not evaluate {check} on '{column}': {problem}")
             if check == "columns":
-                mism = (r.result.get("details") or {}).get("mismatched") or {}
-                extra = sorted(str(c) for c in mism.get("unexpected") or [])
+                mismatched = (r.result.get("details") or {}).get("mismatched") or {}
+                outcome.extra = sorted(str(c) for c in mismatched.get("unexpected") or [])
             elif check == "missing_column":
                 if not r.success:
-                    missing.append(column)
+                    outcome.missing.append(column)
             else:
-                counts.append((column, check, int(r.result.get("unexpected_count") or 0)))
-    return counts, missing, extra, n_exp
+                outcome.counts.append((column, check, int(r.result.get("unexpected_count") or 0)))
+    return outcome
 
 
 # ----------------------------------------------------------------------------- validate
 
 
 def _value_masks(coerced: pl.DataFrame, raw: pl.DataFrame, schema: Schema) -> dict[tuple[str, str], pl.Series]:
-    """The polars twin of each GX row-level expectation (to find the rows to quarantine)."""
+    """The polars twin of each GX row-level expectation: which rows fail (for the quarantine)."""
     masks: dict[tuple[str, str], pl.Series] = {}
     for col in schema.columns:
         if col.name not in coerced.columns:
@@ -313,10 +339,12 @@ def _value_masks(coerced: pl.DataFrame, raw: pl.DataFrame, schema: Schema) -> di
         if not col.nullable:
             masks[(col.name, "not_null")] = _raw_missing(raw.get_column(col.name))
         if col.is_categorical:
-            masks[(col.name, "category")] = s.is_not_null() & ~s.is_in(list(col.categories or ())).fill_null(False)
+            unknown = ~s.is_in(list(col.categories or ()))
         else:
             lo, hi = col.bounds  # type: ignore[misc]
-            masks[(col.name, "bounds")] = s.is_not_null() & ((s < lo) | (s > hi)).fill_null(False)
+            unknown = (s < lo) | (s > hi)
+        check = "category" if col.is_categorical else "bounds"
+        masks[(col.name, check)] = s.is_not_null() & unknown.fill_null(False)
     return masks
 
 
@@ -335,21 +363,24 @@ def _detail(col: Column, check: str, n: int) -> str:
     raise ValueError(check)
 
 
-_CHECK_ORDER = {"missing_column": 0, "extra_column": 1, "type": 2, "integer": 3, "not_null": 4, "bounds": 5, "category": 6}
-
-
-def _message(report: ValidationReport, fatal_reason: str) -> str:
+def _message(report: ValidationReport, reason: str) -> str:
     parts = "; ".join(f.sentence() for f in report.failures)
-    return (
-        f"Validation of dataset '{report.dataset}' against its schema failed ({fatal_reason}): "
-        f"{report.failing_rows} of {report.total_rows} rows fail. {parts}. "
-        "Counts only are shown; this diagnostic is not differentially private and stays with the data owner. "
-        + (
-            "Missing, undeclared or wrongly typed columns cannot be quarantined: fix the file or the schema."
-            if report.schema_level
-            else "Fix those rows, or use the quarantine policy to set them aside and train on the rest."
-        )
+    advice = (
+        "Missing, undeclared or wrongly typed columns cannot be quarantined: fix the file or the schema."
+        if report.schema_level
+        else "Fix those rows, or use the quarantine policy to set them aside and train on the rest."
     )
+    return (
+        f"Validation of dataset '{report.dataset}' against its schema failed ({reason}): "
+        f"{report.failing_rows} of {report.total_rows} rows fail. {parts}. Counts only are shown; this "
+        f"diagnostic is not differentially private and stays with the data owner. {advice}"
+    )
+
+
+def _fail(report: ValidationReport, reason: str) -> ValidationFailed:
+    err = ValidationFailed(_message(report, reason))
+    err.report = report  # type: ignore[attr-defined]
+    return err
 
 
 def _typed(frame: pl.DataFrame, schema: Schema) -> pl.DataFrame:
@@ -364,6 +395,30 @@ def _typed(frame: pl.DataFrame, schema: Schema) -> pl.DataFrame:
     return frame.select(exprs)
 
 
+def _write_quarantine(
+    df: pl.DataFrame,
+    masks: dict[tuple[str, str], pl.Series],
+    row_fail: pl.Series,
+    order: dict[str, int],
+    path: Path,
+) -> None:
+    """Failing rows as given (raw values), with their input position and the checks they fail."""
+    n = df.height
+    reasons = pl.Series(REASON_COLUMN, [""] * n)
+    for (column, check), mask in sorted(masks.items(), key=lambda kv: (order[kv[0][0]], _CHECK_ORDER[kv[0][1]])):
+        tag = f"{column}:{check}"
+        joined = pl.when(reasons == "").then(pl.lit(tag)).otherwise(reasons + ";" + tag)
+        reasons = pl.select(pl.when(mask).then(joined).otherwise(reasons)).to_series().alias(REASON_COLUMN)
+    as_text = [pl.col(c).cast(pl.String) for c, t in df.schema.items() if isinstance(t, (pl.Enum, pl.Categorical))]
+    rows = (
+        df.with_columns(as_text)
+        .with_columns(pl.Series(ROW_COLUMN, range(n), dtype=pl.Int64), reasons)
+        .filter(row_fail)
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows.write_csv(path)
+
+
 def validate(
     df: pl.DataFrame,
     schema: Schema,
@@ -374,46 +429,55 @@ def validate(
 
     Typed: numeric -> Float64, integer -> Int64, categorical -> Enum of the declared list.
     strict: any failure raises ValidationFailed. quarantine: rows failing a row-level check are
-    written to `quarantine_path` (CSV, raw values plus `_row` and `_failed_checks`) and left
-    out of the returned frame; schema-level failures (missing/extra column, a whole column of
-    the wrong type) always raise. The raised error carries the report as `.report`.
+    written to `quarantine_path` (CSV of the raw rows plus `_privflow_row`, their 0-based
+    position, and `_privflow_failed_checks`; rewritten on every call, header only when no row
+    fails) and left out of the returned frame. Schema-level failures (missing or undeclared
+    column, a whole column of the wrong type) and a quarantine that leaves no row always raise.
+    A raised ValidationFailed carries the report as `.report`.
     """
     if policy not in ("strict", "quarantine"):
         raise ConfigError(f"Validation policy must be 'strict' or 'quarantine', got '{policy}'.")
     if policy == "quarantine" and quarantine_path is None:
         raise ConfigError("The quarantine policy needs a quarantine_path for the rows it sets aside.")
     if df.height == 0:
-        raise ValidationFailed(f"Dataset '{schema.dataset.name}': the table has no rows, so there is nothing to validate or train on.")
+        raise ValidationFailed(
+            f"Dataset '{schema.dataset.name}': the table has no rows, so there is nothing to validate or train on."
+        )
 
     raw = _normalise(df)
     n = raw.height
     co = _coerce(raw, schema)
-    counts, missing, extra, n_exp = _run_gx(raw, co.frame, schema)
+    gx_out = _run_gx(raw, co.frame, schema)
 
-    # cross-check GX's structure result with plain set arithmetic
-    declared = set(schema.names)
-    if sorted(missing) != sorted(declared - set(raw.columns)) or extra != sorted(set(raw.columns) - declared):
+    declared, present = set(schema.names), set(raw.columns)
+    if sorted(gx_out.missing) != sorted(declared - present) or gx_out.extra != sorted(present - declared):
         raise RuntimeError("internal: Great Expectations and polars disagree about the table's columns")
 
     masks = dict(co.masks)
-    twin = _value_masks(co.frame, raw, schema)
-    for column, check, gx_count in counts:
-        mask = twin[(column, check)]
+    twins = _value_masks(co.frame, raw, schema)
+    for column, check, gx_count in gx_out.counts:
+        mask = twins[(column, check)]
         if int(mask.sum()) != gx_count:
             raise RuntimeError(
-                f"internal: GX counts {gx_count} rows failing {check} on '{column}' but polars counts {int(mask.sum())}"
+                f"internal: GX counts {gx_count} rows failing {check} on '{column}', polars {int(mask.sum())}"
             )
         if gx_count:
             masks[(column, check)] = mask
 
-    failures: list[Failure] = [
-        Failure(c, "missing_column", n, SCHEMA_LEVEL, "is declared in the schema but missing from the table") for c in missing
+    failures = [
+        Failure(c, "missing_column", n, SCHEMA_LEVEL, "is declared in the schema but missing from the table")
+        for c in gx_out.missing
     ]
-    failures += [Failure(c, "extra_column", n, SCHEMA_LEVEL, "is in the table but not declared in the schema") for c in extra]
+    failures += [
+        Failure(c, "extra_column", n, SCHEMA_LEVEL, "is in the table but not declared in the schema")
+        for c in gx_out.extra
+    ]
     failures += co.schema_failures
-    order = {c: i for i, c in enumerate(schema.names)}
     for (column, check), mask in masks.items():
-        failures.append(Failure(column, check, int(mask.sum()), ROW_LEVEL, _detail(schema.column(column), check, int(mask.sum()))))  # type: ignore[arg-type]
+        k = int(mask.sum())
+        detail = _detail(schema.column(column), check, k)
+        failures.append(Failure(column, check, k, ROW_LEVEL, detail))  # type: ignore[arg-type]
+    order = {c: i for i, c in enumerate(schema.names)}
     failures.sort(key=lambda f: (order.get(f.column, len(order)), _CHECK_ORDER[f.check]))
 
     row_fail = pl.Series([False] * n)
@@ -424,39 +488,28 @@ def validate(
 
     def report(quarantined: int, qpath: str | None) -> ValidationReport:
         return ValidationReport(
-            dataset=schema.dataset.name, policy=policy, total_rows=n, failing_rows=failing,
-            quarantined_rows=quarantined, failures=tuple(failures), expectations=n_exp, quarantine_path=qpath,
-        )  # fmt: skip
+            dataset=schema.dataset.name,
+            policy=policy,
+            total_rows=n,
+            failing_rows=failing,
+            quarantined_rows=quarantined,
+            failures=tuple(failures),
+            expectations=gx_out.expectations,
+            quarantine_path=qpath,
+        )
 
-    if schema_level or (failures and policy == "strict"):
-        rep = report(0, None)
-        err = ValidationFailed(_message(rep, "schema-level problem" if schema_level else "strict policy"))
-        err.report = rep  # type: ignore[attr-defined]
-        raise err
+    if schema_level:
+        raise _fail(report(0, None), "schema-level problem")
+    if failures and policy == "strict":
+        raise _fail(report(0, None), "strict policy")
 
-    qpath: str | None = None
     if policy == "quarantine":
         assert quarantine_path is not None
-        reasons = pl.Series([""] * n)
-        for (column, check), mask in sorted(masks.items(), key=lambda kv: (order[kv[0][0]], _CHECK_ORDER[kv[0][1]])):
-            tag = f"{column}:{check}"
-            reasons = pl.select(
-                pl.when(mask).then(pl.when(reasons == "").then(pl.lit(tag)).otherwise(reasons + ";" + tag)).otherwise(reasons)
-            ).to_series()
-        bad_rows = (
-            df.with_columns(pl.col(c).cast(pl.String) for c, t in df.schema.items() if isinstance(t, (pl.Enum, pl.Categorical)))
-            .with_columns(pl.Series("_row", range(n), dtype=pl.Int64), reasons.alias("_failed_checks"))
-            .filter(row_fail)
-        )
-        qp = Path(quarantine_path)
-        qp.parent.mkdir(parents=True, exist_ok=True)
-        bad_rows.write_csv(qp)
-        qpath = str(qp)
-
+        _write_quarantine(df, masks, row_fail, order, Path(quarantine_path))
+        rep = report(failing, str(quarantine_path))
+    else:
+        rep = report(0, None)
     clean = co.frame.filter(~row_fail)
     if clean.height == 0:
-        rep = report(failing, qpath)
-        err = ValidationFailed(_message(rep, "no row passes; nothing is left to train on"))
-        err.report = rep  # type: ignore[attr-defined]
-        raise err
-    return _typed(clean, schema), report(failing if policy == "quarantine" else 0, qpath)
+        raise _fail(rep, "no row passes, nothing is left to train on")
+    return _typed(clean, schema), rep
