@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS fingerprints (
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     dataset TEXT NOT NULL REFERENCES datasets(name),
-    status TEXT NOT NULL CHECK (status IN ('reserved', 'settled', 'failed')),
+    status TEXT NOT NULL CHECK (status IN ('reserved', 'settled', 'failed', 'released')),
     events TEXT NOT NULL,
     reserved_events TEXT NOT NULL,
     reserved_epsilon REAL NOT NULL,
@@ -384,6 +384,21 @@ class Ledger:
                 raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
             if run["status"] == "reserved":
                 con.execute("UPDATE runs SET status = 'failed', settled_at = ? WHERE run_id = ?", (_now(), run_id))
+
+    def release(self, run_id: str) -> None:
+        """Return a reservation whose run stopped before any mechanism read its rows (a failed
+        validation, a bad file): its events stop counting; the record stays, as 'released'."""
+        with self._tx() as con:
+            run = con.execute("SELECT dataset, status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if run is None:
+                raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
+            if run["status"] != "reserved":
+                raise PrivacyPlanError(f"Run '{run_id}' is {run['status']}; only a reservation can be released.")
+            con.execute(
+                "UPDATE runs SET status = 'released', events = '[]', epsilon = 0, settled_at = ? WHERE run_id = ?",
+                (_now(), run_id),
+            )
+            self._refresh_spent(con, run["dataset"], float(self._dataset_row(con, run["dataset"])["budget_delta"]))
 
     # -- reading ----------------------------------------------------------------------------
 

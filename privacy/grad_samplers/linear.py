@@ -23,6 +23,8 @@ from torch import Tensor, nn
 from privacy.grad_samplers._common import split_backprops
 from privacy.grad_samplers.registry import Call, register_ghost
 
+_CHUNK_ELEMENTS = 1 << 22  # per-example gradient entries held at once when materialising
+_FREE: "weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, Tensor]]" = weakref.WeakKeyDictionary()
 _GROUPS: "weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, Tensor, Tensor]]" = weakref.WeakKeyDictionary()
 
 
@@ -34,6 +36,15 @@ def mask_groups(layer: nn.Module, mask: Tensor) -> tuple[Tensor, Tensor]:
     rows, inverse = torch.unique(mask, dim=0, return_inverse=True)
     _GROUPS[layer] = (mask, rows, inverse)
     return rows, inverse
+
+
+def _free_index(layer: nn.Module, mask: Tensor) -> Tensor:
+    cached = _FREE.get(layer)
+    if cached is not None and cached[0] is mask:
+        return cached[1]
+    idx = (mask.reshape(-1) != 0).nonzero().squeeze(1)
+    _FREE[layer] = (mask, idx)
+    return idx
 
 
 class LinearGhost:
@@ -86,27 +97,78 @@ class LinearGhost:
             out[layer.bias] = (b * b).sum(1)
         return out
 
+    def materialise(
+        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None, apply_mask: bool = True
+    ) -> dict[nn.Parameter, Tensor]:
+        """Per-example gradients [c, *shape] summed over the calls: one batched product
+        sum_u g_u a_u^T (inner dimension = number of calls) instead of one per call.
+        ``apply_mask=False`` leaves the structurally zero entries unmasked (for callers that
+        read only the free entries, see ``free_columns``)."""
+        a, g = self._stack(calls)
+        if sl is not None:
+            a, g = a[:, sl], g[:, sl]
+        out: dict[nn.Parameter, Tensor] = {}
+        if layer.weight.requires_grad:
+            w = torch.bmm(g.permute(1, 2, 0), a.transpose(0, 1))  # [c, out, J] @ [c, J, in]
+            mask = self.mask(layer)
+            out[layer.weight] = w * mask.to(w.dtype) if mask is not None and apply_mask else w
+        if layer.bias is not None and layer.bias.requires_grad:
+            out[layer.bias] = g.sum(0)
+        return out
+
+    def free_columns(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
+        """Flat indices of the entries that can be non-zero (None: all of them)."""
+        mask = self.mask(layer)
+        out: dict[nn.Parameter, Tensor | None] = {layer.weight: None if mask is None else _free_index(layer, mask)}
+        if layer.bias is not None:
+            out[layer.bias] = None
+        return out
+
+    def _row_sq_gram(self, layer: nn.Module, a: Tensor, g: Tensor) -> Tensor:
+        """Per-example, per-row squared norms [n, out] of sum_u g_u a_u^T (* mask), Gram trick."""
+        j = a.shape[0]
+        iu, iv = torch.triu_indices(j, j, device=a.device)
+        coef = torch.where(iu == iv, 1.0, 2.0).to(a.dtype)
+        mask = self.mask(layer)
+        if mask is None:
+            p = (a[iu] * a[iv]).sum(2, keepdim=True)  # [pairs, n, 1]
+        else:
+            rows, inverse = mask_groups(layer, mask)
+            p = ((a[iu] * a[iv]) @ rows.to(a.dtype).T)[:, :, inverse]  # [pairs, n, out]
+        return ((g[iu] * g[iv]) * p * coef[:, None, None]).sum(0)
+
     def unit_stats(
         self, layer: nn.Module, calls: Sequence[Call]
     ) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
-        if len(calls) != 1:
-            return None  # row L1 norms of a sum over calls need the per-example gradient
         a, g = self._stack(calls)
-        a, g = a[0], g[0]
         out: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
         if layer.weight.requires_grad:
             mask = self.mask(layer)
-            if mask is None:
-                l1 = g.abs() * a.abs().sum(1, keepdim=True)
-                sq = g * g * (a * a).sum(1, keepdim=True)
+            if len(calls) > 1:
+                # Row L1 norms of a sum over calls need the per-example gradient: materialise
+                # it in chunks of examples, keeping only the per-row reductions.
+                n, (d_out, d_in) = a.shape[1], layer.weight.shape
+                size = max(1, _CHUNK_ELEMENTS // (d_out * d_in))
+                l1s = []
+                for i in range(0, n, size):
+                    w = self.materialise(layer, calls, slice(i, i + size), apply_mask=False)[layer.weight]
+                    w.abs_()
+                    l1s.append(w.sum(2) if mask is None else torch.einsum("noi,oi->no", w, mask.to(w.dtype)))
+                out[layer.weight] = (torch.cat(l1s), self._row_sq_gram(layer, a, g))
             else:
-                rows, inverse = mask_groups(layer, mask)
-                rt = rows.to(a.dtype).T
-                l1 = g.abs() * (a.abs() @ rt)[:, inverse]
-                sq = g * g * ((a * a) @ rt)[:, inverse]
-            out[layer.weight] = (l1, sq)
+                a0, g0 = a[0], g[0]
+                if mask is None:
+                    l1 = g0.abs() * a0.abs().sum(1, keepdim=True)
+                    sq = g0 * g0 * (a0 * a0).sum(1, keepdim=True)
+                else:
+                    rows, inverse = mask_groups(layer, mask)
+                    rt = rows.to(a0.dtype).T
+                    l1 = g0.abs() * (a0.abs() @ rt)[:, inverse]
+                    sq = g0 * g0 * ((a0 * a0) @ rt)[:, inverse]
+                out[layer.weight] = (l1, sq)
         if layer.bias is not None and layer.bias.requires_grad:
-            out[layer.bias] = (g.abs(), g * g)
+            b = g.sum(0)
+            out[layer.bias] = (b.abs(), b * b)
         return out
 
     def weighted_sum(

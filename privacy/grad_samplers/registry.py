@@ -40,13 +40,19 @@ class GhostOps(Protocol):
     def unit_stats(
         self, layer: nn.Module, calls: Sequence[Call]
     ) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
-        """Per-example, per-row (L1 norm, squared L2 norm), each [n, rows]; None if not cheap."""
+        """Per-example, per-row (L1 norm, squared L2 norm), each [n, rows]."""
         ...
 
     def weighted_sum(
         self, layer: nn.Module, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
     ) -> dict[nn.Parameter, Tensor]:
         """sum_i w_i * grad_i, with w [n] (one per example) or [n, rows] (one per example and row)."""
+        ...
+
+    def materialise(
+        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None
+    ) -> dict[nn.Parameter, Tensor]:
+        """Per-example gradients [c, *shape] of examples ``sl``, summed over the calls."""
         ...
 
 

@@ -1,0 +1,208 @@
+"""Clipping strategies: every example's clipped gradient has total norm <= C (so noise
+calibrated to C is right), the thresholds split C as DP-HFlow says, T_{tau,gamma} is
+unbiased, and the fast path equals the materialising (opacus-hooks style) reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from privacy.clipping import (
+    GradientMismatch,
+    LayerInfo,
+    clip_flat,
+    clip_per_layer,
+    clip_per_unit,
+    clip_sparsify,
+    clipped_gradient_sum,
+    layer_thresholds,
+    model_layers,
+    row_stats,
+    sparsify_k,
+    stochastic_sparsify,
+    unit_thresholds,
+)
+from tests.privacy.test_grad_samplers import TinyFlow
+
+torch.set_num_threads(1)
+DT = torch.float64
+SLACK = 1 + 1e-9  # float64 rounding of norm * (C / norm)
+STRATEGIES = ["flat", "per_layer", "per_unit", "sparsify"]
+
+
+def random_grads(seed: int, n: int = 16) -> tuple[list[list[Tensor]], list[LayerInfo]]:
+    """Random per-example gradients for 2-3 networks of 1-3 layers with 1-3 parameters each,
+    on wildly different scales (as Figure 2 of DP-HFlow shows across networks)."""
+    g = torch.Generator().manual_seed(seed)
+    grads, layers = [], []
+    for net in range(int(torch.randint(2, 4, (1,), generator=g))):
+        for lay in range(int(torch.randint(1, 4, (1,), generator=g))):
+            params = []
+            for _ in range(int(torch.randint(1, 4, (1,), generator=g))):
+                shape = tuple(int(s) for s in torch.randint(1, 6, (int(torch.randint(1, 3, (1,), generator=g)),), generator=g))
+                scale = 10 ** float(torch.empty(()).uniform_(-2, 2, generator=g))
+                t = torch.randn((n,) + shape, generator=g, dtype=DT) * scale
+                t[torch.rand(t.shape, generator=g) < 0.2] = 0.0  # some exact zeros
+                params.append(t)
+            params[0][0] = 0.0  # an example with a zero parameter gradient
+            grads.append(params)
+            fake = tuple(nn.Parameter(torch.zeros(p.shape[1:])) for p in params)
+            layers.append(LayerInfo(f"n{net}.l{lay}", nn.Module(), fake, f"n{net}", tuple(p[0].numel() for p in params)))
+    return grads, layers
+
+
+def total_norms(grads: list[list[Tensor]]) -> Tensor:
+    return torch.sqrt(sum(p.reshape(p.shape[0], -1).pow(2).sum(1) for layer in grads for p in layer))
+
+
+def layer_norms(grads: list[list[Tensor]]) -> Tensor:
+    return torch.stack([torch.sqrt(sum(p.reshape(p.shape[0], -1).pow(2).sum(1) for p in layer)) for layer in grads], 1)
+
+
+def clip_with(strategy: str, grads: list[list[Tensor]], layers: list[LayerInfo], c: float, seed: int) -> list[list[Tensor]]:
+    thr = layer_thresholds(layers, c)
+    if strategy == "flat":
+        return clip_flat(grads, c)
+    if strategy == "per_layer":
+        return clip_per_layer(grads, thr)
+    if strategy == "per_unit":
+        return clip_per_unit(grads, thr)
+    gen = torch.Generator().manual_seed(seed)
+    gammas = [torch.rand(grads[0][0].shape[0], generator=gen, dtype=DT) for _ in grads]
+    return clip_sparsify(grads, thr, 0.5, [l.complexity for l in layers], gammas)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_example_total_norm_at_most_c(strategy: str, seed: int) -> None:
+    grads, layers = random_grads(seed)
+    for c in (0.01, 1.0, 50.0):
+        clipped = clip_with(strategy, grads, layers, c, seed)
+        assert bool((total_norms(clipped) <= c * SLACK).all())
+        if strategy != "flat":  # and each layer within its own threshold
+            thr = torch.tensor(layer_thresholds(layers, c), dtype=DT)
+            assert bool((layer_norms(clipped) <= thr * SLACK).all())
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_clipping_is_identity_below_threshold(seed: int) -> None:
+    grads, layers = random_grads(seed)
+    big = 1e9
+    for strategy in ("flat", "per_layer"):
+        for a, b in zip(clip_with(strategy, grads, layers, big, seed), grads):
+            for x, y in zip(a, b):
+                torch.testing.assert_close(x, y)
+    # and flat clipping of a large gradient lands exactly on the sphere of radius C
+    norms = total_norms(clip_flat(grads, 1e-3))
+    big_ones = total_norms(grads) > 1e-3
+    torch.testing.assert_close(norms[big_ones], torch.full_like(norms[big_ones], 1e-3))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_per_unit_rows_within_their_thresholds(seed: int) -> None:
+    grads, layers = random_grads(seed)
+    thr = layer_thresholds(layers, 1.0)
+    clipped = clip_per_unit(grads, thr)
+    for layer, cl, t in zip(grads, clipped, thr):
+        l1 = torch.cat([row_stats(g)[0] for g in layer], 1)
+        unit_thr = unit_thresholds(l1, t)
+        # paper formula: C_l[i] = C_l sqrt(||G_i||_1 / sum_j ||G_j||_1), sum_i C_l[i]^2 = C_l^2
+        live = l1.sum(1) > 0  # an all-zero layer gradient has nothing to split
+        expect = t * torch.sqrt(l1[live] / l1[live].sum(1, keepdim=True))
+        torch.testing.assert_close(unit_thr[live], expect)
+        torch.testing.assert_close(unit_thr[live].pow(2).sum(1), torch.full((int(live.sum()),), t * t, dtype=DT))
+        sq = torch.cat([row_stats(g)[1] for g in cl], 1)
+        assert bool((sq.sqrt() <= unit_thr * SLACK + 1e-300).all())
+
+
+def test_thresholds_split_between_networks_then_layers() -> None:
+    _, layers = random_grads(3)
+    c = 2.5
+    thr = layer_thresholds(layers, c)
+    assert math.isclose(sum(t * t for t in thr), c * c, rel_tol=1e-12)
+    nets = sorted({l.network for l in layers})
+    for net in nets:
+        members = [(l, t) for l, t in zip(layers, thr) if l.network == net]
+        assert math.isclose(sum(t * t for _, t in members), c * c / len(nets), rel_tol=1e-12)
+        total = sum(l.complexity for l, _ in members)
+        for l, t in members:
+            assert math.isclose(t * t, c * c / len(nets) * l.complexity / total, rel_tol=1e-12)
+
+
+def test_model_layers_networks_and_structural_sizes() -> None:
+    model = TinyFlow()
+    layers = {l.name: l for l in model_layers(model)}
+    assert set(layers) == {"act", "emb", "made.0", "made.1", "lus.0", "lus.1", "lus.2", "low", "head"}
+    assert layers["made.1"].network == "made" and layers["lus.2"].network == "lus"
+    d = 4
+    assert layers["lus.0"].complexity == d * (d - 1) + 2 * d  # two strict triangles + diag + bias
+    m = model.made[0]
+    assert layers["made.0"].complexity == int(m.mask.sum()) + m.out_features
+
+
+def test_sparsify_operator_cases() -> None:
+    v = torch.tensor([[5.0, -4.0, 3.0, -2.0, 1.0, 0.5, 0.0]], dtype=DT)
+    k = 3  # tau = 3
+    out = stochastic_sparsify(v, k, torch.tensor([0.5], dtype=DT))  # tau * gamma = 1.5
+    torch.testing.assert_close(out, torch.tensor([[5.0, -4.0, 3.0, -3.0, 0.0, 0.0, 0.0]], dtype=DT))
+    out = stochastic_sparsify(v, k, torch.tensor([0.1], dtype=DT))  # tau * gamma = 0.3
+    torch.testing.assert_close(out, torch.tensor([[5.0, -4.0, 3.0, -3.0, 3.0, 3.0, 0.0]], dtype=DT))
+    assert sparsify_k(10, 0.5) == 5 and sparsify_k(3, 0.9) == 1
+    with pytest.raises(ValueError):
+        sparsify_k(10, 1.0)
+
+
+def test_sparsify_is_unbiased() -> None:
+    """E[T_{tau,gamma}(v)] = v, over gamma ~ U[0,1] (fixed seed, 5 standard errors)."""
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(1, 40, generator=g, dtype=DT) * torch.logspace(-2, 1, 40, dtype=DT)
+    draws = 40000
+    gamma = torch.rand(draws, generator=g, dtype=DT)
+    t = stochastic_sparsify(v.expand(draws, -1), 10, gamma)
+    mean, se = t.mean(0), t.std(0) / math.sqrt(draws)
+    assert bool(((mean - v[0]).abs() <= 5 * se + 1e-12).all())
+    assert bool((t.ne(0).sum(1) < 40).any())  # it does sparsify
+
+
+# ---------------------------------------------------------------- the engine on a model
+@pytest.mark.parametrize("strategy", STRATEGIES + ["none"])
+def test_fast_path_equals_reference(strategy: str) -> None:
+    model = TinyFlow(d=4, hidden=8, blocks=3, seed=1).to(DT)
+    x = torch.randn(9, 4, dtype=DT, generator=torch.Generator().manual_seed(2))
+    kw = dict(clipping=strategy, max_grad_norm=0.7, sparsity=0.4)
+    fast = clipped_gradient_sum(model, x, method="fast", generator=torch.Generator().manual_seed(3), check=True, **kw)
+    ref = clipped_gradient_sum(model, x, method="hooks", generator=torch.Generator().manual_seed(3), **kw)
+    for p in model.parameters():
+        torch.testing.assert_close(fast.grads[p], ref.grads[p], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(fast.losses, -model.log_prob(x).detach())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_engine_bounds_each_example_by_c(strategy: str) -> None:
+    """A batch of one example: the clipped sum IS that example's clipped gradient."""
+    model = TinyFlow(d=4, hidden=8, blocks=3, seed=4).to(DT)
+    x = 3 * torch.randn(6, 4, dtype=DT, generator=torch.Generator().manual_seed(5))
+    c = 0.3
+    for i in range(6):
+        out = clipped_gradient_sum(model, x[i : i + 1], clipping=strategy, max_grad_norm=c,
+                                   generator=torch.Generator().manual_seed(i))
+        norm = math.sqrt(sum(float(g.pow(2).sum()) for g in out.grads.values()))
+        assert 0 < norm <= c * SLACK
+
+
+def test_mismatch_detected_when_a_parameter_is_used_outside_forward() -> None:
+    class Leaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3).to(DT)
+
+        def log_prob(self, x: Tensor) -> Tensor:
+            return -(self.lin(x) ** 2).sum(1) - (x @ self.lin.weight).sum(1)  # weight used directly
+
+    model = Leaky()
+    x = torch.randn(4, 3, dtype=DT)
+    with pytest.raises(GradientMismatch):
+        clipped_gradient_sum(model, x, clipping="flat", max_grad_norm=1.0, check=True)

@@ -1,0 +1,150 @@
+"""The DP-SGD trainer: Poisson sampling, noise scale and normalisation by the PUBLIC
+expected batch size, noise-only steps, checkpoints, the privacy event, determinism."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from privacy.clipping import clipped_gradient_sum
+from privacy.dp_sgd import TrainResult, TrainSettings, dp_sgd_event, noisy_gradient, poisson_sample, train
+from privacy.events import PoissonGaussianEvent
+from tests.privacy.test_grad_samplers import TinyFlow
+
+torch.set_num_threads(1)
+
+
+def data(n: int = 300, seed: int = 0) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 4, generator=g) * torch.tensor([1.0, 2.0, 0.5, 1.0]) + 1.0
+
+
+def settings(**kw: object) -> TrainSettings:
+    base = dict(sample_rate=0.2, steps=7, noise_multiplier=1.0, max_grad_norm=1.0, checkpoint_every=3,
+                expected_batch_size=60.0, lr=1e-2)
+    base.update(kw)
+    return TrainSettings(**base)  # type: ignore[arg-type]
+
+
+def test_poisson_sampling_is_independent_bernoulli() -> None:
+    g = torch.Generator().manual_seed(0)
+    n, q, reps = 1000, 0.05, 400
+    sizes = torch.tensor([float(len(poisson_sample(n, q, g))) for _ in range(reps)])
+    # Binomial(n, q): mean nq = 50, variance nq(1-q) = 47.5
+    assert abs(float(sizes.mean()) - n * q) < 5 * math.sqrt(n * q * (1 - q) / reps)
+    assert 0.75 < float(sizes.var()) / (n * q * (1 - q)) < 1.3
+    counts = torch.zeros(n)
+    for _ in range(reps):
+        counts[poisson_sample(n, q, g)] += 1
+    assert abs(float(counts.mean()) / reps - q) < 0.005  # every row has the same rate
+
+
+def test_noise_std_is_sigma_c_over_public_batch_size() -> None:
+    s = settings(noise_multiplier=1.7, max_grad_norm=0.3, expected_batch_size=40.0)
+    g = torch.Generator().manual_seed(0)
+    out = noisy_gradient(torch.zeros(200_000), s, g)
+    assert abs(float(out.std()) / (1.7 * 0.3 / 40.0) - 1) < 0.01
+    assert abs(float(out.mean())) < 5 * 1.7 * 0.3 / 40.0 / math.sqrt(200_000)
+
+
+def test_one_sgd_step_is_clipped_sum_over_expected_batch_size() -> None:
+    """q = 1, negligible noise, SGD lr = 1: the update is -(sum of clipped grads) / B, with
+    B the public constant (not the 50 rows of the batch)."""
+    x = data(50)
+    model = TinyFlow(seed=3)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    ref_model = TinyFlow(seed=3)
+    expect = clipped_gradient_sum(ref_model, x, clipping="per_layer", max_grad_norm=0.5, method="hooks")
+    s = settings(sample_rate=1.0, steps=1, noise_multiplier=1e-9, max_grad_norm=0.5, clipping="per_layer",
+                 optimizer="sgd", lr=1.0, expected_batch_size=37.0)
+    train(model, x, s)
+    names = dict(ref_model.named_parameters())
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(start[k] - p.detach(), expect.grads[names[k]] / 37.0, atol=1e-5, rtol=1e-4)
+
+
+def test_empty_batches_take_noise_only_steps() -> None:
+    model = TinyFlow(seed=1)
+    before = [p.detach().clone() for p in model.parameters()]
+    s = settings(sample_rate=1e-9, steps=3, noise_multiplier=2.0, max_grad_norm=0.5, optimizer="sgd", lr=1.0,
+                 expected_batch_size=10.0)
+    res = train(model, data(20), s)
+    assert res.steps == 3 and all(math.isnan(v) for v in res.losses)
+    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+    # three independent N(0, (sigma C / B)^2) steps: std sqrt(3) * 0.1
+    assert abs(float(delta.std()) / (math.sqrt(3) * 2.0 * 0.5 / 10.0) - 1) < 0.15
+
+
+def test_train_result_checkpoints_event_and_callback() -> None:
+    model = TinyFlow(seed=2)
+    seen: list[tuple[int, float]] = []
+    s = settings(steps=7, checkpoint_every=3, clipping="per_unit")
+    res = train(model, data(), s, on_step=lambda step, loss: seen.append((step, loss)))
+    assert isinstance(res, TrainResult) and res.steps == 7 and len(res.losses) == 7
+    assert [step for step, _ in seen] == list(range(1, 8)) and [v for _, v in seen] == res.losses
+    assert [step for step, _ in res.checkpoints] == [3, 6, 7]
+    assert res.event == PoissonGaussianEvent(0.2, 1.0, 7) == dp_sgd_event(s)
+    last = res.checkpoints[-1][1]
+    assert set(last) == set(model.state_dict())
+    for k, v in model.state_dict().items():
+        assert last[k].device.type == "cpu"
+        torch.testing.assert_close(last[k], v.detach().cpu())
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # checkpoints are copies
+    k0 = next(iter(model.state_dict()))
+    assert not torch.equal(last[k0], model.state_dict()[k0])
+    assert not torch.equal(res.checkpoints[0][1][k0], last[k0])
+
+
+def test_non_private_baseline_has_no_event_and_learns() -> None:
+    x = data(400)
+    model = TinyFlow(seed=0, hidden=16)
+    res = train(model, x, settings(private=False, steps=80, sample_rate=0.25, lr=1e-2))
+    assert res.event is None
+    assert sum(res.losses[-10:]) / 10 < sum(res.losses[:10]) / 10 - 1.0
+
+
+@pytest.mark.parametrize("clipping", ["flat", "per_layer", "per_unit", "sparsify"])
+def test_private_training_learns_with_small_noise(clipping: str) -> None:
+    x = data(400)
+    model = TinyFlow(seed=0, hidden=16)
+    s = settings(steps=60, sample_rate=0.25, noise_multiplier=0.3, max_grad_norm=5.0, clipping=clipping,
+                 expected_batch_size=100.0, lr=2e-2)
+    res = train(model, x, s)
+    assert all(math.isfinite(v) for v in res.losses)
+    assert sum(res.losses[-10:]) / 10 < sum(res.losses[:10]) / 10 - 0.5
+
+
+def test_deterministic_for_a_seed_and_global_rng_untouched() -> None:
+    x = data()
+    model = TinyFlow(seed=5)  # (its constructor seeds the global RNG)
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    a = train(model, x, settings(clipping="sparsify", seed=11))
+    assert torch.equal(torch.get_rng_state(), state)
+    b = train(TinyFlow(seed=5), x, settings(clipping="sparsify", seed=11))
+    c = train(TinyFlow(seed=5), x, settings(clipping="sparsify", seed=12))
+    assert a.losses == b.losses and a.losses != c.losses
+    for (sa, da), (sb, db) in zip(a.checkpoints, b.checkpoints):
+        assert sa == sb and all(torch.equal(da[k], db[k]) for k in da)
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValueError):
+        settings(sample_rate=0.0)
+    with pytest.raises(ValueError):
+        settings(noise_multiplier=0.0)
+    with pytest.raises(ValueError):
+        settings(clipping="global")
+    settings(noise_multiplier=0.0, private=False)  # allowed for the baseline
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_trains_on_cuda() -> None:
+    model = TinyFlow(seed=0)
+    res = train(model, data(), settings(device="cuda", clipping="per_unit"))
+    assert res.steps == 7 and all(v.device.type == "cpu" for v in res.checkpoints[-1][1].values())
+    assert next(model.parameters()).device.type == "cuda"

@@ -1,0 +1,340 @@
+"""The privacy ledger: refusal with numbers, persistence, concurrent processes, SIGKILL, retries."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from privacy.accountant import PLDAccountant, PRVAccountant
+from privacy.events import (
+    GaussianEvent,
+    LaplaceEvent,
+    NonPrivateEvent,
+    PoissonGaussianEvent,
+    PureDPEvent,
+    RepeatedEvent,
+)
+from privacy.ledger import Ledger, compose_epsilon, merge_events
+from privflow.errors import BudgetExceeded, PrivacyPlanError
+
+DELTA = 1e-5
+G5 = GaussianEvent(5.0)  # epsilon 0.7255 at delta 1e-5 (STACK.md)
+EPS_G5 = 0.7255
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    led = Ledger(tmp_path / "ledger.db")
+    assert led.ensure_dataset("adult", 1.0, DELTA, "fp-1") == []
+    return led
+
+
+def test_reserve_then_refuse_with_numbers(ledger: Ledger) -> None:
+    ledger.reserve("adult", "run-1", [G5], {"train": "gaussian"})
+    spent, delta = ledger.spent("adult")
+    assert spent == pytest.approx(EPS_G5, abs=1e-4) and delta == DELTA
+    with pytest.raises(BudgetExceeded) as info:
+        ledger.reserve("adult", "run-2", [G5])
+    msg = str(info.value)
+    total = compose_epsilon([G5, G5], DELTA)
+    for number in (f"{spent:.4g}", f"{1.0 - spent:.4g}", f"{EPS_G5:.4g}", f"{total:.4g}", "epsilon=1 "):
+        assert number in msg, (number, msg)
+    assert "run-2" in msg and "adult" in msg
+    # Nothing was recorded by the refused run.
+    assert [r.run_id for r in ledger.runs("adult")] == ["run-1"]
+    assert ledger.spent("adult")[0] == spent
+
+
+def test_composition_is_the_tight_one_not_the_sum(ledger: Ledger) -> None:
+    # Two releases of 0.46 each: the plain sum (0.92) is under 1, PLD composition is ~0.66.
+    small = GaussianEvent(7.6)
+    ledger.reserve("adult", "a", [small])
+    ledger.reserve("adult", "b", [small])
+    spent = ledger.spent("adult")[0]
+    assert spent == pytest.approx(PLDAccountant().epsilon([small, small], DELTA), rel=1e-9)
+    assert spent == pytest.approx(PRVAccountant().epsilon([small, small], DELTA), abs=0.006)
+    assert spent < 2 * ledger.runs("adult")[0].epsilon
+
+
+def test_merge_events_keeps_the_epsilon() -> None:
+    events = [
+        PoissonGaussianEvent(0.02, 1.1, 20),
+        G5,
+        PoissonGaussianEvent(0.02, 1.1, 10),
+        RepeatedEvent(PureDPEvent(0.01), 2),
+        PureDPEvent(0.01),
+        G5,
+    ]
+    merged = merge_events(events)
+    assert len(merged) == 3
+    assert PoissonGaussianEvent(0.02, 1.1, 30) in merged
+    assert compose_epsilon(events, DELTA) == pytest.approx(PLDAccountant().epsilon(events, DELTA), rel=1e-6)
+
+
+def test_persistence_across_ledger_objects(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "ledger.db"
+    first = Ledger(path)
+    first.ensure_dataset("adult", 2.0, DELTA, "fp")
+    first.reserve("adult", "run-1", [G5, LaplaceEvent(10.0)], {"stats": "gaussian"})
+    first.settle("run-1", [G5])
+    del first
+    second = Ledger(path)
+    (run,) = second.runs()
+    assert run.status == "settled" and run.events == (G5,) and run.settled_at is not None
+    assert run.reserved_events == (G5, LaplaceEvent(10.0)) and run.stages == (("stats", "gaussian"),)
+    assert second.spent("adult")[0] == pytest.approx(EPS_G5, abs=1e-4)
+    (ds,) = second.datasets()
+    assert (ds.name, ds.budget_epsilon, ds.budget_delta, ds.fingerprint, ds.runs) == ("adult", 2.0, DELTA, "fp", 1)
+    assert ds.remaining_epsilon == pytest.approx(2.0 - EPS_G5, abs=1e-4)
+
+
+def test_idempotent_retry(ledger: Ledger) -> None:
+    ledger.reserve("adult", "run-1", [G5])
+    before = ledger.spent("adult")
+    ledger.reserve("adult", "run-1", [G5])  # a task retry: no second spend, no refusal
+    ledger.reserve("adult", "run-1", [G5, G5])
+    assert ledger.spent("adult") == before
+    assert len(ledger.runs()) == 1
+    ledger.abandon("run-1")
+    ledger.reserve("adult", "run-1", [G5])  # retried after a failure: reserved again, same spend
+    assert ledger.runs()[0].status == "reserved" and ledger.spent("adult") == before
+    ledger.settle("run-1", [G5])
+    ledger.settle("run-1", [G5])  # a retried settle is a no-op
+    with pytest.raises(PrivacyPlanError):
+        ledger.settle("run-1", [GaussianEvent(9.0)])
+
+
+def test_settle_lowers_spend_and_refuses_overspend(ledger: Ledger) -> None:
+    ledger.reserve("adult", "run-1", [RepeatedEvent(GaussianEvent(30.0), 10)])
+    reserved = ledger.spent("adult")[0]
+    ledger.settle("run-1", [RepeatedEvent(GaussianEvent(30.0), 4)])  # stopped early
+    assert ledger.spent("adult")[0] < reserved
+    assert ledger.runs()[0].status == "settled"
+    ledger.reserve("adult", "run-2", [GaussianEvent(20.0)])
+    with pytest.raises(PrivacyPlanError, match="reserved only"):
+        ledger.settle("run-2", [GaussianEvent(8.0)])
+    run2 = ledger.runs()[1]
+    # The ledger never under-counts: what was actually spent is what is recorded.
+    assert run2.status == "failed" and run2.events == (GaussianEvent(8.0),)
+    assert ledger.spent("adult")[0] == pytest.approx(
+        compose_epsilon([RepeatedEvent(GaussianEvent(30.0), 4), GaussianEvent(8.0)], DELTA)
+    )
+
+
+def test_abandon_keeps_spend_counted(ledger: Ledger) -> None:
+    ledger.reserve("adult", "run-1", [G5])
+    ledger.abandon("run-1")
+    run = ledger.runs()[0]
+    assert run.status == "failed" and run.events == (G5,)
+    assert ledger.spent("adult")[0] == pytest.approx(EPS_G5, abs=1e-4)
+    with pytest.raises(BudgetExceeded):
+        ledger.reserve("adult", "run-2", [G5])
+
+
+def test_release_returns_a_reservation_that_read_nothing(ledger: Ledger) -> None:
+    ledger.reserve("adult", "bad-file", [G5])
+    assert ledger.spent("adult")[0] == pytest.approx(EPS_G5, abs=1e-3)
+    ledger.release("bad-file")
+    assert ledger.spent("adult")[0] == 0.0
+    assert [r.status for r in ledger.runs("adult")] == ["released"]
+    ledger.reserve("adult", "next", [G5])  # the budget is free again
+    ledger.settle("next", [G5])
+    with pytest.raises(PrivacyPlanError, match="only a reservation"):
+        ledger.release("next")  # a run that spent cannot hand its spend back
+
+
+def test_non_private_run_is_refused(ledger: Ledger) -> None:
+    with pytest.raises(BudgetExceeded, match="inf"):
+        ledger.reserve("adult", "np", [NonPrivateEvent("no noise")])
+    assert ledger.runs() == [] and ledger.spent("adult") == (0.0, 0.0)
+
+
+def test_fingerprint_and_budget_changes_are_recorded(ledger: Ledger) -> None:
+    assert ledger.ensure_dataset("adult", 1.0, DELTA, "fp-1") == []
+    warnings = ledger.ensure_dataset("adult", 1.0, DELTA, "fp-2")
+    assert len(warnings) == 1 and "fp-2" in warnings[0] and "fp-1" in warnings[0]
+    (ds,) = ledger.datasets()
+    assert ds.fingerprint == "fp-2" and ds.fingerprints == ("fp-1", "fp-2")
+    warnings = ledger.ensure_dataset("adult", 5.0, DELTA, "fp-2")
+    assert len(warnings) == 1 and "set_budget" in warnings[0]
+    assert ledger.datasets()[0].budget_epsilon == 1.0  # not raised behind the owner's back
+    assert len(ledger.notes("adult")) == 2
+    ledger.set_budget("adult", 5.0, DELTA)
+    assert ledger.datasets()[0].budget_epsilon == 5.0
+    assert "fp-2" in ledger.describe("adult")
+
+
+def test_unknown_dataset_and_run(ledger: Ledger) -> None:
+    with pytest.raises(PrivacyPlanError, match="not in the privacy ledger"):
+        ledger.reserve("german", "r", [G5])
+    with pytest.raises(PrivacyPlanError):
+        ledger.settle("nope", [G5])
+    with pytest.raises(PrivacyPlanError):
+        ledger.abandon("nope")
+    ledger.ensure_dataset("german", 1.0, DELTA, None)
+    ledger.reserve("adult", "r", [G5])
+    with pytest.raises(PrivacyPlanError, match="recorded on dataset 'adult'"):
+        ledger.reserve("german", "r", [G5])
+
+
+def test_describe_table(ledger: Ledger) -> None:
+    ledger.ensure_dataset("german", 3.0, DELTA, None)
+    ledger.reserve("adult", "run-a", [G5], {"stats": "gaussian"})
+    ledger.reserve("german", "run-g1", [G5])
+    ledger.reserve("german", "run-g2", [RepeatedEvent(PureDPEvent(0.05), 2)])
+    text = ledger.describe()
+    for piece in ("adult", "german", "run-a", "run-g1", "run-g2", "gaussian(sigma=5)", "pure_dp(eps=0.05) x2"):
+        assert piece in text
+    cumulative = compose_epsilon([G5, RepeatedEvent(PureDPEvent(0.05), 2)], DELTA)
+    assert f"{cumulative:.4f}" in text
+    assert "run-a" not in ledger.describe("german")
+    assert "not in the privacy ledger" in ledger.describe("missing")
+
+
+# ---------------------------------------------------------------------------- other processes
+
+CHILD = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from privacy.events import GaussianEvent
+    from privacy.ledger import Ledger, compose_epsilon
+    from privflow.errors import BudgetExceeded
+
+    path, run_id, sigma, go, mode = sys.argv[1:6]
+    compose_epsilon([GaussianEvent(1.0)], 1e-5)  # import and warm the accountant before the start line
+    led = Ledger(path)
+    print("ready", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.0005)
+    start = time.time()
+    t0 = time.perf_counter()
+    try:
+        led.reserve("d", run_id, [GaussianEvent(float(sigma))])
+        ok, msg = True, ""
+    except BudgetExceeded as exc:
+        ok, msg = False, str(exc)
+    print(json.dumps({"run": run_id, "ok": ok, "seconds": time.perf_counter() - t0, "start": start,
+                      "end": time.time(), "msg": msg}), flush=True)
+    if mode == "hang":
+        time.sleep(600)
+    """
+)
+
+
+def _spawn(path: Path, run_id: str, sigma: float, go: Path, mode: str = "exit") -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path), run_id, str(sigma), str(go), mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _race(tmp_path: Path, budget: float, sigmas: list[float]) -> list[dict]:
+    path = tmp_path / "race.db"
+    Ledger(path).ensure_dataset("d", budget, DELTA, None)
+    go = tmp_path / "go"
+    procs = [_spawn(path, f"run-{i}", s, go) for i, s in enumerate(sigmas)]
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.stderr.read() if p.stderr else ""
+    go.touch()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+@pytest.mark.slow
+def test_two_concurrent_processes_room_for_one(tmp_path: Path) -> None:
+    results = _race(tmp_path, budget=1.0, sigmas=[5.0, 5.0])  # 0.7255 each, 1.05 together
+    assert sorted(r["ok"] for r in results) == [False, True]
+    loser = next(r for r in results if not r["ok"])
+    assert "epsilon=0.7255" in loser["msg"]
+    led = Ledger(tmp_path / "race.db")
+    assert [r.run_id for r in led.runs("d")] == [next(r["run"] for r in results if r["ok"])]
+    assert led.spent("d")[0] == pytest.approx(EPS_G5, abs=1e-4)
+    overlap = min(r["end"] for r in results) - max(r["start"] for r in results)
+    print(
+        "\nrace 2 procs:",
+        {r["run"]: (r["ok"], round(r["seconds"], 3)) for r in results},
+        f"overlap of attempts {overlap:.3f}s",
+    )
+
+
+@pytest.mark.slow
+def test_four_concurrent_processes_room_for_two(tmp_path: Path) -> None:
+    sigma = 12.0
+    two = compose_epsilon([GaussianEvent(sigma)] * 2, DELTA)
+    three = compose_epsilon([GaussianEvent(sigma)] * 3, DELTA)
+    results = _race(tmp_path, budget=(two + three) / 2, sigmas=[sigma] * 4)
+    assert sum(r["ok"] for r in results) == 2
+    led = Ledger(tmp_path / "race.db")
+    assert len(led.runs("d")) == 2 and led.spent("d")[0] == pytest.approx(two, rel=1e-9)
+    print("\nrace 4 procs:", sorted(round(r["seconds"], 3) for r in results))
+
+
+@pytest.mark.slow
+def test_sigkill_after_reserving_leaves_spend_counted(tmp_path: Path) -> None:
+    path = tmp_path / "kill.db"
+    Ledger(path).ensure_dataset("d", 1.0, DELTA, None)
+    go = tmp_path / "go"
+    proc = _spawn(path, "victim", 5.0, go, mode="hang")
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    go.touch()
+    report = json.loads(proc.stdout.readline())
+    assert report["ok"]
+    t0 = time.perf_counter()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    led = Ledger(path)
+    (run,) = led.runs("d")
+    assert run.run_id == "victim" and run.status == "reserved"
+    assert led.spent("d")[0] == pytest.approx(EPS_G5, abs=1e-4)
+    with pytest.raises(BudgetExceeded):
+        led.reserve("d", "next", [G5])
+    led.reserve("d", "small", [GaussianEvent(50.0)])  # the database is not wedged
+    print(f"\nkill after reserve: reserve {report['seconds']:.3f}s, reopen+check {time.perf_counter() - t0:.3f}s")
+
+
+KILL_IN_TX = textwrap.dedent(
+    """
+    import sys, time
+    import privacy.ledger as L
+    from privacy.events import GaussianEvent
+
+    real = L.compose_epsilon
+    def slow(events, delta):
+        value = real(events, delta)
+        print("in-transaction", flush=True)
+        time.sleep(600)
+        return value
+    L.compose_epsilon = slow
+    L.Ledger(sys.argv[1]).reserve("d", "half-done", [GaussianEvent(5.0)])
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigkill_inside_the_transaction_records_nothing_and_frees_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "kill2.db"
+    Ledger(path).ensure_dataset("d", 1.0, DELTA, None)
+    proc = subprocess.Popen([sys.executable, "-c", KILL_IN_TX, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "in-transaction"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    t0 = time.perf_counter()
+    led = Ledger(path, timeout=20)
+    led.reserve("d", "after", [G5])
+    assert [r.run_id for r in led.runs("d")] == ["after"]
+    print(f"\nkill inside transaction: next reserve took {time.perf_counter() - t0:.3f}s")

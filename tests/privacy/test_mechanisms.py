@@ -1,0 +1,310 @@
+"""Mechanisms: the noise has the law and scale each file claims, and one row moves the
+noiseless statistic by no more than the stated sensitivity (add/remove adjacency)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from privacy.accountant import PLDAccountant
+from privacy.events import GaussianEvent, LaplaceEvent, PureDPEvent, RepeatedEvent
+from privacy.mechanisms import dp_mog, dp_stats
+from privacy.mechanisms.dp_mog import MoGParams, dp_em_mog, dp_mog_event, em_sensitivity, em_statistics, init_mog
+from privacy.mechanisms.dp_stats import (
+    dp_mean_std,
+    dp_stats_event,
+    mean_std_from_statistics,
+    mean_std_sensitivity,
+    mean_std_statistics,
+    release_mean_std_statistics,
+)
+from privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
+from privacy.mechanisms.laplace import laplace_event, laplace_mechanism
+from privacy.mechanisms.report_noisy_max import clipped_loglik_scores, report_noisy_max, rnm_event
+
+DELTA = 1e-5
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def neighbours(x: np.ndarray, extra_rows: np.ndarray) -> list[np.ndarray]:
+    """x with one row removed (each of a few), and x with one extra row appended (each given)."""
+    out = [np.delete(x, i, axis=0) for i in (0, len(x) // 2, len(x) - 1)]
+    out += [np.vstack([x, row[None]]) for row in extra_rows]
+    return out
+
+
+def adversarial_rows(d: int, clip: float, generator: np.random.Generator) -> np.ndarray:
+    """Corners of the box, far outside it, NaN, and random rows."""
+    corners = np.array([np.full(d, clip), np.full(d, -clip), np.where(np.arange(d) % 2, clip, -clip)])
+    wild = np.array([np.full(d, 1e6), np.full(d, -np.inf), np.full(d, np.nan), np.zeros(d)])
+    return np.vstack([corners, wild, generator.normal(0, 3 * clip, size=(20, d))])
+
+
+# ---------------------------------------------------------------------------- Gaussian, Laplace
+
+
+def test_gaussian_noise_law_and_scale() -> None:
+    value = np.full(40_000, 3.0)
+    out = gaussian_mechanism(value, l2_sensitivity=2.0, noise_multiplier=1.5, rng=rng(1))
+    noise = out - value
+    assert stats.kstest(noise, stats.norm(scale=3.0).cdf).pvalue > 0.01
+    assert stats.kstest(noise, stats.norm(scale=3.3).cdf).pvalue < 1e-6  # a 10% wrong scale is caught
+    assert out.shape == value.shape
+
+
+def test_gaussian_event_matches_exact_epsilon() -> None:
+    from privacy.calibration import epsilon_for_gaussian
+
+    assert gaussian_event(5.0) == GaussianEvent(5.0)
+    assert PLDAccountant().epsilon([gaussian_event(5.0)], DELTA) == pytest.approx(
+        epsilon_for_gaussian(5.0, DELTA), rel=1e-4
+    )
+
+
+def test_laplace_noise_law_scale_and_loss_bound() -> None:
+    value = np.zeros(40_000)
+    nm, sens = 2.0, 0.5
+    out = laplace_mechanism(value, l1_sensitivity=sens, noise_multiplier=nm, rng=rng(2))
+    b = nm * sens
+    assert stats.kstest(out, stats.laplace(scale=b).cdf).pvalue > 0.01
+    assert stats.kstest(out, stats.laplace(scale=1.1 * b).cdf).pvalue < 1e-6
+    # Privacy loss at every sampled output between neighbouring values |v - v'| = sens: <= 1/nm.
+    loss = np.abs(stats.laplace(scale=b).logpdf(out) - stats.laplace(loc=sens, scale=b).logpdf(out))
+    assert loss.max() <= 1.0 / nm + 1e-12
+    assert loss.max() > 0.99 / nm  # and the bound is attained: the event is not over-claimed
+    assert laplace_event(nm) == LaplaceEvent(nm)
+    assert PLDAccountant().epsilon([laplace_event(nm)], DELTA) == pytest.approx(1 / nm, rel=1e-3)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_mechanisms_reject_bad_scales(bad: float) -> None:
+    with pytest.raises(ValueError):
+        gaussian_mechanism(np.zeros(2), 1.0, bad, rng())
+    with pytest.raises(ValueError):
+        laplace_mechanism(np.zeros(2), bad, 1.0, rng())
+
+
+# ---------------------------------------------------------------------------- Report-Noisy-Max
+
+
+def test_rnm_picks_max_at_large_epsilon() -> None:
+    scores = np.array([0.0, 1.0, 5.0, 2.0, 4.0])
+    g = rng(3)
+    picks = [report_noisy_max(scores, sensitivity=1.0, epsilon=100.0, rng=g)[0] for _ in range(2000)]
+    assert np.mean(np.array(picks) == 2) > 0.99
+
+
+def test_rnm_is_uniform_at_tiny_epsilon() -> None:
+    scores = np.array([0.0, 10.0, 50.0, 20.0, 40.0])
+    g = rng(4)
+    picks = [report_noisy_max(scores, sensitivity=1.0, epsilon=1e-6, rng=g)[0] for _ in range(5000)]
+    counts = np.bincount(picks, minlength=5)
+    assert stats.chisquare(counts).pvalue > 0.001
+
+
+def test_rnm_distribution_is_the_exponential_mechanism() -> None:
+    """Gumbel scale 2*sens/eps gives P(i) ~ exp(eps * s_i / (2 sens)) exactly."""
+    scores, sens, eps = np.array([0.0, 1.0, 2.0, 3.0]), 0.5, 0.5
+    p = np.exp(eps * scores / (2 * sens))
+    p /= p.sum()
+    g = rng(5)
+    n = 20_000
+    counts = np.bincount([report_noisy_max(scores, sens, eps, g)[0] for _ in range(n)], minlength=4)
+    assert stats.chisquare(counts, n * p).pvalue > 0.001
+    wrong = np.exp(eps * scores / sens)  # a scale of sens/eps would be caught
+    assert stats.chisquare(counts, n * wrong / wrong.sum()).pvalue < 1e-6
+
+
+def test_rnm_top_k_distinct_and_equivalent_to_sequential_picks() -> None:
+    scores, sens, eps = np.array([0.0, 1.0, 2.0, 3.0]), 1.0, 2.0
+    g = rng(6)
+    for k in (1, 2, 4):
+        picks = report_noisy_max(scores, sens, eps, g, k=k)
+        assert len(picks) == k == len(set(picks))
+    # Ordered pairs (first, second) of one-shot Gumbel top-2 vs k=2 sequential exponential mechanisms.
+    w = np.exp(eps * scores / (2 * sens))
+    expected = {(i, j): w[i] / w.sum() * w[j] / (w.sum() - w[i]) for i in range(4) for j in range(4) if i != j}
+    n = 20_000
+    observed: dict[tuple[int, int], int] = {key: 0 for key in expected}
+    for _ in range(n):
+        a, b = report_noisy_max(scores, sens, eps, g, k=2)
+        observed[(a, b)] += 1
+    keys = sorted(expected)
+    assert stats.chisquare([observed[key] for key in keys], [n * expected[key] for key in keys]).pvalue > 0.001
+
+
+def test_rnm_event_is_k_picks_of_epsilon() -> None:
+    event = rnm_event(0.1, k=3)
+    assert event == RepeatedEvent(PureDPEvent(0.1), 3)
+    assert 0.0 < PLDAccountant().epsilon([event], DELTA) <= 0.3 + 1e-6
+    with pytest.raises(ValueError):
+        report_noisy_max(np.array([1.0, 2.0]), 1.0, 1.0, rng(), k=3)
+    with pytest.raises(ValueError):
+        report_noisy_max(np.array([1.0, np.nan]), 1.0, 1.0, rng())
+
+
+def test_clipped_loglik_scores_sensitivity_under_add_remove() -> None:
+    g = rng(7)
+    low, high = -20.0, 10.0
+    loglik = g.normal(-5, 8, size=(6, 300))
+    scores, sens = clipped_loglik_scores(loglik, low, high)
+    assert sens == high - low
+    assert scores == pytest.approx((np.clip(loglik, low, high) - low).sum(axis=1))
+    columns = [g.normal(-5, 30, size=6) for _ in range(20)]
+    columns += [np.full(6, np.inf), np.full(6, -np.inf), np.full(6, np.nan), np.array([1e9, -1e9, 0, np.nan, 5, -50])]
+    for col in columns:  # add one row
+        added, _ = clipped_loglik_scores(np.hstack([loglik, col[:, None]]), low, high)
+        shift = added - scores
+        assert np.all(shift >= 0) and np.all(shift <= sens + 1e-9)
+    for i in (0, 150, 299):  # remove one row
+        removed, _ = clipped_loglik_scores(np.delete(loglik, i, axis=1), low, high)
+        shift = scores - removed
+        assert np.all(shift >= -1e-9) and np.all(shift <= sens + 1e-9)
+    # The bound is attained: a row at `high` in every checkpoint moves every score by exactly sens.
+    added, _ = clipped_loglik_scores(np.hstack([loglik, np.full((6, 1), high)]), low, high)
+    assert added - scores == pytest.approx(np.full(6, sens))
+
+
+# ---------------------------------------------------------------------------- DP mean / std
+
+
+def test_mean_std_statistics_sensitivity_is_honest_and_tight() -> None:
+    g = rng(8)
+    d, clip = 5, 2.0
+    x = g.normal(0, 1.5, size=(200, d))
+    base = mean_std_statistics(x, clip)
+    bound = mean_std_sensitivity(d)
+    shifts = [np.linalg.norm(mean_std_statistics(y, clip) - base) for y in neighbours(x, adversarial_rows(d, clip, g))]
+    assert max(shifts) <= bound + 1e-9
+    assert max(shifts) == pytest.approx(bound)  # a corner row attains it
+
+
+def test_dp_mean_std_noise_law_and_scale() -> None:
+    g = rng(9)
+    d, clip, nm = 3, 2.0, 1.3
+    x = g.normal(0.5, 1.0, size=(500, d))
+    clean = mean_std_statistics(x, clip)
+    releases = np.array([release_mean_std_statistics(x, clip, nm, g) for _ in range(4000)])
+    residual = releases - clean
+    scale = nm * mean_std_sensitivity(d)
+    assert residual.std(axis=0) == pytest.approx(np.full(1 + 2 * d, scale), rel=0.05)
+    assert stats.kstest(residual.ravel(), stats.norm(scale=scale).cdf).pvalue > 0.01
+    assert np.abs(residual.mean(axis=0)).max() < 4 * scale / math.sqrt(4000)
+
+
+def test_dp_mean_std_is_accurate_at_low_noise_and_reproducible() -> None:
+    g = rng(10)
+    clip = 3.0
+    x = np.column_stack([g.normal(1.0, 0.5, 20_000), g.normal(-0.5, 2.0, 20_000)])
+    mean, std = dp_mean_std(x, clip, noise_multiplier=0.5, rng=rng(11))
+    c = np.clip(x, -clip, clip)
+    assert mean == pytest.approx(c.mean(axis=0), abs=0.01)
+    assert std == pytest.approx(c.std(axis=0), abs=0.01)
+    again = dp_mean_std(x, clip, noise_multiplier=0.5, rng=rng(11))
+    assert np.array_equal(mean, again[0]) and np.array_equal(std, again[1])
+
+
+def test_dp_mean_std_post_processing_guards() -> None:
+    g = rng(12)
+    clip = 2.0
+    x = g.normal(0, 1, size=(5, 4))  # five rows under enormous noise
+    for seed in range(50):
+        mean, std = dp_mean_std(x, clip, noise_multiplier=1e4, rng=rng(seed))
+        assert np.all(np.isfinite(mean)) and np.all(np.abs(mean) <= clip)
+        assert np.all(std >= 1e-2 * clip - 1e-12) and np.all(std <= clip + 1e-12)
+    mean, std = mean_std_from_statistics(np.array([-5.0, 1.0, 1.0]), clip)  # negative noisy count
+    assert np.isfinite(mean).all() and np.isfinite(std).all()
+
+
+def test_dp_stats_event_and_calibration() -> None:
+    sigma = dp_stats.noise_for_epsilon(0.1, DELTA)
+    assert dp_stats_event(sigma) == GaussianEvent(sigma)
+    assert PLDAccountant().epsilon([dp_stats_event(sigma)], DELTA) == pytest.approx(0.1, rel=1e-3)
+
+
+# ---------------------------------------------------------------------------- DP-MoG (DP-EM)
+
+
+def random_params(k: int, d: int, clip: float, g: np.random.Generator) -> MoGParams:
+    w = g.dirichlet(np.ones(k))
+    return MoGParams(w, g.uniform(-clip, clip, size=(k, d)), g.uniform(0.05, clip, size=(k, d)))
+
+
+def test_em_statistics_sensitivity_is_honest_and_tight() -> None:
+    g = rng(13)
+    k, d, clip = 4, 3, 2.0
+    x = g.normal(0, 1.5, size=(150, d))
+    bound = em_sensitivity(d)
+    worst = 0.0
+    for _ in range(5):
+        params = random_params(k, d, clip, g)
+        base = em_statistics(x, params, clip)
+        for y in neighbours(x, adversarial_rows(d, clip, g)):
+            worst = max(worst, float(np.linalg.norm(em_statistics(y, params, clip) - base)))
+    assert worst <= bound + 1e-9
+    # Tight: one component owns a corner row completely.
+    owner = MoGParams(np.array([0.5, 0.5]), np.array([np.full(d, clip), np.full(d, -clip)]), np.full((2, d), 0.1))
+    shift = em_statistics(np.vstack([x, np.full((1, d), clip)]), owner, clip) - em_statistics(x, owner, clip)
+    assert np.linalg.norm(shift) == pytest.approx(bound, rel=1e-6)
+
+
+def test_dp_em_noise_law_and_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every release inside dp_em_mog adds N(0, (nm * sqrt(1+2d))^2) to the exact statistics."""
+    calls: list[tuple[np.ndarray, np.ndarray, float, float]] = []
+    real = dp_mog.gaussian_mechanism
+
+    def spy(value, l2_sensitivity, noise_multiplier, rng):  # noqa: ANN001, ANN202
+        out = real(value, l2_sensitivity, noise_multiplier, rng)
+        calls.append((np.array(value), out, l2_sensitivity, noise_multiplier))
+        return out
+
+    monkeypatch.setattr(dp_mog, "gaussian_mechanism", spy)
+    g = rng(14)
+    k, d, clip, nm, iters = 5, 3, 2.0, 0.7, 150
+    x = g.normal(0, 1, size=(400, d))
+    dp_em_mog(x, k, iters, clip, nm, rng(15))
+    assert len(calls) == iters
+    assert all(s == em_sensitivity(d) and m == nm for _, _, s, m in calls)
+    residual = np.concatenate([(out - clean).ravel() for clean, out, _, _ in calls])
+    scale = nm * em_sensitivity(d)
+    assert residual.std() == pytest.approx(scale, rel=0.03)
+    assert stats.kstest(residual, stats.norm(scale=scale).cdf).pvalue > 0.01
+
+
+def test_dp_em_recovers_two_clusters_at_low_noise() -> None:
+    g = rng(16)
+    n = 6000
+    x = np.vstack([g.normal([-2, 1], [0.5, 0.3], size=(n, 2)), g.normal([2, -1], [0.7, 0.4], size=(n, 2))])
+    params = dp_em_mog(x, 2, 25, 4.0, noise_multiplier=1.0, rng=rng(17))
+    order = np.argsort(params.means[:, 0])
+    assert params.means[order] == pytest.approx(np.array([[-2, 1], [2, -1]]), abs=0.05)
+    assert params.stds[order] == pytest.approx(np.array([[0.5, 0.3], [0.7, 0.4]]), abs=0.05)
+    assert params.weights == pytest.approx([0.5, 0.5], abs=0.02)
+
+
+def test_dp_em_post_processing_guards_and_public_init() -> None:
+    g = rng(18)
+    k, d, clip = 4, 3, 2.0
+    x = g.normal(0, 1, size=(30, d))
+    for seed in range(10):
+        p = dp_em_mog(x, k, 5, clip, noise_multiplier=1e3, rng=rng(seed))
+        assert p.weights.sum() == pytest.approx(1.0) and np.all(p.weights >= 1e-2 / k / 2)
+        assert np.all(np.abs(p.means) <= clip) and np.all(np.isfinite(p.stds))
+        assert np.all(p.stds >= 0.05 * clip - 1e-12) and np.all(p.stds <= clip + 1e-12)
+    # The starting point depends on the seed alone (no argument carries data).
+    a, b = init_mog(k, d, clip, rng(3)), init_mog(k, d, clip, rng(3))
+    assert np.array_equal(a.means, b.means) and np.all(np.abs(a.means) <= clip)
+    assert np.array_equal(dp_em_mog(x, k, 3, clip, 2.0, rng(5)).means, dp_em_mog(x, k, 3, clip, 2.0, rng(5)).means)
+
+
+def test_dp_mog_event_and_calibration() -> None:
+    iters = 10
+    sigma = dp_mog.noise_for_epsilon(0.2, DELTA, iters)
+    assert dp_mog_event(sigma, iters) == RepeatedEvent(GaussianEvent(sigma), iters)
+    assert PLDAccountant().epsilon([dp_mog_event(sigma, iters)], DELTA) == pytest.approx(0.2, rel=0.01)
