@@ -13,8 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 from sklearn.decomposition import PCA
 
 from privflow.schema import Column, Schema
@@ -29,7 +31,7 @@ def _save(fig: Figure, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, dpi=110)  # constrained layout already fits; "tight" would draw twice
     return path
 
 
@@ -38,25 +40,36 @@ def _share(counts: np.ndarray) -> np.ndarray:
     return counts / tot if tot > 0 else np.zeros_like(counts)
 
 
+def _human(v: float) -> str:
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{suffix}"
+    return f"{v:.3g}"
+
+
 def _log_ticks(col: Column) -> tuple[list[float], list[str]]:
+    """Ticks at lo, powers of ten and hi on the log1p axis, dropping any within 8% of the
+    axis of a kept neighbour (the bounds are always kept)."""
     assert col.bounds is not None
     lo, hi = col.bounds
-    vals = [lo] + [10.0**k for k in range(0, 12) if lo < 10.0**k < hi] + [hi]
-    keep: list[float] = []
-    for v in vals:  # drop ticks that would overlap on the log1p axis
-        if not keep or math.log1p(v) - math.log1p(keep[-1]) > 0.08 * (math.log1p(hi) - math.log1p(lo)):
+    span = math.log1p(hi) - math.log1p(lo)
+    inner = [10.0**k for k in range(0, 12) if lo < 10.0**k < hi]
+    keep = [lo]
+    for v in inner:
+        if (math.log1p(v) - math.log1p(keep[-1]) > 0.08 * span) and (math.log1p(hi) - math.log1p(v) > 0.08 * span):
             keep.append(v)
-    return [math.log1p(v) for v in keep], [f"{v:.3g}" for v in keep]
+    keep.append(hi)
+    return [math.log1p(v) for v in keep], [_human(v) for v in keep]
 
 
-def _numeric_panel(ax, col: Column, real: pl.DataFrame, syn: pl.DataFrame) -> None:  # type: ignore[no-untyped-def]
+def _numeric_panel(ax: Axes, col: Column, real: pl.DataFrame, syn: pl.DataFrame) -> None:
     p, _ = binned_counts(col, real)
     q, _ = binned_counts(col, syn)
     pr, qr = _share(p), _share(q)
     edges = numeric_bin_edges(col)
     width = np.diff(edges)
-    ax.bar(edges[:-1], pr[:-1], width=width, align="edge", color=REAL, alpha=0.55, label="real")
-    ax.bar(edges[:-1], qr[:-1], width=width, align="edge", color=SYN, alpha=0.55, label="synthetic")
+    ax.bar(edges[:-1], pr[:-1], width=width, align="edge", color=REAL, alpha=0.5, label="real")
+    ax.stairs(qr[:-1], edges, color=SYN, lw=1.8, label="synthetic")
     if col.transform == "log1p":
         ticks, labels = _log_ticks(col)
         ax.set_xticks(ticks, labels, fontsize=7)
@@ -68,7 +81,7 @@ def _numeric_panel(ax, col: Column, real: pl.DataFrame, syn: pl.DataFrame) -> No
                 ha="right", va="top", fontsize=6.5)
 
 
-def _categorical_panel(ax, col: Column, real: pl.DataFrame, syn: pl.DataFrame) -> None:  # type: ignore[no-untyped-def]
+def _categorical_panel(ax: Axes, col: Column, real: pl.DataFrame, syn: pl.DataFrame) -> None:
     p, labels = binned_counts(col, real)
     q, _ = binned_counts(col, syn)
     pr, qr = _share(p), _share(q)
@@ -108,8 +121,9 @@ def marginals_figure(
     for k in range(n, nrows * ncols):
         axes[k // ncols][k % ncols].axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper right", ncols=2, fontsize=9)
-    fig.suptitle("Marginal distributions: real (blue) vs synthetic (orange)", fontsize=11)
+    order = sorted(range(len(labels)), key=lambda i: labels[i] != "real")
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside upper right", ncols=2, fontsize=9)
+    fig.suptitle("Marginal distributions: real (blue bars) vs synthetic (orange)", fontsize=11)
     return _save(fig, path)
 
 
@@ -121,8 +135,10 @@ def matrix_figure(
     title: str,
     vmin: float = -1.0,
     vmax: float = 1.0,
+    cmap: str = "RdBu_r",
 ) -> Path:
-    """Real and synthetic association matrices side by side, and their difference."""
+    """Real and synthetic association matrices side by side, and their difference (colour
+    scale +/- max(0.2, largest |difference|), so small errors stay visible)."""
     m = len(names)
     fig = Figure(figsize=(15, 5.2), layout="constrained")
     axes = fig.subplots(1, 3)
@@ -132,8 +148,10 @@ def matrix_figure(
         axes[1].text(0.5, 0.5, "fewer than two columns of this kind", ha="center", va="center")
         fig.suptitle(title)
         return _save(fig, path)
-    panels = ((real, "real", "RdBu_r", vmin, vmax), (synthetic, "synthetic", "RdBu_r", vmin, vmax),
-              (synthetic - real, "synthetic − real", "PuOr_r", -1.0, 1.0))
+    diff = synthetic - real
+    lim = float(np.ceil(10 * max(0.2, float(np.abs(diff).max()))) / 10)
+    panels = ((real, "real", cmap, vmin, vmax), (synthetic, "synthetic", cmap, vmin, vmax),
+              (diff, "synthetic − real", "PuOr_r", -lim, lim))
     short = [n if len(n) <= 12 else n[:11] + "…" for n in names]
     fs = 8 if m <= 8 else 6 if m <= 12 else 0
     for ax, (mat, sub, cmap, lo, hi) in zip(axes, panels, strict=True):
@@ -145,10 +163,20 @@ def matrix_figure(
             for i in range(m):
                 for j in range(m):
                     ax.text(j, i, f"{mat[i, j]:.2f}", ha="center", va="center", fontsize=fs,
-                            color="white" if abs(mat[i, j]) > 0.6 * max(abs(lo), abs(hi)) else "black")
+                            color="white" if _dark(mat[i, j], lo, hi, cmap) else "black")
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(title, fontsize=11)
     return _save(fig, path)
+
+
+def _dark(v: float, lo: float, hi: float, cmap: str) -> bool:
+    """Whether a cell's colour is dark enough to need white text."""
+    t = (v - lo) / (hi - lo)
+    if cmap in ("RdBu_r", "PuOr_r"):
+        return abs(t - 0.5) > 0.3
+    if cmap == "viridis":
+        return t < 0.6
+    return t > 0.55
 
 
 def projection_figure(
@@ -205,6 +233,8 @@ def utility_vs_epsilon_figure(
         e, m, s = (np.array(v, dtype=np.float64) for v in zip(*pts, strict=True))
         ax.errorbar(e, m, yerr=s, marker="o", capsize=3, color=SYN, label="trained on synthetic")
         ax.set_xscale("log")
+        ax.set_xticks(e, [f"{v:g}" for v in e])
+        ax.xaxis.set_minor_formatter(NullFormatter())
     if reference is not None:
         ax.axhline(reference, ls="--", color=REAL, label="trained on real")
     ax.set_xlabel("epsilon")
@@ -222,8 +252,9 @@ def dcr_figure(to_train: np.ndarray, to_holdout: np.ndarray, path: Path) -> Path
     both = np.concatenate([to_train, to_holdout])
     hi = float(np.quantile(both, 0.99)) if both.size else 1.0
     bins = np.linspace(0.0, max(hi, 1e-6), 40)
-    ax.hist(np.minimum(to_train, hi), bins=bins, color=REAL, alpha=0.55, label="to closest train row")
-    ax.hist(np.minimum(to_holdout, hi), bins=bins, color="#2ca02c", alpha=0.55, label="to closest holdout row")
+    ax.hist(np.minimum(to_train, hi), bins=bins, color=REAL, histtype="step", lw=1.8, label="to closest train row")
+    ax.hist(np.minimum(to_holdout, hi), bins=bins, color="#2ca02c", histtype="step", lw=1.8, ls="--",
+            label="to closest holdout row")
     ax.set_xlabel("distance (public-bounds encoding; 99th percentile and above in the last bin)", fontsize=8)
     ax.set_ylabel("synthetic rows")
     ax.set_title("Distance to closest record")

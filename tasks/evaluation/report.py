@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from threadpoolctl import threadpool_limits
 
 from privflow.config import EvaluateConfig
 from privflow.schema import Schema
@@ -62,14 +63,14 @@ HELP: dict[str, str] = {
 @dataclass(frozen=True)
 class EvaluationResult:
     """Flat metrics ('group/name'), the per-classifier and per-column tables, figure paths,
-    the HTML path (None when the report is off), wall-clock seconds per section, and notes on
-    what was skipped and why."""
+    the HTML path (`html_path`, None when the report is off), wall-clock seconds per section,
+    and notes on what was skipped and why."""
 
     metrics: dict[str, float]
     classifiers: pl.DataFrame | None
     columns: pl.DataFrame | None
     figures: dict[str, Path]
-    html: Path | None
+    html_path: Path | None
     timings: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
@@ -111,18 +112,34 @@ def evaluate(
     Fidelity compares `synthetic` with `real_train`; utility trains on each and tests on
     `real_test`; DCR uses `real_test` as the holdout; the MIA takes loglik['train'] as members
     and loglik['holdout'] (else loglik['test']) as non-members. Parts whose inputs are absent
-    (no test table, no target, no log-likelihoods) are skipped with a note, not an error.
+    (no or an empty test table, no target, no log-likelihoods) are skipped with a note, not an error.
     `config.synthetic_rows` and `config.test_data` are the caller's (sampling, loading).
     """
-    out = Path(out_dir)
+    with threadpool_limits(limits=1):  # one core: predictable on a shared worker (see utility.classify)
+        return _evaluate(schema, real_train, real_test, synthetic, config, Path(out_dir), loglik, seed)
+
+
+def _evaluate(
+    schema: Schema,
+    real_train: pl.DataFrame,
+    real_test: pl.DataFrame | None,
+    synthetic: pl.DataFrame,
+    config: EvaluateConfig,
+    out: Path,
+    loglik: dict[str, Any] | None,
+    seed: int,
+) -> EvaluationResult:
     out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    if real_test is not None and real_test.height == 0:
+        real_test = None
+        notes.append("The real test table is empty; it is treated as absent.")
     check_columns(schema, real_train, "real training")
     check_columns(schema, synthetic, "synthetic")
     if real_test is not None:
         check_columns(schema, real_test, "real test")
     metrics: dict[str, float] = {}
     timings: dict[str, float] = {}
-    notes: list[str] = []
     fid: FidelityResult | None = None
     util: UtilityResult | None = None
     dcr_res: DCRResult | None = None
@@ -184,7 +201,7 @@ def evaluate(
             )
             paths["cramers_v"] = figs.matrix_figure(
                 fid.categorical, fid.cramer_real, fid.cramer_synthetic, fdir / "cramers_v.png",
-                f"Cramér's V of categorical columns (MAE {metrics['fidelity/cramers_v_mae']:.3f})", vmin=0.0, vmax=1.0,
+                f"Cramér's V of categorical columns (MAE {metrics['fidelity/cramers_v_mae']:.3f})", vmin=0.0, vmax=1.0, cmap="viridis",
             )
         paths["projection"] = figs.projection_figure(schema, real_train, synthetic, fdir / "projection.png", seed=seed)
         if dcr_res is not None:
@@ -242,10 +259,21 @@ def _img(path: Path, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
+def _help(key: str) -> str:
+    if key in HELP:
+        return HELP[key]
+    name = key.split("/", 1)[-1]
+    if key.startswith("likelihood/") and name.endswith("_nats_per_row"):
+        return f"Mean model log-likelihood of the '{name.removesuffix('_nats_per_row')}' rows (nats per row, finite rows)."
+    if key.startswith("likelihood/") and name.endswith("_nonfinite_share"):
+        return f"Share of '{name.removesuffix('_nonfinite_share')}' rows whose log-likelihood is not finite (left out of the mean)."
+    return ""
+
+
 def _metrics_table(metrics: dict[str, float], prefix: str) -> str:
     rows = [
         f'<tr><td class="l"><code>{html.escape(k)}</code></td><td>{_f(v, 4)}</td>'
-        f'<td class="help">{html.escape(HELP.get(k, ""))}</td></tr>'
+        f'<td class="help">{html.escape(_help(k))}</td></tr>'
         for k, v in metrics.items()
         if k.startswith(prefix)
     ]
@@ -259,7 +287,7 @@ def _card(value: str, name: str, ref: str = "") -> str:
     return f'<div class="card"><div class="v">{html.escape(value)}</div><div class="k">{html.escape(name)}</div>{r}</div>'
 
 
-def _classifier_table(table: pl.DataFrame) -> str:
+def _classifier_table(table: pl.DataFrame, metrics: dict[str, float]) -> str:
     syn = {r["classifier"]: r for r in table.filter(pl.col("train_on") == "synthetic").iter_rows(named=True)}
     real = {r["classifier"]: r for r in table.filter(pl.col("train_on") == "real").iter_rows(named=True)}
     head = ('<table><tr><th class="l" rowspan="2">classifier</th><th colspan="3">trained on synthetic</th>'
@@ -276,6 +304,12 @@ def _classifier_table(table: pl.DataFrame) -> str:
                     sd = src[f"{m}_std"]
                     cells.append(f"<td>{_f(src[f'{m}_mean'])}" + (f" ± {_f(sd)}" if sd else "") + "</td>")
         body.append(f'<tr><td class="l">{html.escape(name)}</td>{"".join(cells)}</tr>')
+    total = []
+    for prefix in ("", "real_"):
+        for m in ("macro_f1", "auroc", "ap"):
+            mean, sd = metrics.get(f"utility/{prefix}{m}_mean"), metrics.get(f"utility/{prefix}{m}_std")
+            total.append(f"<th>{_f(mean)} ± {_f(sd)}</th>" if mean is not None else "<th>—</th>")
+    body.append(f'<tr><th class="l">all classifiers (mean ± std)</th>{"".join(total)}</tr>')
     return head + "".join(body) + "</table>"
 
 
@@ -363,9 +397,11 @@ def render_html(
         parts.append(f"<p>Nine classifiers predict <code>{html.escape(target.name)}</code> (positive class: "
                      f"<code>{html.escape(positive)}</code>), trained on the "
                      "synthetic table and, for reference, on the real training table; all are scored on the real test "
-                     "table (DP-HFlow Tables 2–3). Mean ± std over classifiers and repeats.</p>")
-        parts.append(_metrics_table(metrics, "utility/"))
-        parts.append("<h3>Per classifier</h3>" + _classifier_table(classifiers))
+                     "table (DP-HFlow Tables 2–3). Each cell is the mean over repeats (± std when repeats &gt; 1); "
+                     "the last row is the mean ± std over all classifiers and repeats.</p>")
+        parts.append(_classifier_table(classifiers, metrics))
+        parts.append("<p class='meta'>Metric names: <code>utility/&lt;macro_f1|auroc|ap&gt;_&lt;mean|std&gt;</code> "
+                     "(trained on synthetic) and <code>utility/real_…</code> (trained on real).</p>")
 
     if any(k.startswith(("likelihood/", "risk/")) for k in metrics):
         parts.append("<h2>3. Likelihood and privacy-risk checks</h2>")

@@ -79,6 +79,8 @@ def dcr(
     for df, what in ((synthetic, "synthetic"), (train, "training"), (holdout, "holdout")):
         check_columns(schema, df, what)
     m = min(train.height, holdout.height, max_reference)
+    if m == 0 or synthetic.height == 0:
+        return DCRResult(to_train=np.empty(0), to_holdout=np.empty(0))  # metrics are NaN
     syn = synthetic.sample(n=min(synthetic.height, max_synthetic), seed=seed)
     tr = train.sample(n=m, seed=seed + 1)
     ho = holdout.sample(n=m, seed=seed + 2)

@@ -29,6 +29,7 @@ from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
 from sklearn.naive_bayes import BernoulliNB, GaussianNB
 from sklearn.neural_network import MLPClassifier
 from sklearn.tree import DecisionTreeClassifier
+from threadpoolctl import threadpool_limits
 
 from privflow.errors import DataError
 from privflow.schema import Schema
@@ -122,7 +123,22 @@ def classify(
 
     A training table with a single class (or none) yields the constant predictor's scores for
     every classifier instead of an error; an empty training table predicts the first category.
+    BLAS/OpenMP run single-threaded here: on a shared worker, multi-threaded OpenMP (histogram
+    boosting) and BLAS (MLP) oversubscribe the cores and run several times slower.
     """
+    with threadpool_limits(limits=1):
+        return _classify(schema, train, test, repeats, seed, max_train_rows, classifiers)
+
+
+def _classify(
+    schema: Schema,
+    train: pl.DataFrame,
+    test: pl.DataFrame,
+    repeats: int,
+    seed: int,
+    max_train_rows: int,
+    classifiers: tuple[str, ...],
+) -> list[dict[str, Any]]:
     check_columns(schema, train, "training")
     check_columns(schema, test, "test")
     x_all, y_all = labelled(schema, train)

@@ -121,6 +121,20 @@ def test_rnm_distribution_is_the_exponential_mechanism() -> None:
     assert stats.chisquare(counts, n * wrong / wrong.sum()).pvalue < 1e-6
 
 
+def test_rnm_monotone_is_the_monotone_exponential_mechanism() -> None:
+    """For monotone scores the scale is sens/eps: P(i) ~ exp(eps * s_i / sens)."""
+    scores, sens, eps = np.array([0.0, 1.0, 2.0, 3.0]), 0.5, 0.5
+    g = rng(6)
+    n = 20_000
+    counts = np.bincount(
+        [report_noisy_max(scores, sens, eps, g, monotone=True)[0] for _ in range(n)], minlength=4
+    )
+    p = np.exp(eps * scores / sens)
+    assert stats.chisquare(counts, n * p / p.sum()).pvalue > 0.001
+    general = np.exp(eps * scores / (2 * sens))
+    assert stats.chisquare(counts, n * general / general.sum()).pvalue < 1e-6
+
+
 def test_rnm_top_k_distinct_and_equivalent_to_sequential_picks() -> None:
     scores, sens, eps = np.array([0.0, 1.0, 2.0, 3.0]), 1.0, 2.0
     g = rng(6)
