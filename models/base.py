@@ -116,6 +116,10 @@ class TabularFlow(nn.Module):
         z, logdet = self.transform(v)
         return self.prior.log_prob(z) + logdet + deq_term
 
+    def forward(self, x: Tensor, noise: Tensor | None = None) -> Tensor:
+        """Same as ``log_prob``, so wrappers that call the module (opacus) get the log-likelihood."""
+        return self.log_prob(x, noise)
+
     @torch.no_grad()
     def preprocess(self, x: Tensor, noise: Tensor | None = None) -> Tensor:
         """Fixed public map (uniform dequantization + logit) whose output the first ActNorm sees."""

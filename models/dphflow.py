@@ -37,23 +37,24 @@ class ConditionalSplineAutoregressive(nn.Module):
         # Tensor-form call so opacus' activation hooks see a tensor (see BlockEmbedding).
         return self.embedding(torch.full((like.shape[0],), block, dtype=torch.long, device=like.device))
 
-    def _spline(self, x: Tensor, cond: Tensor, block: int, inverse: bool) -> tuple[Tensor, Tensor]:
-        p = self.made(cond, self._context(block, cond))
+    def _spline(self, x: Tensor, p: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
         k = self.bins
         return rational_quadratic_spline(x, p[..., :k], p[..., k:2 * k], p[..., 2 * k:], inverse=inverse,
                                          bound=self.bound)
 
     def forward(self, x: Tensor, block: int) -> tuple[Tensor, Tensor]:
-        z, ld = self._spline(x, x, block, inverse=False)
+        z, ld = self._spline(x, self.made(x, self._context(block, x)), inverse=False)
         return z, ld.sum(1)
 
     def inverse(self, z: Tensor, block: int) -> Tensor:
         """Sequential inversion: d passes of the MADE, dimension i fixed at pass i."""
         x = torch.zeros_like(z)
+        context = self._context(block, z)
         for i in range(self.d):
-            out, _ = self._spline(z, x, block, inverse=True)
+            p = self.made(x, context)[:, i]
+            out, _ = self._spline(z[:, i], p, inverse=True)
             x = x.clone()
-            x[:, i] = out[:, i]
+            x[:, i] = out
         return x
 
 

@@ -28,7 +28,11 @@ class _PlainTensors(nn.Module):
         for name in self._plain:
             value = getattr(self, name)
             if isinstance(value, Tensor):
-                object.__setattr__(self, name, fn(value))
+                moved = fn(value)
+                # opacus' functorch fallback deep-copies the layer and moves it to "meta", then
+                # calls it with real parameters: keep the constants real in that case.
+                if moved.device.type != "meta":
+                    object.__setattr__(self, name, moved)
         return self
 
 
@@ -60,7 +64,8 @@ class MaskedLinear(_PlainTensors):
         nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
-        return nn.functional.linear(x, self.weight * self.mask, self.bias)
+        mask = self.mask.to(device=self.weight.device, dtype=self.weight.dtype)
+        return nn.functional.linear(x, self.weight * mask, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
@@ -132,12 +137,12 @@ class LULinear(_PlainTensors):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         ux = x @ self.upper_matrix().T
         lux = ux @ self.lower_matrix().T
-        z = lux[:, self.perm] + self.bias
+        z = lux[:, self.perm.to(x.device)] + self.bias
         logdet = self.log_diag.sum().expand(x.shape[0])
         return z, logdet
 
     def inverse(self, z: Tensor) -> Tensor:
-        y = (z - self.bias)[:, self.inv_perm]  # P^{-1}(z - b) = L U x
+        y = (z - self.bias)[:, self.inv_perm.to(z.device)]  # P^{-1}(z - b) = L U x
         # Solve L v = y, then U x = v (columns are examples).
         v = torch.linalg.solve_triangular(self.lower_matrix(), y.T, upper=False, unitriangular=True)
         x = torch.linalg.solve_triangular(self.upper_matrix(), v, upper=True)

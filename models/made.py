@@ -17,10 +17,17 @@ from models.layers import MaskedLinear
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
 
 
-def hidden_degrees(features: int, hidden: int) -> Tensor:
-    """Deterministic degrees 1..d-1 cycled over the hidden units (0 when d = 1: context only)."""
+def hidden_degrees(features: int, hidden: int, context: bool = False) -> Tensor:
+    """Deterministic hidden degrees cycled over the units.
+
+    Without context: 1..d-1 (0 when d = 1). With context: 0..d-1, where degree-0 units see
+    only the context; they are what lets the first dimension's output depend on the context
+    (with degrees >= 1 only, output 1 would be a constant bias, unconditioned on q(j)).
+    """
     if features == 1:
         return torch.zeros(hidden, dtype=torch.long)
+    if context:
+        return torch.arange(hidden) % features
     return torch.arange(hidden) % (features - 1) + 1
 
 
@@ -49,7 +56,7 @@ class MADE(nn.Module):
         self.out_per_feature = out_per_feature
         self.context_features = context_features
         in_deg = torch.arange(1, features + 1)
-        h_deg = hidden_degrees(features, hidden)
+        h_deg = hidden_degrees(features, hidden, context_features > 0)
 
         first = (h_deg[:, None] >= in_deg[None, :]).float()
         if context_features:

@@ -43,7 +43,7 @@ class MaskedAffineAutoregressive(nn.Module):
         for i in range(self.d):
             mu, alpha = self._params(x)
             x = x.clone()
-            x[:, i] = z[:, i] * torch.exp(alpha[:, i]) + mu[:, i]
+            x[:, i] = z[:, i] * torch.exp(alpha[:, i]) + mu[:, i]  # MADE output i sees x_<i only
         return x
 
 

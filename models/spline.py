@@ -31,22 +31,21 @@ def spline_params_per_feature(bins: int) -> int:
     return 3 * bins - 1
 
 
-def _knots(unnormalized: Tensor, bound: float, min_size: float) -> tuple[Tensor, Tensor]:
-    """Bin sizes (softmax, floored at min_size) and knot positions from -B to B."""
+def _knots(unnormalized: Tensor, bound: float, min_size: float) -> Tensor:
+    """Knot positions [..., K+1] from -B to B: bin sizes are a softmax floored at min_size."""
     bins = unnormalized.shape[-1]
     if min_size * bins > 1.0:
         raise ValueError("minimal bin size too large for the number of bins")
     sizes = min_size + (1.0 - min_size * bins) * torch.softmax(unnormalized, dim=-1)
     cum = torch.cumsum(sizes, dim=-1)
     cum = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1], torch.ones_like(cum[..., :1])], dim=-1)
-    cum = 2.0 * bound * cum - bound  # exact -B and B at the ends
-    return cum[..., 1:] - cum[..., :-1], cum
+    return 2.0 * bound * cum - bound  # exactly -B and B at the ends
 
 
 def _bin_index(locations: Tensor, x: Tensor) -> Tensor:
     """Index k of the bin with locations[k] <= x < locations[k+1], clamped to [0, K-1]."""
     bins = locations.shape[-1] - 1
-    idx = torch.sum((x[..., None] >= locations).to(torch.long), dim=-1) - 1
+    idx = torch.searchsorted(locations, x[..., None], right=True)[..., 0] - 1
     return idx.clamp(0, bins - 1)
 
 
@@ -74,20 +73,19 @@ def rational_quadratic_spline(
     inside = (x >= -bound) & (x <= bound)
     xc = x.clamp(-bound, bound)
 
-    widths, cumwidths = _knots(unnormalized_widths, bound, min_bin_width)
-    heights, cumheights = _knots(unnormalized_heights, bound, min_bin_height)
-    interior = min_derivative + F.softplus(unnormalized_derivatives + _identity_shift(min_derivative))
-    ones = torch.ones_like(interior[..., :1])
-    derivatives = torch.cat([ones, interior, ones], dim=-1)  # [..., K+1], 1 at +-B (linear tails)
-
+    cumwidths = _knots(unnormalized_widths, bound, min_bin_width)
+    cumheights = _knots(unnormalized_heights, bound, min_bin_height)
     idx = _bin_index(cumheights if inverse else cumwidths, xc)
-    x_k = _pick(cumwidths[..., :-1], idx)
-    w_k = _pick(widths, idx)
-    y_k = _pick(cumheights[..., :-1], idx)
-    h_k = _pick(heights, idx)
+    # Only the bin's own quantities are needed: gather first, then compute on [...] not [..., K].
+    x_k, x_k1 = _pick(cumwidths, idx), _pick(cumwidths, idx + 1)
+    y_k, y_k1 = _pick(cumheights, idx), _pick(cumheights, idx + 1)
+    w_k, h_k = x_k1 - x_k, y_k1 - y_k
+    # Raw derivatives padded with 0 at +-B: min_derivative + softplus(0 + shift) = 1 (linear tails).
+    raw = F.pad(unnormalized_derivatives, (1, 1))
+    shift = _identity_shift(min_derivative)
+    d_k = min_derivative + F.softplus(_pick(raw, idx) + shift)
+    d_k1 = min_derivative + F.softplus(_pick(raw, idx + 1) + shift)
     s_k = h_k / w_k  # Delta_k
-    d_k = _pick(derivatives[..., :-1], idx)
-    d_k1 = _pick(derivatives[..., 1:], idx)
     curv = d_k + d_k1 - 2.0 * s_k
 
     if not inverse:
@@ -111,5 +109,5 @@ def rational_quadratic_spline(
         logdet = -(torch.log(dnum) - 2.0 * torch.log(denom))
 
     out = torch.where(inside, y, x)
-    logdet = torch.where(inside, logdet, torch.zeros_like(logdet))
+    logdet = logdet.masked_fill(~inside, 0.0)
     return out, logdet

@@ -121,6 +121,15 @@ def _run(config_path: Path | None, overrides: dict, quiet: bool) -> None:
         cfg = RunConfig.build(**_merge(base, overrides))
     except ConfigError as exc:
         _fail(str(exc))
+    # Cheap checks first, so a typo costs no Prefect start-up.
+    from privflow.schema import Schema
+
+    try:
+        Schema.from_yaml(cfg.schema_path)
+        if not cfg.data.is_file():
+            raise ConfigError(f"Data file '{cfg.data}' does not exist.")
+    except PrivflowError as exc:
+        _fail(str(exc))
     env.configure(cfg.store)
     console.print(f"[bold]privflow[/] training on [cyan]{cfg.data}[/] at epsilon={cfg.privacy.epsilon:g}, "
                   f"delta={cfg.privacy.delta:g}; store {cfg.store.resolve()}", highlight=False)

@@ -4,9 +4,14 @@ Every map here is fixed by the public schema (bounds, transforms, category lists
 applied row by row, so it uses no statistic of the data and spends no privacy (ARCHITECTURE
 "Privacy rules" 2). Layout, per column in schema order (CONTRACTS.md "The encoded space"):
 
-- numeric/integer: one continuous feature u = (t(x) - t(lo)) / (t(hi) - t(lo)) in [0, 1],
+- numeric: one continuous feature u = (t(x) - t(lo)) / (t(hi) - t(lo)) in [0, 1],
   t = identity or log1p; if nullable, null -> u = 0 plus a categorical `<col>__missing`
   feature (cardinality 2, 1 = missing) right after it;
+- integer: the same on the dequantized value x + v over the cells [lo, hi + 1), v ~ U[0, 1)
+  when `encode` gets a generator (the cell centre, v = 1/2, without one). Integers are
+  discrete: without dequantization a flow can pile unbounded density on one value (a
+  capital-gain of 0) and its likelihood stops being a density (Theis et al. 2016);
+  `decode` floors, so decode(encode(x)) == x;
 - categorical with K labels: one categorical feature holding the code 0..K-1 (declared order)
   as a float; if nullable, null -> code K (cardinality K + 1).
 
@@ -89,13 +94,24 @@ class Codec:
     # ------------------------------------------------------------------ encode
 
     @staticmethod
-    def _scale(col: Column) -> tuple[float, float]:
+    def _domain(col: Column) -> tuple[float, float]:
+        """The encoded interval in the column's own units: integer cells span [lo, hi + 1)."""
         lo, hi = col.bounds  # type: ignore[misc]
+        if col.type == "integer":
+            return float(math.ceil(lo)), float(math.floor(hi) + 1)
+        return float(lo), float(hi)
+
+    @classmethod
+    def _scale(cls, col: Column) -> tuple[float, float]:
+        lo, hi = cls._domain(col)
         t_lo, t_hi = float(_t(lo, col.transform)), float(_t(hi, col.transform))
         return t_lo, t_hi - t_lo
 
-    def encode(self, df: pl.DataFrame) -> np.ndarray:
-        """Typed frame (from `validate`) -> float32 array [n, dim]; see the module docstring."""
+    def encode(self, df: pl.DataFrame, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Typed frame (from `validate`) -> float32 array [n, dim]; see the module docstring.
+
+        `rng` draws the integer columns' dequantization offsets (uniform, data-independent).
+        """
         missing = [c for c in self.schema.names if c not in df.columns]
         if missing:
             raise DataError(f"Cannot encode: the table lacks the declared column(s) {missing}.")
@@ -133,8 +149,11 @@ class Codec:
                 ) from None
             t_lo, width = self._scale(col)
             lo, hi = col.bounds  # type: ignore[misc]
-            xv = np.where(isnull, lo, x)
-            u = np.clip((_t(np.clip(xv, lo, hi), col.transform) - t_lo) / width, 0.0, 1.0)
+            xv = np.clip(np.where(isnull, lo, x), lo, hi)
+            if col.type == "integer":
+                offset = rng.random(n) if rng is not None else 0.5
+                xv = np.floor(xv) + offset
+            u = np.clip((_t(xv, col.transform) - t_lo) / width, 0.0, 1.0)
             out[:, j] = np.where(isnull, 0.0, u)
             j += 1
             if col.nullable:
@@ -147,8 +166,8 @@ class Codec:
     def decode(self, array: np.ndarray) -> pl.DataFrame:
         """Any finite array [n, dim] -> rows valid under the schema (typed as `validate` returns).
 
-        Continuous: clip to [0, 1], invert the scaling and transform, round integer columns,
-        clip to the bounds. Categorical: floor, clip to 0..cardinality-1, look up the label
+        Continuous: clip to [0, 1], invert the scaling and transform, floor integer columns
+        (undoing dequantization), clip to the bounds. Categorical: floor, clip to 0..cardinality-1, look up the label
         (the missing code gives null).
         """
         a = np.asarray(array, dtype=np.float64)
@@ -180,7 +199,7 @@ class Codec:
             else:
                 isnull = np.zeros(n, dtype=bool)
             if col.type == "integer":
-                xi = np.clip(np.rint(x), math.ceil(lo), math.floor(hi)).astype(np.int64)
+                xi = np.clip(np.floor(x), math.ceil(lo), math.floor(hi)).astype(np.int64)
                 s = pl.Series(col.name, xi, dtype=pl.Int64)
             else:
                 s = pl.Series(col.name, np.clip(x, lo, hi), dtype=pl.Float64)

@@ -102,6 +102,11 @@ class RunConfig(_Section):
     store: Path = Path(".privflow")
     model_name: str | None = Field(None, description="registered model name; default privflow-<dataset>")
     alias: str = "champion"
+    promotion: Literal["if_absent", "always", "never"] = Field(
+        "if_absent",
+        description="when the alias moves to the new version: only if no version holds it yet (default; "
+        "the retraining flow then decides by a DP comparison), every time, or never",
+    )
     privacy: PrivacyConfig = PrivacyConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()

@@ -38,7 +38,7 @@ class FlowSampler(mlflow.pyfunc.PythonModel):
             flow.eval()
             self.flows.append(flow)
 
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> Any:
+    def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201 - MLflow reads hints as a schema
         n = int(model_input["n"].iloc[0])
         seed = int(model_input["seed"].iloc[0]) if "seed" in model_input.columns else None
         return sample_rows(self.flows, self.codec, n, seed).to_pandas()

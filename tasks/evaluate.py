@@ -41,6 +41,6 @@ def evaluate_run(
         ll = lambda a: loglik_matrix(lambda _s: model, [state], a)[0]  # noqa: E731
         loglik = {"train": ll(pick(x_train)), "holdout": ll(pick(x_holdout))}
         if real_test is not None:
-            loglik["test"] = ll(codec.encode(real_test))
+            loglik["test"] = ll(codec.encode(real_test, rng))
     test = real_test if real_test is not None else real_train.head(0)
     return evaluate(schema, real_train, test, synthetic, cfg, out_dir, loglik=loglik)

@@ -64,6 +64,7 @@ def register_model(
     model_config: dict[str, Any],
     states: list[dict],
     tags: dict[str, str],
+    promotion: str = "if_absent",
 ) -> str:
     """Log the selected checkpoint(s) as a pyfunc sampler, register a version, set the alias.
 
@@ -95,5 +96,17 @@ def register_model(
     client = MlflowClient()
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
-    client.set_registered_model_alias(name, alias, version)
+    if promotion == "always" or (promotion == "if_absent" and not _has_alias(client, name, alias)):
+        client.set_registered_model_alias(name, alias, version)
+        client.set_model_version_tag(name, version, "promoted", f"alias '{alias}' set ({promotion})")
     return version
+
+
+def _has_alias(client: MlflowClient, name: str, alias: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return False
+    return True

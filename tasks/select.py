@@ -55,4 +55,7 @@ def select_checkpoints(
     loglik = loglik_matrix(make_model, [s for _, s in checkpoints], x_val)
     loglik = np.nan_to_num(loglik, nan=cfg.score_low, neginf=cfg.score_low, posinf=cfg.score_high)
     scores, sensitivity = report_noisy_max.clipped_loglik_scores(loglik, cfg.score_low, cfg.score_high)
-    return report_noisy_max.report_noisy_max(scores, sensitivity, per_pick_epsilon(stage), np.random.default_rng(), k=k)
+    # the clipped, shifted sums are monotone: adding a row raises every score
+    return report_noisy_max.report_noisy_max(
+        scores, sensitivity, per_pick_epsilon(stage), np.random.default_rng(), k=k, monotone=True
+    )

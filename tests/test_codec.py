@@ -119,10 +119,11 @@ def test_encode_matches_a_hand_computed_reference() -> None:
 
     expected = np.array(
         [
-            [lin(18, 18, 90), logt(0, 0, 1e6), 0, 0, 3, 0.0, lin(1, 0.5, 10.5), 0],
-            [lin(90, 18, 90), logt(1e6, 0, 1e6), 0, 2, 0, 1.0, 0.0, 1],
-            [lin(45, 18, 90), 0.0, 1, 1, 2, lin(0.125, -2.5, 7.5), lin(10, 0.5, 10.5), 0],
-            [lin(30, 18, 90), logt(52_345.75, 0, 1e6), 0, 0, 1, lin(3.3, -2.5, 7.5), lin(4, 0.5, 10.5), 0],
+            # integer columns: the cell centre x + 1/2 over the cells [lo, hi + 1)
+            [lin(18.5, 18, 91), logt(0, 0, 1e6), 0, 0, 3, 0.0, lin(1.5, 1, 11), 0],
+            [lin(90.5, 18, 91), logt(1e6, 0, 1e6), 0, 2, 0, 1.0, 0.0, 1],
+            [lin(45.5, 18, 91), 0.0, 1, 1, 2, lin(0.125, -2.5, 7.5), lin(10.5, 1, 11), 0],
+            [lin(30.5, 18, 91), logt(52_345.75, 0, 1e6), 0, 0, 1, lin(3.3, -2.5, 7.5), lin(4.5, 1, 11), 0],
         ]
     )
     np.testing.assert_allclose(x, expected, rtol=0, atol=1e-7)
@@ -141,7 +142,8 @@ def test_encode_clips_out_of_bounds_values() -> None:
     codec = Codec.from_schema(MIXED)
     df = mixed_frame().with_columns(pl.Series("age", [5, 200, 45, 30]), pl.Series("score", [-100.0, 1e9, 0.0, 0.0]))
     x = codec.encode(df)
-    assert (x[0, 0], x[1, 0]) == (0.0, 1.0)
+    # integer age clipped to the first and last cell: their centres
+    np.testing.assert_allclose((x[0, 0], x[1, 0]), (0.5 / 73, 72.5 / 73), rtol=1e-6)
     assert (x[0, 5], x[1, 5]) == (0.0, 1.0)
 
 
@@ -195,10 +197,26 @@ def _float32_error_bound(schema: Schema, name: str, x: np.ndarray) -> np.ndarray
     """|decode(encode(x)) - x| before rounding: float32 keeps u to 2^-24 relative (<= 2^-24 absolute
     since u <= 1), and dx/du = width (identity) or width * (1 + x) (log1p)."""
     col = schema.column(name)
-    lo, hi = col.bounds  # type: ignore[misc]
+    lo, hi = Codec._domain(col)
     if col.transform == "log1p":
         return (math.log1p(hi) - math.log1p(lo)) * (1.0 + x) * 2.0**-24
     return np.full_like(x, (hi - lo) * 2.0**-24, dtype=np.float64)
+
+
+def test_integer_dequantization_stays_in_the_cell(adult: tuple[Schema, pl.DataFrame]) -> None:
+    """Random offsets spread each integer over its unit cell; floor brings it back."""
+    schema, df = adult
+    codec = Codec.from_schema(schema)
+    a = codec.encode(df.head(2000), np.random.default_rng(0))
+    b = codec.encode(df.head(2000), np.random.default_rng(1))
+    back = codec.decode(a)
+    j = [f.name for f in codec.features].index("age")
+    assert not np.array_equal(a[:, j], b[:, j])  # the offsets are random...
+    for col in ("age", "education-num", "hours-per-week", "capital-loss"):
+        assert back[col].equals(df.head(2000)[col]), col  # ...and never leave the cell
+    # the zero mass of capital-gain is spread out, not stacked on one value
+    g = [f.name for f in codec.features].index("capital-gain")
+    assert len(np.unique(a[:, g])) > 1000
 
 
 def test_round_trip_on_real_adult(adult: tuple[Schema, pl.DataFrame]) -> None:

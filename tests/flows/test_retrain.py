@@ -1,0 +1,359 @@
+"""Retraining on new data, the DP promotion of a new version, and retries vs the ledger."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from privacy.events import LaplaceEvent
+from privacy.ledger import Ledger
+from tasks.promote import (
+    PromotionDecision,
+    PromotionSettings,
+    ledger_id,
+    margin_statistic,
+    mixture_loglik,
+    release_margin,
+)
+
+DEMO = Path(__file__).resolve().parents[2] / "privflow" / "demo"
+
+
+# -- the statistic and its mechanism (no server) ----------------------------------------------
+
+
+def test_margin_statistic_sensitivity_by_brute_force() -> None:
+    """Removing or adding any one row moves S by at most high - low (add/remove adjacency)."""
+    rng = np.random.default_rng(1)
+    low, high = -20.0, 10.0
+    a = rng.normal(-5, 12, 60)
+    b = rng.normal(-5, 12, 60)
+    a[3], b[7], a[9] = np.nan, -np.inf, np.inf
+    s, sens = margin_statistic(a, b, low, high)
+    assert sens == high - low
+    ref = sum(min(max(x, low), high) - min(max(y, low), high)
+              for x, y in zip(np.nan_to_num(a, nan=low), np.nan_to_num(b, nan=low, neginf=low)))
+    assert s == pytest.approx(ref)
+    for i in range(len(a)):
+        s_minus, _ = margin_statistic(np.delete(a, i), np.delete(b, i), low, high)
+        assert abs(s - s_minus) <= sens + 1e-9
+    worst, _ = margin_statistic(np.append(a, 1e9), np.append(b, -1e9), low, high)
+    assert worst - s == pytest.approx(sens)
+    with pytest.raises(ValueError):
+        margin_statistic(a, b[:-1], low, high)
+
+
+def test_mixture_loglik_is_the_equal_weight_mixture() -> None:
+    ll = np.array([[-1.0, -50.0, -3.0], [-2.0, -900.0, -3.0]])
+    ref = np.log(0.5 * np.exp(ll[0]) + 0.5 * np.exp(ll[1].astype(np.longdouble))).astype(np.float64)
+    assert np.allclose(mixture_loglik(ll), ref)
+    assert np.allclose(mixture_loglik(ll[:1]), ll[0])
+
+
+def test_release_margin_laplace_and_gaussian_scales() -> None:
+    """Noise scale = sensitivity / epsilon (Laplace); the analytic Gaussian's multiplier otherwise."""
+    lap = PromotionSettings(epsilon=0.5)
+    draws = np.array([release_margin(10.0, 30.0, lap, np.random.default_rng(i)) for i in range(4000)])
+    assert np.median(draws) == pytest.approx(10.0, abs=3.0)
+    assert np.mean(np.abs(draws - 10.0)) == pytest.approx(30.0 / 0.5, rel=0.06)  # E|Laplace(b)| = b
+    assert lap.event() == LaplaceEvent(2.0)
+    gau = PromotionSettings(epsilon=0.5, mechanism="gaussian", delta=1e-6)
+    g = np.array([release_margin(0.0, 30.0, gau, np.random.default_rng(i)) for i in range(4000)])
+    assert np.std(g) == pytest.approx(30.0 * gau.noise_multiplier(), rel=0.05)
+    from privacy.calibration import epsilon_for_gaussian
+
+    assert epsilon_for_gaussian(gau.noise_multiplier(), 1e-6) == pytest.approx(0.5, rel=1e-3)
+    with pytest.raises(ValueError):
+        PromotionSettings(epsilon=0.0)
+
+
+def test_ledger_id_changes_per_attempt_and_decision_tags() -> None:
+    assert ledger_id("run:promote", 1) == "run:promote"
+    assert ledger_id("run:promote", 2) == "run:promote#attempt2"
+    d = PromotionDecision(False, "why", "m", "2", "1", "champion", noisy_margin=-3.5, epsilon=0.05, mechanism="laplace")
+    tags = d.tags()
+    assert tags["privflow.promotion.promoted"] == "no"
+    assert tags["privflow.promotion.noisy_margin_nats"] == "-3.5"
+    assert tags["privflow.promotion.epsilon_spent"] == "0.05"
+    assert tags["privflow.promotion.compared_with"] == "1"
+
+
+# -- promotion against a real (SQLite) registry ------------------------------------------------
+
+
+def _slice(src: Path, dst: Path, start: int, rows: int) -> Path:
+    lines = src.read_text().splitlines()
+    dst.write_text("\n".join([lines[0], *lines[1 + start : 1 + start + rows]]) + "\n")
+    return dst
+
+
+def _schema(tmp: Path, name: str, budget: float, expected_rows: int) -> Path:
+    raw = yaml.safe_load((DEMO / "adult.yaml").read_text())
+    raw["dataset"].update({"name": name, "expected_rows": expected_rows, "budget": {"epsilon": budget, "delta": 1e-5}})
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+TINY = {
+    "privacy": {"epsilon": 1.0, "delta": 1e-5},
+    "model": {"name": "maf", "blocks": 1, "hidden": 8},
+    "train": {"epochs": 0.5, "batch_size": 128, "checkpoint_every": 2, "device": "cpu", "threads": 1},
+    "select": {"validation_fraction": 0.2},
+    "evaluate": {"fidelity": False, "utility": False, "likelihood": False, "privacy_risk": False,
+                 "report": False, "synthetic_rows": 100},
+}
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    """A store with an SQLite MLflow registry and a small Adult slice under its own dataset name."""
+    tmp = tmp_path_factory.mktemp("promote")
+    store = tmp / "store"
+    schema_path = _schema(tmp, "adult-promote", 5.0, 600)
+    data = _slice(DEMO / "adult_train.csv", tmp / "new.csv", 0, 600)
+    return {"tmp": tmp, "store": store, "schema": schema_path, "data": data}
+
+
+def _register(name: str, state: dict, reg: dict) -> str:
+    """A version of `name` holding `state`, logged like the pipeline logs one (alias 'candidate')."""
+    import mlflow
+
+    from privflow.schema import Schema
+    from tasks.register import experiment_for, register_model, tracking
+
+    tracking(reg["store"])
+    experiment_for("adult-promote", reg["store"])
+    with mlflow.start_run():
+        return register_model.fn(name, "candidate", Schema.from_yaml(reg["schema"]), "maf",
+                                 {"blocks": 1, "hidden": 8}, [state], {})
+
+
+def _model(seed: int, bad: bool = False) -> dict:
+    """A fitted-looking version (first actnorm set from the slice's statistics: test only, not
+    DP) or a bad one (a far too narrow first actnorm: every row lands deep in the tails)."""
+    from models import build_flow
+    from privflow.codec import Codec
+    from privflow.io import read_table
+    from privflow.schema import Schema
+
+    schema = Schema.from_yaml(DEMO / "adult.yaml")
+    codec = Codec.from_schema(schema)
+    torch.manual_seed(seed)
+    m = build_flow("maf", codec.cardinalities, blocks=1, hidden=8)
+    with torch.no_grad():
+        if bad:
+            m.actnorms[0].log_scale.fill_(-6.0)
+        else:
+            rows = read_table(DEMO / "adult_train.csv").head(600).drop_nulls()
+            pre = m.preprocess(torch.as_tensor(codec.encode(rows)))
+            m.init_actnorm(pre.mean(0), pre.std(0))
+    return m.state_dict()
+
+
+def _config(reg: dict, **extra) -> "RunConfig":  # noqa: F821
+    from privflow.config import RunConfig
+
+    return RunConfig.build(data=reg["data"], schema_path=reg["schema"], store=reg["store"], **TINY, **extra)
+
+
+@pytest.mark.slow
+def test_first_version_becomes_champion_at_no_cost(registry: dict) -> None:
+    from mlflow import MlflowClient
+
+    from tasks.promote import promote_if_better
+
+    name = "pf-first"
+    v1 = _register(name, _model(0), registry)
+    ledger_path = registry["store"] / "ledger.db"
+    before = len(Ledger(ledger_path).runs()) if ledger_path.exists() else 0
+    d = promote_if_better.fn(name, v1, _config(registry), PromotionSettings(epsilon=1.0), str(ledger_path), "first:promote")
+    assert d.promoted and d.epsilon == 0.0 and d.champion_version is None
+    client = MlflowClient()
+    assert str(client.get_model_version_by_alias(name, "champion").version) == v1
+    assert client.get_model_version(name, v1).tags["privflow.promotion.promoted"] == "yes"
+    assert (len(Ledger(ledger_path).runs()) if ledger_path.exists() else 0) == before
+
+
+@pytest.mark.slow
+def test_better_version_is_promoted_and_the_comparison_is_in_the_ledger(registry: dict) -> None:
+    import mlflow
+    from mlflow import MlflowClient
+
+    from privflow.schema import Schema
+    from tasks.promote import promote_if_better
+
+    name = "pf-better"
+    client = MlflowClient()
+    old = _register(name, _model(1, bad=True), registry)
+    client.set_registered_model_alias(name, "champion", old)
+    new = _register(name, _model(2), registry)
+    ledger = Ledger(registry["store"] / "ledger.db")
+    schema = Schema.from_yaml(registry["schema"])
+    ledger.ensure_dataset(schema.dataset.name, schema.dataset.budget.epsilon, schema.dataset.budget.delta)
+    spent_before = ledger.spent(schema.dataset.name)[0]
+    settings = PromotionSettings(epsilon=2.0)
+    d = promote_if_better.fn(name, new, _config(registry), settings, str(ledger.path), "better:promote")
+    assert d.promoted and d.champion_version == old and d.noisy_margin is not None and d.noisy_margin > 0
+    assert str(client.get_model_version_by_alias(name, "champion").version) == new
+    tags = client.get_model_version(name, new).tags
+    assert tags["privflow.promotion.promoted"] == "yes" and float(tags["privflow.promotion.epsilon_spent"]) == 2.0
+    assert float(tags["privflow.promotion.noisy_margin_nats"]) == pytest.approx(d.noisy_margin, rel=1e-5)
+    assert client.get_model_version(name, old).tags["privflow.promotion.superseded_by"] == new
+    run = next(r for r in ledger.runs(schema.dataset.name) if r.run_id == "better:promote")
+    assert run.status == "settled" and list(run.events) == [LaplaceEvent(0.5)]
+    assert ledger.spent(schema.dataset.name)[0] > spent_before
+    # the previous champion stays loadable by its version number, and samples
+    previous = mlflow.pyfunc.load_model(f"models:/{name}/{old}")
+    import pandas as pd
+
+    assert len(previous.predict(pd.DataFrame({"n": [5]}))) == 5
+
+
+@pytest.mark.slow
+def test_worse_version_is_not_promoted_and_still_pays(registry: dict) -> None:
+    from mlflow import MlflowClient
+
+    from tasks.promote import promote_if_better
+
+    name = "pf-worse"
+    client = MlflowClient()
+    good = _register(name, _model(3), registry)
+    client.set_registered_model_alias(name, "champion", good)
+    bad = _register(name, _model(4, bad=True), registry)
+    ledger = Ledger(registry["store"] / "ledger.db")
+    d = promote_if_better.fn(name, bad, _config(registry), PromotionSettings(epsilon=2.0), str(ledger.path), "worse:promote")
+    assert not d.promoted and d.noisy_margin is not None and d.noisy_margin < 0
+    assert str(client.get_model_version_by_alias(name, "champion").version) == good
+    assert client.get_model_version(name, bad).tags["privflow.promotion.promoted"] == "no"
+    assert any(r.run_id == "worse:promote" and r.status == "settled" for r in ledger.runs())
+
+
+@pytest.mark.slow
+def test_comparison_refused_by_the_budget_reads_nothing(registry: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow import MlflowClient
+
+    import tasks.promote as promote
+
+    name = "pf-broke"
+    client = MlflowClient()
+    a = _register(name, _model(5), registry)
+    client.set_registered_model_alias(name, "champion", a)
+    b = _register(name, _model(6), registry)
+    ledger = Ledger(registry["store"] / "ledger.db")
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("rows were read although the ledger refused")
+
+    monkeypatch.setattr("privflow.io.read_table", no_read)
+    before = len(ledger.runs())
+    d = promote.promote_if_better.fn(name, b, _config(registry), PromotionSettings(epsilon=1e4), str(ledger.path), "broke:promote")
+    assert not d.promoted and "refused" in d.reason and d.epsilon == 0.0
+    assert len(ledger.runs()) == before
+    assert str(client.get_model_version_by_alias(name, "champion").version) == a
+
+
+@pytest.mark.slow
+def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A retry reruns the mechanism with fresh noise, so the ledger must count it a second time."""
+    from mlflow import MlflowClient
+    from prefect import flow
+
+    import tasks.promote as promote
+
+    name = "pf-retry"
+    client = MlflowClient()
+    a = _register(name, _model(7), registry)
+    client.set_registered_model_alias(name, "champion", a)
+    b = _register(name, _model(8, bad=True), registry)
+    ledger = Ledger(registry["store"] / "ledger.db")
+    real = promote.record
+    calls = {"n": 0}
+
+    def flaky(c, decision):
+        calls["n"] += 1
+        if calls["n"] == 1:  # after the mechanism ran: e.g. the registry was briefly unreachable
+            raise ConnectionError("registry unavailable")
+        return real(c, decision)
+
+    monkeypatch.setattr(promote, "record", flaky)
+
+    @flow
+    def run_promotion() -> PromotionDecision:
+        return promote.promote_if_better.with_options(retry_delay_seconds=0)(
+            name, b, _config(registry), PromotionSettings(epsilon=1.0), str(ledger.path), "retry:promote"
+        )
+
+    decision = run_promotion()
+    assert calls["n"] == 2 and decision.ledger_run_id == "retry:promote#attempt2"
+    runs = {r.run_id: r for r in ledger.runs()}
+    assert runs["retry:promote"].status == "failed" and list(runs["retry:promote"].events) == [LaplaceEvent(1.0)]
+    assert runs["retry:promote#attempt2"].status == "settled"
+
+
+# -- the retraining flow end to end (SQLite registry, temporary Prefect server) ----------------
+
+
+@pytest.mark.slow
+def test_retrain_flow_registers_promotes_and_refuses(tmp_path: Path, prefect_server) -> None:
+    from mlflow import MlflowClient
+
+    from flows.retrain import REFUSED, retrain_on_new_data
+    from privflow.schema import Schema
+
+    schema_path = _schema(tmp_path, "adult-retrain", 2.6, 600)
+    store = tmp_path / "store"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    greedy = tmp_path / "greedy.yaml"
+    greedy.write_text(yaml.safe_dump({**TINY, "privacy": {"epsilon": 5.0, "delta": 1e-5}}))
+    first = _slice(DEMO / "adult_train.csv", tmp_path / "first.csv", 0, 600)
+    second = _slice(DEMO / "adult_train.csv", tmp_path / "second.csv", 600, 600)
+    third = _slice(DEMO / "adult_train.csv", tmp_path / "third.csv", 1200, 600)
+
+    out1 = retrain_on_new_data(str(first), str(schema_path), str(cfg), str(store))
+    name = out1["model_name"]
+    assert out1["promoted"] and out1["promotion_epsilon"] == 0.0 and out1["champion_before"] is None
+    client = MlflowClient()
+    assert str(client.get_model_version_by_alias(name, "champion").version) == out1["model_version"]
+
+    out2 = retrain_on_new_data(str(second), str(schema_path), str(cfg), str(store))
+    assert out2["model_version"] != out1["model_version"] and out2["champion_before"] == out1["model_version"]
+    assert out2["promotion_epsilon"] == 0.05
+    tags = client.get_model_version(name, out2["model_version"]).tags
+    assert tags["privflow.promotion.promoted"] == ("yes" if out2["promoted"] else "no")
+    champion = str(client.get_model_version_by_alias(name, "champion").version)
+    assert champion == (out2["model_version"] if out2["promoted"] else out1["model_version"])
+    ledger = Ledger(store / "ledger.db")
+    dataset = Schema.from_yaml(schema_path).dataset.name
+    runs_before = ledger.runs(dataset)
+    assert len(runs_before) == 3  # two trainings, one comparison
+    versions_before = len(client.search_model_versions(f"name='{name}'"))
+
+    state = retrain_on_new_data(str(third), str(schema_path), str(greedy), str(store), return_state=True)
+    assert state.is_failed() and "refused before reading any row" in state.message
+    assert len(ledger.runs(dataset)) == len(runs_before)
+    assert len(client.search_model_versions(f"name='{name}'")) == versions_before
+    refused = client.search_runs(
+        [client.get_experiment_by_name(f"privflow-{dataset}").experiment_id],
+        filter_string=f"tags.`privflow.outcome` = '{REFUSED}'",
+    )
+    assert len(refused) == 1 and "refused" in refused[0].data.tags["privflow.refusal"]
+    assert math.isfinite(ledger.spent(dataset)[0])
+
+
+@pytest.mark.slow
+def test_new_file_with_wrong_columns_fails_before_anything_is_spent(tmp_path: Path, prefect_server) -> None:
+    from flows.retrain import retrain_on_new_data
+
+    schema_path = _schema(tmp_path, "adult-wrong", 5.0, 600)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("age,colour\n39,blue\n")
+    state = retrain_on_new_data(str(bad), str(schema_path), None, str(tmp_path / "store"), return_state=True)
+    assert state.is_failed()
+    assert not (tmp_path / "store" / "ledger.db").exists() or not Ledger(tmp_path / "store" / "ledger.db").runs()

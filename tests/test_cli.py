@@ -1,0 +1,138 @@
+"""The CLI: help for every command, and each kind of bad input gives one clear paragraph,
+exit status 2, no traceback, and nothing trained, registered or charged to the ledger."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from privflow.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["run", "--help"], ["generate", "--help"], ["demo", "--help"],
+                                  ["ledger", "--help"], ["ledger", "show", "--help"]])
+def test_every_command_has_help(args: list[str]) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code in (0, 2) and "Usage" in result.output
+    if args:
+        assert result.exit_code == 0
+
+
+@pytest.fixture()
+def small(tmp_path: Path, demo_dir: Path) -> dict[str, Path]:
+    """A 400-row slice of Adult, its schema, and a store folder."""
+    df = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=400)
+    data = tmp_path / "adult.csv"
+    df.write_csv(data)
+    schema = tmp_path / "adult.yaml"
+    shutil.copy(demo_dir / "adult.yaml", schema)
+    return {"data": data, "schema": schema, "store": tmp_path / "store", "dir": tmp_path, "frame": df}
+
+
+def _run(small: dict[str, Path], data: Path | None = None, schema: Path | None = None, *extra: str):
+    return runner.invoke(
+        app,
+        ["run", "--data", str(data or small["data"]), "--schema", str(schema or small["schema"]),
+         "--store", str(small["store"]), "--quiet", *extra],
+    )
+
+
+def _assert_user_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    text = " ".join(result.output.split())
+    for needle in needles:
+        assert needle.lower() in text.lower(), text
+
+
+def _nothing_registered(store: Path) -> None:
+    ledger = store / "ledger.db"
+    if ledger.exists():
+        from privacy.ledger import Ledger
+
+        spent, _ = Ledger(ledger).spent("adult")
+        assert spent == 0.0
+    db = store / "mlflow.db"
+    if db.exists():
+        import sqlite3
+
+        with sqlite3.connect(db) as con:
+            assert con.execute("select count(*) from model_versions").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "delta", "needle"),
+    [("0", "1e-5", "epsilon"), ("-1", "1e-5", "epsilon"), ("1", "0", "delta"), ("1", "1.5", "delta")],
+)
+def test_bad_privacy_parameters(small, epsilon: str, delta: str, needle: str) -> None:
+    result = _run(small, None, None, "--epsilon", epsilon, "--delta", delta)
+    _assert_user_error(result, needle)
+    _nothing_registered(small["store"])
+
+
+def test_schema_that_does_not_parse(small) -> None:
+    bad = small["dir"] / "bad.yaml"
+    bad.write_text("dataset: {name: adult\ncolumns: [")
+    _assert_user_error(_run(small, None, bad), "not valid YAML")
+
+
+def test_schema_with_unknown_type(small) -> None:
+    doc = yaml.safe_load(small["schema"].read_text())
+    doc["columns"][0]["type"] = "timestamp"
+    bad = small["dir"] / "unknown.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    _assert_user_error(_run(small, None, bad), "invalid", "type")
+
+
+def test_missing_data_file(small) -> None:
+    _assert_user_error(_run(small, small["dir"] / "nope.csv"), "nope.csv")
+
+
+@pytest.mark.usefixtures("prefect_server")
+class TestBadDataInsideTheFlow:
+    """Data problems are found by the validate step, before any mechanism runs."""
+
+    def test_missing_column(self, small) -> None:
+        path = small["dir"] / "missing.csv"
+        small["frame"].drop("age").write_csv(path)
+        _assert_user_error(_run(small, path), "age")
+        _nothing_registered(small["store"])
+
+    def test_extra_column(self, small) -> None:
+        path = small["dir"] / "extra.csv"
+        small["frame"].with_columns(pl.lit("x").alias("shoe_size")).write_csv(path)
+        _assert_user_error(_run(small, path), "shoe_size")
+        _nothing_registered(small["store"])
+
+    def test_wrong_type(self, small) -> None:
+        path = small["dir"] / "wrongtype.csv"
+        small["frame"].with_columns(pl.lit("old").alias("age")).write_csv(path)
+        _assert_user_error(_run(small, path), "age")
+        _nothing_registered(small["store"])
+
+    def test_empty_file(self, small) -> None:
+        path = small["dir"] / "empty.csv"
+        path.write_text("")
+        _assert_user_error(_run(small, path), "empty")
+        _nothing_registered(small["store"])
+
+    def test_not_csv_or_parquet(self, small) -> None:
+        path = small["dir"] / "table.xlsx"
+        path.write_bytes(b"PK\x03\x04 not a table")
+        _assert_user_error(_run(small, path), "table.xlsx")
+        _nothing_registered(small["store"])
+
+    def test_over_budget_is_refused_before_reading(self, small) -> None:
+        doc = yaml.safe_load(small["schema"].read_text())
+        doc["dataset"]["budget"]["epsilon"] = 0.5
+        tight = small["dir"] / "tight.yaml"
+        tight.write_text(yaml.safe_dump(doc))
+        _assert_user_error(_run(small, None, tight, "--epsilon", "1"), "budget", "spent", "leaving")
+        _nothing_registered(small["store"])

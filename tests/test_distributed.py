@@ -1,0 +1,169 @@
+"""DPDDP training over two CPU processes (gloo, launched with torchrun) against one process.
+
+Checks that the accountant counts the global batch once (q = global expected batch /
+public rows, one event for the run, on rank 0 only), that the local batches add up to the
+single-process Poisson batches, and that the two-process model matches the one-process
+model trained with the same seeds (test-only seeded noise and sampling); the first step is
+also checked against an independent torch.func reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from privacy.accountant import PLDAccountant
+from privacy.distributed import DistributedSettings, fresh_seed, global_poisson_mask, per_example_gradients
+from privacy.events import PoissonGaussianEvent, event_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CARD = [None, None, None, None]
+MODEL = {"name": "maf", "config": {"blocks": 1, "hidden": 8}}
+PUBLIC_ROWS = 200
+
+
+def _job(tmp: Path, name: str, settings: DistributedSettings, data: Path) -> Path:
+    from dataclasses import asdict
+
+    job = {"data": str(data), "cardinalities": CARD, "model": MODEL, "settings": asdict(settings), "out": str(tmp / name)}
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(job))
+    return path
+
+
+def _torchrun(job: Path, nproc: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "privacy.distributed", "--job", str(job)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _outputs(folder: Path, world: int) -> tuple[dict, list[dict]]:
+    result = torch.load(folder / "result.pt", weights_only=False)
+    ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]
+    return result, ranks
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("ddp")
+    rng = np.random.default_rng(0)
+    x = rng.beta(2.0, 3.0, size=(PUBLIC_ROWS, len(CARD))).astype(np.float32)
+    data = tmp / "x.npy"
+    np.save(data, x)
+    common = dict(steps=6, noise_multiplier=1.0, max_grad_norm=1.0, lr=5e-2, optimizer="adam",
+                  checkpoint_every=3, seed=3, sampling_seed=11)
+    settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, noise_seed=5, **common)
+    sgd_one_step = DistributedSettings.for_rows(PUBLIC_ROWS, 40, noise_seed=5, **{**common, "steps": 1, "optimizer": "sgd"})
+    _torchrun(_job(tmp, "two", settings, data), 2)
+    _torchrun(_job(tmp, "one", settings, data), 1)
+    _torchrun(_job(tmp, "two_sgd", sgd_one_step, data), 2)
+    return {"tmp": tmp, "x": x, "settings": settings, "sgd": sgd_one_step}
+
+
+@pytest.mark.slow
+def test_accountant_counts_the_global_batch_once(runs: dict) -> None:
+    settings: DistributedSettings = runs["settings"]
+    result, ranks = _outputs(runs["tmp"] / "two", 2)
+    assert settings.sample_rate == pytest.approx(40 / PUBLIC_ROWS)
+    event = event_from_dict(result["event"])
+    assert event == PoissonGaussianEvent(40 / PUBLIC_ROWS, 1.0, 6)  # global q, one event, 6 steps (not 12)
+    assert ranks[0]["accountant_history"] == [[1.0, 40 / PUBLIC_ROWS, 6]]
+    assert ranks[1]["accountant_history"] == [] and ranks[1]["event"] is None
+    # the run costs what a single process with the same (q, sigma, steps) costs
+    single = event_from_dict(_outputs(runs["tmp"] / "one", 1)[0]["event"])
+    assert single == event
+    assert PLDAccountant().epsilon([event], 1e-5) == pytest.approx(PLDAccountant().epsilon([single], 1e-5))
+
+
+@pytest.mark.slow
+def test_local_batches_partition_the_global_poisson_batch(runs: dict) -> None:
+    _, two = _outputs(runs["tmp"] / "two", 2)
+    _, one = _outputs(runs["tmp"] / "one", 1)
+    per_step = [a + b for a, b in zip(two[0]["local_batch_sizes"], two[1]["local_batch_sizes"], strict=True)]
+    assert per_step == one[0]["local_batch_sizes"]
+    gen = torch.Generator().manual_seed(11)
+    expected = [int(global_poisson_mask(PUBLIC_ROWS, 40 / PUBLIC_ROWS, gen).sum()) for _ in range(6)]
+    assert per_step == expected
+    assert all(r["replica_max_abs_diff"] == 0.0 for r in two)  # replicas stay identical
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(runs: dict) -> None:
+    two, _ = _outputs(runs["tmp"] / "two", 2)
+    one, _ = _outputs(runs["tmp"] / "one", 1)
+    assert two["state"].keys() == one["state"].keys()
+    diff = max(float((two["state"][k] - one["state"][k]).abs().max()) for k in two["state"])
+    assert diff < 1e-4
+    assert [s for s, _ in two["checkpoints"]] == [3, 6]
+
+
+@pytest.mark.slow
+def test_first_step_matches_an_independent_reference(runs: dict) -> None:
+    """One SGD step recomputed here: torch.func per-example grads, flat clipping, opacus' noise draw."""
+    from torch.func import functional_call, grad, vmap
+
+    from models import build_flow
+
+    settings: DistributedSettings = runs["sgd"]
+    torch.manual_seed(settings.seed)
+    model = build_flow(MODEL["name"], CARD, **MODEL["config"])
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    x = torch.as_tensor(runs["x"])
+    coins = global_poisson_mask(PUBLIC_ROWS, settings.sample_rate, torch.Generator().manual_seed(11))
+    batch = x[coins]
+
+    def loss(p: dict, row: torch.Tensor) -> torch.Tensor:
+        return -functional_call(model, p, (row.unsqueeze(0),), {}, strict=False, tie_weights=True).sum()
+
+    model.forward = model.log_prob  # functional_call drives forward
+    per = vmap(grad(loss), in_dims=(None, 0))(params, batch)
+    norms = torch.stack([per[n].reshape(len(batch), -1).norm(dim=1) for n in names], dim=1).norm(dim=1)
+    factor = (settings.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+    noise_gen = torch.Generator().manual_seed(5)
+    expected = {}
+    for n in names:  # opacus draws noise parameter by parameter, in the optimizer's order
+        total = torch.einsum("i,i...", factor, per[n])
+        noise = torch.normal(0.0, settings.noise_multiplier * settings.max_grad_norm, params[n].shape, generator=noise_gen)
+        expected[n] = params[n] - settings.lr * (total + noise) / settings.expected_batch_size
+    got, _ = _outputs(runs["tmp"] / "two_sgd", 2)
+    for n in names:
+        assert torch.allclose(got["state"][n], expected[n], atol=1e-5), n
+    # the noise is in the update: without it the weights land elsewhere
+    noiseless = {n: params[n] - settings.lr * torch.einsum("i,i...", factor, per[n]) / settings.expected_batch_size
+                 for n in names}
+    assert max(float((got["state"][n] - noiseless[n]).abs().max()) for n in names) > 1e-3
+
+
+def test_per_example_gradients_sum_to_the_batch_gradient() -> None:
+    from models import build_flow
+
+    torch.manual_seed(0)
+    model = build_flow(MODEL["name"], CARD, **MODEL["config"])
+    x = torch.rand(7, len(CARD))
+    per = per_example_gradients(model, x)
+    model.zero_grad()
+    (-model.log_prob(x).sum()).backward()
+    for p in model.parameters():
+        assert per[p].shape == (7, *p.shape)
+        assert torch.allclose(per[p].sum(0), p.grad, atol=1e-5)
+    empty = per_example_gradients(model, x[:0])
+    assert all(g.shape == (0, *p.shape) for p, g in empty.items())
+
+
+def test_settings_take_the_public_row_count_and_fresh_entropy() -> None:
+    s = DistributedSettings.for_rows(32561, 512, steps=10, noise_multiplier=1.1, max_grad_norm=1.0)
+    assert s.sample_rate == pytest.approx(512 / 32561) and s.expected_batch_size == 512.0
+    assert s.noise_seed is None and s.sampling_seed is None
+    assert len({fresh_seed() for _ in range(8)}) == 8
+    with pytest.raises(ValueError):
+        DistributedSettings(sample_rate=0.0, steps=1, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=1.0)
