@@ -6,6 +6,7 @@ these libraries read their settings at import time. Nothing here phones home.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -17,6 +18,7 @@ _QUIET = {
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "PREFECT_UI_ENABLED": "false",
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
     "MLFLOW_ENABLE_TELEMETRY": "false",
     "GX_ANALYTICS_ENABLED": "false",
     "GE_USAGE_STATS": "FALSE",
@@ -41,4 +43,6 @@ def configure(home: Path | str | None = None) -> Path:
     os.environ.setdefault("PREFECT_HOME", str(prefect_home))
     for key, value in _QUIET.items():
         os.environ.setdefault(key, value)
+    # GX announces every ephemeral context at INFO; keep its warnings.
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     return root

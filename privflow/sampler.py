@@ -8,10 +8,15 @@ Prefect; MLflow bundles `models/` and `privflow/` with it (code_paths).
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+
+# predict takes a one-row frame of sampling options, not a batch of records: MLflow's
+# type-hint schema inference does not apply, and its advice to add hints is noise here.
+warnings.filterwarnings("ignore", message=".*type hint", category=UserWarning)
 
 
 class FlowSampler(mlflow.pyfunc.PythonModel):

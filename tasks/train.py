@@ -25,15 +25,15 @@ def resolve_device(choice: str) -> str:
     return choice
 
 
-def settings_for(cfg: TrainConfig, stage: StagePlan | None) -> TrainSettings:
-    """Trainer settings from the config and the planned DP-SGD event (None: non-private)."""
-    event = stage.event if stage is not None else None
-    if event is not None and not isinstance(event, PoissonGaussianEvent):
+def settings_for(cfg: TrainConfig, stage: StagePlan) -> TrainSettings:
+    """Trainer settings from the config and the planned DP-SGD event."""
+    event = stage.event
+    if not isinstance(event, PoissonGaussianEvent):
         raise TypeError(f"the train stage must plan a PoissonGaussianEvent, got {event!r}")
     return TrainSettings(
-        sample_rate=event.sample_rate if event else cfg.batch_size / max(cfg.batch_size, 1),
-        steps=event.steps if event else 1,
-        noise_multiplier=event.noise_multiplier if event else 0.0,
+        sample_rate=event.sample_rate,
+        steps=event.steps,
+        noise_multiplier=event.noise_multiplier,
         max_grad_norm=cfg.max_grad_norm,
         clipping=cfg.clipping,
         sparsity=cfg.sparsity,
@@ -43,7 +43,7 @@ def settings_for(cfg: TrainConfig, stage: StagePlan | None) -> TrainSettings:
         expected_batch_size=float(cfg.batch_size),
         device=resolve_device(cfg.device),
         seed=cfg.seed,
-        private=event is not None,
+        private=True,
     )
 
 
