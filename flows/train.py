@@ -121,7 +121,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
             x_train, x_val = encode_rows(df, codec, config.select.validation_fraction, config.train.seed)
 
             torch.manual_seed(config.train.seed)
-            model_cfg = config.model.model_dump()
+            model_cfg = config.model.model_dump(exclude={"name"})
             model = build_flow(config.model.name, codec.cardinalities, **model_cfg)
 
             # 3. Mechanisms: DP statistics, optional DP prior, DP-SGD, Report-Noisy-Max.
@@ -141,7 +141,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
                 mlflow.log_metric("epsilon_cumulative", eps, step=step)
             for step, loss in enumerate(result.losses, start=1):
                 if step % max(1, config.train.checkpoint_every // 5) == 0 or step == len(result.losses):
-                    mlflow.log_metric("train_loss", loss, step=step)
+                    mlflow.log_metric("diag.train_loss", loss, step=step)  # not DP: for the data owner
             spent.append(sgd_event)
 
             def make_model(state: dict) -> torch.nn.Module:
@@ -204,6 +204,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
                     "privflow_run_id": run_id,
                     "chosen_checkpoint_steps": json.dumps([result.checkpoints[i][0] for i in chosen]),
                 },
+                config.promotion,
             )
         except BaseException:
             if mechanism_ran:
@@ -225,6 +226,6 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
         synthetic_path=str(synthetic_path),
         report_path=report_path,
         metrics=metrics,
-        rows_quarantined=report.failing_rows,
+        rows_quarantined=report.quarantined_rows,
         wall_seconds=time.monotonic() - started,
     )

@@ -24,6 +24,8 @@ owner and must not be released with the model.
 
 from __future__ import annotations
 
+import secrets
+
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,9 +52,13 @@ class TrainSettings:
     lr: float = 1e-3
     checkpoint_every: int = 50
     expected_batch_size: float = 512.0  # PUBLIC constant from the config, never len(data)
-    device: str = "cpu"
-    seed: int = 0
+    device: str = "cpu"  # "cpu", "cuda", "cuda:1", or "auto"
+    seed: int = 0  # the model's own randomness (dequantization noise); public, NOT the DP noise
     private: bool = True
+    # Seed of the Poisson sampler, the Gaussian noise and the sparsifier. None (the default)
+    # draws it from OS entropy: a noise seed anyone can read (e.g. from the config) would let
+    # them subtract the noise, voiding the guarantee. Set it only in tests.
+    noise_seed: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.sample_rate <= 1:
@@ -103,6 +109,13 @@ def noisy_gradient(
     return (clipped_sum + settings.noise_multiplier * settings.max_grad_norm * noise) / settings.expected_batch_size
 
 
+def resolve_device(name: str) -> torch.device:
+    """"auto" -> cuda when available, else cpu; anything else as torch names it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def _state_copy(model: nn.Module) -> dict:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
@@ -117,9 +130,10 @@ def train(
 
     Returns checkpoints every ``checkpoint_every`` steps and at the last step, the mean
     training loss per step (NaN for an empty batch) and the run's privacy event.
-    Deterministic for a given seed (global RNG state is saved and restored around it).
+    Deterministic only when ``noise_seed`` is set (tests); otherwise the sampling and the
+    noise come from OS entropy. Global RNG state is saved and restored around it.
     """
-    device = torch.device(settings.device)
+    device = resolve_device(settings.device)
     model.to(device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -130,9 +144,10 @@ def train(
     layers = model_layers(model)
     result = TrainResult(event=dp_sgd_event(settings))
     n = int(data.shape[0])
-    sampler = torch.Generator().manual_seed(settings.seed)
-    noise_gen = torch.Generator(device=device).manual_seed(settings.seed + 1)
-    sparsify_gen = torch.Generator(device=device).manual_seed(settings.seed + 2)
+    secret = settings.noise_seed if settings.noise_seed is not None else secrets.randbits(62)
+    sampler = torch.Generator().manual_seed(secret)
+    noise_gen = torch.Generator(device=device).manual_seed(secret + 1)
+    sparsify_gen = torch.Generator(device=device).manual_seed(secret + 2)
     fork = [device.index or 0] if device.type == "cuda" else []
     checked = False
     with torch.random.fork_rng(devices=fork, device_type=device.type if device.type != "cpu" else "cuda"):

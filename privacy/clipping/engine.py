@@ -5,14 +5,16 @@ Two methods give the same result (tested to 1e-6 in float64):
 * ``"hooks"`` (reference): every layer's per-example gradients are materialised by its
   opacus grad sampler (summed over repeated calls), then clipped by the strategy.
 * ``"fast"``: linear layers (nn.Linear, MaskedLinear: almost all parameters of a flow)
-  never materialise them. Their per-example norms come from the stored activations and
-  output gradients (``grad_samplers.linear``: ||a|| ||g||, the Gram trick for repeated
-  calls), and the clipped sum is one weighted matrix product sum_i s_i g_i a_i^T (fast
-  gradient clipping, Lee & Kifer 2021, cited by DP-HFlow "Fast Per-example Gradient
-  Computation"). Small layers (LU, low-rank, actnorm, embedding) are materialised, in
-  chunks of examples. Stochastic sparsification needs every entry of every per-example
-  gradient and is always materialised (in chunks); per-unit clipping of a linear layer
-  called several times needs per-row L1 norms of a sum and is materialised for that layer.
+  never materialise them for flat and per-layer clipping. Their per-example norms come
+  from the stored activations and output gradients (``grad_samplers.linear``: ||a|| ||g||,
+  the Gram trick for repeated calls), and the clipped sum is one weighted matrix product
+  sum_i s_i g_i a_i^T (fast gradient clipping, Lee & Kifer 2021, cited by DP-HFlow "Fast
+  Per-example Gradient Computation"). Per-unit clipping does the same with per-row
+  weights; only the row L1 norms of a layer called several times (the shared MADE) need
+  its per-example gradient, formed in small chunks of examples by one batched product and
+  reduced at once. Small layers (LU, low-rank, actnorm, embedding) are materialised.
+  Stochastic sparsification needs every entry of every per-example gradient and is
+  always materialised in chunks, leaving out entries a mask fixes at zero.
 
 Loss convention: the per-example loss is -log_prob(x_i); gradients are of the SUM over the
 batch (the trainer divides by the public expected batch size after adding noise).
@@ -39,7 +41,8 @@ Clipping = Literal["flat", "per_layer", "per_unit", "sparsify", "none"]
 Method = Literal["fast", "hooks"]
 CLIPPINGS = ("flat", "per_layer", "per_unit", "sparsify")
 
-_CHUNK_ELEMENTS = 1 << 22  # per-example gradient entries held at once when materialising
+_CHUNK_ELEMENTS = 1 << 20  # per-example gradient entries per chunk: small chunks stay in cache and
+# reuse freed memory (a fresh 40 MB tensor costs more in page faults than its arithmetic)
 
 
 @dataclass
@@ -91,22 +94,30 @@ def _add(acc: dict[nn.Parameter, Tensor], part: dict[nn.Parameter, Tensor]) -> N
         acc[p] = acc[p] + g if p in acc else g
 
 
-def _layer_sq(layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, dtype: torch.dtype) -> Tensor:
-    """Per-example squared norm [n] of the layer's gradient."""
+def _layer_sq(
+    layer: LayerInfo, calls: Sequence[Call], n: int, method: Method
+) -> tuple[Tensor, dict[nn.Parameter, Tensor] | None]:
+    """Per-example squared norm [n] of the layer's gradient, and the materialised per-example
+    gradients when they fit in one chunk (kept for the weighted sum that follows)."""
     ops = _ghost(layer, calls, method)
     if ops is not None:
-        return sum(ops.sq_norms(layer.module, calls).values())  # type: ignore[attr-defined]
-    parts = []
-    for sl in _chunks(n, layer):
+        return sum(ops.sq_norms(layer.module, calls).values()), None  # type: ignore[attr-defined]
+    chunks = _chunks(n, layer)
+    parts, kept = [], None
+    for sl in chunks:
         g = _materialise(layer, calls, sl, method)
         parts.append(sum(v.reshape(v.shape[0], -1).pow(2).sum(1) for v in g.values()))
-    return torch.cat(parts)
+        kept = g if len(chunks) == 1 else None
+    return torch.cat(parts), kept
 
 
 def _layer_sum(
-    layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, w: Tensor
+    layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, w: Tensor,
+    kept: dict[nn.Parameter, Tensor] | None = None,
 ) -> dict[nn.Parameter, Tensor]:
     """sum_i w_i grad_i of the layer for a per-example weight w [n]."""
+    if kept is not None:
+        return _weighted(kept, {p: w for p in kept})
     ops = _ghost(layer, calls, method)
     if ops is not None:
         return ops.weighted_sum(layer.module, calls, {p: w for p in layer.params})  # type: ignore[attr-defined]
@@ -159,7 +170,7 @@ def _sparsify_layer(
         for p in layer.params:
             v = g[p].reshape(g[p].shape[0], -1)
             idx = cols.get(p)
-            parts.append(v if idx is None else v[:, idx])
+            parts.append(v if idx is None else torch.index_select(v, 1, idx))
         part = sparsify_clipped_sum(torch.cat(parts, 1) if len(parts) > 1 else parts[0], k, gamma[sl], thr)
         total = part if total is None else total + part
     out, start = {}, 0
@@ -217,8 +228,9 @@ def clipped_gradient_sum(
     elif method == "hooks":
         out = _hooks(active, n, clipping, max_grad_norm, layers, sparsity, generator)
     elif clipping in ("flat", "per_layer"):
-        sq = torch.stack([_layer_sq(layer, c, n, method, dtype) for layer, c in active], 1) if active else None
         if active:
+            norms = [_layer_sq(layer, c, n, method) for layer, c in active]
+            sq = torch.stack([v for v, _ in norms], 1)
             if clipping == "flat":
                 f = flat_factors(sq, max_grad_norm)
                 ws = [f] * len(active)
@@ -226,8 +238,8 @@ def clipped_gradient_sum(
                 thr = _thresholds(layers, max_grad_norm, [layer for layer, _ in active])
                 f = per_layer_factors(sq, thr)
                 ws = [f[:, i] for i in range(len(active))]
-            for (layer, c), w in zip(active, ws):
-                _add(out, _layer_sum(layer, c, n, method, w))
+            for (layer, c), w, (_, kept) in zip(active, ws, norms):
+                _add(out, _layer_sum(layer, c, n, method, w, kept))
     elif clipping == "per_unit":
         thr = _thresholds(layers, max_grad_norm, [layer for layer, _ in active])
         for (layer, c), t in zip(active, thr):

@@ -40,7 +40,7 @@ class GhostOps(Protocol):
     def unit_stats(
         self, layer: nn.Module, calls: Sequence[Call]
     ) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
-        """Per-example, per-row (L1 norm, squared L2 norm), each [n, rows]."""
+        """Per-example, per-row (L1 norm, squared L2 norm), each [n, rows]; None: materialise."""
         ...
 
     def weighted_sum(
@@ -50,9 +50,13 @@ class GhostOps(Protocol):
         ...
 
     def materialise(
-        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None
+        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None, apply_mask: bool = True
     ) -> dict[nn.Parameter, Tensor]:
         """Per-example gradients [c, *shape] of examples ``sl``, summed over the calls."""
+        ...
+
+    def free_columns(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
+        """Flat indices of each parameter's structurally free entries (None: all)."""
         ...
 
 

@@ -1,0 +1,143 @@
+"""Time one optimizer step of DP training against non-private training, on the Adult demo.
+
+The default DP-HFlow (``ModelConfig`` defaults: 4 blocks, hidden 64, LU linear flows, a MADE
+shared by the blocks) on codec-encoded Adult rows, batch 512, one thread. Rows: the
+non-private step, the DP step with each clipping strategy (fast path), the materialising
+reference (opacus-hooks style, flat) and the naive loop (one example at a time, flat).
+Methods run round-robin so that load on a shared machine hits them alike; the median and
+the minimum over rounds are reported. Prints a Markdown table.
+
+    .venv/bin/python benchmarks/bench_dp_step.py [--device cuda] [--rounds 11] [--model maf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_adult(device: torch.device) -> tuple[Tensor, list[int | None]]:
+    from privflow.codec import Codec
+    from privflow.io import read_table
+    from privflow.schema import Schema
+
+    schema = Schema.from_yaml(ROOT / "privflow" / "demo" / "adult.yaml")
+    codec = Codec.from_schema(schema)
+    x = torch.tensor(codec.encode(read_table(ROOT / "privflow" / "demo" / "adult_train.csv")))
+    return x.to(device), codec.cardinalities
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default="dphflow", choices=["dphflow", "maf"])
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=11, help="timed steps per method (naive loop: 1)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    from models import build_flow
+    from privacy.clipping import clipped_gradient_sum, model_layers
+    from privacy.dp_sgd import TrainSettings, noisy_gradient
+
+    data, cards = load_adult(device)
+    torch.manual_seed(0)
+    model = build_flow(args.model, cards).to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=1e-3)
+    layers = model_layers(model)
+    settings = TrainSettings(sample_rate=args.batch / len(data), steps=1, noise_multiplier=1.0, max_grad_norm=1.0,
+                             expected_batch_size=float(args.batch), device=args.device)
+    noise_gen = torch.Generator(device=device).manual_seed(1)
+    sp_gen = torch.Generator(device=device).manual_seed(2)
+    g = torch.Generator().manual_seed(0)
+
+    def batch() -> Tensor:
+        return data[torch.randperm(len(data), generator=g)[: args.batch].to(device)]
+
+    def non_private(x: Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        (-model.log_prob(x).mean()).backward()
+        opt.step()
+
+    def dp(clipping: str, method: str = "fast") -> Callable[[Tensor], None]:
+        def step(x: Tensor) -> None:
+            opt.zero_grad(set_to_none=True)
+            res = clipped_gradient_sum(model, x, clipping=clipping, max_grad_norm=1.0, sparsity=0.5,
+                                       generator=sp_gen, method=method, layers=layers)  # type: ignore[arg-type]
+            for p in params:
+                p.grad = noisy_gradient(res.grads[p], settings, noise_gen)
+            opt.step()
+        return step
+
+    def naive(x: Tensor) -> None:
+        """One forward/backward per example, flat clipping, then noise: the textbook loop."""
+        opt.zero_grad(set_to_none=True)
+        total = [torch.zeros_like(p) for p in params]
+        for i in range(x.shape[0]):
+            grads = torch.autograd.grad(-model.log_prob(x[i : i + 1]).sum(), params, allow_unused=True)
+            grads = [torch.zeros_like(p) if gr is None else gr for p, gr in zip(params, grads)]
+            norm = torch.sqrt(sum(gr.pow(2).sum() for gr in grads))
+            scale = torch.clamp(1.0 / (norm + 1e-12), max=1.0)
+            for t, gr in zip(total, grads):
+                t.add_(gr * scale)
+        for p, t in zip(params, total):
+            p.grad = noisy_gradient(t, settings, noise_gen)
+        opt.step()
+
+    methods: dict[str, Callable[[Tensor], None]] = {
+        "non-private": non_private,
+        "DP flat": dp("flat"),
+        "DP per-layer": dp("per_layer"),
+        "DP per-unit": dp("per_unit"),
+        "DP sparsify": dp("sparsify"),
+        "DP flat, materialised (hooks reference)": dp("flat", "hooks"),
+        "DP flat, naive per-example loop": naive,
+    }
+    times: dict[str, list[float]] = {k: [] for k in methods}
+    for name, fn in methods.items():  # warm-up
+        fn(batch())
+    for r in range(args.rounds):
+        for name, fn in methods.items():
+            if name.endswith("loop") and r > 0:
+                continue
+            x = batch()
+            sync(device)
+            t0 = time.perf_counter()
+            fn(x)
+            sync(device)
+            times[name].append((time.perf_counter() - t0) * 1e3)
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    low = {k: min(v) for k, v in times.items()}
+    base, loop = med["non-private"], med["DP flat, naive per-example loop"]
+    n_params = sum(p.numel() for p in params)
+    print(f"\n{args.model}, {n_params} parameters, batch {args.batch}, device {device}, "
+          f"threads {torch.get_num_threads()}, {args.rounds} round-robin rounds (naive loop: 1)\n")
+    print("| step | ms/step (median) | ms/step (min) | x non-private (median) | x non-private (min) | naive loop / this |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for k in med:
+        print(f"| {k} | {med[k]:.1f} | {low[k]:.1f} | {med[k] / base:.2f} | {low[k] / low['non-private']:.2f} "
+              f"| {loop / med[k]:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
