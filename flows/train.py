@@ -29,7 +29,7 @@ from privacy.ledger import Ledger
 from privacy.mechanisms import report_noisy_max
 from privflow.codec import Codec
 from privflow.config import RunConfig
-from privflow.io import read_table
+from privflow.io import fingerprint, read_table
 from privflow.sampler import sample_rows
 from privflow.schema import Schema
 from privflow.validation import validate
@@ -40,7 +40,7 @@ from tasks.evaluate import evaluate_run
 from tasks.plan import plan_privacy
 from tasks.register import experiment_for, register_model, tracking
 from tasks.select import per_pick_epsilon, select_checkpoints
-from tasks.train import settings_for, train_flow_model
+from tasks.train import cpu_threads, settings_for, train_flow_model
 from tasks.validate import validate_data
 
 
@@ -100,16 +100,26 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
     plan = plan_privacy(config, schema)
     ledger = Ledger(store / "ledger.db")
     budget = schema.dataset.budget
-    ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
+    notes = ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
     ledger.reserve(schema.dataset.name, run_id, plan.events, {s.name: s.name for s in plan.stages})
+    # The content fingerprint is taken only once the reservation stands.
+    data_fingerprint = fingerprint(config.data)
+    notes += ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, data_fingerprint)
 
     run_dir = store / "runs" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     mechanism_ran = False
-    with mlflow.start_run(run_name=f"{schema.dataset.name}-eps{config.privacy.epsilon:g}") as active:
+    with cpu_threads(config.train.threads), mlflow.start_run(run_name=f"{schema.dataset.name}-eps{config.privacy.epsilon:g}") as active:
         try:
             mlflow.log_params(_flat_params(config))
-            mlflow.set_tags({"privflow.run_id": run_id, "privflow.dataset": schema.dataset.name})
+            mlflow.set_tags(
+                {
+                    "privflow.run_id": run_id,
+                    "privflow.dataset": schema.dataset.name,
+                    "privflow.data_fingerprint": data_fingerprint,
+                    **({"privflow.ledger_notes": " | ".join(notes)} if notes else {}),
+                }
+            )
             mlflow.log_dict(plan.to_dict(), "privacy/plan.json")
             mlflow.log_metrics({f"plan.{s.name}.epsilon_alone": s.epsilon_alone for s in plan.stages})
             mlflow.log_metrics({f"plan.{s.name}.share": s.share for s in plan.stages})

@@ -36,7 +36,7 @@ class PrivacyConfig(_Section):
 class ModelConfig(_Section):
     """Which flow to train and its shape (models/)."""
 
-    name: Literal["dphflow", "maf"] = "maf"
+    name: Literal["dphflow", "maf"] = "dphflow"
     blocks: int = Field(4, ge=1, le=32)
     hidden: int = Field(64, ge=4, le=4096)
     spline_bins: int = Field(8, ge=2, le=64)
@@ -57,12 +57,17 @@ class TrainConfig(_Section):
     batch_size: int = Field(512, ge=1, description="expected Poisson batch size")
     epochs: float = Field(8.0, gt=0)
     max_grad_norm: float = Field(1.0, gt=0)
-    clipping: Literal["flat", "per_layer", "per_unit", "sparsify"] = "flat"
+    clipping: Literal["flat", "per_layer", "per_unit", "sparsify"] = "per_layer"
     sparsity: float = Field(0.5, ge=0, lt=1)
     checkpoint_every: int = Field(50, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
-    threads: int | None = Field(None, ge=1)
+    threads: int = Field(
+        1,
+        ge=1,
+        description="torch intra-op threads for CPU training; these layers are small, and on a shared "
+        "2-core CPU one thread measured 99 ms per step against 1432 ms with two",
+    )
 
 
 class SelectConfig(_Section):

@@ -8,15 +8,11 @@ Prefect; MLflow bundles `models/` and `privflow/` with it (code_paths).
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
-
-# predict takes a one-row frame of sampling options, not a batch of records: MLflow's
-# type-hint schema inference does not apply, and its advice to add hints is noise here.
-warnings.filterwarnings("ignore", message=".*type hint", category=UserWarning)
+import pandas as pd
 
 
 class FlowSampler(mlflow.pyfunc.PythonModel):
@@ -43,7 +39,7 @@ class FlowSampler(mlflow.pyfunc.PythonModel):
             flow.eval()
             self.flows.append(flow)
 
-    def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201 - MLflow reads hints as a schema
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         n = int(model_input["n"].iloc[0])
         seed = int(model_input["seed"].iloc[0]) if "seed" in model_input.columns else None
         return sample_rows(self.flows, self.codec, n, seed).to_pandas()

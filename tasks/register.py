@@ -96,6 +96,9 @@ def register_model(
     client = MlflowClient()
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
+    # The registered model carries the dataset's running total too (latest known figure).
+    if "dataset_epsilon_cumulative" in tags:
+        client.set_registered_model_tag(name, "dataset_epsilon_cumulative", tags["dataset_epsilon_cumulative"])
     if promotion == "always" or (promotion == "if_absent" and not _has_alias(client, name, alias)):
         client.set_registered_model_alias(name, alias, version)
         client.set_model_version_tag(name, version, "promoted", f"alias '{alias}' set ({promotion})")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import torch
 from prefect import task
@@ -48,7 +51,9 @@ def settings_for(cfg: TrainConfig, stage: StagePlan) -> TrainSettings:
 
 
 @task(name="train", **PRIVATE)
-def train_flow_model(model: torch.nn.Module, x: np.ndarray, settings: TrainSettings, show_progress: bool = True) -> TrainResult:
+def train_flow_model(
+    model: torch.nn.Module, x: np.ndarray, settings: TrainSettings, show_progress: bool = True
+) -> TrainResult:
     """Run exactly the planned number of DP steps; checkpoints every k steps."""
     data = torch.as_tensor(x, dtype=torch.float32)
     columns = [
@@ -66,3 +71,14 @@ def train_flow_model(model: torch.nn.Module, x: np.ndarray, settings: TrainSetti
             progress.update(bar, completed=step, loss=loss)
 
         return train(model, data, settings, on_step=on_step)
+
+
+@contextmanager
+def cpu_threads(threads: int) -> Iterator[None]:
+    """Run a block with `threads` torch intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
