@@ -176,42 +176,20 @@ def run_config(data: Any, cell: Cell, quick: bool) -> Any:
 
 
 def dpmog_plan(epsilon: float, delta: float, stats_share: float, iterations: int) -> Any:
-    """Plan for DP-MoG alone: the DP statistics get their share of epsilon standalone; DP-EM's
-    noise is then calibrated (bisection on log sigma) so that the PLD composition of both
-    lands within 1% under the target, as privacy/plan.py does for DP-SGD."""
-    from privacy.accountant import PLDAccountant, RDPAccountant
+    """Plan for DP-MoG alone: the DP statistics get their share of epsilon standalone and
+    DP-EM takes the rest, calibrated as privacy/plan.py calibrates DP-SGD in the pipeline."""
     from privacy.mechanisms import dp_mog, dp_stats
-    from privacy.plan import PrivacyPlan, StagePlan
-    from privflow.errors import PrivacyPlanError
+    from privacy.plan import Remainder, make_plan
 
-    pld, coarse = PLDAccountant(), PLDAccountant(1e-3)
-    stats_event = dp_stats.dp_stats_event(dp_stats.noise_for_epsilon(stats_share * epsilon, delta))
-    goal = epsilon * (1 - 0.005)
+    def stats_event(eps: float) -> Any:
+        return dp_stats.dp_stats_event(dp_stats.noise_for_epsilon(eps, delta))
 
-    def total(sigma: float, acc: Any) -> float:
-        return acc.epsilon([stats_event, dp_mog.dp_mog_event(sigma, iterations)], delta)
-
-    lo, hi = math.log(1e-2), math.log(1e4)
-    if total(math.exp(hi), coarse) > epsilon:
-        raise PrivacyPlanError(f"DP-EM cannot meet epsilon={epsilon} with {iterations} iterations.")
-    for _ in range(60):
-        if hi - lo < 1e-4:
-            break
-        mid = (lo + hi) / 2
-        if total(math.exp(mid), coarse) > goal:
-            lo = mid
-        else:
-            hi = mid
-    sigma = math.exp(hi)
-    while total(sigma, pld) > epsilon:
-        sigma *= 1.002
-    prior_event = dp_mog.dp_mog_event(sigma, iterations)
-    stages = (
-        StagePlan("dp_stats", stats_share, pld.epsilon([stats_event], delta), stats_event),
-        StagePlan("dp_prior", 1 - stats_share, pld.epsilon([prior_event], delta), prior_event),
+    return make_plan(
+        epsilon,
+        delta,
+        {"dp_stats": (stats_share, stats_event)},
+        Remainder("dp_prior", lambda sigma: dp_mog.dp_mog_event(sigma, iterations), sigma_range=(1e-2, 1e4)),
     )
-    events = [s.event for s in stages]
-    return PrivacyPlan(epsilon, delta, stages, pld.epsilon(events, delta), RDPAccountant().epsilon(events, delta))
 
 
 def exact_statistics(model: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -228,16 +206,10 @@ def exact_statistics(model: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return mean, std
 
 
-def fit_mog_prior(model: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray, k: int, iterations: int,
-                  noise_multiplier: float | None, seed: int) -> Any:
-    """DP-EM mixture (DP-NF App. B.2) on the standardised preprocessed features, installed as the
-    flow's base; `noise_multiplier` None runs the same EM iterations without noise (non-private).
-
-    EM runs on u = (preprocess(x) - mean) / std clipped to the public box [-4, 4] (the DP
-    statistics are public once released); the mixture is then carried back to the preprocess
-    space (means -> mean + std * means, stds -> std * stds) because ``set_prior`` takes it in
-    that space and applies the first ActNorm itself. Returns the mixture in u-space.
-    """
+def exact_mog_prior(model: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray, k: int, iterations: int,
+                    seed: int) -> Any:
+    """Non-private run only: the EM of tasks/dp_prior.py without noise, on the same clipped,
+    standardised features, carried back to the preprocessed space for ``set_prior``."""
     import torch
 
     from privacy.mechanisms import dp_mog
@@ -245,19 +217,13 @@ def fit_mog_prior(model: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray, 
 
     with torch.no_grad():
         z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
-    u = (z - mean) / std
-    if noise_multiplier is None:
-        c = np.clip(u, -PRIOR_CLIP, PRIOR_CLIP)
-        params = dp_mog.init_mog(k, c.shape[1], PRIOR_CLIP, np.random.default_rng(seed))
-        for _ in range(iterations):
-            params = dp_mog.m_step(dp_mog.em_statistics(c, params, PRIOR_CLIP), params, PRIOR_CLIP, 1.0,
-                                   5e-2 * PRIOR_CLIP, 1e-2 / k)
-    else:  # the mechanism: fresh OS entropy for its noise, never the run's seed
-        params = dp_mog.dp_em_mog(u, k, iterations, PRIOR_CLIP, noise_multiplier, np.random.default_rng())
-    weights = torch.as_tensor(params.weights, dtype=torch.float32)
-    means = torch.as_tensor(mean + std * params.means, dtype=torch.float32)
-    stds = torch.as_tensor(std * params.stds, dtype=torch.float32)
-    model.set_prior(weights, means, stds, space="preprocessed")
+    c = np.clip((z - mean) / std, -PRIOR_CLIP, PRIOR_CLIP)
+    params = dp_mog.init_mog(k, c.shape[1], PRIOR_CLIP, np.random.default_rng(seed))
+    for _ in range(iterations):
+        params = dp_mog.m_step(dp_mog.em_statistics(c, params, PRIOR_CLIP), params, PRIOR_CLIP, 1.0,
+                               5e-2 * PRIOR_CLIP, 1e-2 / k)
+    as_tensor = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
+    model.set_prior(as_tensor(params.weights), as_tensor(mean + std * params.means), as_tensor(std * params.stds))
     return params
 
 
@@ -268,6 +234,7 @@ def fit_model(data: Any, cell: Cell, cfg: Any, x_train: np.ndarray, x_val: np.nd
 
     from models import build_flow
     from privacy.dp_sgd import TrainSettings, train
+    from tasks.dp_prior import dp_prior
     from tasks.dp_stats import dp_statistics
     from tasks.plan import plan_privacy, sgd_shape
     from tasks.select import loglik_matrix, per_pick_epsilon, select_checkpoints
@@ -288,13 +255,12 @@ def fit_model(data: Any, cell: Cell, cfg: Any, x_train: np.ndarray, x_val: np.nd
         if private:
             plan = dpmog_plan(cell.epsilon, DELTA, cfg.privacy.stats_share, iters)
             mean, std = dp_statistics.fn(model, x_train, plan.stage("dp_stats"))
-            sigma = plan.stage("dp_prior").event.event.noise_multiplier
-            fit_mog_prior(model, x_train, mean, std, k, iters, sigma, cell.seed)
+            dp_prior.fn(model, x_train, mean, std, plan.stage("dp_prior"), k)
             spent = plan.events
-            facts["dp_em_noise_multiplier"] = sigma
+            facts["dp_em_noise_multiplier"] = plan.stage("dp_prior").event.event.noise_multiplier
         else:
             mean, std = exact_statistics(model, x_train)
-            fit_mog_prior(model, x_train, mean, std, k, iters, None, cell.seed)
+            exact_mog_prior(model, x_train, mean, std, k, iters, cell.seed)
         return model.eval(), spent, facts
 
     if private:
@@ -302,15 +268,13 @@ def fit_model(data: Any, cell: Cell, cfg: Any, x_train: np.ndarray, x_val: np.nd
         mean, std = dp_statistics.fn(model, x_train, plan.stage("dp_stats"))
         spent.append(plan.stage("dp_stats").event)
         if plan.has("dp_prior"):
-            prior = plan.stage("dp_prior")
-            fit_mog_prior(model, x_train, mean, std, cfg.model.mog_components, cfg.model.mog_iterations,
-                          prior.event.event.noise_multiplier, cell.seed)
-            spent.append(prior.event)
+            dp_prior.fn(model, x_train, mean, std, plan.stage("dp_prior"), cfg.model.mog_components)
+            spent.append(plan.stage("dp_prior").event)
         settings = settings_for(cfg.train, plan.stage("train"))
     else:
         mean, std = exact_statistics(model, x_train)
         if cfg.model.prior == "mog":
-            fit_mog_prior(model, x_train, mean, std, cfg.model.mog_components, cfg.model.mog_iterations, None, cell.seed)
+            exact_mog_prior(model, x_train, mean, std, cfg.model.mog_components, cfg.model.mog_iterations, cell.seed)
         shape = sgd_shape(cfg, data.schema)
         t = cfg.train
         settings = TrainSettings(
@@ -609,11 +573,11 @@ def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: 
         "- **Models.** `dphflow`: DP-HFlow (Lee et al. 2022). `maf`: DP-NF's masked autoregressive flow "
         "(Waites & Cummings 2021). `dpmog`: DP-NF's baseline, a DP-EM mixture of Gaussians alone, fitted in the "
         "flow's preprocessed space (bound scaling, logit, DP standardisation) and scored with the exact change of "
-        "variables (`flows.benchmark.fit_mog_prior`). `non-private`: the same model, data split, steps and checkpoint rule without clipping or noise. "
+        "variables (`tasks/dp_prior.py`; `flows.benchmark.exact_mog_prior` without noise). `non-private`: the same model, data split, steps and checkpoint rule without clipping or noise. "
         "`real-data`: the nine classifiers trained on the real training table (the utility ceiling). DP-MoG components: "
         + ", ".join(f"{k} {v}" for k, v in MOG_COMPONENTS.items()) + "; 10 EM iterations (the config default).",
         "- **Budget rules.** All models of a dataset share one configuration; the private and non-private runs differ "
-        "only in noise and clipping. The plan splits epsilon as `privflow/config.py` declares (DP statistics 3%, "
+        "only in noise and clipping. The plan splits epsilon as `privflow/config.py` declares (DP statistics 5%, "
         "selection 3% standalone, DP-SGD calibrated so the PLD composition lands within 1% under the target). "
         "Training row counts used by the planner are the public split sizes. No hyper-parameter was chosen on a test set.",
         "- **Utility** (tables): the nine classifiers of the DP-HFlow protocol trained on a synthetic table of the "

@@ -94,7 +94,9 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
     tracking(store)
     experiment_for(schema.dataset.name, store)
     model_name = config.model_name or f"privflow-{schema.dataset.name}"
-    run_id = str(flow_run.id or uuid.uuid4())
+    # One ledger entry per attempt: a retried flow run that reruns the mechanisms spends
+    # again and is counted again; an attempt that read nothing releases its reservation.
+    run_id = f"{flow_run.id or uuid.uuid4()}-attempt{flow_run.run_count or 1}"
 
     # 1. Plan and reserve: public inputs only, before any row is read.
     plan = plan_privacy(config, schema)

@@ -1,9 +1,10 @@
 """The privacy plan: split a run's total (epsilon, delta) over its stages and calibrate noise.
 
 The small stages (DP statistics, DP prior, checkpoint selection) each get their declared
-share of epsilon as their *standalone* guarantee at the run's delta; DP-SGD takes the
-rest: its noise multiplier is found by bisection so that the tight PLD composition of
-every stage lands at most 1% under the target. Summing the stages' standalone epsilons
+share of epsilon as their *standalone* guarantee at the run's delta; one stage, DP-SGD in
+the pipeline (DP-EM when a DP mixture is the whole model), takes the rest: its noise
+multiplier is found by bisection so that the tight PLD composition of every stage lands
+at most 1% under the target. Summing the stages' standalone epsilons
 would overstate the cost; composing them is what makes the split meet the target.
 The plan is made and recorded before any private value is read.
 """
@@ -18,9 +19,6 @@ from privacy.accountant import PLDAccountant, RDPAccountant
 from privacy.events import Event, PoissonGaussianEvent, event_to_dict
 from privflow.errors import PrivacyPlanError
 
-# Search bounds for the DP-SGD noise multiplier: below 0.3 the per-step cost explodes,
-# above 1e3 the run learns nothing.
-_SIGMA_LOW, _SIGMA_HIGH = 0.3, 1e3
 _COARSE = 1e-3  # PLD discretisation while searching; the final figure uses the fine default
 
 
@@ -82,18 +80,40 @@ class SGDShape:
     sample_rate: float
     steps: int
 
+    def __post_init__(self) -> None:
+        if not 0 < self.sample_rate <= 1 or self.steps < 1:
+            raise PrivacyPlanError(f"DP-SGD needs a sample rate in (0, 1] and at least one step, got {self}.")
+
+    def event(self, noise_multiplier: float) -> PoissonGaussianEvent:
+        return PoissonGaussianEvent(self.sample_rate, noise_multiplier, self.steps)
+
+
+@dataclass(frozen=True)
+class Remainder:
+    """The stage that takes what the small stages leave: its name, its event as a function
+    of its noise multiplier (epsilon must fall as it grows) and the range searched.
+
+    For DP-SGD the range starts at 0.3: below it the subsampled PLD of hundreds of steps
+    needs gigabytes, and no useful run lives there.
+    """
+
+    name: str
+    event: Callable[[float], Event]
+    sigma_range: tuple[float, float] = (0.3, 1e3)
+
 
 def make_plan(
     epsilon: float,
     delta: float,
     small_stages: Mapping[str, tuple[float, Callable[[float], Event]]],
-    sgd: SGDShape | None,
+    remainder: SGDShape | Remainder | None,
     tolerance: float = 0.01,
 ) -> PrivacyPlan:
     """Calibrate every stage so the composed (PLD) epsilon is within `tolerance` under `epsilon`.
 
     `small_stages` maps a stage name to (share of epsilon, function from that stage's
-    standalone epsilon to its event). Raises PrivacyPlanError, before any data is read,
+    standalone epsilon to its event); `remainder` (DP-SGD's shape, named "train", or any
+    `Remainder`) takes the rest. Raises PrivacyPlanError, before any data is read,
     when the target cannot be met.
     """
     if not (math.isfinite(epsilon) and epsilon > 0):
@@ -120,9 +140,11 @@ def make_plan(
             f"The stages other than training already cost epsilon={fixed_eps:.4f} of the target {epsilon}; "
             "lower their shares."
         )
-    if sgd is not None:
-        event = _calibrate_sgd(epsilon, delta, fixed, sgd, tolerance)
-        stages.append(StagePlan("train", 1 - total_share, pld.epsilon([event], delta), event))
+    if isinstance(remainder, SGDShape):
+        remainder = Remainder("train", remainder.event)
+    if remainder is not None:
+        event = _calibrate(epsilon, delta, fixed, remainder, tolerance)
+        stages.append(StagePlan(remainder.name, 1 - total_share, pld.epsilon([event], delta), event))
     total = pld.epsilon([s.event for s in stages], delta)
     if total > epsilon:
         raise PrivacyPlanError(f"Calibration failed: the composed epsilon {total:.4f} exceeds the target {epsilon}.")
@@ -130,25 +152,22 @@ def make_plan(
     return PrivacyPlan(epsilon, delta, tuple(stages), total, rdp)
 
 
-def _calibrate_sgd(
-    epsilon: float, delta: float, fixed: list[Event], sgd: SGDShape, tolerance: float
-) -> PoissonGaussianEvent:
+def _calibrate(epsilon: float, delta: float, fixed: list[Event], remainder: Remainder, tolerance: float) -> Event:
     """Bisection on log(sigma): smallest noise whose composition with `fixed` meets the target."""
-    if not 0 < sgd.sample_rate <= 1 or sgd.steps < 1:
-        raise PrivacyPlanError(f"DP-SGD needs a sample rate in (0, 1] and at least one step, got {sgd}.")
     coarse, fine = PLDAccountant(_COARSE), PLDAccountant()
 
     def eps_at(sigma: float, acc: PLDAccountant) -> float:
-        return acc.epsilon([*fixed, PoissonGaussianEvent(sgd.sample_rate, sigma, sgd.steps)], delta)
+        return acc.epsilon([*fixed, remainder.event(sigma)], delta)
 
-    if eps_at(_SIGMA_HIGH, coarse) > epsilon:
+    sigma_low, sigma_high = remainder.sigma_range
+    if eps_at(sigma_high, coarse) > epsilon:
         raise PrivacyPlanError(
-            f"No noise level up to {_SIGMA_HIGH:g} meets epsilon={epsilon} with {sgd.steps} steps at sample rate "
-            f"{sgd.sample_rate:.4g}; train for fewer steps or raise epsilon."
+            f"No noise level up to {sigma_high:g} lets stage '{remainder.name}' ({remainder.event(1.0)}) meet "
+            f"epsilon={epsilon}; shorten it (fewer steps or iterations) or raise epsilon."
         )
     goal = epsilon * (1 - tolerance / 2)
-    lo, hi = math.log(_SIGMA_LOW), math.log(_SIGMA_HIGH)
-    if eps_at(_SIGMA_LOW, coarse) <= goal:
+    lo, hi = math.log(sigma_low), math.log(sigma_high)
+    if eps_at(sigma_low, coarse) <= goal:
         hi = lo
     for _ in range(40):
         if hi - lo < 1e-4:
@@ -162,4 +181,4 @@ def _calibrate_sgd(
     # The fine discretisation gives the reported figure; nudge sigma up until it is under target.
     while eps_at(sigma, fine) > epsilon:
         sigma *= 1.002
-    return PoissonGaussianEvent(sgd.sample_rate, sigma, sgd.steps)
+    return remainder.event(sigma)

@@ -28,7 +28,7 @@ class PrivacyConfig(_Section):
 
     epsilon: float = Field(1.0, gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
-    stats_share: float = Field(0.03, ge=0, lt=1)
+    stats_share: float = Field(0.05, ge=0, lt=1)
     prior_share: float = Field(0.05, ge=0, lt=1)
     select_share: float = Field(0.03, ge=0, lt=1)
 

@@ -20,7 +20,8 @@ PRIOR_CLIP = 4.0
 def dp_prior(
     model: torch.nn.Module, x: np.ndarray, mean: np.ndarray, std: np.ndarray, stage: StagePlan, components: int
 ) -> dp_mog.MoGParams:
-    """Fit the prior on the actnorm-standardised features and install it as the flow's base."""
+    """Fit the prior on the DP-standardised features and install it as the flow's base;
+    returns the mixture in the preprocessed space."""
     event = stage.event
     assert isinstance(event, RepeatedEvent) and isinstance(event.event, GaussianEvent), event
     with torch.no_grad():
@@ -29,5 +30,8 @@ def dp_prior(
     params = dp_mog.dp_em_mog(
         z, components, event.count, PRIOR_CLIP, event.event.noise_multiplier, np.random.default_rng()
     )
-    model.set_prior(*(torch.as_tensor(a, dtype=torch.float32) for a in (params.weights, params.means, params.stds)))
-    return params
+    # Back to the preprocessed space (post-processing with the released DP statistics);
+    # set_prior carries it through the first actnorm into the base space.
+    means, stds = params.means * std + mean, params.stds * std
+    model.set_prior(*(torch.as_tensor(a, dtype=torch.float32) for a in (params.weights, means, stds)))
+    return dp_mog.MoGParams(params.weights, means, stds)

@@ -13,6 +13,11 @@ from tasks._options import PRIVATE
 # Public clip for the features the first actnorm sees: the logit map sends [0, 1] into
 # roughly [-7, 7], so clipping there bounds each row's contribution without touching most.
 STATS_CLIP = 7.0
+# Public floor on the released std. The variance is a difference of two noisy moments, so at a
+# small budget it can come out near zero; an actnorm that then scales its inputs by 1/0.07
+# makes DP-SGD diverge (seen on Adult and pinwheel). Logit-space features spread at least this
+# much, so flooring here is post-processing that only removes the harmful tail.
+STATS_STD_FLOOR = 0.5
 
 
 @task(name="dp_stats", **PRIVATE)
@@ -20,6 +25,8 @@ def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tu
     """Release the clipped mean/std with the planned Gaussian noise and set the actnorm from them."""
     with torch.no_grad():
         z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
-    mean, std = dp_stats.dp_mean_std(z, STATS_CLIP, stage.event.noise_multiplier, np.random.default_rng())
+    mean, std = dp_stats.dp_mean_std(
+        z, STATS_CLIP, stage.event.noise_multiplier, np.random.default_rng(), std_floor=STATS_STD_FLOOR
+    )
     model.init_actnorm(torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
     return mean, std

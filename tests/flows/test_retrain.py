@@ -113,9 +113,13 @@ TINY = {
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory):
     """A store with an SQLite MLflow registry and a small Adult slice under its own dataset name."""
+    from tasks.register import experiment_for, tracking
+
     tmp = tmp_path_factory.mktemp("promote")
     store = tmp / "store"
-    schema_path = _schema(tmp, "adult-promote", 5.0, 600)
+    tracking(store)  # the tests' MlflowClient() objects talk to this store
+    experiment_for("adult-promote", store)
+    schema_path = _schema(tmp, "adult-promote", 20.0, 600)
     data = _slice(DEMO / "adult_train.csv", tmp / "new.csv", 0, 600)
     return {"tmp": tmp, "store": store, "schema": schema_path, "data": data}
 
@@ -251,11 +255,21 @@ def test_comparison_refused_by_the_budget_reads_nothing(registry: dict, monkeypa
         raise AssertionError("rows were read although the ledger refused")
 
     monkeypatch.setattr("privflow.io.read_table", no_read)
+    from privflow.schema import Schema
+
+    dataset = Schema.from_yaml(registry["schema"]).dataset
+    ledger.ensure_dataset(dataset.name, dataset.budget.epsilon, dataset.budget.delta)
+    ledger.set_budget(dataset.name, ledger.spent(dataset.name)[0] + 0.01, dataset.budget.delta)  # almost spent
     before = len(ledger.runs())
-    d = promote.promote_if_better.fn(name, b, _config(registry), PromotionSettings(epsilon=1e4), str(ledger.path), "broke:promote")
+    try:
+        d = promote.promote_if_better.fn(name, b, _config(registry), PromotionSettings(epsilon=1.0), str(ledger.path),
+                                         "broke:promote")
+    finally:
+        ledger.set_budget(dataset.name, dataset.budget.epsilon, dataset.budget.delta)
     assert not d.promoted and "refused" in d.reason and d.epsilon == 0.0
     assert len(ledger.runs()) == before
     assert str(client.get_model_version_by_alias(name, "champion").version) == a
+    assert client.get_model_version(name, b).tags["privflow.promotion.promoted"] == "no"
 
 
 @pytest.mark.slow
@@ -292,8 +306,14 @@ def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, m
     decision = run_promotion()
     assert calls["n"] == 2 and decision.ledger_run_id == "retry:promote#attempt2"
     runs = {r.run_id: r for r in ledger.runs()}
-    assert runs["retry:promote"].status == "failed" and list(runs["retry:promote"].events) == [LaplaceEvent(1.0)]
-    assert runs["retry:promote#attempt2"].status == "settled"
+    for key in ("retry:promote", "retry:promote#attempt2"):  # both releases happened, both are counted
+        assert runs[key].status == "settled" and list(runs[key].events) == [LaplaceEvent(1.0)]
+    from privacy.ledger import compose_epsilon
+
+    dataset = runs["retry:promote"].dataset
+    everything = [e for r in ledger.runs(dataset) for e in r.events]
+    assert ledger.spent(dataset)[0] == pytest.approx(compose_epsilon(everything, 1e-5))
+    assert ledger.spent(dataset)[0] > compose_epsilon([LaplaceEvent(1.0)], 1e-5)
 
 
 # -- the retraining flow end to end (SQLite registry, temporary Prefect server) ----------------
@@ -357,3 +377,68 @@ def test_new_file_with_wrong_columns_fails_before_anything_is_spent(tmp_path: Pa
     state = retrain_on_new_data(str(bad), str(schema_path), None, str(tmp_path / "store"), return_state=True)
     assert state.is_failed()
     assert not (tmp_path / "store" / "ledger.db").exists() or not Ledger(tmp_path / "store" / "ledger.db").runs()
+
+
+# -- retries of the training flow vs the ledger ------------------------------------------------
+
+
+def _flaky(monkeypatch: pytest.MonkeyPatch, module: object, attr: str, exc: Exception) -> dict:
+    """Make module.attr raise `exc` on its first call only."""
+    real = getattr(module, attr)
+    calls = {"n": 0}
+
+    def wrapper(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise exc
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, attr, wrapper)
+    return calls
+
+
+def _train_config(tmp: Path, name: str) -> "RunConfig":  # noqa: F821
+    from privflow.config import RunConfig
+
+    schema = _schema(tmp, name, 5.0, 600)
+    data = _slice(DEMO / "adult_train.csv", tmp / "rows.csv", 2000, 600)
+    return RunConfig.build(data=data, schema_path=schema, store=tmp / "store", **TINY)
+
+
+@pytest.mark.slow
+def test_retried_flow_run_that_failed_before_any_mechanism_counts_once(
+    tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same flow run id, second attempt: the reservation is not counted twice."""
+    import flows.train as train
+
+    config = _train_config(tmp_path, "adult-retry-early")
+    calls = _flaky(monkeypatch, train, "validate_data", ConnectionError("data share unreachable"))
+    summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)
+    assert calls["n"] == 2
+    ledger = Ledger(config.store / "ledger.db")
+    runs = ledger.runs("adult-retry-early")
+    counted = [r for r in runs if r.status != "released"]  # attempt 1 read nothing and released
+    assert [(r.run_id, r.status) for r in counted] == [(summary.run_id, "settled")]
+    assert len(runs) <= 2
+    assert ledger.spent("adult-retry-early")[0] == pytest.approx(counted[0].epsilon)
+    assert summary.dataset_epsilon == pytest.approx(counted[0].epsilon)
+
+
+@pytest.mark.slow
+def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
+    tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry reruns DP statistics, DP-SGD and selection with fresh noise: a second access."""
+    import flows.train as train
+
+    config = _train_config(tmp_path, "adult-retry-late")
+    calls = _flaky(monkeypatch, train, "evaluate_run", RuntimeError("diagnostics crashed"))
+    summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)
+    assert calls["n"] == 2
+    ledger = Ledger(config.store / "ledger.db")
+    runs = ledger.runs("adult-retry-late")
+    assert len(runs) == 2 and runs[-1].run_id == summary.run_id and runs[-1].status == "settled"
+    assert runs[0].status in {"settled", "failed"}  # spent before diagnostics crashed: stays counted
+    assert runs[0].events == runs[1].events
+    assert ledger.spent("adult-retry-late")[0] > summary.epsilon * 1.2

@@ -169,7 +169,7 @@ def test_build_flow_accepts_model_config_and_rejects_unknown():
     cfg = ModelConfig(name="dphflow", linear="lowrank", prior="mog").model_dump()
     m = build_flow(cardinalities=CARDS, **cfg)
     assert isinstance(m, models.DPHFlow) and m.config["linear"] == "lowrank"
-    assert isinstance(build_flow(cardinalities=CARDS, **ModelConfig().model_dump()), models.MAF)
+    assert isinstance(build_flow(cardinalities=CARDS, **ModelConfig().model_dump()), models.DPHFlow)  # the default
     with pytest.raises(TypeError):
         build_flow("maf", CARDS, hiden=3)
     with pytest.raises(ValueError):

@@ -1,0 +1,186 @@
+"""The operations wiring without real servers: the watcher's state and events, the deployment
+declarations, the trigger on a temporary Prefect server, and the infra files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+import flows.watch as watch
+
+ROOT = Path(__file__).resolve().parents[2]
+INFRA = ROOT / "infra"
+
+
+@pytest.fixture
+def emitted(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Capture emit_event calls instead of sending them (no server)."""
+    import prefect.events
+    from prefect.events.worker import EventsWorker
+
+    sent: list[dict] = []
+
+    def fake_emit(**kwargs):
+        sent.append(kwargs)
+        return object()
+
+    monkeypatch.setattr(prefect.events, "emit_event", fake_emit)
+    monkeypatch.setattr(watch, "_api_ready", lambda: None)
+    monkeypatch.setattr(EventsWorker, "drain_all", classmethod(lambda cls, timeout=None, at_exit=True: None))
+    return sent
+
+
+def test_watcher_announces_each_file_once(tmp_path: Path, emitted: list[dict]) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.csv").write_text("x\n1\n")
+    (folder / "b.parquet").write_bytes(b"PAR1 not really")
+    (folder / "c.csv.part").write_text("x\n1\n")  # still being copied
+    (folder / ".hidden.csv").write_text("x\n1\n")
+    (folder / "notes.txt").write_text("hello")
+    (folder / "empty.csv").write_text("")
+    fresh = folder / "fresh.csv"
+    fresh.write_text("x\n2\n")
+    old = time.time() - 60
+    for p in folder.iterdir():
+        if p != fresh:
+            os.utime(p, (old, old))
+
+    first = watch.scan_once(folder, settle=30)
+    assert sorted(a.path.name for a in first) == ["a.csv", "b.parquet"]
+    ev = {e["resource"]["prefect.resource.name"]: e for e in emitted}
+    a = ev["a.csv"]
+    assert a["event"] == "privflow.data.arrived"
+    assert a["resource"]["prefect.resource.id"] == str((folder / "a.csv").resolve())
+    assert a["resource"]["privflow.folder"] == str(folder.resolve())
+    assert a["id"] == watch.event_id((folder / "a.csv").resolve(), a["payload"]["sha256"])
+
+    assert watch.scan_once(folder, settle=30) == []  # nothing new: nothing emitted
+    assert len(emitted) == 2
+    os.utime(fresh, (old, old))
+    assert [x.path.name for x in watch.scan_once(folder, settle=30)] == ["fresh.csv"]
+
+    (folder / "a.csv").write_text("x\n1\n3\n")  # new content under the same name: new data
+    os.utime(folder / "a.csv", (old, old))
+    again = watch.scan_once(folder, settle=30)
+    assert [x.path.name for x in again] == ["a.csv"] and again[0].event_id != a["id"]
+    state = json.loads((folder / ".privflow-watch.json").read_text())["emitted"]
+    assert set(state) == {str((folder / n).resolve()) for n in ("a.csv", "b.parquet", "fresh.csv")}
+
+
+def test_watcher_records_nothing_when_the_api_is_down(tmp_path: Path, emitted: list[dict],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.csv").write_text("x\n1\n")
+
+    def down() -> None:
+        raise ConnectionError("no API")
+
+    monkeypatch.setattr(watch, "_api_ready", down)
+    with pytest.raises(ConnectionError):
+        watch.scan_once(tmp_path, settle=0)
+    assert emitted == [] and watch.load_state(watch.default_state(tmp_path)) == {}
+    monkeypatch.setattr(watch, "_api_ready", lambda: None)
+    assert len(watch.scan_once(tmp_path, settle=0)) == 1
+
+
+def test_event_id_is_deterministic_per_path_and_content() -> None:
+    p = Path("/data/x.csv")
+    assert watch.event_id(p, "ab") == watch.event_id(p, "ab")
+    assert len({watch.event_id(p, "ab"), watch.event_id(p, "ac"), watch.event_id(Path("/data/y.csv"), "ab")}) == 3
+    assert isinstance(watch.event_id(p, "ab"), uuid.UUID)
+
+
+def _site(tmp_path: Path):
+    from infra.deployments import Site
+
+    return Site.from_env(schema=ROOT / "privflow" / "demo" / "adult.yaml", watch_folder=tmp_path / "in",
+                         store=tmp_path / "store", train_data=ROOT / "privflow" / "demo" / "adult_train.csv",
+                         cron="15 2 * * 1")
+
+
+def test_deployments_are_declared_once_with_schedule_and_trigger(tmp_path: Path) -> None:
+    from infra.deployments import EVENT, FOLDER_LABEL, deployments
+
+    assert EVENT == watch.EVENT and FOLDER_LABEL == watch.FOLDER_LABEL
+    site = _site(tmp_path)
+    train, retrain = deployments(site)
+    assert (train.flow_name, train.name, train.entrypoint) == ("privflow-train", "scheduled", "flows.train.train_pipeline")
+    assert train.schedules[0].schedule.cron == "15 2 * * 1"
+    assert train.parameters["config"]["data"] == str(site.train_data) and train.parameters["show_progress"] is False
+    assert retrain.entrypoint == "flows.retrain.retrain_on_new_data" and not retrain.schedules
+    (trigger,) = retrain.triggers
+    assert trigger.expect == {"privflow.data.arrived"}
+    assert trigger.match.root == {"privflow.folder": str(site.watch_folder)}
+    assert trigger.parameters == {"data_path": "{{ event.resource.id }}"}
+    assert retrain.parameters["schema_path"] == str(site.schema) and retrain.parameters["store"] == str(site.store)
+
+
+@pytest.mark.slow
+def test_event_from_the_watcher_starts_the_retraining_deployment(tmp_path: Path, prefect_server) -> None:
+    """On the temporary Prefect server: apply the deployments, emit for a file, see the flow run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from infra.deployments import deployments
+
+    site = _site(tmp_path)
+    site.watch_folder.mkdir()
+    ids = {dep.name: dep.apply() for dep in deployments(site)}
+    new = site.watch_folder / "rows.csv"
+    new.write_text("age\n1\n")
+    (arrival,) = watch.scan_once(site.watch_folder, settle=0)
+    with get_client(sync_client=True) as client:
+        deadline = time.monotonic() + 60
+        runs = []
+        while time.monotonic() < deadline and not runs:
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[ids["on-new-data"]]))
+            )
+            time.sleep(0.5)
+    assert len(runs) == 1
+    assert runs[0].parameters["data_path"] == str(arrival.path)
+    assert runs[0].parameters["schema_path"] == str(site.schema)  # deployment defaults merged in
+
+
+def test_compose_file_declares_the_stack() -> None:
+    compose = yaml.safe_load((INFRA / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"postgres", "mlflow", "prefect-server", "worker", "watcher", "deploy"} <= set(services)
+    mlflow_cmd = " ".join(services["mlflow"]["command"])
+    assert "--backend-store-uri postgresql+psycopg2://" in mlflow_cmd and "--artifacts-destination /mlartifacts" in mlflow_cmd
+    assert any(v.startswith("mlartifacts:") for v in services["mlflow"]["volumes"])
+    assert services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"].startswith(
+        "postgresql+asyncpg://")
+    assert services["worker"]["command"][:3] == ["prefect", "worker", "start"] and "process" in services["worker"]["command"]
+    assert services["worker"]["environment"]["PREFECT_API_URL"] == "http://prefect-server:4200/api"
+    init = (INFRA / "postgres" / "init.sql").read_text()
+    assert "CREATE DATABASE mlflow" in init and "CREATE DATABASE prefect" in init
+    for name, svc in services.items():
+        if "build" in svc:  # paths relative to the compose file's folder, then to the context
+            context = (INFRA / svc["build"]["context"]).resolve()
+            assert context == ROOT and (context / svc["build"]["dockerfile"]).exists(), name
+
+
+def test_dockerfile_installs_cpu_torch_before_the_package() -> None:
+    text = (INFRA / "Dockerfile").read_text()
+    torch_at = text.index('pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"')
+    assert "whl/cpu" in text and torch_at < text.index("pip install .")
+
+
+def test_gpu_work_pool_template_requests_gpus_and_declares_its_variables() -> None:
+    template = json.loads((INFRA / "k8s" / "gpu-base-job-template.json").read_text())
+    manifest = template["job_configuration"]["job_manifest"]
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpu_count }}"
+    assert container["name"] == "prefect-job" and manifest["kind"] == "Job"
+    used = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", json.dumps(template["job_configuration"])))
+    declared = set(template["variables"]["properties"])
+    assert used <= declared, used - declared
+    assert template["variables"]["properties"]["gpu_count"]["default"] >= 1
