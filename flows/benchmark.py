@@ -584,12 +584,11 @@ def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: 
         "training split's size and tested on the real test table; mean over the nine. **Kendall tau** RMSE/MAE: "
         "upper triangle of the numeric columns' tau matrices, synthetic vs real training table.",
         "- **Test NLL.** Tables: nats per row in privflow's encoded space (numerics scaled by the public bounds to "
-        "[0, 1], categoricals uniformly dequantized; a bound for categoricals). 2-D densities: nats per point in "
+        "[0, 1], integer columns dequantized over their unit cells and categoricals uniformly dequantized, so it is "
+        "a bound on a proper density). 2-D densities: nats per point in "
         "DP-NF's convention, standardised coordinates s = (x - m) / sd with m, sd the population mean and std of the "
         "generator (from 10^6 reference draws with their own seed): NLL_std = NLL_encoded + sum_j log((hi_j - lo_j) / sd_j) "
-        "(`benchmarks/datasets.py: std_nll_offset`). Lower is better. Compare NLL within a dataset only: on the tables "
-        "it is dominated by point masses of numeric columns (e.g. capital-gain = 0), whose density a continuous model "
-        "can make arbitrarily high, and by outlying test rows the model assigns little density to.",
+        "(`benchmarks/datasets.py: std_nll_offset`). Lower is better. Compare NLL within a dataset only.",
         "- All diagnostics here are computed on real rows: **not differentially private**, for evaluation only.",
         "",
     ]
