@@ -10,11 +10,18 @@ from privflow.codec import Codec
 from tasks._options import PRIVATE
 
 
+def selection_coins(df: pl.DataFrame, validation_fraction: float, seed: int) -> np.ndarray:
+    """True for the rows of the selection split: each row's coin is a salted hash of the row
+    itself, so adding or removing one row changes one split by that row and nothing else
+    (a coin per position would shift every later row). Uses no statistic of the data."""
+    h = df.hash_rows(seed=seed).to_numpy()
+    return (h >> np.uint64(11)).astype(np.float64) / float(2**53) < validation_fraction
+
+
 @task(name="encode", **PRIVATE)
 def encode_rows(df: pl.DataFrame, codec: Codec, validation_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Encode every row, then assign each row to the selection split independently with a
-    public probability (a per-row coin, so the split itself uses no statistic of the data).
-    Integer columns are dequantized with fresh uniform offsets (data-independent)."""
+    """Encode every row and split off the selection rows (`selection_coins`). Integer columns
+    are dequantized with fresh uniform offsets (data-independent)."""
     x = codec.encode(df, np.random.default_rng())
-    coin = np.random.default_rng([seed, 0x5E1EC7]).random(len(x)) < validation_fraction
+    coin = selection_coins(df, validation_fraction, seed)
     return x[~coin], x[coin]

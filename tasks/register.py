@@ -38,7 +38,10 @@ def experiment_for(dataset: str, store: Path) -> str:
     client = MlflowClient()
     exp = client.get_experiment_by_name(name)
     if exp is None:
-        client.create_experiment(name, artifact_location=(store.resolve() / "artifacts").as_uri())
+        # Against a tracking server, artifacts go through its --artifacts-destination.
+        remote = mlflow.get_tracking_uri().startswith(("http://", "https://"))
+        location = None if remote else (store.resolve() / "artifacts").as_uri()
+        client.create_experiment(name, artifact_location=location)
     mlflow.set_experiment(name)
     return name
 

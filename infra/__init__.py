@@ -1,0 +1,1 @@
+"""Deployment declarations and operator files (not installed with the package; run from the repo root)."""

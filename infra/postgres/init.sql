@@ -1,0 +1,3 @@
+-- One PostgreSQL for both servers: MLflow's tracking/registry store and Prefect's database.
+CREATE DATABASE mlflow;
+CREATE DATABASE prefect;
