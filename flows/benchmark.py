@@ -548,6 +548,27 @@ def summarise(records: list[dict[str, Any]]) -> dict[tuple[str, str, float | Non
     return out
 
 
+def utility_figures(dataset: str, summary: dict, folder: Path) -> list[str]:
+    """Utility against epsilon (DP-HFlow Fig. 5) for each model with private cells, as PNGs
+    beside the results file; returns the Markdown lines that show them."""
+    from tasks.evaluation.figures import utility_vs_epsilon_figure
+
+    lines = []
+    real = summary.get((dataset, REAL, None), {})
+    for model in MODELS:
+        points = [
+            (e, *summary[(dataset, model, e)]["auroc"][:2])
+            for (d, m, e) in summary
+            if d == dataset and m == model and e is not None and "auroc" in summary[(dataset, model, e)]
+        ]
+        if not points:
+            continue
+        path = folder / f"utility_vs_epsilon_{dataset}_{model}.png"
+        utility_vs_epsilon_figure(points, path, "AUROC", real.get("auroc", (None,))[0])
+        lines += [f"![{model} AUROC against epsilon on {dataset}]({path.name})", ""]
+    return lines
+
+
 def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: float, runner: str, quick: bool) -> Path:
     """Markdown: provenance, per-dataset tables (mean ± std over seeds), papers' figures, targets,
     failures, and every cell's raw numbers."""
@@ -613,6 +634,8 @@ def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: 
                 cells.append(_fmt(mean, std, n, digits))
             lines.append(f"| {m} | {_eps_label(e) if m != REAL else '—'} | " + " | ".join(cells) + " |")
         lines.append("")
+        if kind == "tabular":
+            lines += utility_figures(d, summary, out.parent)
         for note in PAPER_NOTE.get(d, []):
             lines.append(f"- Papers' figures: {note}")
         lines.append("")
