@@ -103,7 +103,8 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
     ledger = Ledger(store / "ledger.db")
     budget = schema.dataset.budget
     notes = ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
-    ledger.reserve(schema.dataset.name, run_id, plan.events, {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages})
+    stages = {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages}
+    ledger.reserve(schema.dataset.name, run_id, plan.events, stages)
     # The content fingerprint is taken only once the reservation stands.
     data_fingerprint = fingerprint(config.data)
     notes += ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, data_fingerprint)

@@ -12,6 +12,8 @@ Subclasses implement ``body_forward``, ``body_inverse``, ``first_actnorm`` and
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from typing import Any, Literal
 
 import torch
@@ -22,7 +24,7 @@ from models.layers import ActNorm
 from models.priors import MixtureOfGaussians, StandardNormal
 
 
-class TabularFlow(nn.Module):
+class TabularFlow(nn.Module, ABC):
     """Common part: dequantization, logit map, prior, sampling; the body comes from subclasses."""
 
     def __init__(
@@ -69,19 +71,21 @@ class TabularFlow(nn.Module):
         self.config: dict[str, Any] = dict(config or {})
 
     # -- body, provided by subclasses ---------------------------------------------------------
+    @abstractmethod
     def body_forward(self, y: Tensor) -> tuple[Tensor, Tensor]:
         """y in R^d -> (z, log|dz/dy|)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def body_inverse(self, z: Tensor) -> Tensor:
-        raise NotImplementedError
+        """z -> y, the inverse of body_forward."""
 
+    @abstractmethod
     def first_actnorm(self) -> ActNorm:
-        raise NotImplementedError
+        """The activation norm that the DP statistics initialise."""
 
+    @abstractmethod
     def base_permutation(self) -> list[int]:
         """perm with z = ActNorm_1(y)[:, perm] when every learned layer after it is at its identity start."""
-        raise NotImplementedError
 
     # -- the encoded space ----------------------------------------------------------------------
     def _assemble(self, x: Tensor, v_cat: Tensor | None) -> Tensor:
