@@ -316,11 +316,11 @@ def evaluate_cell(data: Any, cell: Cell, model: Any, quick: bool) -> dict[str, f
     from tasks.evaluation.fidelity import fidelity
     from tasks.evaluation.report import likelihood_metrics
     from tasks.evaluation.utility import utility
-    from tasks.select import loglik_matrix
+    from tasks.select import row_loglik
 
     out: dict[str, float] = {}
     torch.manual_seed(cell.seed)  # the dequantization noise of the bound, for reproducibility
-    ll = loglik_matrix(lambda _s: model, [{}], data.codec.encode(data.test))[0]
+    ll = row_loglik(model, data.codec.encode(data.test))
     lik = likelihood_metrics({"test": ll})
     out["nll_encoded"] = -lik["likelihood/test_nats_per_row"]
     out["nll"] = out["nll_encoded"] + data.nll_offset

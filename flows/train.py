@@ -23,7 +23,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from models import build_flow
-from privacy.accountant import PLDAccountant
+from privacy.accountant import PLDAccountant, RDPAccountant
 from privacy.events import Event, PoissonGaussianEvent, events_to_json
 from privacy.ledger import Ledger
 from privacy.mechanisms import report_noisy_max
@@ -105,15 +105,18 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
     notes = ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
     stages = {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages}
     ledger.reserve(schema.dataset.name, run_id, plan.events, stages)
-    # The content fingerprint is taken only once the reservation stands.
-    data_fingerprint = fingerprint(config.data)
-    notes += ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, data_fingerprint)
 
-    run_dir = store / "runs" / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # From here on, any failure settles the reservation: released if no mechanism ran,
+    # kept (abandoned) if one did.
     mechanism_ran = False
-    with cpu_threads(config.train.threads), mlflow.start_run(run_name=f"{schema.dataset.name}-eps{config.privacy.epsilon:g}") as active:
-        try:
+    try:
+        # The content fingerprint is taken only once the reservation stands.
+        data_fingerprint = fingerprint(config.data)
+        notes += ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, data_fingerprint)
+        run_dir = store / "runs" / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run_name = f"{schema.dataset.name}-eps{config.privacy.epsilon:g}"
+        with cpu_threads(config.train.threads), mlflow.start_run(run_name=run_name) as active:
             mlflow.log_params(_flat_params(config))
             mlflow.set_tags(
                 {
@@ -167,10 +170,11 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
             spent.append(report_noisy_max.rnm_event(per_pick_epsilon(select_stage), len(chosen)))
             ledger.settle(run_id, spent)
             epsilon = PLDAccountant().epsilon(spent, plan.delta)
+            epsilon_rdp = RDPAccountant().epsilon(spent, plan.delta)
             mlflow.log_metric("epsilon_cumulative", epsilon, step=result.steps + 1)
-            mlflow.log_metrics({"epsilon": epsilon, "delta": plan.delta, "epsilon_rdp": plan.epsilon_rdp})
+            mlflow.log_metrics({"epsilon": epsilon, "delta": plan.delta, "epsilon_rdp": epsilon_rdp})
             mlflow.log_text(events_to_json(spent), "privacy/events.json")
-            dataset_eps, dataset_delta = ledger.spent(schema.dataset.name)
+            dataset_eps, _ = ledger.spent(schema.dataset.name)
             mlflow.log_metrics({"dataset_epsilon_cumulative": dataset_eps})
 
             # 4. Release: synthetic table from the chosen checkpoint(s); its size is public.
@@ -184,7 +188,6 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
             mlflow.log_artifact(str(synthetic_path), "synthetic")
 
             # 5. Diagnostics for the data owner (not DP), then the registry.
-            metrics: dict[str, float] = {}
             report_path = None
             test_df = None
             if config.evaluate.test_data is not None:
@@ -219,12 +222,12 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
                 },
                 config.promotion,
             )
-        except BaseException:
-            if mechanism_ran:
-                ledger.abandon(run_id)
-            else:
-                ledger.release(run_id)
-            raise
+    except BaseException:
+        if mechanism_ran:
+            ledger.abandon(run_id)
+        else:
+            ledger.release(run_id)
+        raise
     return RunSummary(
         run_id=run_id,
         mlflow_run_id=active.info.run_id,
@@ -233,7 +236,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
         alias=config.alias,
         epsilon=epsilon,
         delta=plan.delta,
-        epsilon_rdp=plan.epsilon_rdp,
+        epsilon_rdp=epsilon_rdp,
         dataset_epsilon=dataset_eps,
         stages={s.name: s.epsilon_alone for s in plan.stages},
         synthetic_path=str(synthetic_path),

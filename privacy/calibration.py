@@ -16,6 +16,7 @@ same formula holds under add/remove adjacency.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from scipy.special import log_ndtr, ndtr
 
@@ -46,19 +47,9 @@ def gaussian_noise_for_epsilon(epsilon: float, delta: float) -> float:
     _check(delta)
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError(f"epsilon must be a finite positive number, got {epsilon}")
-    lo, hi = 1e-6, 1.0
-    while gaussian_delta(epsilon, hi) > delta:
-        lo, hi = hi, hi * 2.0
-        if hi > 1e12:
-            raise ValueError(f"no Gaussian noise multiplier reaches epsilon={epsilon}, delta={delta}")
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        if gaussian_delta(epsilon, mid) > delta:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-12 * hi:
-            break
+    hi = _smallest_meeting(lambda sigma: gaussian_delta(epsilon, sigma) <= delta, 1e-6, 1e12)
+    if math.isinf(hi):
+        raise ValueError(f"no Gaussian noise multiplier reaches epsilon={epsilon}, delta={delta}")
     return hi
 
 
@@ -72,17 +63,23 @@ def epsilon_for_gaussian(noise_multiplier: float, delta: float) -> float:
         raise ValueError(f"noise_multiplier must be a finite positive number, got {noise_multiplier}")
     if gaussian_delta(0.0, noise_multiplier) <= delta:
         return 0.0
-    lo, hi = 0.0, 1.0
-    while gaussian_delta(hi, noise_multiplier) > delta:
+    return _smallest_meeting(lambda eps: gaussian_delta(eps, noise_multiplier) <= delta, 0.0, 1e9)
+
+
+def _smallest_meeting(ok: Callable[[float], bool], lo: float, limit: float) -> float:
+    """Smallest x >= lo with ok(x), for ok monotone (False then True): doubling to bracket,
+    then bisection; returns the bracket's upper end (the safe side), or inf past `limit`."""
+    hi = 1.0
+    while not ok(hi):
         lo, hi = hi, hi * 2.0
-        if hi > 1e9:
+        if hi > limit:
             return math.inf
     for _ in range(_BISECTION_STEPS):
         mid = 0.5 * (lo + hi)
-        if gaussian_delta(mid, noise_multiplier) > delta:
-            lo = mid
-        else:
+        if ok(mid):
             hi = mid
+        else:
+            lo = mid
         if hi - lo <= 1e-12 * max(hi, 1e-12):
             break
     return hi

@@ -88,7 +88,7 @@ class SelectConfig(_Section):
 class EvaluateConfig(_Section):
     """Diagnostics for the data owner (not differentially private)."""
 
-    synthetic_rows: int | None = Field(None, ge=1, description="default: as many as the input has")
+    synthetic_rows: int | None = Field(None, ge=1, description="default: the schema's public expected_rows (never the private row count)")
     fidelity: bool = True
     utility: bool = True
     likelihood: bool = True

@@ -14,7 +14,7 @@ from privflow.config import EvaluateConfig
 from privflow.schema import Schema
 from tasks._options import PRIVATE
 from tasks.evaluation.report import EvaluationResult, evaluate
-from tasks.select import loglik_matrix
+from tasks.select import row_loglik
 
 _MIA_ROWS = 4000  # rows per side for the membership test: enough for a stable AUROC
 
@@ -36,11 +36,11 @@ def evaluate_run(
     loglik = None
     if cfg.likelihood or cfg.privacy_risk:
         rng = np.random.default_rng(0)
-        pick = lambda a: a[rng.permutation(len(a))[:_MIA_ROWS]]  # noqa: E731
-        state = model.state_dict()
-        ll = lambda a: loglik_matrix(lambda _s: model, [state], a)[0]  # noqa: E731
-        loglik = {"train": ll(pick(x_train)), "holdout": ll(pick(x_holdout))}
+        loglik = {
+            "train": row_loglik(model, x_train[rng.permutation(len(x_train))[:_MIA_ROWS]]),
+            "holdout": row_loglik(model, x_holdout[rng.permutation(len(x_holdout))[:_MIA_ROWS]]),
+        }
         if real_test is not None:
-            loglik["test"] = ll(codec.encode(real_test, rng))
+            loglik["test"] = row_loglik(model, codec.encode(real_test, rng))
     test = real_test if real_test is not None else real_train.head(0)
     return evaluate(schema, real_train, test, synthetic, cfg, out_dir, loglik=loglik)

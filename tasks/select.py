@@ -29,17 +29,16 @@ def per_pick_epsilon(stage: StagePlan) -> float:
     return event.epsilon
 
 
-def loglik_matrix(
-    make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray, batch: int = 4096
-) -> np.ndarray:
-    """[checkpoints, rows] per-row log-likelihoods."""
+def row_loglik(model: torch.nn.Module, x: np.ndarray, batch: int = 4096) -> np.ndarray:
+    """Per-row log-likelihoods under one model, in batches (bounded memory)."""
     data = torch.as_tensor(x, dtype=torch.float32)
-    out = np.empty((len(states), len(data)))
     with torch.no_grad():
-        for t, state in enumerate(states):
-            model = make_model(state)
-            out[t] = torch.cat([model.log_prob(data[i : i + batch]) for i in range(0, len(data), batch)]).numpy()
-    return out
+        return torch.cat([model.log_prob(data[i : i + batch]) for i in range(0, len(data), batch)]).numpy()
+
+
+def loglik_matrix(make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray) -> np.ndarray:
+    """[checkpoints, rows] per-row log-likelihoods."""
+    return np.stack([row_loglik(make_model(state), x) for state in states]) if states else np.empty((0, len(x)))
 
 
 @task(name="select", **PRIVATE)
@@ -53,7 +52,6 @@ def select_checkpoints(
     """Indices into `checkpoints` of the k winners (k capped at the number of checkpoints)."""
     k = min(cfg.top_k, len(checkpoints))
     loglik = loglik_matrix(make_model, [s for _, s in checkpoints], x_val)
-    loglik = np.nan_to_num(loglik, nan=cfg.score_low, neginf=cfg.score_low, posinf=cfg.score_high)
     scores, sensitivity = report_noisy_max.clipped_loglik_scores(loglik, cfg.score_low, cfg.score_high)
     # the clipped, shifted sums are monotone: adding a row raises every score
     return report_noisy_max.report_noisy_max(
