@@ -28,6 +28,9 @@ class PrivacyConfig(_Section):
 
     epsilon: float = Field(1.0, gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
+    gate_share: float = Field(
+        0.01, gt=0, lt=1, description="share for the validation gate's DP count of failing rows"
+    )
     stats_share: float = Field(0.05, ge=0, lt=1)
     prior_share: float = Field(0.05, ge=0, lt=1)
     select_share: float = Field(0.03, ge=0, lt=1)
@@ -68,6 +71,20 @@ class TrainConfig(_Section):
         description="torch intra-op threads for CPU training; these layers are small, and on a shared "
         "2-core CPU one thread measured 99 ms per step against 1432 ms with two",
     )
+
+
+class GateConfig(_Section):
+    """The validation gate (privacy/mechanisms/validation_gate.py): a DP count of failing rows
+    against a public limit, a fraction of the schema's expected_rows.
+
+    strict: the run stops when the DP count passes `strict_max_failing`; below it the few
+    failing rows are dropped (and listed only in the curator-only report). quarantine: failing
+    rows are set aside to the curator-only quarantine file; the run stops only when the DP
+    count passes `quarantine_max_failing`.
+    """
+
+    strict_max_failing: float = Field(0.01, ge=0, lt=1)
+    quarantine_max_failing: float = Field(0.5, ge=0, lt=1)
 
 
 class SelectConfig(_Section):
@@ -113,6 +130,7 @@ class RunConfig(_Section):
         "the retraining flow then decides by a DP comparison), every time, or never",
     )
     privacy: PrivacyConfig = PrivacyConfig()
+    gate: GateConfig = GateConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     select: SelectConfig = SelectConfig()

@@ -1,53 +1,24 @@
 """plan: split the run's (epsilon, delta) over the stages that read private rows.
 
 Uses only public inputs (the configuration and the schema's expected row count), so it
-runs, and is recorded, before any private value is read.
+runs, and is recorded, before any private value is read. The plan itself is built by
+``privacy.run_plan`` (also used by the pre-flight check, without Prefect).
 """
 
 from __future__ import annotations
 
-import math
-
 from prefect import task
 
-from privacy.events import Event
-from privacy.mechanisms import dp_mog, dp_stats, report_noisy_max
-from privacy.plan import PrivacyPlan, SGDShape, make_plan
+from privacy.plan import PrivacyPlan
+from privacy.run_plan import run_plan, sgd_shape
 from privflow.config import RunConfig
-from privflow.errors import ConfigError
 from privflow.schema import Schema
-
-
-def sgd_shape(config: RunConfig, schema: Schema) -> SGDShape:
-    """Poisson sample rate and step count from the batch size, epochs and the PUBLIC row count."""
-    rows = schema.dataset.expected_rows
-    if rows is None:
-        raise ConfigError(
-            f"The schema of dataset '{schema.dataset.name}' needs 'dataset.expected_rows': a public, approximate "
-            "row count that turns the batch size and epochs into a Poisson sample rate and a number of steps "
-            "(privflow never reads the private row count for this)."
-        )
-    rate = min(1.0, config.train.batch_size / rows)
-    return SGDShape(rate, max(1, math.ceil(config.train.epochs / rate)))
 
 
 @task(name="plan")
 def plan_privacy(config: RunConfig, schema: Schema) -> PrivacyPlan:
     """Calibrate every stage's noise so that their composition meets the target."""
-    p, delta = config.privacy, config.privacy.delta
-    k, iters = config.select.top_k, config.model.mog_iterations
+    return run_plan(config, schema)
 
-    def stats_event(eps: float) -> Event:
-        return dp_stats.dp_stats_event(dp_stats.noise_for_epsilon(eps, delta))
 
-    def prior_event(eps: float) -> Event:
-        return dp_mog.dp_mog_event(dp_mog.noise_for_epsilon(eps, delta, iters), iters)
-
-    def select_event(eps: float) -> Event:
-        return report_noisy_max.rnm_event(eps / k, k)
-
-    stages: dict[str, tuple[float, object]] = {"dp_stats": (p.stats_share, stats_event)}
-    if config.model.prior == "mog":
-        stages["dp_prior"] = (p.prior_share, prior_event)
-    stages["select"] = (p.select_share, select_event)
-    return make_plan(p.epsilon, delta, stages, sgd_shape(config, schema))
+__all__ = ["plan_privacy", "sgd_shape"]
