@@ -2,34 +2,47 @@
 cumulative epsilon in MLflow (ARCHITECTURE.md, "Data flow of the training pipeline").
 
 Privacy bookkeeping: the plan is made and the dataset's ledger reserves its events before
-any row is read; the run settles with the events actually spent; a run that fails after a
-mechanism ran keeps its reservation counted. The reported epsilon is the PLD composition
-of the run's recorded events, and nothing else.
+any row is read; the run settles with the events actually spent (a run the validation gate
+stops is charged the gate alone); a run that fails in the middle of a mechanism keeps its
+reservation counted. The reported epsilon is the PLD composition of the run's recorded
+events, and nothing else.
+
+Trust boundary (README, "Trust boundary"): the MLflow run, the registered version and the
+synthetic table hold only what `tasks/release.py` allows (public values and mechanism
+outputs). Everything computed on private rows without a mechanism goes to the run's
+curator-only folder (privflow/curator.py). After rows are read, no global RNG touches
+released output: the synthetic table comes from an explicit generator (privflow/sampler.py).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import numpy as np
+import polars as pl
 import torch
 from prefect import flow
 from prefect.runtime import flow_run
 
 from models import build_flow
 from privacy.accountant import PLDAccountant, RDPAccountant
-from privacy.events import Event, PoissonGaussianEvent, events_to_json
+from privacy.events import Event, PoissonGaussianEvent
+from privacy.fingerprint import keyed_fingerprint, store_key
 from privacy.ledger import Ledger
-from privacy.mechanisms import report_noisy_max
+from privacy.mechanisms import report_noisy_max, validation_gate
+from privacy.plan import PrivacyPlan
 from privflow.codec import Codec
 from privflow.config import RunConfig
-from privflow.io import fingerprint, read_table
+from privflow.curator import curator_dir, write_json
+from privflow.errors import ValidationFailed
+from privflow.io import read_table
 from privflow.sampler import sample_rows
 from privflow.schema import Schema
 from privflow.validation import validate
@@ -38,7 +51,9 @@ from tasks.dp_stats import dp_statistics
 from tasks.encode import encode_rows
 from tasks.evaluate import evaluate_run
 from tasks.plan import plan_privacy
-from tasks.register import experiment_for, register_model, tracking
+from tasks.promote import PromotionSettings, promote_if_better
+from tasks.register import Registered, experiment_for, register_model, tracking
+from tasks.release import log_run_header, log_spend
 from tasks.select import per_pick_epsilon, select_checkpoints
 from tasks.train import cpu_threads, settings_for, train_flow_model
 from tasks.validate import validate_data
@@ -53,29 +68,34 @@ class RunSummary:
     model_name: str
     model_version: str
     alias: str
+    alias_version: str | None
+    promotion: str
     epsilon: float
     delta: float
     epsilon_rdp: float
     dataset_epsilon: float
     stages: dict[str, float]
     synthetic_path: str
+    curator_dir: str
     report_path: str | None
     metrics: dict[str, float]
-    rows_quarantined: int
+    failing_rows_dp: float
     wall_seconds: float
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _flat_params(config: RunConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for section, values in config.model_dump(mode="json").items():
-        if isinstance(values, dict):
-            out.update({f"{section}.{k}": v for k, v in values.items()})
-        else:
-            out[section] = values
-    return out
+@dataclass
+class _Spend:
+    """The events spent so far, in order; `in_mechanism` is set while one runs."""
+
+    events: list[Event] = field(default_factory=list)
+    in_mechanism: bool = False
+
+    def add(self, event: Event) -> None:
+        self.events.append(event)
+        self.in_mechanism = False
 
 
 def _cumulative_epsilon(before: list[Event], sgd: PoissonGaussianEvent, steps: list[int], delta: float) -> list[float]:
@@ -83,6 +103,127 @@ def _cumulative_epsilon(before: list[Event], sgd: PoissonGaussianEvent, steps: l
     return [
         pld.epsilon([*before, PoissonGaussianEvent(sgd.sample_rate, sgd.noise_multiplier, t)], delta) for t in steps
     ]
+
+
+def _gate_threshold(config: RunConfig, schema: Schema) -> float:
+    """The public limit on the DP count of failing rows: a fraction of expected_rows."""
+    fraction = config.gate.strict_max_failing if config.policy == "strict" else config.gate.quarantine_max_failing
+    return fraction * float(schema.dataset.expected_rows or 0)
+
+
+def _read_and_gate(
+    config: RunConfig, schema: Schema, plan: PrivacyPlan, curator: Path, spend: _Spend
+) -> tuple[pl.DataFrame, validation_gate.GateDecision]:
+    """Read the rows and let the DP gate decide on them; the exact report stays with the curator."""
+    stage = plan.stage("validate")
+    threshold = _gate_threshold(config, schema)
+    decisions: list[validation_gate.GateDecision] = []
+
+    def gate(failing: int) -> bool:
+        spend.in_mechanism = True
+        decisions.append(validation_gate.gate(failing, threshold, stage.event))  # type: ignore[arg-type]
+        spend.add(stage.event)
+        return decisions[-1].stop
+
+    try:
+        df, report = validate_data(config.data, schema, config.policy, curator / "quarantine.csv", gate)
+    except ValidationFailed as exc:
+        report = getattr(exc, "report", None)
+        if report is not None:
+            write_json(curator, "validation.json", report.to_dict())
+        if not decisions:
+            raise
+        raise ValidationFailed(
+            f"The validation gate stopped the run ({config.policy} policy): {decisions[-1].describe()}. "
+            f"The exact per-column counts are in the curator-only report {curator / 'validation.json'}. "
+            f"The gate's DP count cost epsilon={decisions[-1].epsilon:.3g}, which the ledger has charged; "
+            "nothing else was spent. Fix the rows (or the schema's bounds), or raise the policy's limit "
+            "(gate.strict_max_failing / gate.quarantine_max_failing), or use --policy quarantine."
+        ) from None
+    write_json(curator, "validation.json", report.to_dict())
+    mlflow.log_metric("gate.noisy_failing_rows", decisions[-1].noisy_failing)
+    return df, decisions[-1]
+
+
+def _train_and_select(
+    config: RunConfig, plan: PrivacyPlan, codec: Codec, model: torch.nn.Module, x_train: np.ndarray,
+    x_val: np.ndarray, spend: _Spend, show_progress: bool,
+) -> tuple[Any, list[int], dict[str, Any]]:
+    """DP statistics, optional DP prior, DP-SGD and Report-Noisy-Max, each recorded as spent."""
+    model_cfg = config.model.model_dump(exclude={"name"})
+    spend.in_mechanism = True
+    mean, std = dp_statistics(model, x_train, plan.stage("dp_stats"))
+    spend.add(plan.stage("dp_stats").event)
+    if plan.has("dp_prior"):
+        spend.in_mechanism = True
+        dp_prior(model, x_train, mean, std, plan.stage("dp_prior"), config.model.mog_components)
+        spend.add(plan.stage("dp_prior").event)
+    spend.in_mechanism = True
+    result = train_flow_model(model, x_train, settings_for(config.train, plan.stage("train")), show_progress)
+    assert result.event is not None
+    logged = [step for step, _ in result.checkpoints]
+    for step, eps in zip(logged, _cumulative_epsilon(spend.events, result.event, logged, plan.delta), strict=True):
+        mlflow.log_metric("epsilon_cumulative", eps, step=step)
+    spend.add(result.event)
+
+    def make_model(state: dict) -> torch.nn.Module:
+        m = build_flow(config.model.name, codec.cardinalities, **model_cfg)
+        m.load_state_dict(state)
+        return m.eval()
+
+    select_stage = plan.stage("select")
+    spend.in_mechanism = True
+    chosen = select_checkpoints(make_model, result.checkpoints, x_val, select_stage, config.select)
+    spend.add(report_noisy_max.rnm_event(per_pick_epsilon(select_stage), len(chosen)))
+    diagnostics = {
+        "train_losses": result.losses,
+        "nonfinite_examples": getattr(result, "nonfinite_examples", None),
+        "dp_stats": {"mean": np.asarray(mean).tolist(), "std": np.asarray(std).tolist()},
+    }
+    return result, chosen, {"make_model": make_model, "diagnostics": diagnostics}
+
+
+def _diagnose(
+    config: RunConfig, schema: Schema, codec: Codec, flow: torch.nn.Module, df: pl.DataFrame,
+    x_train: np.ndarray, x_val: np.ndarray, synthetic: pl.DataFrame, curator: Path, extra: dict[str, Any],
+) -> tuple[dict[str, float], str | None]:
+    """Evaluation on the real rows, written to the curator-only folder (never to MLflow)."""
+    write_json(curator, "training.json", extra)
+    test_df = None
+    if config.evaluate.test_data is not None:
+        test_df, _ = validate(read_table(config.evaluate.test_data), schema, "quarantine", curator / "test_quarantine.csv")
+    if df.height == 0:
+        return {}, None
+    evaluation = evaluate_run(schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate,
+                              curator / "evaluation")
+    metrics = {k: float(v) for k, v in evaluation.metrics.items() if np.isfinite(v)}
+    write_json(curator, "metrics.json", {"metrics": metrics})
+    return metrics, str(evaluation.html_path) if evaluation.html_path is not None else None
+
+
+def _settle_failure(ledger: Ledger, run_id: str, spend: _Spend) -> None:
+    """A failed run's truthful record: nothing read -> released; stopped between mechanisms ->
+    charged what it spent; broken inside a mechanism -> the whole reservation stays counted."""
+    if spend.in_mechanism:
+        ledger.abandon(run_id)
+    elif spend.events:
+        ledger.settle(run_id, spend.events)
+    else:
+        ledger.release(run_id)
+
+
+def _compare_with_holder(config: RunConfig, model_name: str, registered: Registered, store: Path,
+                         run_id: str) -> Registered:
+    """`--promote if-better` with a holder: the DP comparison decides (its own ledger entry)."""
+    holder = registered.alias_version
+    if config.promotion != "if_better" or holder is None or holder == registered.version:
+        return registered
+    settings = PromotionSettings(alias=config.alias)
+    decision = promote_if_better(model_name, registered.version, config, settings, str(store / "ledger.db"),
+                                 f"{run_id}:promote")
+    now = registered.version if decision.promoted else holder
+    return Registered(registered.version, now, f"@{config.alias} {'moved to' if decision.promoted else 'kept on'} "
+                      f"v{now}: {decision.reason}")
 
 
 @flow(name="privflow-train")
@@ -102,116 +243,54 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
     plan = plan_privacy(config, schema)
     ledger = Ledger(store / "ledger.db")
     budget = schema.dataset.budget
-    notes = ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
-    stages = {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages}
-    ledger.reserve(schema.dataset.name, run_id, plan.events, stages)
+    ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
+    ledger.reserve(schema.dataset.name, run_id, plan.events, {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages})
 
-    # From here on, any failure settles the reservation: released if no mechanism ran,
-    # kept (abandoned) if one did.
-    mechanism_ran = False
+    spend = _Spend()
     try:
-        # The content fingerprint is taken only once the reservation stands.
-        data_fingerprint = fingerprint(config.data)
-        notes += ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, data_fingerprint)
-        run_dir = store / "runs" / run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
+        ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta,
+                              keyed_fingerprint(config.data, store_key(store)))
+        curator = curator_dir(store, run_id)
+        codec = Codec.from_schema(schema)
+        model_cfg = config.model.model_dump(exclude={"name"})
+        torch.manual_seed(config.train.seed)  # public: the initial weights, drawn before any row is read
+        model = build_flow(config.model.name, codec.cardinalities, **model_cfg)
         run_name = f"{schema.dataset.name}-eps{config.privacy.epsilon:g}"
-        with cpu_threads(config.train.threads), mlflow.start_run(run_name=run_name) as active:
-            mlflow.log_params(_flat_params(config))
-            mlflow.set_tags(
-                {
-                    "privflow.run_id": run_id,
-                    "privflow.dataset": schema.dataset.name,
-                    "privflow.data_fingerprint": data_fingerprint,
-                    **({"privflow.ledger_notes": " | ".join(notes)} if notes else {}),
-                }
-            )
-            mlflow.log_dict(plan.to_dict(), "privacy/plan.json")
-            mlflow.log_metrics({f"plan.{s.name}.epsilon_alone": s.epsilon_alone for s in plan.stages})
-            mlflow.log_metrics({f"plan.{s.name}.share": s.share for s in plan.stages})
+        # fork_rng + a CSPRNG seed: whatever global draw happens after rows are read is
+        # neither derivable from public values nor left behind in the caller's RNG.
+        with cpu_threads(config.train.threads), torch.random.fork_rng(devices=[]), \
+                mlflow.start_run(run_name=run_name) as active:
+            torch.manual_seed(secrets.randbits(63))
+            log_run_header(config, plan, run_id, schema.dataset.name)
 
-            # 2. Validate and encode (diagnostic report: for the data owner, not DP).
-            df, report = validate_data(config.data, schema, config.policy, run_dir / "quarantine.csv")
-            mlflow.log_dict(report.to_dict(), "diagnostics_not_dp/validation.json")
-            codec = Codec.from_schema(schema)
+            # 2. Read, gate (DP), encode.
+            df, decision = _read_and_gate(config, schema, plan, curator, spend)
             x_train, x_val = encode_rows(df, codec, config.select.validation_fraction, config.train.seed)
 
-            torch.manual_seed(config.train.seed)
-            model_cfg = config.model.model_dump(exclude={"name"})
-            model = build_flow(config.model.name, codec.cardinalities, **model_cfg)
-
             # 3. Mechanisms: DP statistics, optional DP prior, DP-SGD, Report-Noisy-Max.
-            mechanism_ran = True
-            spent: list[Event] = []
-            mean, std = dp_statistics(model, x_train, plan.stage("dp_stats"))
-            spent.append(plan.stage("dp_stats").event)
-            if plan.has("dp_prior"):
-                dp_prior(model, x_train, mean, std, plan.stage("dp_prior"), config.model.mog_components)
-                spent.append(plan.stage("dp_prior").event)
-            train_stage = plan.stage("train")
-            result = train_flow_model(model, x_train, settings_for(config.train, train_stage), show_progress)
-            sgd_event = result.event
-            assert sgd_event is not None
-            logged = [step for step, _ in result.checkpoints]
-            for step, eps in zip(logged, _cumulative_epsilon(spent, sgd_event, logged, plan.delta), strict=True):
-                mlflow.log_metric("epsilon_cumulative", eps, step=step)
-            for step, loss in enumerate(result.losses, start=1):
-                if step % max(1, config.train.checkpoint_every // 5) == 0 or step == len(result.losses):
-                    mlflow.log_metric("diag.train_loss", loss, step=step)  # not DP: for the data owner
-            spent.append(sgd_event)
-
-            def make_model(state: dict) -> torch.nn.Module:
-                m = build_flow(config.model.name, codec.cardinalities, **model_cfg)
-                m.load_state_dict(state)
-                return m.eval()
-
-            select_stage = plan.stage("select")
-            chosen = select_checkpoints(make_model, result.checkpoints, x_val, select_stage, config.select)
-            spent.append(report_noisy_max.rnm_event(per_pick_epsilon(select_stage), len(chosen)))
-            ledger.settle(run_id, spent)
-            epsilon = PLDAccountant().epsilon(spent, plan.delta)
-            epsilon_rdp = RDPAccountant().epsilon(spent, plan.delta)
-            mlflow.log_metric("epsilon_cumulative", epsilon, step=result.steps + 1)
-            mlflow.log_metrics({"epsilon": epsilon, "delta": plan.delta, "epsilon_rdp": epsilon_rdp})
-            mlflow.log_text(events_to_json(spent), "privacy/events.json")
+            result, chosen, aux = _train_and_select(config, plan, codec, model, x_train, x_val, spend, show_progress)
+            ledger.settle(run_id, spend.events)
+            epsilon = PLDAccountant().epsilon(spend.events, plan.delta)
+            epsilon_rdp = RDPAccountant().epsilon(spend.events, plan.delta)
             dataset_eps, _ = ledger.spent(schema.dataset.name)
-            mlflow.log_metrics({"dataset_epsilon_cumulative": dataset_eps})
+            log_spend(spend.events, epsilon, epsilon_rdp, plan.delta, dataset_eps, result.steps + 1)
 
-            # 4. Release: synthetic table from the chosen checkpoint(s); its size is public.
+            # 4. Release: synthetic table from the chosen checkpoint(s), an explicit generator,
+            #    a public size.
             states = [result.checkpoints[i][1] for i in chosen]
-            flows = [make_model(s) for s in states]
+            flows = [aux["make_model"](s) for s in states]
             n_rows = config.evaluate.synthetic_rows or schema.dataset.expected_rows or 10_000
-            synthetic = sample_rows(flows, codec, n_rows, seed=None)
+            synthetic = sample_rows(flows, codec, n_rows, seed=config.evaluate.sampling_seed)
             synthetic_path = store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv"
             synthetic_path.parent.mkdir(parents=True, exist_ok=True)
             synthetic.write_csv(synthetic_path)
             mlflow.log_artifact(str(synthetic_path), "synthetic")
 
-            # 5. Diagnostics for the data owner (not DP), then the registry.
-            report_path = None
-            test_df = None
-            if config.evaluate.test_data is not None:
-                test_df, _ = validate(
-                    read_table(config.evaluate.test_data), schema, "quarantine", run_dir / "test_quarantine.csv"
-                )
-            evaluation = evaluate_run(
-                schema, codec, flows[0], df, x_train, x_val, test_df, synthetic, config.evaluate, run_dir / "evaluation"
-            )
-            metrics = {k: float(v) for k, v in evaluation.metrics.items() if np.isfinite(v)}
-            mlflow.log_metrics({f"diag.{k.replace('/', '.')}": v for k, v in metrics.items()})
-            if evaluation.html_path is not None:
-                report_path = str(evaluation.html_path)
-                mlflow.log_artifact(report_path, "diagnostics_not_dp")
-            for fig in evaluation.figures.values():
-                mlflow.log_artifact(str(fig), "diagnostics_not_dp/figures")
-
-            version = register_model(
-                model_name,
-                config.alias,
-                schema,
-                config.model.name,
-                model_cfg,
-                states,
+            # 5. Curator-only diagnostics, then the registry.
+            metrics, report_path = _diagnose(config, schema, codec, flows[0], df, x_train, x_val, synthetic, curator,
+                                             aux["diagnostics"])
+            registered = register_model(
+                model_name, config.alias, schema, config.model.name, model_cfg, states,
                 {
                     "epsilon": f"{epsilon:.6g}",
                     "delta": f"{plan.delta:g}",
@@ -223,25 +302,26 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
                 config.promotion,
             )
     except BaseException:
-        if mechanism_ran:
-            ledger.abandon(run_id)
-        else:
-            ledger.release(run_id)
+        _settle_failure(ledger, run_id, spend)
         raise
+    registered = _compare_with_holder(config, model_name, registered, store, run_id)
     return RunSummary(
         run_id=run_id,
         mlflow_run_id=active.info.run_id,
         model_name=model_name,
-        model_version=version,
+        model_version=registered.version,
         alias=config.alias,
+        alias_version=registered.alias_version,
+        promotion=registered.promotion,
         epsilon=epsilon,
         delta=plan.delta,
         epsilon_rdp=epsilon_rdp,
         dataset_epsilon=dataset_eps,
         stages={s.name: s.epsilon_alone for s in plan.stages},
         synthetic_path=str(synthetic_path),
+        curator_dir=str(curator),
         report_path=report_path,
         metrics=metrics,
-        rows_quarantined=report.quarantined_rows,
+        failing_rows_dp=max(0.0, decision.noisy_failing),
         wall_seconds=time.monotonic() - started,
     )

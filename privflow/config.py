@@ -106,6 +106,10 @@ class EvaluateConfig(_Section):
     """Diagnostics for the data owner (not differentially private)."""
 
     synthetic_rows: int | None = Field(None, ge=1, description="default: the schema's public expected_rows (never the private row count)")
+    sampling_seed: int | None = Field(
+        None, description="public seed of the released synthetic table (reproducible post-processing); "
+        "default: drawn from the OS CSPRNG and not recorded"
+    )
     fidelity: bool = True
     utility: bool = True
     likelihood: bool = True
@@ -124,10 +128,11 @@ class RunConfig(_Section):
     store: Path = Path(".privflow")
     model_name: str | None = Field(None, description="registered model name; default privflow-<dataset>")
     alias: str = "champion"
-    promotion: Literal["if_absent", "always", "never"] = Field(
-        "if_absent",
-        description="when the alias moves to the new version: only if no version holds it yet (default; "
-        "the retraining flow then decides by a DP comparison), every time, or never",
+    promotion: Literal["if_better", "always", "never"] = Field(
+        "if_better",
+        description="when the alias moves to the new version: if_better (default) gives it to the first "
+        "version at no cost and afterwards moves it only when a DP comparison with the holder says the new "
+        "version is better (tasks/promote.py, its own small epsilon in the ledger); always; or never",
     )
     privacy: PrivacyConfig = PrivacyConfig()
     gate: GateConfig = GateConfig()

@@ -45,20 +45,38 @@ class FlowSampler(mlflow.pyfunc.PythonModel):
         return sample_rows(self.flows, self.codec, n, seed).to_pandas()
 
 
+def sampling_generator(seed: int | None) -> Any:
+    """The one generator a synthetic table is drawn from (ARCHITECTURE.md, privacy rule 6).
+
+    Explicit, never torch's global RNG: after private rows are read, the global state has
+    been advanced by data-sized draws, and a table drawn from it would let anyone who can
+    replay the public seed test guesses of the private row count. `seed` is a public
+    sampling seed for reproducible post-processing; without one, the seed comes from the
+    OS CSPRNG and is not recorded.
+    """
+    import secrets
+
+    import torch
+
+    return torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
+
+
 def sample_rows(flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 8192) -> Any:
-    """Decode `n` rows drawn in equal shares from `flows`, in batches (bounded memory)."""
+    """Decode `n` rows drawn in equal shares from `flows`, in batches (bounded memory).
+
+    The draw depends only on the released flows, the public schema and `seed`.
+    """
     import numpy as np
     import polars as pl
     import torch
 
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
-    if seed is not None:
-        torch.manual_seed(seed)
+    generator = sampling_generator(seed)
     shares = [n // len(flows) + (1 if i < n % len(flows) else 0) for i in range(len(flows))]
     parts = []
     with torch.no_grad():
         for flow, share in zip(flows, shares, strict=True):
             for start in range(0, share, batch):
-                parts.append(flow.sample(min(batch, share - start)).cpu().numpy())
+                parts.append(flow.sample(min(batch, share - start), generator).cpu().numpy())
     return codec.decode(np.concatenate(parts, axis=0)) if parts else pl.DataFrame()

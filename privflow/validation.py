@@ -16,6 +16,7 @@ raw value; the quarantine file does hold raw rows and stays with the data owner.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -424,8 +425,18 @@ def validate(
     schema: Schema,
     policy: Policy = "strict",
     quarantine_path: Path | None = None,
+    gate: Callable[[int], bool] | None = None,
 ) -> tuple[pl.DataFrame, ValidationReport]:
     """Check `df` against `schema`; return the clean typed frame (schema order) and the report.
+
+    With `gate` (the pipeline's DP validation gate, privacy/mechanisms/validation_gate.py),
+    the decision to stop is not taken on exact counts: `gate(failing_rows)` releases a DP
+    count and returns whether to stop. A column whose values are all of the wrong type then
+    counts as every row failing (the structure of the header is checked before, in the
+    pre-flight). If the gate says go, failing rows are dropped (strict) or set aside
+    (quarantine) and the rest is returned, possibly empty: later mechanisms are DP on any
+    number of rows. If it says stop, ValidationFailed carries only the report, whose exact
+    counts are for the curator; the caller words the message from the DP count.
 
     Typed: numeric -> Float64, integer -> Int64, categorical -> Enum of the declared list.
     strict: any failure raises ValidationFailed. quarantine: rows failing a row-level check are
@@ -483,6 +494,12 @@ def validate(
     row_fail = pl.Series([False] * n)
     for mask in masks.values():
         row_fail = row_fail | mask
+    header_level = any(f.check in ("missing_column", "extra_column") for f in failures)
+    if gate is not None and not header_level:
+        # Whole-column type failures become row-level: every row fails them.
+        failures = [f if f.level == ROW_LEVEL else Failure(f.column, f.check, n, ROW_LEVEL, f.detail) for f in failures]
+        if any(f.check == "type" and f.failing_rows == n for f in failures):
+            row_fail = pl.Series([True] * n)
     schema_level = any(f.level == SCHEMA_LEVEL for f in failures)
     failing = n if schema_level else int(row_fail.sum())
 
@@ -500,7 +517,12 @@ def validate(
 
     if schema_level:
         raise _fail(report(0, None), "schema-level problem")
-    if failures and policy == "strict":
+    if gate is not None:
+        if gate(failing):
+            err = ValidationFailed(f"Validation of dataset '{schema.dataset.name}' failed ({policy} policy).")
+            err.report = report(0, None)  # type: ignore[attr-defined]
+            raise err
+    elif failures and policy == "strict":
         raise _fail(report(0, None), "strict policy")
 
     if policy == "quarantine":
@@ -510,6 +532,6 @@ def validate(
     else:
         rep = report(0, None)
     clean = co.frame.filter(~row_fail)
-    if clean.height == 0:
+    if clean.height == 0 and gate is None:
         raise _fail(rep, "no row passes, nothing is left to train on")
     return _typed(clean, schema), rep

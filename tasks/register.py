@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import models
 import privflow
 from privflow.sampler import FlowSampler
 from privflow.schema import Schema
+from tasks.promote import alias_holder
 
 _REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
 
@@ -47,7 +49,7 @@ def experiment_for(dataset: str, store: Path) -> str:
 
 
 # The parts of privflow/ the sampler imports; bundled without the demo data or the CLI.
-_SAMPLER_MODULES = ("__init__.py", "codec.py", "errors.py", "sampler.py", "schema.py")
+_SAMPLER_MODULES = ("__init__.py", "codec.py", "errors.py", "sampler.py", "sampler_model.py", "schema.py")
 
 
 def _sampler_package(tmp: Path) -> str:
@@ -56,6 +58,27 @@ def _sampler_package(tmp: Path) -> str:
     for module in _SAMPLER_MODULES:
         shutil.copy(Path(privflow.__file__).parent / module, pkg / module)
     return str(pkg)
+
+
+@dataclass(frozen=True)
+class Registered:
+    """The new version, the version holding the alias afterwards, and why."""
+
+    version: str
+    alias_version: str | None
+    promotion: str
+
+
+def signature_for(schema: Schema) -> Any:
+    """The pyfunc signature from the PUBLIC schema (never inferred from rows)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec
+    from mlflow.types import Schema as MLSchema
+
+    kinds = {"numeric": "double", "integer": "long"}
+    inputs = MLSchema([ColSpec("long", "n"), ColSpec("long", "seed", required=False)])
+    outputs = MLSchema([ColSpec(kinds.get(c.type, "string"), c.name) for c in schema.columns])
+    return ModelSignature(inputs=inputs, outputs=outputs)
 
 
 @task(name="register", retries=2, retry_delay_seconds=2)
@@ -67,12 +90,13 @@ def register_model(
     model_config: dict[str, Any],
     states: list[dict],
     tags: dict[str, str],
-    promotion: str = "if_absent",
-) -> str:
-    """Log the selected checkpoint(s) as a pyfunc sampler, register a version, set the alias.
+    promotion: str = "if_better",
+) -> Registered:
+    """Log the selected checkpoint(s) as a pyfunc sampler, register a version, maybe set the alias.
 
     Safe to retry: it only writes DP outputs (weights chosen by Report-Noisy-Max) and the
-    public schema, so a retry spends no privacy.
+    public schema, so a retry spends no privacy. `if_better` sets the alias here only when no
+    version holds it (no comparison, no cost); otherwise the flow runs the DP comparison.
     """
     with tempfile.TemporaryDirectory() as tmp:
         artifacts: dict[str, str] = {}
@@ -89,10 +113,11 @@ def register_model(
         artifacts["meta"] = str(Path(tmp) / "meta.json")
         info = mlflow.pyfunc.log_model(
             name="generator",
-            python_model=FlowSampler(),
+            python_model=str(Path(privflow.__file__).parent / "sampler_model.py"),  # models from code
             artifacts=artifacts,
             code_paths=[str(Path(models.__file__).parent), _sampler_package(Path(tmp))],
             pip_requirements=_REQUIREMENTS,
+            signature=signature_for(schema),
             registered_model_name=name,
         )
     version = str(info.registered_model_version)
@@ -102,17 +127,18 @@ def register_model(
     # The registered model carries the dataset's running total too (latest known figure).
     if "dataset_epsilon_cumulative" in tags:
         client.set_registered_model_tag(name, "dataset_epsilon_cumulative", tags["dataset_epsilon_cumulative"])
-    if promotion == "always" or (promotion == "if_absent" and not _has_alias(client, name, alias)):
+    holder = alias_holder(client, name, alias)
+    if promotion == "always" or (promotion == "if_better" and holder is None):
         client.set_registered_model_alias(name, alias, version)
-        client.set_model_version_tag(name, version, "promoted", f"alias '{alias}' set ({promotion})")
-    return version
+        why = "every new version takes it (--promote always)" if promotion == "always" else (
+            "no version held it yet: the first one takes it at no cost")
+        client.set_model_version_tag(name, version, "promoted", f"alias '{alias}' set: {why}")
+        return Registered(version, version, f"@{alias} moved to v{version}: {why}")
+    if promotion == "never":
+        return Registered(version, holder, f"@{alias} left on {_v(holder)} (--promote never)")
+    return Registered(version, holder, f"@{alias} on {_v(holder)}: awaiting the DP comparison")
 
 
-def _has_alias(client: MlflowClient, name: str, alias: str) -> bool:
-    from mlflow.exceptions import MlflowException
+def _v(version: str | None) -> str:
+    return f"v{version}" if version is not None else "no version"
 
-    try:
-        client.get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return False
-    return True

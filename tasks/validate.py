@@ -1,7 +1,8 @@
-"""validate: the schema's Great Expectations suite over the input file (not DP: for the data owner)."""
+"""validate: the schema's Great Expectations suite over the input file; the stop decision is the DP gate's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -15,7 +16,11 @@ from tasks._options import PRIVATE
 
 @task(name="validate", **PRIVATE)
 def validate_data(
-    data_path: Path, schema: Schema, policy: str, quarantine_path: Path | None
+    data_path: Path,
+    schema: Schema,
+    policy: str,
+    quarantine_path: Path | None,
+    gate: Callable[[int], bool] | None = None,
 ) -> tuple[pl.DataFrame, ValidationReport]:
-    """Read and validate; strict raises ValidationFailed, quarantine sets failing rows aside."""
-    return validate(read_table(data_path), schema, policy=policy, quarantine_path=quarantine_path)
+    """Read and validate; `gate` (the DP validation gate) decides whether failing rows stop the run."""
+    return validate(read_table(data_path), schema, policy=policy, quarantine_path=quarantine_path, gate=gate)

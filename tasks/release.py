@@ -1,0 +1,108 @@
+"""What a run releases to MLflow, and the allowlist that says why each entry may be there.
+
+Released means the MLflow run behind a registered model, the registered version and model,
+the synthetic table and the publishable ledger summary (ARCHITECTURE.md, privacy rule 5).
+Every param, metric, tag and artifact that reaches them must be public (configuration,
+schema, code version) or the output of a recorded mechanism. The allowlist below is the
+single place that says which, entry by entry; `tests/flows/test_release.py` lists a real
+run's contents and fails on anything not covered here. Diagnostics on private rows go to
+the curator-only store (privflow/curator.py), never through this module.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import mlflow
+
+import privflow
+from privacy.events import Event, events_to_json
+from privacy.plan import PrivacyPlan
+from privflow.config import RunConfig
+
+# pattern -> why it may be released
+PARAMS: dict[str, str] = {
+    "*": "public: the flattened run configuration (RunConfig); no field is read off the data",
+}
+TAGS: dict[str, str] = {
+    "privflow.run_id": "public: the run's id in the ledger",
+    "privflow.dataset": "public: the schema's dataset name",
+    "privflow.code_version": "public: the privflow version that ran",
+    "privflow.sampling_seed": "public: the sampling seed the user passed for the synthetic table",
+    "mlflow.*": "MLflow's own bookkeeping: run name, user, source entry point, logged-model history",
+}
+METRICS: dict[str, str] = {
+    "plan.*.epsilon_alone": "public: the privacy plan (configuration and schema only)",
+    "plan.*.share": "public: the privacy plan",
+    "epsilon_cumulative": "public: the plan's events composed up to each checkpoint step",
+    "epsilon": "accountant: PLD composition of the events recorded for this run",
+    "epsilon_rdp": "accountant: RDP composition of the same events",
+    "delta": "public: the run's delta",
+    "dataset_epsilon_cumulative": "ledger: the dataset's total spend, as the publishable summary shows it",
+    "gate.noisy_failing_rows": "mechanism: the validation gate's Laplace count (privacy/mechanisms/validation_gate.py)",
+}
+ARTIFACTS: dict[str, str] = {
+    "privacy/plan.json": "public: the privacy plan",
+    "privacy/events.json": "accountant input: the events spent (plan parameters, number of picks)",
+    "synthetic/*": "mechanism output: sampled from the released model with a CSPRNG or public seed",
+}
+VERSION_TAGS: dict[str, str] = {
+    "epsilon": "accountant: this run's PLD epsilon",
+    "delta": "public: the run's delta",
+    "dataset": "public: the schema's dataset name",
+    "dataset_epsilon_cumulative": "ledger: the dataset's total spend",
+    "privflow_run_id": "public: the run's id in the ledger",
+    "chosen_checkpoint_steps": "mechanism: the steps Report-Noisy-Max picked",
+    "promoted": "registry decision: an alias set by policy or by the DP comparison",
+    "privflow.promotion*": "mechanism: the DP promotion comparison (tasks/promote.py), its noisy margin and cost",
+    "mlflow.*": "MLflow's own bookkeeping",
+}
+MODEL_TAGS: dict[str, str] = {
+    "dataset_epsilon_cumulative": "ledger: the dataset's total spend",
+    "mlflow.*": "MLflow's own bookkeeping",
+}
+
+
+def reason(allowlist: dict[str, str], key: str) -> str | None:
+    """Why `key` may be released under `allowlist`, or None when nothing covers it."""
+    for pattern, why in allowlist.items():
+        if fnmatch.fnmatchcase(key, pattern):
+            return why
+    return None
+
+
+def flat_params(config: RunConfig) -> dict[str, Any]:
+    """The run configuration as `section.field` params."""
+    out: dict[str, Any] = {}
+    for section, values in config.model_dump(mode="json").items():
+        if isinstance(values, dict):
+            out.update({f"{section}.{k}": v for k, v in values.items()})
+        else:
+            out[section] = values
+    return out
+
+
+def log_run_header(config: RunConfig, plan: PrivacyPlan, run_id: str, dataset: str) -> None:
+    """Params, tags and the plan: everything public, logged before any row is read."""
+    mlflow.log_params(flat_params(config))
+    tags = {"privflow.run_id": run_id, "privflow.dataset": dataset, "privflow.code_version": privflow.__version__}
+    if config.evaluate.sampling_seed is not None:
+        tags["privflow.sampling_seed"] = str(config.evaluate.sampling_seed)
+    mlflow.set_tags(tags)
+    mlflow.log_dict(plan.to_dict(), "privacy/plan.json")
+    mlflow.log_metrics({f"plan.{s.name}.epsilon_alone": s.epsilon_alone for s in plan.stages})
+    mlflow.log_metrics({f"plan.{s.name}.share": s.share for s in plan.stages})
+
+
+def log_spend(spent: list[Event], epsilon: float, epsilon_rdp: float, delta: float, dataset_epsilon: float,
+              final_step: int) -> None:
+    """The accountant's figures and the events they come from."""
+    mlflow.log_metric("epsilon_cumulative", epsilon, step=final_step)
+    mlflow.log_metrics({"epsilon": epsilon, "delta": delta, "epsilon_rdp": epsilon_rdp,
+                        "dataset_epsilon_cumulative": dataset_epsilon})
+    mlflow.log_text(events_to_json(spent), "privacy/events.json")
+
+
+__all__ = ["ARTIFACTS", "METRICS", "MODEL_TAGS", "PARAMS", "TAGS", "VERSION_TAGS", "flat_params", "log_run_header",
+           "log_spend", "reason"]
