@@ -1,0 +1,169 @@
+"""What a run releases, and only that (issue: "close every leak").
+
+One small run on a slice of real data (Adult) with one bad row, then:
+- the release inventory: every param, metric and tag of the MLflow run behind the
+  registered model, every artifact, every tag of the version and the model, is covered by
+  the allowlist in tasks/release.py (public, or a mechanism's output); anything new fails;
+- the replay test: the released table is a function of the released model and the public
+  sampling seed only, whatever happened to the global RNG (e.g. draws whose number depends
+  on the private row count);
+- diagnostics on real rows are in the curator-only folder and nowhere in MLflow;
+- the data fingerprint is a keyed HMAC, kept out of MLflow;
+- the validation gate's stop is a charged DP decision whose message carries no exact count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import mlflow
+import polars as pl
+import pytest
+import torch
+import yaml
+from mlflow import MlflowClient
+
+from privacy.events import LaplaceEvent
+from privacy.ledger import Ledger
+from privflow.codec import Codec
+from privflow.config import RunConfig
+from privflow.errors import ValidationFailed
+from privflow.sampler import sample_rows
+from privflow.schema import Schema
+from tasks import release
+from tasks.promote import load_version
+
+pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+
+SEED = 20261123
+
+
+def _slice(tmp: Path, demo_dir: Path, rows: int, bad_age: int = 0) -> tuple[Path, Path]:
+    frame = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=rows)
+    if bad_age:  # ages far outside the schema's public bounds
+        frame = frame.with_columns(
+            pl.when(pl.int_range(pl.len()) < bad_age).then(pl.lit("999")).otherwise(pl.col("age")).alias("age")
+        )
+    data = tmp / "adult.csv"
+    frame.write_csv(data)
+    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
+    doc["dataset"]["expected_rows"] = rows
+    schema = tmp / "adult.yaml"
+    schema.write_text(yaml.safe_dump(doc))
+    return data, schema
+
+
+def _config(data: Path, schema: Path, store: Path, **extra: object) -> RunConfig:
+    return RunConfig.build(
+        data=data, schema_path=schema, store=store, privacy={"epsilon": 2.0, "delta": 1e-5},
+        model={"name": "maf", "blocks": 1, "hidden": 8},
+        train={"epochs": 1, "batch_size": 256, "checkpoint_every": 4},
+        **extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, demo_dir: Path):
+    from flows.train import train_pipeline
+
+    tmp = tmp_path_factory.mktemp("release")
+    data, schema = _slice(tmp, demo_dir, 2000, bad_age=1)
+    cfg = _config(data, schema, tmp / "store", evaluate={
+        "synthetic_rows": 300, "sampling_seed": SEED, "utility": False, "privacy_risk": False, "report": True,
+    })
+    return cfg, train_pipeline(cfg, show_progress=False)
+
+
+def _artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
+    out: list[str] = []
+    for item in client.list_artifacts(run_id, path):
+        out += _artifacts(client, run_id, item.path) if item.is_dir else [item.path]
+    return out
+
+
+def _uncovered(allowlist: dict[str, str], keys) -> list[str]:
+    return sorted(k for k in keys if release.reason(allowlist, k) is None)
+
+
+def test_every_released_entry_is_on_the_allowlist(run) -> None:
+    cfg, summary = run
+    client = MlflowClient()
+    data = client.get_run(summary.mlflow_run_id).data
+    assert _uncovered(release.PARAMS, data.params) == []
+    assert _uncovered(release.TAGS, data.tags) == []
+    assert _uncovered(release.METRICS, data.metrics) == []
+    assert _uncovered(release.ARTIFACTS, _artifacts(client, summary.mlflow_run_id)) == []
+    version = client.get_model_version(summary.model_name, summary.model_version)
+    assert _uncovered(release.VERSION_TAGS, version.tags) == []
+    assert _uncovered(release.MODEL_TAGS, client.get_registered_model(summary.model_name).tags) == []
+    # the gate's DP count is released; no diagnostic metric is
+    assert "gate.noisy_failing_rows" in data.metrics
+    assert not any(k.startswith("diag") for k in data.metrics)
+
+
+def test_allowlist_rejects_what_it_does_not_name() -> None:
+    assert release.reason(release.METRICS, "diag.train_loss") is None
+    assert release.reason(release.ARTIFACTS, "diagnostics_not_dp/validation.json") is None
+    assert release.reason(release.TAGS, "privflow.data_fingerprint") is None
+    assert release.reason(release.METRICS, "plan.train.share") is not None
+
+
+def test_fingerprint_is_a_keyed_hmac_kept_out_of_mlflow(run) -> None:
+    cfg, summary = run
+    record = Ledger(cfg.store.resolve() / "ledger.db").datasets()[0]
+    plain = hashlib.sha256(Path(cfg.data).read_bytes()).hexdigest()
+    assert record.fingerprint.startswith("hmac-sha256:") and plain not in record.fingerprint
+    data = MlflowClient().get_run(summary.mlflow_run_id).data
+    values = [*data.tags.values(), *data.params.values()]
+    assert not any(record.fingerprint[12:24] in v or plain[:12] in v for v in values)
+
+
+def test_diagnostics_on_real_rows_live_only_in_the_curator_folder(run) -> None:
+    cfg, summary = run
+    curator = Path(summary.curator_dir)
+    assert curator.is_dir() and (curator.stat().st_mode & 0o077) == 0
+    validation = json.loads((curator / "validation.json").read_text())
+    assert validation["total_rows"] == 2000 and validation["failing_rows"] == 1  # exact, curator only
+    training = json.loads((curator / "training.json").read_text())
+    assert len(training["train_losses"]) > 0
+    assert summary.report_path is not None and Path(summary.report_path).is_relative_to(curator)
+    arts = _artifacts(MlflowClient(), summary.mlflow_run_id)
+    assert not any("validation" in a or "diagnostic" in a or a.endswith(".html") for a in arts)
+
+
+def test_released_table_depends_only_on_model_and_sampling_seed(run, tmp_path: Path) -> None:
+    cfg, summary = run
+    released = Path(summary.synthetic_path).read_bytes()
+    loaded = load_version(summary.model_name, summary.model_version)
+    codec = Codec.from_schema(Schema.from_yaml(cfg.schema_path))
+    # whatever the global RNG went through (say, draws counted by private rows)...
+    for count in (1999, 2000, 2001):
+        torch.manual_seed(cfg.train.seed)
+        torch.rand(count)
+        sample_rows(loaded.flows, codec, 300, seed=SEED).write_csv(tmp_path / "replay.csv")
+        assert (tmp_path / "replay.csv").read_bytes() == released, f"replay differs after {count} global draws"
+    # ...and without a seed the table is fresh from the CSPRNG each time
+    a = sample_rows(loaded.flows, codec, 300)
+    b = sample_rows(loaded.flows, codec, 300)
+    assert not a.equals(b)
+
+
+def test_gate_stop_is_charged_and_speaks_in_dp_counts(tmp_path: Path, demo_dir: Path) -> None:
+    from flows.train import train_pipeline
+
+    data, schema = _slice(tmp_path, demo_dir, 2000, bad_age=600)  # 30% of the rows: far above 1%
+    cfg = _config(data, schema, tmp_path / "store")
+    with pytest.raises(ValidationFailed) as info:
+        train_pipeline(cfg, show_progress=False)
+    message = str(info.value)
+    assert "600" not in message and "2000" not in message  # no exact count
+    assert "DP count" in message and "curator-only" in message
+    ledger = Ledger(cfg.store.resolve() / "ledger.db")
+    [charged] = ledger.runs("adult")
+    assert charged.status == "settled"
+    assert len(charged.events) == 1 and isinstance(charged.events[0], LaplaceEvent)
+    assert 1.0 / charged.events[0].noise_multiplier == pytest.approx(cfg.privacy.epsilon * cfg.privacy.gate_share)
+    report = json.loads(next((cfg.store.resolve() / "curator").glob("*/validation.json")).read_text())
+    assert report["failing_rows"] == 600
