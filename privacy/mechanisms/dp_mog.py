@@ -7,7 +7,9 @@ sum_i r_ik x_i^2/clip^2] in ONE Gaussian release. One row adds r_k*[1, c/clip, c
 per component with sum_k r_k = 1, so its squared L2 norm is at most
 sum_k r_k^2 (1 + 2d) <= 1 + 2d: sensitivity sqrt(1 + 2d). The responsibilities of a row
 depend only on that row and the previous (already released) parameters, so the T iterations
-compose adaptively: `RepeatedEvent(GaussianEvent(sigma), T)`.
+compose adaptively: `RepeatedEvent(GaussianEvent(sigma), T)`. The noise is
+`gaussian_mechanism`'s exact sampler (OpenDP); only the starting point uses a numpy
+generator, seeded from public randomness (never from the rows), which is post-processing.
 """
 
 from __future__ import annotations
@@ -100,11 +102,14 @@ def dp_em_mog(
     iterations: int,
     clip: float,
     noise_multiplier: float,
-    rng: np.random.Generator,
     *,
+    init_seed: int | None = None,
     min_std: float | None = None,
 ) -> MoGParams:
     """T iterations of DP-EM; costs `dp_mog_event(noise_multiplier, iterations)`.
+
+    init_seed (public, optional) seeds only `init_mog`'s starting point; None draws it from
+    OS entropy. The noise of every release comes from the exact sampler either way.
 
     min_std (public, default clip/20) floors every component's std: a prior narrower than
     the noise can resolve would be an artefact of the noise, and the flow refines it anyway.
@@ -113,7 +118,7 @@ def dp_em_mog(
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     c = _clipped(x, clip)
     d = c.shape[1]
-    params = init_mog(k, d, clip, rng)
+    params = init_mog(k, d, clip, np.random.default_rng(init_seed))
     sens = em_sensitivity(d)
     # Public guards set from the noise scale: a component needs a noisy count of ten noise
     # stds before its statistics are used (relative error of its moments then <= 10%).
@@ -121,7 +126,7 @@ def dp_em_mog(
     floor = 5e-2 * clip if min_std is None else float(min_std)
     for _ in range(iterations):
         stats = em_statistics(c, params, clip)
-        noisy = gaussian_mechanism(stats, sens, noise_multiplier, rng)
+        noisy = gaussian_mechanism(stats, sens, noise_multiplier)
         params = m_step(noisy, params, clip, min_count, floor, 1e-2 / k)
     return params
 

@@ -7,6 +7,7 @@ Adding or removing one row moves the count by 1, each scaled sum by at most 1 an
 sum of squares by at most 1, so the joint L2 sensitivity is sqrt(1 + 2d). Dividing by clip
 and clip^2 only rescales coordinates (public constants), so that no block's noise is set by
 another block's larger range. Mean and std are post-processing of the noisy vector.
+The noise is `gaussian_mechanism`'s exact sampler (OpenDP), so no generator is passed in.
 """
 
 from __future__ import annotations
@@ -41,13 +42,11 @@ def mean_std_sensitivity(d: int) -> float:
     return math.sqrt(1.0 + 2.0 * d)
 
 
-def release_mean_std_statistics(
-    x: np.ndarray, clip: float, noise_multiplier: float, rng: np.random.Generator
-) -> np.ndarray:
+def release_mean_std_statistics(x: np.ndarray, clip: float, noise_multiplier: float) -> np.ndarray:
     """One Gaussian release of `mean_std_statistics` (the only step that reads the rows)."""
     stats = mean_std_statistics(x, clip)
     d = (stats.size - 1) // 2
-    return gaussian_mechanism(stats, mean_std_sensitivity(d), noise_multiplier, rng)
+    return gaussian_mechanism(stats, mean_std_sensitivity(d), noise_multiplier)
 
 
 def mean_std_from_statistics(
@@ -73,12 +72,11 @@ def dp_mean_std(
     x: np.ndarray,
     clip: float,
     noise_multiplier: float,
-    rng: np.random.Generator,
     *,
     std_floor: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """DP per-feature (mean[d], std[d]) of x clipped to [-clip, clip]; costs `dp_stats_event(noise_multiplier)`."""
-    noisy = release_mean_std_statistics(x, clip, noise_multiplier, rng)
+    noisy = release_mean_std_statistics(x, clip, noise_multiplier)
     return mean_std_from_statistics(noisy, clip, std_floor)
 
 

@@ -1,14 +1,19 @@
 """Report-Noisy-Max over candidates (Boob et al. 2018, section 4) and its privacy event.
 
 Sensitivity: every score may move by at most `sensitivity` when one row is added or
-removed. Gumbel noise of scale 2*sensitivity/epsilon on each score and an argmax is exactly
-the exponential mechanism P(i) ~ exp(epsilon * s_i / (2 sensitivity)) (McSherry & Talwar
-2007), epsilon-DP per pick. Top-k without replacement by one-shot Gumbel top-k has the
-distribution of k sequential picks on the remaining candidates (Plackett-Luce; Durfee &
-Rogers 2019), so k picks cost k * epsilon: `RepeatedEvent(PureDPEvent(epsilon), k)`.
+removed. Each pick adds exponential noise of scale 2*sensitivity/epsilon to every score and
+reports the argmax: Report-Noisy-Max with exponential noise, which has the law of
+permute-and-flip (McKenna & Sheldon 2020; Ding et al. 2021) and is epsilon-DP per pick.
 When scores are monotone (for every neighbouring pair all scores move the same way, as
-`clipped_loglik_scores` guarantees), scale sensitivity/epsilon suffices: the exponential
-mechanism P(i) ~ exp(epsilon * s_i / sensitivity) is then epsilon-DP (McSherry & Talwar 2007).
+`clipped_loglik_scores` guarantees), scale sensitivity/epsilon suffices at the same epsilon.
+The sampler is OpenDP's exact one (`privacy.noise.exact_noisy_max`, ``make_noisy_max`` with
+``linf_distance(monotonic=...)`` and ``max_divergence``), not floating-point Gumbel draws
+(Mironov 2012); OpenDP's map of `sensitivity` is kept at most epsilon (tested).
+
+Top-k picks by peeling: k sequential picks, each on the candidates not yet chosen. Each is
+an epsilon-DP mechanism whose input set depends only on earlier outputs, so the k picks are
+an adaptive composition: ``RepeatedEvent(PureDPEvent(epsilon), k)``, which the PLD
+accountant composes (exactly what OpenDP certifies per pick, k times).
 """
 
 from __future__ import annotations
@@ -18,20 +23,20 @@ import math
 import numpy as np
 
 from privacy.events import PureDPEvent, RepeatedEvent
+from privacy.noise import exact_noisy_max
 
 
 def report_noisy_max(
     scores: np.ndarray,
     sensitivity: float,
     epsilon: float,
-    rng: np.random.Generator,
     k: int = 1,
     monotone: bool = False,
 ) -> list[int]:
-    """Indices of the k candidates with the largest Gumbel-noised scores, best first (distinct).
+    """Indices of k distinct candidates by k peeled exponential-noise noisy-max picks, best first.
 
     Pass monotone=True only for scores that all move the same way when a row is added or
-    removed; the noise scale is then halved at the same epsilon.
+    removed; the noise scale is then halved at the same epsilon. Costs `rnm_event(epsilon, k)`.
     """
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim != 1 or s.size == 0:
@@ -44,13 +49,16 @@ def report_noisy_max(
         raise ValueError(f"epsilon must be a finite positive number, got {epsilon!r}")
     if not 1 <= k <= s.size:
         raise ValueError(f"k must lie in [1, {s.size}], got {k}")
-    noisy = s + rng.gumbel(0.0, (1.0 if monotone else 2.0) * sensitivity / epsilon, size=s.shape)
-    order = np.argsort(-noisy, kind="stable")
-    return [int(i) for i in order[:k]]
+    remaining = list(range(s.size))
+    picks: list[int] = []
+    for _ in range(k):
+        j = exact_noisy_max(s[remaining], float(sensitivity), float(epsilon), bool(monotone))
+        picks.append(remaining.pop(j))
+    return picks
 
 
 def rnm_event(epsilon: float, k: int = 1) -> RepeatedEvent:
-    """k exponential-mechanism picks of epsilon each, composed."""
+    """k peeled noisy-max picks of epsilon each, composed adaptively."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     return RepeatedEvent(PureDPEvent(float(epsilon)), int(k))
