@@ -7,6 +7,7 @@ import torch
 from prefect import task
 
 from privacy.mechanisms import dp_mog
+from privacy.noise import preprocess_private
 from privacy.events import GaussianEvent, RepeatedEvent
 from privacy.plan import StagePlan
 from tasks._options import PRIVATE
@@ -25,11 +26,10 @@ def dp_prior(
     event = stage.event
     assert isinstance(event, RepeatedEvent) and isinstance(event.event, GaussianEvent), event
     with torch.no_grad():
-        z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
+        # dequantization noise from a secret generator, never the global torch RNG
+        z = preprocess_private(model, torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
     z = (z - mean) / std
-    params = dp_mog.dp_em_mog(
-        z, components, event.count, PRIOR_CLIP, event.event.noise_multiplier, np.random.default_rng()
-    )
+    params = dp_mog.dp_em_mog(z, components, event.count, PRIOR_CLIP, event.event.noise_multiplier)
     # Back to the preprocessed space (post-processing with the released DP statistics);
     # set_prior carries it through the first actnorm into the base space.
     means, stds = params.means * std + mean, params.stds * std

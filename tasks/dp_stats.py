@@ -7,6 +7,7 @@ import torch
 from prefect import task
 
 from privacy.mechanisms import dp_stats
+from privacy.noise import preprocess_private
 from privacy.plan import StagePlan
 from tasks._options import PRIVATE
 
@@ -22,11 +23,13 @@ STATS_STD_FLOOR = 0.5
 
 @task(name="dp_stats", **PRIVATE)
 def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tuple[np.ndarray, np.ndarray]:
-    """Release the clipped mean/std with the planned Gaussian noise and set the actnorm from them."""
+    """Release the clipped mean/std with the planned Gaussian noise and set the actnorm from them.
+
+    The dequantization noise of `preprocess` comes from a secret generator, not the global
+    torch RNG (whose state must not depend on private rows); the release's noise is exact.
+    """
     with torch.no_grad():
-        z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
-    mean, std = dp_stats.dp_mean_std(
-        z, STATS_CLIP, stage.event.noise_multiplier, np.random.default_rng(), std_floor=STATS_STD_FLOOR
-    )
+        z = preprocess_private(model, torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
+    mean, std = dp_stats.dp_mean_std(z, STATS_CLIP, stage.event.noise_multiplier, std_floor=STATS_STD_FLOOR)
     model.init_actnorm(torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
     return mean, std

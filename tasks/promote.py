@@ -157,12 +157,18 @@ def margin_statistic(ll_new: np.ndarray, ll_old: np.ndarray, low: float, high: f
     return float(np.sum(clip(a) - clip(b))), float(high - low)
 
 
-def release_margin(statistic: float, sensitivity: float, settings: PromotionSettings, rng: np.random.Generator) -> float:
-    """The noisy margin: S plus Laplace or Gaussian noise scaled to the sensitivity."""
+def release_margin(
+    statistic: float, sensitivity: float, settings: PromotionSettings, _ignored_rng: np.random.Generator | None = None
+) -> float:
+    """The noisy margin: S plus exact (OpenDP) Laplace or Gaussian noise scaled to the sensitivity.
+
+    The fourth argument is ignored (kept so older callers still run): no caller-supplied
+    generator can reach the noise, which comes from the exact samplers' OS entropy.
+    """
     nm = settings.noise_multiplier()
     if settings.mechanism == "laplace":
-        return float(laplace_mechanism(np.array([statistic]), sensitivity, nm, rng)[0])
-    return float(gaussian_mechanism(np.array([statistic]), sensitivity, nm, rng)[0])
+        return float(laplace_mechanism(np.array([statistic]), sensitivity, nm)[0])
+    return float(gaussian_mechanism(np.array([statistic]), sensitivity, nm)[0])
 
 
 # -- registry helpers ------------------------------------------------------------------------
@@ -215,11 +221,17 @@ def comparable(a: Schema, b: Schema) -> bool:
 
 def version_loglik(flows: list[torch.nn.Module], x: np.ndarray, batch: int = 4096) -> np.ndarray:
     """Per-row log-density of a version (mixture of its checkpoints) on encoded rows."""
+    from privacy.noise import dequantization_noise, log_prob_with, secret_generator
+
     data = torch.as_tensor(x, dtype=torch.float32)
     per = np.empty((len(flows), len(data)))
+    gen = secret_generator()  # dequantization noise on private rows: never the global torch RNG
     with torch.no_grad():
         for k, flow in enumerate(flows):
-            parts = [flow.log_prob(data[i : i + batch]) for i in range(0, len(data), batch)]
+            parts = [
+                log_prob_with(flow, chunk, dequantization_noise(flow, len(chunk), chunk, gen))
+                for chunk in (data[i : i + batch] for i in range(0, len(data), batch))
+            ]
             per[k] = torch.cat(parts).double().numpy() if parts else np.empty(0)
     return mixture_loglik(per) if len(data) else np.empty(0)
 
@@ -295,7 +307,7 @@ def promote_if_better(
         _, x_val = encode_rows.fn(df, Codec.from_schema(schema), config.select.validation_fraction, config.train.seed)
         lo, hi = config.select.score_low, config.select.score_high
         statistic, sensitivity = margin_statistic(version_loglik(new.flows, x_val), version_loglik(old.flows, x_val), lo, hi)
-        noisy = release_margin(statistic, sensitivity, settings, np.random.default_rng())  # fresh OS entropy
+        noisy = release_margin(statistic, sensitivity, settings)  # exact sampler, OS entropy
     except BaseException:
         ledger.abandon(lid)  # rows may have been read: the reservation stays counted
         raise

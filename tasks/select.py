@@ -15,6 +15,7 @@ from prefect import task
 
 from privacy.events import PureDPEvent, RepeatedEvent
 from privacy.mechanisms import report_noisy_max
+from privacy.noise import dequantization_noise, log_prob_with, secret_generator
 from privacy.plan import StagePlan
 from privflow.config import SelectConfig
 from tasks._options import PRIVATE
@@ -29,16 +30,31 @@ def per_pick_epsilon(stage: StagePlan) -> float:
     return event.epsilon
 
 
-def row_loglik(model: torch.nn.Module, x: np.ndarray, batch: int = 4096) -> np.ndarray:
-    """Per-row log-likelihoods under one model, in batches (bounded memory)."""
+def row_loglik(
+    model: torch.nn.Module, x: np.ndarray, batch: int = 4096, generator: torch.Generator | None = None
+) -> np.ndarray:
+    """Per-row log-likelihoods under one model, in batches (bounded memory); [] for no rows.
+
+    The dequantization noise comes from `generator` (default: a fresh secret one), never from
+    the global torch RNG, whose state would otherwise depend on the private row count.
+    """
     data = torch.as_tensor(x, dtype=torch.float32)
+    if len(data) == 0:
+        return np.empty(0, dtype=np.float32)
+    gen = generator if generator is not None else secret_generator()
+    parts = []
     with torch.no_grad():
-        return torch.cat([model.log_prob(data[i : i + batch]) for i in range(0, len(data), batch)]).numpy()
+        for i in range(0, len(data), batch):
+            chunk = data[i : i + batch]
+            parts.append(log_prob_with(model, chunk, dequantization_noise(model, len(chunk), chunk, gen)))
+    return torch.cat(parts).numpy()
 
 
 def loglik_matrix(make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray) -> np.ndarray:
-    """[checkpoints, rows] per-row log-likelihoods."""
-    return np.stack([row_loglik(make_model(state), x) for state in states]) if states else np.empty((0, len(x)))
+    """[checkpoints, rows] per-row log-likelihoods (rows may be 0: then [checkpoints, 0])."""
+    if not states:
+        return np.empty((0, len(x)))
+    return np.stack([row_loglik(make_model(state), x).astype(np.float64) for state in states])
 
 
 @task(name="select", **PRIVATE)
@@ -49,11 +65,13 @@ def select_checkpoints(
     stage: StagePlan,
     cfg: SelectConfig,
 ) -> list[int]:
-    """Indices into `checkpoints` of the k winners (k capped at the number of checkpoints)."""
+    """Indices into `checkpoints` of the k winners (k capped at the number of checkpoints).
+
+    With no validation rows every score is 0 and the noisy picks are uniform; the selection
+    still runs (and spends its planned epsilon), so whether rows exist never shows.
+    """
     k = min(cfg.top_k, len(checkpoints))
     loglik = loglik_matrix(make_model, [s for _, s in checkpoints], x_val)
     scores, sensitivity = report_noisy_max.clipped_loglik_scores(loglik, cfg.score_low, cfg.score_high)
     # the clipped, shifted sums are monotone: adding a row raises every score
-    return report_noisy_max.report_noisy_max(
-        scores, sensitivity, per_pick_epsilon(stage), np.random.default_rng(), k=k, monotone=True
-    )
+    return report_noisy_max.report_noisy_max(scores, sensitivity, per_pick_epsilon(stage), k=k, monotone=True)

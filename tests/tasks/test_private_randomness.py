@@ -1,0 +1,108 @@
+"""Tasks that read private rows never touch the global torch RNG (its state would depend on
+private row counts) and draw dequantization noise from secret generators; selection runs
+with zero validation rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from privacy.events import GaussianEvent, PureDPEvent, RepeatedEvent
+from privacy.plan import StagePlan
+from privflow.config import SelectConfig
+
+CARDS = [None, 3, None, 4]
+
+
+def _model(prior: str = "normal") -> torch.nn.Module:
+    from models import build_flow
+
+    torch.manual_seed(0)
+    return build_flow("dphflow", CARDS, blocks=1, hidden=8, prior=prior)
+
+
+def _rows(n: int, seed: int = 0) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    cols = [g.uniform(0.05, 0.95, n) if c is None else g.integers(0, c, n).astype(float) for c in CARDS]
+    return np.column_stack(cols).astype(np.float32)
+
+
+def _unchanged_global_rng(fn) -> None:  # noqa: ANN001
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    fn()
+    assert torch.equal(torch.get_rng_state(), before), "the task advanced the global torch RNG"
+
+
+def test_dp_statistics_leaves_the_global_rng_alone() -> None:
+    from tasks.dp_stats import dp_statistics
+
+    model = _model()
+    stage = StagePlan("dp_stats", 0.1, 1.0, GaussianEvent(2.0))
+    _unchanged_global_rng(lambda: dp_statistics.fn(model, _rows(300), stage))
+
+
+def test_dp_prior_leaves_the_global_rng_alone() -> None:
+    from tasks.dp_prior import dp_prior
+
+    model = _model("mog")
+    d = len(CARDS)
+    stage = StagePlan("dp_prior", 0.1, 1.0, RepeatedEvent(GaussianEvent(5.0), 3))
+    _unchanged_global_rng(lambda: dp_prior.fn(model, _rows(300), np.zeros(d), np.ones(d), stage, 2))
+
+
+def test_row_loglik_uses_its_generator_not_the_global_rng() -> None:
+    from tasks.select import row_loglik
+
+    model = _model().eval()
+    x = _rows(50)
+    _unchanged_global_rng(lambda: row_loglik(model, x))
+    a = row_loglik(model, x, generator=torch.Generator().manual_seed(3))
+    b = row_loglik(model, x, generator=torch.Generator().manual_seed(3))
+    c = row_loglik(model, x, generator=torch.Generator().manual_seed(4))
+    assert np.array_equal(a, b) and not np.array_equal(a, c)  # the noise follows the given generator
+    assert row_loglik(model, x[:0]).shape == (0,)
+
+
+def _checkpoints(model: torch.nn.Module, count: int) -> list[tuple[int, dict]]:
+    out = []
+    for i in range(count):
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        out.append((i + 1, state))
+    return out
+
+
+def _make(state: dict) -> torch.nn.Module:
+    with torch.random.fork_rng():  # building a model is public; keep its seeding out of the check
+        m = _model()
+    m.load_state_dict(state)
+    return m.eval()
+
+
+@pytest.mark.parametrize("rows", [0, 40])
+def test_select_runs_with_and_without_validation_rows(rows: int) -> None:
+    from tasks.select import loglik_matrix, select_checkpoints
+
+    model = _model()
+    checkpoints = _checkpoints(model, 4)
+    stage = StagePlan("select", 0.1, 1.0, RepeatedEvent(PureDPEvent(0.5), 2))
+    x = _rows(rows)
+    assert loglik_matrix(_make, [s for _, s in checkpoints], x).shape == (4, rows)
+    holder: dict[str, list[int]] = {}
+    _unchanged_global_rng(lambda: holder.update(p=select_checkpoints.fn(_make, checkpoints, x, stage, SelectConfig(top_k=2))))
+    picks = holder["p"]
+    assert len(picks) == 2 == len(set(picks)) and all(0 <= i < 4 for i in picks)
+
+
+def test_select_with_zero_rows_is_uniform() -> None:
+    """All scores are 0 without rows, so every checkpoint is equally likely."""
+    from scipy import stats
+
+    from tasks.select import select_checkpoints
+
+    model = _model()
+    checkpoints = _checkpoints(model, 3)
+    stage = StagePlan("select", 0.1, 1.0, PureDPEvent(1.0))
+    picks = [select_checkpoints.fn(_make, checkpoints, _rows(0), stage, SelectConfig())[0] for _ in range(600)]
+    assert stats.chisquare(np.bincount(picks, minlength=3)).pvalue > 0.001
