@@ -25,6 +25,27 @@ from privacy.events import (
     flatten,
 )
 
+# The PLD of one Gaussian (or Laplace) event is a grid over its privacy-loss range: about
+# (20/sigma + 1/sigma^2) / discretization points for a Gaussian (the range up to ten standard
+# deviations out), 2/(b * discretization) for a Laplace of scale b. A tiny noise multiplier
+# would ask for billions of points (gigabytes) before composing anything; refuse past this.
+MAX_PLD_POINTS = 20_000_000
+
+
+class PLDTooLarge(ValueError):
+    """An event's privacy-loss distribution would need more than MAX_PLD_POINTS grid points."""
+
+
+def pld_points(event: Event, discretization: float) -> float:
+    """Estimated grid size of one event's PLD at `discretization` (see MAX_PLD_POINTS)."""
+    if isinstance(event, GaussianEvent | PoissonGaussianEvent):
+        s = event.noise_multiplier
+        return (20.0 / s + 1.0 / (s * s)) / discretization
+    if isinstance(event, LaplaceEvent):
+        return 2.0 / (event.noise_multiplier * discretization)
+    return 2.0
+
+
 _RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024])
 
 
@@ -62,6 +83,13 @@ class PLDAccountant(Accountant):
         from dp_accounting.pld import privacy_loss_distribution as pld
 
         h = self.discretization
+        points = pld_points(event, h)
+        if not points <= MAX_PLD_POINTS:
+            raise PLDTooLarge(
+                f"The privacy-loss distribution of {event!r} would need about {points:.3g} grid points "
+                f"(limit {MAX_PLD_POINTS:.0e}): its noise is too small to account for at discretization {h:g}. "
+                "Use more noise (a smaller epsilon or a larger share for this stage)."
+            )
         if isinstance(event, GaussianEvent):
             return pld.from_gaussian_mechanism(event.noise_multiplier, value_discretization_interval=h)
         if isinstance(event, LaplaceEvent):
@@ -159,6 +187,18 @@ class PRVAccountant(Accountant):
         _, _, upper = acc.compute_epsilon(delta=delta, num_self_compositions=counts)
         return max(0.0, float(upper))
 
+
+__all__ = [
+    "ACCOUNTANTS",
+    "MAX_PLD_POINTS",
+    "Accountant",
+    "PLDAccountant",
+    "PLDTooLarge",
+    "PRVAccountant",
+    "RDPAccountant",
+    "pld_points",
+    "reported_epsilon",
+]
 
 ACCOUNTANTS: dict[str, type[Accountant]] = {"pld": PLDAccountant, "rdp": RDPAccountant, "prv": PRVAccountant}
 

@@ -29,7 +29,8 @@ def gaussian_delta(epsilon: float, noise_multiplier: float) -> float:
     a = 1.0 / (2.0 * s)
     first = ndtr(a - epsilon * s)
     # e^eps * Phi(-a - eps*s) in log space: the factor e^eps overflows long before the product does.
-    second = math.exp(epsilon + log_ndtr(-a - epsilon * s))
+    exponent = float(epsilon + log_ndtr(-a - epsilon * s))
+    second = math.exp(exponent) if exponent < 709.0 else math.inf  # never an OverflowError
     return max(0.0, float(first - second))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,6 +42,40 @@ log = logging.getLogger(__name__)
 # Relative slack for floating-point noise only: a plan calibrated to land exactly on the
 # budget may compose to budget * (1 + 1e-12) in the PLD's arithmetic.
 _REL_TOL = 1e-9
+
+# Statuses whose events count against the budget and show in the publishable summary:
+# 'reserved' (an open reservation), 'settled' (the run finished and spent its events) and
+# 'failed' (abandoned after a mechanism ran: its reservation stays counted). A 'released'
+# reservation read no row and spent nothing; a refused run is never recorded at all.
+CHARGED_STATUSES = ("reserved", "settled", "failed")
+_STATUS_LABEL = {"reserved": "reserved (open)", "settled": "settled", "failed": "abandoned"}
+
+# What the publishable ledger summary (`describe`, `privflow ledger show`) prints, per run,
+# and why each is public. `describe` builds its table from this tuple only, and a test fails
+# if it prints anything else. Data fingerprints are deliberately absent: they are keyed
+# HMACs of private files, kept in the database for the curator and out of published output.
+PUBLISHABLE_RUN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run", "the run's id: a random identifier (Prefect flow-run UUID and attempt), not derived from rows"),
+    ("status", "settled / abandoned / reserved (open): whether the run finished, a fact the released "
+     "model already shows, and never data-dependent beyond the validation gate's DP decision"),
+    ("created", "wall-clock time of the reservation, made before any row is read"),
+    ("eps (run)", "the run's own epsilon: PLD composition of its events, which are mechanism parameters"),
+    ("eps (cumulative)", "PLD composition of this run's and all earlier runs' events on the dataset"),
+    ("events", "the mechanisms' parameters (noise multipliers, sample rates, steps), set by the public "
+     "plan before any row is read: Gaussian (DP statistics, DP prior), Poisson-sampled Gaussian "
+     "(DP-SGD), pure DP (Report-Noisy-Max, the validation gate)"),
+    ("stages", "the plan's standalone epsilon per stage, computed from public settings only"),
+)
+# Per dataset: name, budget (public settings of the schema), spent and remaining epsilon
+# (PLD composition of the published events) and the number of charged runs.
+PUBLISHABLE_DATASET_FIELDS: tuple[tuple[str, str], ...] = (
+    ("dataset", "the schema's public dataset name"),
+    ("budget", "the schema's public total (epsilon, delta)"),
+    ("spent", "PLD composition of every charged run's events"),
+    ("remaining", "budget minus spent"),
+    ("runs", "the number of charged runs listed below"),
+)
+_HEX = re.compile(r"\b[0-9a-f]{12,}\b")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -168,7 +203,8 @@ class Ledger:
     def __init__(self, path: str | Path, timeout: float = 300.0) -> None:
         self.path = Path(path)
         self.timeout = timeout
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.parent.is_dir():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         con = self._connect()
         try:
             con.execute("PRAGMA journal_mode=WAL")
@@ -241,10 +277,10 @@ class Ledger:
             if fingerprint is not None and fingerprint != row["fingerprint"]:
                 seen = {r[0] for r in con.execute("SELECT fingerprint FROM fingerprints WHERE dataset = ?", (name,))}
                 if row["fingerprint"] is not None:
+                    # No fingerprint value in the message: notes are part of the publishable summary.
                     warnings.append(
-                        f"Dataset '{name}' now has fingerprint {fingerprint[:12]}, recorded before as "
-                        f"{row['fingerprint'][:12]}"
-                        + (" (seen earlier)" if fingerprint in seen else "")
+                        f"Dataset '{name}' now has a content fingerprint different from the one recorded"
+                        + (" (a version seen earlier)" if fingerprint in seen else "")
                         + ". The data changed under the same name; its spent budget still counts."
                     )
                 if fingerprint not in seen:
@@ -316,21 +352,9 @@ class Ledger:
                 if existing["status"] == "failed":
                     con.execute("UPDATE runs SET status = 'reserved' WHERE run_id = ?", (run_id,))
                 return
-            delta = float(ds["budget_delta"])
-            budget = float(ds["budget_epsilon"])
-            earlier = self._dataset_events(con, dataset)
-            spent = float(ds["spent_epsilon"])  # kept equal to compose_epsilon(earlier, delta)
-            requested = compose_epsilon(events, delta)
-            total = compose_epsilon(earlier + list(events), delta)
-            if not total <= budget * (1 + _REL_TOL):
-                n_runs = con.execute("SELECT COUNT(*) FROM runs WHERE dataset = ?", (dataset,)).fetchone()[0]
-                raise BudgetExceeded(
-                    f"Run '{run_id}' was refused before reading any row: dataset '{dataset}' has a total "
-                    f"budget of epsilon={budget:.4g} (delta={delta:g}); {n_runs} earlier run(s) spent "
-                    f"epsilon={spent:.4g}, leaving {max(0.0, budget - spent):.4g}, and this run requests "
-                    f"epsilon={requested:.4g} on its own, which composes to a total of {total:.4g}. "
-                    "Lower the run's epsilon, or raise the dataset's budget deliberately."
-                )
+            requested, total = self._verdict(
+                con, dataset, float(ds["budget_epsilon"]), float(ds["budget_delta"]), events, f"Run '{run_id}'"
+            )
             now = _now()
             js = events_to_json(list(events))
             con.execute(
@@ -339,6 +363,57 @@ class Ledger:
                 (run_id, dataset, js, js, requested, requested, json.dumps(stages or {}), now),
             )
             con.execute("UPDATE datasets SET spent_epsilon = ? WHERE name = ?", (total, dataset))
+
+    @classmethod
+    def _verdict(
+        cls,
+        con: sqlite3.Connection | None,
+        dataset: str,
+        budget: float,
+        delta: float,
+        events: Sequence[Event],
+        who: str,
+    ) -> tuple[float, float]:
+        """The one budget check (reserve and check both use it): (requested, total) epsilon, or
+        BudgetExceeded naming every number. `con` None: a dataset with no recorded run."""
+        earlier = cls._dataset_events(con, dataset) if con is not None else []
+        n_runs = (
+            con.execute(
+                f"SELECT COUNT(*) FROM runs WHERE dataset = ? AND status IN {CHARGED_STATUSES}", (dataset,)
+            ).fetchone()[0]
+            if con is not None
+            else 0
+        )
+        spent = compose_epsilon(earlier, delta)
+        requested = compose_epsilon(events, delta)
+        total = compose_epsilon(earlier + list(events), delta) if earlier else requested
+        if not total <= budget * (1 + _REL_TOL):
+            raise BudgetExceeded(
+                f"{who} was refused before reading any row: dataset '{dataset}' has a total "
+                f"budget of epsilon={budget:.4g} (delta={delta:g}); {n_runs} earlier run(s) spent "
+                f"epsilon={spent:.4g}, leaving {max(0.0, budget - spent):.4g}, and this run requests "
+                f"epsilon={requested:.4g} on its own, which composes to a total of {total:.4g}. "
+                "Lower the run's epsilon, or raise the dataset's budget deliberately."
+            )
+        return requested, total
+
+    def check(
+        self, dataset: str, events: list[Event], budget: tuple[float, float] | None = None, who: str = "This run"
+    ) -> None:
+        """Dry run of `reserve`: raise BudgetExceeded if `events` would pass the dataset's budget;
+        records nothing and takes no write lock.
+
+        A dataset not yet in the ledger is checked against `budget` (epsilon, delta), the one
+        `ensure_dataset` would record; without it, PrivacyPlanError.
+        """
+        with self._tx(immediate=False) as con:
+            row = con.execute("SELECT * FROM datasets WHERE name = ?", (dataset,)).fetchone()
+            if row is None:
+                if budget is None:
+                    raise PrivacyPlanError(f"Dataset '{dataset}' is not in the privacy ledger; register it first.")
+                check_budget(dataset, events, budget, who=who)
+                return
+            self._verdict(con, dataset, float(row["budget_epsilon"]), float(row["budget_delta"]), events, who)
 
     def settle(self, run_id: str, events: list[Event]) -> None:
         """Replace a run's reservation by what it actually spent (at most what it reserved).
@@ -459,31 +534,40 @@ class Ledger:
             return [tuple(r) for r in con.execute(q, (dataset,) if dataset else ())]
 
     def describe(self, dataset: str | None = None) -> str:
-        """A plain-text table of datasets and their runs, with each run's and the cumulative epsilon."""
+        """The publishable summary: per dataset its budget and spend, and its charged runs
+        (settled, abandoned, open reservations) with the columns of PUBLISHABLE_RUN_COLUMNS only.
+
+        Released reservations (they spent nothing) are left out, and so are data fingerprints.
+        """
         datasets = [d for d in self.datasets() if dataset is None or d.name == dataset]
         if dataset is not None and not datasets:
             return f"Dataset '{dataset}' is not in the privacy ledger ({self.path})."
         if not datasets:
             return f"The privacy ledger ({self.path}) is empty."
+        columns = [name for name, _ in PUBLISHABLE_RUN_COLUMNS]
         lines: list[str] = [f"Privacy ledger: {self.path}"]
         for d in datasets:
+            runs = [r for r in self.runs(d.name) if r.status in CHARGED_STATUSES]
             lines.append("")
             lines.append(
                 f"Dataset {d.name}: budget epsilon={d.budget_epsilon:.4g} delta={d.budget_delta:g}; "
-                f"spent epsilon={d.spent_epsilon:.4f}, remaining {d.remaining_epsilon:.4f}; "
-                f"{d.runs} run(s); fingerprint {d.fingerprint[:12] if d.fingerprint else '-'}"
+                f"spent epsilon={d.spent_epsilon:.4f}, remaining {d.remaining_epsilon:.4f}; {len(runs)} run(s)"
             )
-            runs = self.runs(d.name)
             if runs:
-                header = ("run", "status", "created", "eps (run)", "eps (cumulative)", "events")
-                table = [header]
+                table = [tuple(c for c in columns if c != "stages")]
                 so_far: list[Event] = []
                 for r in runs:
                     so_far.extend(r.events)
-                    cumulative = compose_epsilon(so_far, d.budget_delta)
-                    events = "; ".join(describe_event(e) for e in r.events) or "-"
-                    table.append((r.run_id, r.status, r.created[:19], f"{r.epsilon:.4f}", f"{cumulative:.4f}", events))
-                widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+                    cells = {
+                        "run": r.run_id,
+                        "status": _STATUS_LABEL.get(r.status, r.status),
+                        "created": r.created[:19],
+                        "eps (run)": f"{r.epsilon:.4f}",
+                        "eps (cumulative)": f"{compose_epsilon(so_far, d.budget_delta):.4f}",
+                        "events": "; ".join(describe_event(e) for e in r.events) or "-",
+                    }
+                    table.append(tuple(cells[c] for c in table[0]))
+                widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
                 for row in table:
                     cells = [row[i].ljust(widths[i]) for i in range(len(widths))]
                     lines.append("  " + "  ".join(cells) + "  " + row[-1])
@@ -491,8 +575,40 @@ class Ledger:
                     if r.stages:
                         lines.append(f"  {r.run_id} stages: " + ", ".join(f"{k}={v}" for k, v in r.stages))
             for _, at, message in self.notes(d.name):
-                lines.append(f"  note {at[:19]}: {message}")
+                lines.append(f"  note {at[:19]}: {_HEX.sub('<redacted>', message)}")
         return "\n".join(lines)
 
 
-__all__ = ["DatasetRecord", "Ledger", "RunRecord", "compose_epsilon", "describe_event", "merge_events"]
+def check_budget(
+    dataset: str, events: Sequence[Event], budget: tuple[float, float], who: str = "This run"
+) -> None:
+    """The budget check for a dataset with no recorded run (or no ledger file yet): the same
+    code path as `Ledger.reserve`, against the budget that would be recorded."""
+    Ledger._verdict(None, dataset, float(budget[0]), float(budget[1]), events, who)  # noqa: SLF001
+
+
+def check_budget_at(
+    path: str | Path, dataset: str, events: Sequence[Event], budget: tuple[float, float], who: str = "This run"
+) -> None:
+    """Pre-flight: check `events` against the ledger at `path` without reserving or creating
+    anything; a missing ledger file means a fresh budget."""
+    p = Path(path)
+    if not p.exists():
+        check_budget(dataset, events, budget, who)
+        return
+    Ledger(p).check(dataset, list(events), budget, who)
+
+
+__all__ = [
+    "CHARGED_STATUSES",
+    "PUBLISHABLE_DATASET_FIELDS",
+    "PUBLISHABLE_RUN_COLUMNS",
+    "DatasetRecord",
+    "Ledger",
+    "RunRecord",
+    "check_budget",
+    "check_budget_at",
+    "compose_epsilon",
+    "describe_event",
+    "merge_events",
+]

@@ -19,7 +19,14 @@ from privacy.accountant import PLDAccountant, RDPAccountant
 from privacy.events import Event, PoissonGaussianEvent, event_to_dict
 from privflow.errors import PrivacyPlanError
 
+__all__ = ["MAX_EPSILON", "PrivacyPlan", "Remainder", "SGDShape", "StagePlan", "make_plan"]
+
 _COARSE = 1e-3  # PLD discretisation while searching; the final figure uses the fine default
+
+# The largest total epsilon a plan accepts. Past it a "guarantee" means nothing (e^100 is
+# about 1e43), and the small stages' noise shrinks until their privacy-loss distributions
+# need gigabytes; a clear refusal is better than either.
+MAX_EPSILON = 100.0
 
 
 @dataclass(frozen=True)
@@ -117,9 +124,34 @@ def make_plan(
     when the target cannot be met.
     """
     if not (math.isfinite(epsilon) and epsilon > 0):
-        raise PrivacyPlanError(f"epsilon must be a positive number, got {epsilon}.")
-    if not 0 < delta < 1:
+        raise PrivacyPlanError(f"epsilon must be a finite positive number, got {epsilon}.")
+    if epsilon > MAX_EPSILON:
+        raise PrivacyPlanError(
+            f"epsilon={epsilon:g} is above privflow's limit of {MAX_EPSILON:g}: at such values the guarantee "
+            "says nothing (e^epsilon is astronomically large) and the accountant cannot represent the noise. "
+            f"Choose an epsilon of at most {MAX_EPSILON:g} (typical values are 0.1 to 10)."
+        )
+    if not (math.isfinite(delta) and 0 < delta < 1):
         raise PrivacyPlanError(f"delta must lie strictly between 0 and 1, got {delta}.")
+    try:
+        return _make_plan(epsilon, delta, small_stages, remainder, tolerance)
+    except PrivacyPlanError:
+        raise
+    except (ArithmeticError, ValueError) as exc:
+        # math domain errors, overflows and PLD grids too large to build: never a traceback.
+        raise PrivacyPlanError(
+            f"The privacy plan for epsilon={epsilon:g}, delta={delta:g} cannot be computed: {exc}. "
+            "Use a smaller epsilon or a smaller delta, or change the stage shares."
+        ) from None
+
+
+def _make_plan(
+    epsilon: float,
+    delta: float,
+    small_stages: Mapping[str, tuple[float, Callable[[float], Event]]],
+    remainder: SGDShape | Remainder | None,
+    tolerance: float,
+) -> PrivacyPlan:
     total_share = sum(share for share, _ in small_stages.values())
     if total_share >= 1:
         raise PrivacyPlanError(
@@ -178,7 +210,12 @@ def _calibrate(epsilon: float, delta: float, fixed: list[Event], remainder: Rema
         else:
             hi = mid
     sigma = math.exp(hi)
-    # The fine discretisation gives the reported figure; nudge sigma up until it is under target.
-    while eps_at(sigma, fine) > epsilon:
+    # The fine discretisation gives the reported figure; nudge sigma up until it is under target
+    # (a bounded number of nudges: the coarse grid is already pessimistic, so a few suffice).
+    for _ in range(200):
+        if eps_at(sigma, fine) <= epsilon:
+            return remainder.event(sigma)
         sigma *= 1.002
-    return remainder.event(sigma)
+    raise PrivacyPlanError(
+        f"Calibration of stage '{remainder.name}' did not converge to epsilon={epsilon}; lower epsilon or shorten it."
+    )

@@ -1,15 +1,22 @@
 """`privflow`: run the DP pipeline, sample a registered model, inspect the privacy ledger.
 
 Heavy libraries (torch, prefect, mlflow) are imported inside the commands, so `--help`
-stays instant. User errors print one paragraph and exit with status 2, never a traceback.
+stays instant. `run` and `demo` first run the pre-flight checks (`privflow.preflight`):
+before Prefect, MLflow or Great Expectations is imported and before the ledger reserves.
+
+Exit statuses: 0 success; 2 any PrivflowError (a user error, over budget, the validation
+gate stopping a run), printed once as one paragraph with no traceback; 1 an unexpected
+(internal) error, one paragraph, with the traceback under `--verbose`; 130 Ctrl-C.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -23,9 +30,23 @@ ledger_app = typer.Typer(no_args_is_help=True, help="Inspect the per-dataset pri
 app.add_typer(ledger_app, name="ledger")
 console = Console(stderr=True)
 
+EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
+
 StoreOpt = Annotated[
     Path, typer.Option("--store", help="Folder for the MLflow SQLite store, artifacts, ledger and synthetic tables.")
 ]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Show library logs, warnings and tracebacks.")
+]
+PromoteOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--promote",
+        help="When the alias moves to the new version: if-better (default: only when no version holds it yet; "
+        "later versions by the DP comparison), always, or never.",
+    ),
+]
+_PROMOTE = {"if-better": "if_better", "if_better": "if_better", "always": "always", "never": "never"}
 
 
 def demo_paths() -> tuple[Path, Path, Path]:
@@ -34,9 +55,64 @@ def demo_paths() -> tuple[Path, Path, Path]:
     return root / "adult_train.csv", root / "adult.yaml", root / "adult_test.csv"
 
 
-def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+def _paragraph(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _fail(message: str, code: int = EXIT_USER) -> None:
+    console.print(f"[bold red]error:[/] {_paragraph(message)}", highlight=False, soft_wrap=True, markup=True)
+    raise typer.Exit(code)
+
+
+def _guarded(verbose: bool, body: Callable[[], Any]) -> Any:
+    """Run a command body with the CLI's exit-status contract (module docstring)."""
+    from privflow.errors import PrivflowError
+
+    try:
+        return body()
+    except (typer.Exit, typer.Abort):
+        raise
+    except KeyboardInterrupt:
+        if verbose:
+            traceback.print_exc()
+        console.print(
+            "interrupted (Ctrl-C). Any privacy already spent by the run stays recorded in the ledger; "
+            "see `privflow ledger show`.",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except PrivflowError as exc:
+        if verbose:
+            traceback.print_exc()
+        _fail(str(exc), EXIT_USER)
+    except Exception as exc:  # noqa: BLE001 - the one place a bug becomes a message
+        if verbose:
+            traceback.print_exc()
+        detail = _paragraph(f"{type(exc).__name__}: {exc}")[:400]
+        _fail(
+            f"internal error: privflow hit an unexpected problem ({detail}). This is a bug, not a problem with "
+            "your input; rerun with --verbose to see the traceback, and report it with that output.",
+            EXIT_INTERNAL,
+        )
+
+
+def _promotion(value: str | None) -> str | None:
+    """--promote if-better|always|never -> the config's value (one the config accepts)."""
+    if value is None:
+        return None
+    from typing import get_args
+
+    from privflow.config import RunConfig
+    from privflow.errors import ConfigError
+
+    key = _PROMOTE.get(value.strip().lower())
+    if key is None:
+        raise ConfigError(f"--promote must be one of if-better, always, never; got '{value}'.")
+    accepted = get_args(RunConfig.model_fields["promotion"].annotation)
+    if key not in accepted and key == "if_better" and "if_absent" in accepted:
+        key = "if_absent"  # the older name of the same default
+    return key
 
 
 @app.command()
@@ -53,10 +129,12 @@ def run(
     device: Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda.")] = None,
     model_name: Annotated[Optional[str], typer.Option("--model-name", help="Registered model name.")] = None,
     alias: Annotated[Optional[str], typer.Option("--alias", help="Registry alias for the new version.")] = None,
+    promote: PromoteOpt = None,
     store: StoreOpt = Path(".privflow"),
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
-    """Validate, train a DP flow, select a checkpoint, evaluate, and register it in MLflow."""
+    """Check everything up front, then validate, train a DP flow, select a checkpoint, evaluate, register."""
     overrides = {
         "data": data,
         "schema_path": schema,
@@ -69,7 +147,7 @@ def run(
         "train": {"epochs": epochs, "device": device},
         "evaluate": {"test_data": test_data},
     }
-    _run(config, overrides, quiet)
+    _run(config, overrides, quiet, verbose, promote)
 
 
 @app.command()
@@ -78,7 +156,9 @@ def demo(
     epsilon: Annotated[float, typer.Option("--epsilon")] = 1.0,
     delta: Annotated[float, typer.Option("--delta")] = 1e-5,
     config: Annotated[Optional[Path], typer.Option("--config", help="Run configuration (YAML).")] = None,
+    promote: PromoteOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Run the pipeline on the bundled UCI Adult demo at (epsilon=1, delta=1e-5)."""
     train, schema, test = demo_paths()
@@ -89,7 +169,7 @@ def demo(
         "privacy": {"epsilon": epsilon, "delta": delta},
         "evaluate": {"test_data": test},
     }
-    _run(config, overrides, quiet)
+    _run(config, overrides, quiet, verbose, promote)
 
 
 def _merge(base: dict, overrides: dict) -> dict:
@@ -104,66 +184,103 @@ def _merge(base: dict, overrides: dict) -> dict:
     return out
 
 
-def _run(config_path: Path | None, overrides: dict, quiet: bool) -> None:
-    from privflow import env
+def _run(config_path: Path | None, overrides: dict, quiet: bool, verbose: bool, promote: str | None) -> None:
+    _guarded(verbose, lambda: _run_body(config_path, overrides, quiet, verbose, promote))
+
+
+def _load_config(config_path: Path | None, overrides: dict, promote: str | None) -> Any:
     from privflow.config import RunConfig
-    from privflow.errors import ConfigError, PrivflowError
+    from privflow.errors import ConfigError
 
     base: dict = {}
     if config_path is not None:
         import yaml
 
+        if not config_path.is_file():
+            raise ConfigError(f"Config file '{config_path}' does not exist or is not a file.")
         try:
             base = yaml.safe_load(config_path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            _fail(f"Config file '{config_path}' cannot be read: {exc}")
-    try:
-        cfg = RunConfig.build(**_merge(base, overrides))
-    except ConfigError as exc:
-        _fail(str(exc))
-    # Cheap checks first, so a typo costs no Prefect start-up.
-    from privflow.schema import Schema
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(f"Config file '{config_path}' cannot be read as YAML: {_paragraph(exc)}") from None
+        if not isinstance(base, dict):
+            raise ConfigError(
+                f"Config file '{config_path}' must hold a mapping of settings (e.g. 'train: {{epochs: 2}}'), "
+                f"not a {type(base).__name__}."
+            )
+    promotion = _promotion(promote)
+    if promotion is not None:
+        overrides = {**overrides, "promotion": promotion}
+    return RunConfig.build(**_merge(base, overrides))
 
-    try:
-        Schema.from_yaml(cfg.schema_path)
-        if not cfg.data.is_file():
-            raise ConfigError(f"Data file '{cfg.data}' does not exist.")
-    except PrivflowError as exc:
-        _fail(str(exc))
-    env.configure(cfg.store)
-    console.print(f"[bold]privflow[/] training on [cyan]{cfg.data}[/] at epsilon={cfg.privacy.epsilon:g}, "
-                  f"delta={cfg.privacy.delta:g}; store {cfg.store.resolve()}", highlight=False)
-    try:
-        from flows.train import train_pipeline
 
-        summary = train_pipeline(cfg, show_progress=not quiet)
-    except PrivflowError as exc:
-        _fail(str(exc))
+def _run_body(config_path: Path | None, overrides: dict, quiet: bool, verbose: bool, promote: str | None) -> None:
+    from privflow import env
+    from privflow.preflight import preflight
+
+    cfg = _load_config(config_path, overrides, promote)
+    # Everything checkable up front, before any library starts a server or the ledger reserves.
+    checked = preflight(cfg)
+    env.configure(cfg.store, verbose=verbose)
+    console.print(
+        f"[bold]privflow[/] pre-flight passed in {checked.seconds:.1f} s ({checked.data_format}; device "
+        f"{checked.device}). Training on [cyan]{cfg.data}[/] at epsilon={cfg.privacy.epsilon:g}, "
+        f"delta={cfg.privacy.delta:g}; store {cfg.store.resolve()}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    from flows.train import train_pipeline
+
+    summary = train_pipeline(cfg, show_progress=not quiet)
     _print_summary(summary)
 
 
 def _print_summary(summary: object) -> None:
+    """The run's figures as a table, then the registry decision and every path in full."""
     from rich.table import Table
 
     s = summary  # RunSummary
-    out = Console()
+    get = lambda name, default=None: getattr(s, name, default)  # noqa: E731 - fields other engineers add
+    out = Console(soft_wrap=True)
     table = Table(title="privflow run", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
     table.add_row("epsilon (PLD, reported)", f"{s.epsilon:.4f} at delta={s.delta:g}")
     table.add_row("epsilon (RDP cross-check)", f"{s.epsilon_rdp:.4f}")
     for stage, eps in s.stages.items():
         table.add_row(f"  stage {stage}", f"{eps:.4f} alone")
     table.add_row("dataset cumulative epsilon", f"{s.dataset_epsilon:.4f}")
-    table.add_row("registered model", f"{s.model_name} v{s.model_version} @{s.alias}")
-    table.add_row("synthetic table", s.synthetic_path)
-    if s.report_path:
-        table.add_row("diagnostics (not DP)", s.report_path)
+    metrics = get("metrics") or {}
     for key in ("utility/macro_f1_mean", "utility/auroc_mean", "utility/ap_mean", "likelihood/test_nats_per_row",
                 "fidelity/tv_mean"):
-        if key in s.metrics:
-            table.add_row(key, f"{s.metrics[key]:.4f}")
-    table.add_row("rows quarantined", str(s.rows_quarantined))
-    table.add_row("wall time", f"{s.wall_seconds:.1f} s")
+        if key in metrics:
+            table.add_row(f"{key} (not DP)", f"{metrics[key]:.4f}")
+    table.add_row("rows quarantined (not DP)", str(get("rows_quarantined", 0)))
+    table.add_row("wall time", f"{get('wall_seconds', 0.0):.1f} s")
     out.print(table)
+    alias = get("alias") or "champion"
+    alias_version = get("alias_version", None)
+    promotion = get("promotion", None)
+    lines = [f"registered model {s.model_name} v{s.model_version}"]
+    if alias_version is None and promotion is None:
+        alias_line = f"alias @{alias} -> v{s.model_version}"  # before RunSummary gained the fields
+    elif alias_version is None:
+        alias_line = f"alias @{alias} -> (no version)"
+    else:
+        alias_line = f"alias @{alias} -> v{alias_version}"
+    if promotion:
+        alias_line += f" ({_paragraph(promotion)})"
+    lines.append(alias_line)
+    lines.append(f"synthetic table: {s.synthetic_path}")
+    if get("report_path"):
+        lines.append(f"diagnostics report (not DP, curator only): {s.report_path}")
+    if get("curator_dir"):
+        lines.append(f"curator-only diagnostics folder (not DP): {get('curator_dir')}")
+    if get("mlflow_run_id"):
+        lines.append(f"MLflow run: {s.mlflow_run_id}")
+    if get("run_id"):
+        lines.append(f"ledger run: {s.run_id}")
+    for line in lines:
+        out.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 @app.command()
@@ -173,52 +290,75 @@ def generate(
     out: Annotated[Path, typer.Option("-o", "--out", help="Output file (.csv or .parquet).")],
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed for reproducible samples.")] = None,
     store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
 ) -> None:
     """Sample synthetic rows from a registered model (never touches the training data)."""
-    from privflow import env
+    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose))
 
-    env.configure(store)
-    from privflow.errors import PrivflowError
-    from privflow.registry import load_generator
+
+def _generate(model: str, n: int, out: Path, seed: int | None, store: Path, verbose: bool) -> None:
+    from privflow.errors import ConfigError
 
     if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
-        _fail(f"Output '{out}' must end in .csv or .parquet.")
-    try:
-        generator = load_generator(model, store)
-    except PrivflowError as exc:
-        _fail(str(exc))
-    import pandas as pd
+        raise ConfigError(f"Output '{out}' must end in .csv or .parquet.")
+    from privflow import env
 
-    frame = generator.predict(pd.DataFrame({"n": [n], **({"seed": [seed]} if seed is not None else {})}))
+    env.configure(store, verbose=verbose)
+    from privflow.registry import load_generator
+
+    generator = load_generator(model, store)
+    import pandas as pd
     import polars as pl
 
+    frame = generator.predict(pd.DataFrame({"n": [n], **({"seed": [seed]} if seed is not None else {})}))
+    table = pl.from_pandas(frame)
+    schema = _generator_schema(generator)
+    if schema is not None:
+        from privflow.codec import restore_types
+
+        table = restore_types(table, schema)
     from privflow.io import write_table
 
-    write_table(pl.from_pandas(frame), out)
-    Console().print(f"wrote {len(frame)} rows to {out}")
+    write_table(table, out)
+    Console().print(f"wrote {table.height} rows to {out}", highlight=False, soft_wrap=True)
+
+
+def _generator_schema(generator: Any) -> Any:
+    """The public schema inside a loaded pyfunc sampler, when it exposes one."""
+    try:
+        return getattr(generator.unwrap_python_model(), "schema", None)
+    except Exception:  # noqa: BLE001 - an older or foreign model: write what it returned
+        return None
 
 
 @ledger_app.command("show")
 def ledger_show(
     dataset: Annotated[Optional[str], typer.Argument(help="Dataset name; all datasets when omitted.")] = None,
     store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
 ) -> None:
-    """Runs, their privacy events and the cumulative (epsilon, delta), per dataset."""
+    """Charged runs (settled, abandoned, open reservations), their privacy events and the
+    cumulative (epsilon, delta), per dataset: the publishable summary (no data fingerprints)."""
+    _guarded(verbose, lambda: _ledger_show(dataset, store))
+
+
+def _ledger_show(dataset: str | None, store: Path) -> None:
     from privacy.ledger import Ledger
+    from privflow.errors import StoreError
 
     path = store / "ledger.db"
-    if not path.exists():
-        _fail(f"No ledger at '{path}': no run has used this store yet.")
-    Console().print(Ledger(path).describe(dataset), highlight=False, soft_wrap=True)
+    if not path.is_file():
+        raise StoreError(f"No ledger at '{path}': no run has used this store yet (pass --store to pick another).")
+    Console().print(Ledger(path).describe(dataset), highlight=False, soft_wrap=True, markup=False)
 
 
 def main() -> None:
-    """Entry point: friendly errors, no tracebacks for user mistakes."""
+    """Entry point: friendly errors, no tracebacks for user mistakes; 130 on Ctrl-C."""
     try:
         app()
     except KeyboardInterrupt:
-        console.print("interrupted")
-        sys.exit(130)
+        console.print("interrupted (Ctrl-C).", highlight=False)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -205,5 +205,44 @@ class Codec:
                 s = pl.Series(col.name, np.clip(x, lo, hi), dtype=pl.Float64)
             if isnull.any():
                 s = pl.select(pl.when(pl.Series(isnull)).then(None).otherwise(s)).to_series().alias(col.name)
-            cols[col.name] = s
+            # integer columns stay Int64 (nullable in polars), never floats like 39.0
+            cols[col.name] = s.cast(pl.Int64 if col.type == "integer" else pl.Float64)
         return pl.DataFrame(cols)
+
+    def decode_pandas(self, array: np.ndarray) -> Any:
+        """`decode` as a pandas frame: integer columns as pandas' nullable `Int64` (a null stays
+        <NA>, the integers stay integers; plain `to_pandas()` would turn a nullable integer
+        column into float64 such as 39.0), categoricals as `category`."""
+        return to_pandas(self.decode(array), self.schema)
+
+
+def to_pandas(frame: pl.DataFrame, schema: Schema) -> Any:
+    """A decoded (or validated) frame as pandas, keeping integer columns integer: nullable
+    integer columns become pandas `Int64`, not float64."""
+    out = frame.to_pandas()
+    for col in schema.columns:
+        if col.type == "integer" and col.name in out.columns:
+            out[col.name] = out[col.name].astype("Int64")
+    return out
+
+
+def restore_types(frame: pl.DataFrame, schema: Schema) -> pl.DataFrame:
+    """Schema types back on a table that went through pandas (a pyfunc's output): integer
+    columns to Int64 (a float64 column of whole numbers with NaN for nulls becomes a nullable
+    integer column again), numeric to Float64, categoricals to strings. Other columns untouched."""
+    exprs = []
+    for col in schema.columns:
+        if col.name not in frame.columns:
+            continue
+        dtype = frame.schema[col.name]
+        if col.type == "integer":
+            c = pl.col(col.name)
+            if dtype.is_float():
+                c = pl.when(c.is_nan()).then(None).otherwise(c)
+            exprs.append(c.round(0).cast(pl.Int64, strict=False).alias(col.name) if dtype.is_float()
+                         else c.cast(pl.Int64, strict=False).alias(col.name))
+        elif col.type == "numeric":
+            exprs.append(pl.col(col.name).cast(pl.Float64, strict=False).fill_nan(None).alias(col.name))
+        else:
+            exprs.append(pl.col(col.name).cast(pl.String).alias(col.name))
+    return frame.with_columns(exprs) if exprs else frame

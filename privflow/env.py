@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
 DEFAULT_HOME = Path(os.environ.get("PRIVFLOW_HOME", Path.cwd() / ".privflow"))
@@ -28,12 +29,41 @@ _QUIET = {
 }
 
 
-def configure(home: Path | str | None = None) -> Path:
+def set_verbosity(verbose: bool) -> None:
+    """Quiet (the CLI's default) or verbose logging, set before prefect/mlflow/GX are imported.
+
+    Quiet: Prefect logs only CRITICAL (so a PrivflowError raised inside the flow shows no Prefect
+    traceback; the CLI prints its message once), MLflow only errors, Python warnings and every
+    library's INFO/WARNING records off (Great Expectations sets some of its loggers to INFO
+    at import, so a logger level alone does not hold). Verbose: library INFO logs and warnings.
+    These override the environment: they are the CLI's explicit --verbose choice.
+    """
+    level = "INFO" if verbose else "CRITICAL"
+    os.environ["PREFECT_LOGGING_LEVEL"] = level
+    os.environ["PREFECT_LOGGING_SERVER_LEVEL"] = "WARNING" if verbose else "CRITICAL"
+    os.environ["PREFECT_SERVER_LOGGING_LEVEL"] = "WARNING" if verbose else "CRITICAL"
+    os.environ["MLFLOW_LOGGING_LEVEL"] = "INFO" if verbose else "ERROR"
+    if verbose:
+        logging.disable(logging.NOTSET)
+        logging.getLogger("great_expectations").setLevel(logging.INFO)
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    else:
+        logging.disable(logging.WARNING)
+        warnings.simplefilter("ignore")
+        for name in ("great_expectations", "mlflow", "alembic", "absl", "py.warnings"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def configure(home: Path | str | None = None, verbose: bool | None = None) -> Path:
     """Point every library at a project-local home and switch telemetry off.
 
     Values already set in the environment win (an operator pointing at real servers keeps
-    them); returns the privflow home folder, created if needed.
+    them); returns the privflow home folder, created if needed. `verbose` True/False also
+    applies `set_verbosity` (None leaves logging as it is).
     """
+    if verbose is not None:
+        set_verbosity(verbose)
     root = Path(home) if home is not None else Path(os.environ.get("PRIVFLOW_HOME", DEFAULT_HOME))
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -43,6 +73,6 @@ def configure(home: Path | str | None = None) -> Path:
     os.environ.setdefault("PREFECT_HOME", str(prefect_home))
     for key, value in _QUIET.items():
         os.environ.setdefault(key, value)
-    # GX announces every ephemeral context at INFO; keep its warnings.
-    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    if not verbose:  # GX announces every ephemeral context at INFO; keep its warnings.
+        logging.getLogger("great_expectations").setLevel(logging.WARNING if verbose is None else logging.ERROR)
     return root

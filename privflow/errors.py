@@ -1,10 +1,15 @@
-"""User-facing errors: each carries a one-paragraph message the CLI prints without a traceback."""
+"""User-facing errors: each carries a one-paragraph message the CLI prints without a traceback.
+
+Every subclass of `PrivflowError` is a problem the user can fix (input, settings, budget,
+environment); the CLI exits with status 2 for all of them. Anything else is a bug: the CLI
+calls it an internal error and exits with status 1.
+"""
 
 from __future__ import annotations
 
 
 class PrivflowError(Exception):
-    """Base class for errors caused by the user's input or budget, not by a bug."""
+    """Base class for errors caused by the user's input, settings, budget or machine, not by a bug."""
 
 
 class SchemaError(PrivflowError):
@@ -21,6 +26,14 @@ class ValidationFailed(DataError):
 
 class ConfigError(PrivflowError):
     """A run setting (epsilon, delta, shares, paths) is out of range."""
+
+
+class StoreError(ConfigError):
+    """The store folder (ledger, MLflow database, artifacts) cannot be created or written."""
+
+
+class DeviceUnavailable(ConfigError):
+    """The requested compute device (e.g. CUDA) is not available on this machine."""
 
 
 class PrivacyPlanError(PrivflowError):

@@ -1,0 +1,300 @@
+"""Pre-flight: everything a user can get wrong that is checkable without reading a row value.
+
+Runs in the CLI before `env.configure`, before Prefect, MLflow or Great Expectations is
+imported (this module imports none of them) and before the ledger reserves anything
+(ARCHITECTURE.md, "Data flow": preflight; privacy rule 7). Each check raises a
+`PrivflowError` subclass whose message is one paragraph naming the problem and the fix:
+
+- epsilon and delta finite and in range (epsilon at most `privacy.plan.MAX_EPSILON`, delta
+  below 1/expected_rows and at most the dataset's budget delta);
+- the schema parses;
+- the data path exists, is a file, is readable, and parses as a table (format by content,
+  gzip, encoding, CSV delimiter) whose header matches the schema (no missing, undeclared or
+  duplicate column); Parquet columns have a physical type that can hold the declared one;
+- it has enough rows for the selection split (`min_rows`): counted from the file's layout
+  (Parquet metadata or a scan of line structure), no value parsed. Row VALUES (bounds,
+  types, nulls) are not looked at: that is the validation gate's job, a DP decision made
+  inside the flow;
+- the store folder can be created and written;
+- the device is available (`auto` is resolved);
+- the test-data file, if given, exists and has the same header;
+- the dataset has budget left for the run's plan (`privacy.run_plan.run_plan`), checked
+  against the ledger without reserving (`privacy.ledger.check_budget_at`).
+
+The public facts it returns (format, row count, resolved device, the plan) are for the
+CLI's messages; the row count of the private file is never logged or released.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from privflow.config import RunConfig
+from privflow.errors import ConfigError, DataError, DeviceUnavailable, StoreError
+from privflow.schema import Column, Schema
+
+# Fewest rows for which the selection split (validation_fraction of the rows, by coin flip)
+# expects at least two validation rows; and never fewer than ten rows overall.
+MIN_ROWS_FLOOR = 10
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What pre-flight established: the parsed schema, the privacy plan, the table's format,
+    the resolved device, and how long each check took (seconds)."""
+
+    config: RunConfig
+    schema: Schema
+    plan: object  # privacy.plan.PrivacyPlan (imported lazily)
+    data_format: str
+    rows: int
+    device: str
+    test_format: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.timings.values())
+
+
+def min_rows(config: RunConfig) -> int:
+    """Public minimum number of data rows: the selection split must expect >= 2 rows."""
+    return max(math.ceil(2.0 / config.select.validation_fraction), MIN_ROWS_FLOOR)
+
+
+def check_privacy_parameters(config: RunConfig, schema: Schema | None = None) -> None:
+    """epsilon and delta finite, positive and in their sane ranges (ConfigError otherwise)."""
+    from privacy.plan import MAX_EPSILON
+
+    eps, delta = config.privacy.epsilon, config.privacy.delta
+    if not (isinstance(eps, int | float) and math.isfinite(eps) and eps > 0):
+        raise ConfigError(
+            f"--epsilon must be a finite number above 0, got {eps}. It is the run's total privacy loss; "
+            "typical values are 0.1 to 10."
+        )
+    if eps > MAX_EPSILON:
+        raise ConfigError(
+            f"--epsilon {eps:g} is above privflow's limit of {MAX_EPSILON:g}: at such values the guarantee "
+            f"says nothing (e^epsilon is astronomically large) and the accountant cannot represent the noise. "
+            f"Choose an epsilon of at most {MAX_EPSILON:g}; typical values are 0.1 to 10."
+        )
+    if not (isinstance(delta, int | float) and math.isfinite(delta) and 0 < delta < 1):
+        raise ConfigError(
+            f"--delta must lie strictly between 0 and 1, got {delta}; use a value well below 1/(number of "
+            "rows), e.g. 1e-5."
+        )
+    if schema is None:
+        return
+    rows = schema.dataset.expected_rows
+    if rows is not None and delta >= 1.0 / rows:
+        raise ConfigError(
+            f"--delta {delta:g} is not below 1/expected_rows = {1.0 / rows:.3g} (the schema says about {rows} "
+            "rows): with such a delta a mechanism that publishes a random row outright would qualify, so the "
+            f"guarantee means little. Use a delta well below {1.0 / rows:.3g}, e.g. {_nice_delta(rows):g}."
+        )
+    budget = schema.dataset.budget
+    if delta > budget.delta:
+        raise ConfigError(
+            f"--delta {delta:g} is above the total delta budget of dataset '{schema.dataset.name}' "
+            f"({budget.delta:g}); one run cannot spend more than the whole budget. Use --delta {budget.delta:g} "
+            "or less."
+        )
+
+
+def _nice_delta(rows: int) -> float:
+    return 10.0 ** math.floor(math.log10(1.0 / rows) - 1)
+
+
+def _check_schema(config: RunConfig) -> Schema:
+    return Schema.from_yaml(config.schema_path)
+
+
+def _type_fits(col: Column, dtype: object) -> bool:
+    """Whether a Parquet column's physical dtype can hold the schema's type (values not read)."""
+    import polars as pl
+
+    if dtype == pl.Null:
+        return True
+    if col.type in ("numeric", "integer"):
+        return bool(dtype.is_numeric()) or dtype == pl.Boolean  # type: ignore[attr-defined]
+    if dtype in (pl.String, pl.Categorical) or isinstance(dtype, pl.Enum | pl.Categorical):
+        return True
+    if dtype.is_numeric() or dtype == pl.Boolean:  # type: ignore[attr-defined]
+        # integer-coded categories ("0", "1", ...) can be stored as numbers
+        def numeric(label: str) -> bool:
+            try:
+                float(label)
+            except ValueError:
+                return label.lower() in ("true", "false") and dtype == pl.Boolean
+            return True
+
+        return all(numeric(c) for c in col.categories or ())
+    return False
+
+
+def check_table(path: Path, schema: Schema, what: str = "Data file", need_rows: int = 1) -> tuple[str, int]:
+    """The file parses as a table with the schema's header (and dtypes, for Parquet) and at
+    least `need_rows` data rows. Returns (format description, row count). Values are not read."""
+    from privflow.io import DELIMITER_NAMES, count_rows, read_header
+
+    try:
+        fmt, header, dtypes = read_header(path)
+    except DataError as exc:
+        if what != "Data file":
+            raise DataError(str(exc).replace("Data file", what, 1).replace("Data path", what, 1)) from None
+        raise
+    declared = schema.names
+    missing = [c for c in declared if c not in header]
+    undeclared = [c for c in header if c not in declared]
+    if missing or undeclared:
+        parts = []
+        if missing:
+            parts.append(f"the schema's column(s) {missing} are missing from it")
+        if undeclared:
+            parts.append(f"it has column(s) {undeclared[:10]}{' ...' if len(undeclared) > 10 else ''} that the "
+                         "schema does not declare")
+        hint = ""
+        lower = {c.lower(): c for c in header}
+        near = [f"'{lower[c.lower()]}' for '{c}'" for c in missing if c.lower() in lower]
+        if near:
+            hint += f" Column names are case-sensitive: the file has {', '.join(near)}."
+        if fmt.kind == "csv" and len(header) == 1:
+            others = [DELIMITER_NAMES[d] for d in DELIMITER_NAMES if d in header[0]]
+            hint += (
+                f" The whole header was read as one column ({fmt.describe()})"
+                + (f"; it contains {', '.join(others)} characters: is that the delimiter?" if others else ".")
+            )
+        elif fmt.kind == "csv":
+            hint += f" (Read as {fmt.describe()}.)"
+        raise DataError(
+            f"{what} '{path}' does not match the schema '{schema.dataset.name}': {'; and '.join(parts)}. "
+            "Every declared column must be present and no other column may be; fix the file's header or the "
+            f"schema.{hint}"
+        )
+    if dtypes is not None:
+        wrong = [f"'{c.name}' is stored as {dtypes[c.name]} but declared {c.type}" for c in schema.columns
+                 if not _type_fits(c, dtypes[c.name])]
+        if wrong:
+            raise DataError(
+                f"{what} '{path}' is Parquet with column types that cannot hold the schema's: {'; '.join(wrong)}. "
+                "Write those columns with a numeric type for numeric/integer fields and a string (or "
+                "categorical) type for categorical fields."
+            )
+    rows = count_rows(path, fmt)
+    if rows < need_rows:
+        if rows == 0:
+            raise DataError(f"{what} '{path}' has a header but no data rows; there is nothing to use.")
+        raise DataError(
+            f"{what} '{path}' has {rows} data row(s); privflow needs at least {need_rows} (a public minimum, so "
+            "that the checkpoint-selection split gets validation rows). Use a larger table."
+        )
+    return fmt.describe(), rows
+
+
+def check_store(store: Path) -> None:
+    """The store folder exists and is writable, or can be created (nothing is created here)."""
+    p = Path(store)
+    if p.exists() and not p.is_dir():
+        raise StoreError(f"Store '{p}' is a file, not a folder; pass --store a folder (it is created if missing).")
+    if p.is_dir():
+        try:
+            with tempfile.NamedTemporaryFile(dir=p, prefix=".privflow-write-test-"):
+                pass
+        except OSError as exc:
+            raise StoreError(
+                f"Store folder '{p}' is not writable ({exc.strerror or exc}); privflow keeps its ledger, MLflow "
+                "database and artifacts there. Make it writable or pass --store another folder."
+            ) from None
+        for name in ("ledger.db", "mlflow.db"):
+            f = p / name
+            if f.exists() and not os.access(f, os.R_OK | os.W_OK):
+                raise StoreError(
+                    f"'{f}' in the store is not readable and writable by this user; fix its permissions or pass "
+                    "--store another folder."
+                )
+        return
+    ancestor = p
+    while not ancestor.exists():
+        if ancestor.parent == ancestor:
+            break
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        raise StoreError(
+            f"Store '{p}' cannot be created: '{ancestor}' is a file, not a folder. Pass --store a folder path."
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise StoreError(
+            f"Store folder '{p}' cannot be created: '{ancestor}' is not writable. Pass --store a folder you can "
+            "write to."
+        )
+
+
+def resolve_device(choice: str) -> str:
+    """'cpu', 'cuda' or 'auto' -> the device training will use; DeviceUnavailable for missing CUDA.
+
+    Without an NVIDIA driver on the machine, CUDA is absent and torch is not imported (3 s);
+    with one, torch decides.
+    """
+    if choice == "cpu":
+        return "cpu"
+    driver = sys.platform.startswith("linux") and (
+        Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()
+    )
+    cuda = False
+    if driver or "torch" in sys.modules:
+        import torch
+
+        cuda = bool(torch.cuda.is_available())
+    if choice == "auto":
+        return "cuda" if cuda else "cpu"
+    if not cuda:
+        raise DeviceUnavailable(
+            f"--device {choice} was requested, but this machine has no usable CUDA device "
+            f"({'the NVIDIA driver is present but torch cannot use it' if driver else 'no NVIDIA driver found'}). "
+            "Use --device cpu (or auto, which picks CUDA only when it is there)."
+        )
+    return "cuda"
+
+
+def _check_budget(config: RunConfig, schema: Schema) -> object:
+    from privacy.ledger import check_budget_at
+    from privacy.run_plan import run_plan
+
+    plan = run_plan(config, schema)
+    budget = schema.dataset.budget
+    check_budget_at(config.store / "ledger.db", schema.dataset.name, plan.events, (budget.epsilon, budget.delta))
+    return plan
+
+
+def preflight(config: RunConfig) -> Preflight:
+    """Run every check in order, cheapest first; raise the first problem as a PrivflowError."""
+    timings: dict[str, float] = {}
+
+    def timed(name: str, fn, *args):  # noqa: ANN001, ANN202
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            timings[name] = time.perf_counter() - t0
+
+    timed("privacy parameters", check_privacy_parameters, config)
+    schema = timed("schema", _check_schema, config)
+    timed("privacy parameters", check_privacy_parameters, config, schema)
+    fmt, rows = timed("data file", check_table, Path(config.data), schema, "Data file", min_rows(config))
+    test_fmt = None
+    if config.evaluate.test_data is not None:
+        test_fmt, _ = timed("test data", check_table, Path(config.evaluate.test_data), schema, "Test data file", 1)
+    timed("store", check_store, config.store)
+    device = timed("device", resolve_device, config.train.device)
+    plan = timed("plan and budget", _check_budget, config, schema)
+    return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings)
+
+
+__all__ = ["MIN_ROWS_FLOOR", "Preflight", "check_privacy_parameters", "check_store", "check_table", "min_rows",
+           "preflight", "resolve_device"]
