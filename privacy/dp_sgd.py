@@ -17,14 +17,31 @@ The privacy event of the whole run is ``PoissonGaussianEvent(q, sigma, steps)``
 (``dp_sgd_event``). ``private=False`` trains the non-private baseline on the same sampling
 (no clipping, no noise, mean loss over the actual batch) and records no event.
 
+Randomness (ARCHITECTURE.md, privacy rule 6): the Poisson sampler, the Gaussian noise, the
+sparsifier's draws and the model's dequantization noise each come from their own explicit
+torch generator, seeded independently from ``secrets.randbits(63)`` for every run. The
+dequantization noise is drawn per batch and passed to ``log_prob(x, noise)``: its stream's
+position depends on the private batch sizes, so it must be secret too, never the global RNG
+seeded from the public config. ``noise_seed`` is a test-only override from which the four
+seeds are spawned independently (numpy ``SeedSequence.spawn``), never s, s+1, s+2.
+
+Floating-point caveat (as opacus documents for its non-secure mode): the Gaussian noise is
+``torch.randn`` from a Philox / Mersenne-Twister generator in floating point, not an exact
+sampler, so in principle it carries the least-significant-bit weakness of Mironov (2012)
+and the generator is not cryptographically secure. The statistics' mechanisms use OpenDP's
+exact samplers (``privacy.noise``); for the millions of DP-SGD draws per run no exact
+sampler on torch tensors is available (torchcsprng, opacus' secure mode, is unmaintained).
+
+Non-finite examples: a row whose loss or per-example gradient is NaN / infinite is zeroed
+before clipping (``privacy.clipping``) so that it contributes nothing and cannot turn the
+model into NaN; ``TrainResult.nonfinite_examples`` counts them.
+
 Not differentially private: the training losses (``TrainResult.losses`` and the values
-passed to ``on_step``) are computed on private rows; they are diagnostics for the data
-owner and must not be released with the model.
+passed to ``on_step``) and ``nonfinite_examples`` are computed on private rows; they are
+diagnostics for the data owner and must not be released with the model.
 """
 
 from __future__ import annotations
-
-import secrets
 
 import math
 from collections.abc import Callable
@@ -36,6 +53,7 @@ from torch import Tensor, nn
 
 from privacy.clipping import CLIPPINGS, clipped_gradient_sum, model_layers
 from privacy.events import PoissonGaussianEvent
+from privacy.noise import dequantization_noise, independent_seeds, log_prob_with
 
 
 @dataclass(frozen=True)
@@ -53,11 +71,11 @@ class TrainSettings:
     checkpoint_every: int = 50
     expected_batch_size: float = 512.0  # PUBLIC constant from the config, never len(data)
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", or "auto"
-    seed: int = 0  # the model's own randomness (dequantization noise); public, NOT the DP noise
+    seed: int = 0  # the config's public seed (model initialisation, done by the caller); train() draws nothing from it
     private: bool = True
-    # Seed of the Poisson sampler, the Gaussian noise and the sparsifier. None (the default)
-    # draws it from OS entropy: a noise seed anyone can read (e.g. from the config) would let
-    # them subtract the noise, voiding the guarantee. Set it only in tests.
+    # TEST ONLY. None (the default) seeds the sampler, the noise, the sparsifier and the
+    # dequantization noise independently from OS entropy: a seed anyone can read (e.g. from
+    # the config) would let them regenerate and subtract the noise, voiding the guarantee.
     noise_seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -81,12 +99,14 @@ class TrainSettings:
 
 @dataclass
 class TrainResult:
-    """Checkpoints (step, state_dict copy on CPU), per-step mean losses (NOT private), the event."""
+    """Checkpoints (step, state_dict copy on CPU), per-step mean losses (NOT private), the event,
+    and how many sampled examples were left out for a non-finite loss or gradient (NOT private)."""
 
     checkpoints: list[tuple[int, dict]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     steps: int = 0
     event: PoissonGaussianEvent | None = None
+    nonfinite_examples: int = 0
 
 
 def dp_sgd_event(settings: TrainSettings) -> PoissonGaussianEvent | None:
@@ -129,9 +149,10 @@ def train(
     """Train ``model`` (a TabularFlow: ``log_prob(x) -> [n]``) on encoded rows ``data`` [n, d].
 
     Returns checkpoints every ``checkpoint_every`` steps and at the last step, the mean
-    training loss per step (NaN for an empty batch) and the run's privacy event.
-    Deterministic only when ``noise_seed`` is set (tests); otherwise the sampling and the
-    noise come from OS entropy. Global RNG state is saved and restored around it.
+    training loss per step over its finite examples (NaN for an empty batch) and the run's
+    privacy event. Deterministic only when ``noise_seed`` is set (tests); otherwise every
+    generator is seeded from OS entropy. The global RNG is forked (and reseeded secretly
+    inside) so that nothing the model might draw from it depends on a public seed.
     """
     device = resolve_device(settings.device)
     model.to(device)
@@ -144,27 +165,33 @@ def train(
     layers = model_layers(model)
     result = TrainResult(event=dp_sgd_event(settings))
     n = int(data.shape[0])
-    secret = settings.noise_seed if settings.noise_seed is not None else secrets.randbits(62)
-    sampler = torch.Generator().manual_seed(secret)
-    noise_gen = torch.Generator(device=device).manual_seed(secret + 1)
-    sparsify_gen = torch.Generator(device=device).manual_seed(secret + 2)
+    s_sample, s_noise, s_sparsify, s_deq, s_global = independent_seeds(5, settings.noise_seed)
+    sampler = torch.Generator().manual_seed(s_sample)
+    noise_gen = torch.Generator(device=device).manual_seed(s_noise)
+    sparsify_gen = torch.Generator(device=device).manual_seed(s_sparsify)
+    deq_gen = torch.Generator().manual_seed(s_deq)  # the models draw dequantization noise on CPU
     fork = [device.index or 0] if device.type == "cuda" else []
     checked = False
     with torch.random.fork_rng(devices=fork, device_type=device.type if device.type != "cpu" else "cuda"):
-        torch.manual_seed(settings.seed + 3)  # the model's own randomness (dequantization noise)
+        torch.manual_seed(s_global)  # anything a model still draws implicitly: secret, not the public seed
+        if fork:
+            torch.cuda.manual_seed(s_global)
         for step in range(1, settings.steps + 1):
             idx = poisson_sample(n, settings.sample_rate, sampler)
             batch = data[idx].to(device=device, dtype=params[0].dtype if params else data.dtype)
+            deq = dequantization_noise(model, len(idx), batch, deq_gen) if len(idx) > 0 else None
             opt.zero_grad(set_to_none=True)
             if settings.private:
                 if len(idx) > 0:
                     res = clipped_gradient_sum(
                         model, batch, clipping=settings.clipping, max_grad_norm=settings.max_grad_norm,
                         sparsity=settings.sparsity, generator=sparsify_gen, method="fast",
-                        check=not checked, layers=layers,
+                        check=not checked, layers=layers, noise=deq,
                     )
                     checked = True
-                    loss = float(res.losses.mean())
+                    result.nonfinite_examples += res.nonfinite_examples
+                    finite = res.losses[~res.nonfinite] if res.nonfinite is not None else res.losses
+                    loss = float(finite.mean()) if finite.numel() else math.nan
                     sums = res.grads
                 else:
                     loss = math.nan
@@ -173,7 +200,7 @@ def train(
                     p.grad = noisy_gradient(sums[p], settings, noise_gen)
                 opt.step()
             elif len(idx) > 0:
-                batch_loss = -model.log_prob(batch).mean()
+                batch_loss = -log_prob_with(model, batch, deq).mean()
                 batch_loss.backward()
                 opt.step()
                 loss = float(batch_loss.detach())

@@ -18,6 +18,14 @@ Two methods give the same result (tested to 1e-6 in float64):
 
 Loss convention: the per-example loss is -log_prob(x_i); gradients are of the SUM over the
 batch (the trainer divides by the public expected batch size after adding noise).
+
+Non-finite examples: an example whose loss, recorded activations / output gradients, or
+per-example gradient norm is NaN or infinite would otherwise poison the sum (a NaN norm
+skips clipping; 0 * inf = NaN in the fast weighted sums). Every such example is zeroed
+before clipping -- the batch is recomputed without it, so it contributes exactly nothing --
+and counted in ``ClippedSum.nonfinite``. Dropping an example is a per-example map to the
+zero gradient, whose norm is <= C, so the sensitivity and the noise calibration are
+unchanged. The count is a curator-only diagnostic (it is computed on private rows).
 """
 
 from __future__ import annotations
@@ -47,10 +55,17 @@ _CHUNK_ELEMENTS = 1 << 20  # per-example gradient entries per chunk: small chunk
 
 @dataclass
 class ClippedSum:
-    """The summed clipped gradient per parameter and the detached per-example losses."""
+    """The summed clipped gradient per parameter, the detached per-example losses [n] and the
+    mask [n] of non-finite examples left out of the sum (curator-only diagnostics)."""
 
     grads: dict[nn.Parameter, Tensor]
     losses: Tensor
+    nonfinite: Tensor | None = None
+
+    @property
+    def nonfinite_examples(self) -> int:
+        """How many examples were zeroed because their loss or gradient was not finite."""
+        return 0 if self.nonfinite is None else int(self.nonfinite.sum())
 
 
 class GradientMismatch(RuntimeError):
@@ -197,22 +212,95 @@ def clipped_gradient_sum(
     method: Method = "fast",
     check: bool = False,
     layers: Sequence[LayerInfo] | None = None,
+    noise: Tensor | None = None,
 ) -> ClippedSum:
     """sum_i clip(grad of -log_prob(x_i)) for every trainable parameter (no noise added).
 
     ``clipping="none"`` returns the unclipped sum (for checks). ``check=True`` also computes
     the batch gradient by autograd and raises ``GradientMismatch`` if the unclipped sum of
     the recorded per-example gradients differs from it (a parameter used outside a
-    recorded layer call, or a layer whose grad sampler misses a path).
+    recorded layer call, or a layer whose grad sampler misses a path). ``noise``: the
+    model's dequantization noise for the rows (``log_prob(x, noise)``), so the caller's
+    explicit generator, not the global RNG, supplies it. Examples with a non-finite loss or
+    gradient contribute zero and are flagged in ``nonfinite`` (module docstring).
     """
     layers = list(layers) if layers is not None else model_layers(model)
     params = [p for layer in layers for p in layer.params]
+    n = int(x.shape[0])
+    keep = torch.ones(n, dtype=torch.bool, device=x.device)
+    first_losses: Tensor | None = None
+    grads: dict[nn.Parameter, Tensor] | None = None
+    for _ in range(4):  # each pass can only drop rows; a second drop is already rare
+        idx = keep.nonzero().squeeze(1)
+        if idx.numel() == 0:
+            grads = {}
+            break
+        sub = x if idx.numel() == n else x[idx]
+        sub_noise = None if noise is None else (noise if idx.numel() == n else noise[idx])
+        grads, losses, bad = _clipped_pass(
+            model, sub, sub_noise, clipping, max_grad_norm, sparsity, generator, method, check, layers, params
+        )
+        if first_losses is None:
+            first_losses = losses
+        if grads is not None:
+            break
+        keep[idx[bad]] = False
+    if grads is None:
+        raise RuntimeError("non-finite gradients persisted after leaving out every non-finite example")
+    for p in params:  # layers never called (or without examples) contribute zero
+        if p not in grads:
+            grads[p] = torch.zeros_like(p)
+    if first_losses is None:
+        first_losses = torch.empty(0, dtype=x.dtype, device=x.device)
+    return ClippedSum(grads, first_losses, ~keep)
+
+
+def _nonfinite_rows(calls: Sequence[Sequence[Call]], n: int, device: torch.device) -> Tensor:
+    """[n] mask of examples with a non-finite entry in any recorded per-example tensor
+    (activations, keyword inputs, output gradients: first dimension n)."""
+    bad = torch.zeros(n, dtype=torch.bool, device=device)
+
+    def visit(v: object) -> None:
+        if isinstance(v, Tensor):
+            if v.dim() > 0 and v.shape[0] == n and v.is_floating_point() and v.numel():
+                bad.logical_or_(~torch.isfinite(v.reshape(n, -1)).all(1).to(device))
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                visit(item)
+
+    for layer_calls in calls:
+        for call in layer_calls:
+            visit(call.activations)
+            visit(list(call.kwargs.values()))
+            visit(call.backprops)
+    return bad
+
+
+def _clipped_pass(
+    model: nn.Module,
+    x: Tensor,
+    noise: Tensor | None,
+    clipping: Clipping,
+    max_grad_norm: float,
+    sparsity: float,
+    generator: torch.Generator | None,
+    method: Method,
+    check: bool,
+    layers: Sequence[LayerInfo],
+    params: Sequence[nn.Parameter],
+) -> tuple[dict[nn.Parameter, Tensor] | None, Tensor, Tensor]:
+    """One pass over the rows: (sums, losses, bad). sums is None when some examples are
+    non-finite; `bad` [n] then names them and the caller recomputes without them."""
     with Tape([layer.module for layer in layers]) as tape:
-        losses = -model.log_prob(x)
+        losses = -(model.log_prob(x) if noise is None else model.log_prob(x, noise))
         batch_grads = tape.backward(losses.sum(), params if check else ())
     n = x.shape[0]
     dtype = losses.dtype
+    losses = losses.detach()
     calls = [tape.calls[layer.module] for layer in layers]
+    bad = ~torch.isfinite(losses) | _nonfinite_rows(calls, n, losses.device)
+    if bool(bad.any()):
+        return None, losses, bad
     out: dict[nn.Parameter, Tensor] = {}
     active = [(layer, c) for layer, c in zip(layers, calls) if c]
     if check:
@@ -231,6 +319,9 @@ def clipped_gradient_sum(
         if active:
             norms = [_layer_sq(layer, c, n, method) for layer, c in active]
             sq = torch.stack([v for v, _ in norms], 1)
+            bad = ~torch.isfinite(sq.sum(1))
+            if bool(bad.any()):
+                return None, losses, bad
             if clipping == "flat":
                 f = flat_factors(sq, max_grad_norm)
                 ws = [f] * len(active)
@@ -251,10 +342,14 @@ def clipped_gradient_sum(
             _add(out, _sparsify_layer(layer, c, n, method, t, sparsity, gamma))
     else:
         raise ValueError(f"unknown clipping strategy {clipping!r}")
-    for p in params:  # layers never called (or without examples) contribute zero
-        if p not in out:
-            out[p] = torch.zeros_like(p)
-    return ClippedSum(out, losses.detach())
+    if not all(bool(torch.isfinite(g).all()) for g in out.values()):
+        # finite inputs, yet a per-example gradient overflowed: find it from exact norms
+        sq = sum(_layer_sq(layer, c, n, "hooks")[0] for layer, c in active)
+        bad = ~torch.isfinite(torch.as_tensor(sq))
+        if not bool(bad.any()):
+            raise RuntimeError("the clipped sum is not finite although every example's gradient is")
+        return None, losses, bad
+    return out, losses, torch.zeros(n, dtype=torch.bool, device=losses.device)
 
 
 def _thresholds(layers: Sequence[LayerInfo], max_grad_norm: float, active: Sequence[LayerInfo]) -> list[float]:

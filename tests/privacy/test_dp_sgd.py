@@ -158,3 +158,44 @@ def test_trains_on_cuda() -> None:
     res = train(model, data(), settings(device="cuda", clipping="per_unit"))
     assert res.steps == 7 and all(v.device.type == "cpu" for v in res.checkpoints[-1][1].values())
     assert next(model.parameters()).device.type == "cuda"
+
+
+def test_seeds_are_independent_and_the_public_seed_feeds_nothing() -> None:
+    from privacy.noise import independent_seeds
+
+    seeds = independent_seeds(5, 11)
+    assert seeds == independent_seeds(5, 11) and len(set(seeds)) == 5
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert max(seeds) - min(seeds) > 1000  # not s, s+1, s+2
+    assert len(set(independent_seeds(5))) == 5 and independent_seeds(5) != independent_seeds(5)
+    x = data()
+    a = train(TinyFlow(seed=5), x, settings(seed=1, noise_seed=7))
+    b = train(TinyFlow(seed=5), x, settings(seed=2, noise_seed=7))
+    assert a.losses == b.losses
+
+
+def test_dequantization_noise_comes_from_an_explicit_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model with categorical columns: every dequantization draw during training is made from
+    an explicit generator passed by the trainer, and the global RNG is restored."""
+    from models import build_flow
+
+    torch.manual_seed(0)
+    model = build_flow("dphflow", [None, 3, None, 4], blocks=1, hidden=8)
+    g = torch.Generator().manual_seed(0)
+    x = torch.stack([torch.rand(120, generator=g), torch.randint(0, 3, (120,), generator=g).float(),
+                     torch.rand(120, generator=g), torch.randint(0, 4, (120,), generator=g).float()], 1)
+    deq = model.dequantizer
+    real = deq.noise
+    gens: list[object] = []
+
+    def spy(n, like, generator=None):  # noqa: ANN001, ANN202
+        gens.append(generator)
+        return real(n, like, generator)
+
+    monkeypatch.setattr(deq, "noise", spy)
+    state = torch.get_rng_state()
+    res = train(model, x, settings(steps=3, sample_rate=0.3, noise_seed=4))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert len(gens) >= 3 and all(isinstance(gen, torch.Generator) for gen in gens)
+    assert len({id(gen) for gen in gens}) == 1  # one dequantization stream for the run
+    assert res.nonfinite_examples == 0 and all(math.isfinite(v) for v in res.losses)
