@@ -9,6 +9,7 @@ reported figure (they agree within 1%). Adjacency is add/remove one row.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -70,6 +71,41 @@ class Accountant(ABC):
     def _epsilon(self, pairs: list[tuple[Event, int]], delta: float) -> float: ...
 
 
+@functools.lru_cache(maxsize=32)
+def _pld_of(event: Event, h: float):  # noqa: ANN202 - dp-accounting's own type
+    """One event's PLD at discretization h; cached: a calibration composes the same fixed
+    stages at every bisection step, and PLD objects are immutable (compose returns new ones)."""
+    from dp_accounting.pld import common
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    points = pld_points(event, h)
+    if not points <= MAX_PLD_POINTS:
+        raise PLDTooLarge(
+            f"The privacy-loss distribution of {event!r} would need about {points:.3g} grid points "
+            f"(limit {MAX_PLD_POINTS:.0e}): its noise is too small to account for at discretization {h:g}. "
+            "Use more noise (a smaller epsilon or a larger share for this stage)."
+        )
+    if isinstance(event, GaussianEvent):
+        return pld.from_gaussian_mechanism(event.noise_multiplier, value_discretization_interval=h)
+    if isinstance(event, LaplaceEvent):
+        return pld.from_laplace_mechanism(event.noise_multiplier, value_discretization_interval=h)
+    if isinstance(event, PoissonGaussianEvent):
+        return _poisson_pld(event, h)
+    if isinstance(event, PureDPEvent):
+        params = common.DifferentialPrivacyParameters(event.epsilon, 0.0)
+        return pld.from_privacy_parameters(params, value_discretization_interval=h)
+    raise TypeError(f"PLD accountant cannot compose {event!r}")
+
+
+@functools.lru_cache(maxsize=4)  # self-composed DP-SGD PLDs are large; a bisection makes many distinct ones
+def _poisson_pld(event: PoissonGaussianEvent, h: float):  # noqa: ANN202
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    one = pld.from_gaussian_mechanism(event.noise_multiplier, sampling_prob=event.sample_rate,
+                                      value_discretization_interval=h)
+    return one.self_compose(event.steps)
+
+
 class PLDAccountant(Accountant):
     """Privacy-loss-distribution composition (Koskela et al.; dp-accounting), the reported figure."""
 
@@ -79,30 +115,7 @@ class PLDAccountant(Accountant):
         self.discretization = discretization
 
     def _pld(self, event: Event):  # noqa: ANN202 - dp-accounting's own type
-        from dp_accounting.pld import common
-        from dp_accounting.pld import privacy_loss_distribution as pld
-
-        h = self.discretization
-        points = pld_points(event, h)
-        if not points <= MAX_PLD_POINTS:
-            raise PLDTooLarge(
-                f"The privacy-loss distribution of {event!r} would need about {points:.3g} grid points "
-                f"(limit {MAX_PLD_POINTS:.0e}): its noise is too small to account for at discretization {h:g}. "
-                "Use more noise (a smaller epsilon or a larger share for this stage)."
-            )
-        if isinstance(event, GaussianEvent):
-            return pld.from_gaussian_mechanism(event.noise_multiplier, value_discretization_interval=h)
-        if isinstance(event, LaplaceEvent):
-            return pld.from_laplace_mechanism(event.noise_multiplier, value_discretization_interval=h)
-        if isinstance(event, PoissonGaussianEvent):
-            one = pld.from_gaussian_mechanism(
-                event.noise_multiplier, sampling_prob=event.sample_rate, value_discretization_interval=h
-            )
-            return one.self_compose(event.steps)
-        if isinstance(event, PureDPEvent):
-            params = common.DifferentialPrivacyParameters(event.epsilon, 0.0)
-            return pld.from_privacy_parameters(params, value_discretization_interval=h)
-        raise TypeError(f"PLD accountant cannot compose {event!r}")
+        return _pld_of(event, self.discretization)
 
     def _epsilon(self, pairs: list[tuple[Event, int]], delta: float) -> float:
         total = None

@@ -215,6 +215,8 @@ def _load_config(config_path: Path | None, overrides: dict, promote: str | None)
 
 def _run_body(config_path: Path | None, overrides: dict, quiet: bool, verbose: bool, promote: str | None) -> None:
     from privflow import env
+
+    env.set_verbosity(verbose)  # before anything logs (the accountant's absl warnings included)
     from privflow.preflight import preflight
 
     cfg = _load_config(config_path, overrides, promote)
@@ -343,6 +345,9 @@ def ledger_show(
 
 
 def _ledger_show(dataset: str | None, store: Path) -> None:
+    from privflow import env
+
+    env.set_verbosity(False)
     from privacy.ledger import Ledger
     from privflow.errors import StoreError
 
