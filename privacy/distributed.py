@@ -23,9 +23,21 @@ Accounting: one event for the run, from rank 0's accountant (an opacus RDP accou
 hooked on rank 0's optimizer only): ``PoissonGaussianEvent(q, sigma, steps)`` with the global
 q. The other ranks record nothing, so W ranks never count the run W times.
 
-Noise and sampling use fresh OS entropy; ``noise_seed``/``sampling_seed`` exist so that a
-test can compare the distributed run with a single-process run bit for bit, and must not
-be set in production.
+Ledger: ``launch`` is the one way to start a run. It reserves the planned
+``PoissonGaussianEvent`` in the ledger before any worker exists (BudgetExceeded refuses the
+run before spawning, charging nothing), settles the run with rank 0's recorded event after
+success, abandons the reservation (it stays counted) when workers fail after any of them
+started -- each writes a marker before it reads a row -- and releases it when none started.
+
+Randomness: the sampling seed (shared by all ranks), the noise seed (rank 0) and each
+rank's dequantization seed are drawn independently from the OS CSPRNG; the dequantization
+noise is passed explicitly to ``log_prob`` from its own generator (its stream depends on
+the private local batch sizes, so it must not come from the public seed).
+``noise_seed``/``sampling_seed`` exist so that a test can compare the distributed run with
+a single-process run bit for bit (the dequantization seeds are then spawned from
+``noise_seed`` with numpy's SeedSequence), and must not be set in production. The Gaussian
+noise is opacus' ``torch.normal`` from a torch generator: floating-point, not an exact
+sampler (Mironov 2012), as opacus documents for its non-secure mode.
 """
 
 from __future__ import annotations
@@ -34,6 +46,8 @@ import argparse
 import json
 import os
 import secrets
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -106,13 +120,18 @@ def global_poisson_mask(n: int, sample_rate: float, generator: torch.Generator) 
     return torch.rand(n, generator=generator) < sample_rate
 
 
-def per_example_gradients(model: nn.Module, batch: Tensor) -> dict[nn.Parameter, Tensor]:
+def per_example_gradients(
+    model: nn.Module, batch: Tensor, noise: Tensor | None = None
+) -> dict[nn.Parameter, Tensor]:
     """grad of -log_prob(x_i) for every example i and trainable parameter, [b, *shape].
 
     Uses the project's recording tape and grad samplers (privacy/grad_samplers), which keep
     the flows' log-determinant terms that opacus' own hooks would drop; a parameter unused
-    in the forward pass gets zeros.
+    in the forward pass gets zeros. ``noise``: the rows' dequantization noise (explicit, so
+    no global RNG is drawn from).
     """
+    from privacy.noise import log_prob_with
+
     from privacy.grad_samplers import Tape, materialise, param_layers
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -121,7 +140,7 @@ def per_example_gradients(model: nn.Module, batch: Tensor) -> dict[nn.Parameter,
     if b > 0:
         layers = [m for _, m in param_layers(model)]
         with Tape(layers) as tape:
-            loss = -model.log_prob(batch).sum()
+            loss = -log_prob_with(model, batch, noise).sum()
         tape.backward(loss)
         for layer in layers:
             if tape.calls[layer]:
@@ -157,6 +176,8 @@ def train_distributed(model: nn.Module, data: Tensor, settings: DistributedSetti
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
     from opacus.optimizers import DistributedDPOptimizer
 
+    from privacy.noise import dequantization_noise, independent_seeds
+
     rank, world = dist.get_rank(), dist.get_world_size()
     device = next(model.parameters()).device
     ddp = DPDDP(model)  # broadcasts rank 0's initial weights
@@ -180,14 +201,17 @@ def train_distributed(model: nn.Module, data: Tensor, settings: DistributedSetti
     mine = shard_indices(n, rank, world)
     sampler = _generator(_shared_seed(settings.sampling_seed, torch.device("cpu")), torch.device("cpu"))
     result = DistributedResult(rank=rank, world_size=world, steps=0)
-    torch.manual_seed(settings.seed * 1009 + rank)  # dequantization noise of this rank's rows
+    # this rank's dequantization noise: its own secret stream (tests: spawned from noise_seed)
+    deq_seed = fresh_seed() if settings.noise_seed is None else independent_seeds(world, settings.noise_seed)[rank]
+    deq_gen = torch.Generator().manual_seed(deq_seed)
     ddp.train()
     for step in range(1, settings.steps + 1):
         coins = global_poisson_mask(n, settings.sample_rate, sampler)
         local = mine[coins[mine]]
         batch = data[local].to(device)
         optimizer.zero_grad(set_to_none=True)
-        for p, g in per_example_gradients(ddp.module, batch).items():
+        noise = dequantization_noise(ddp.module, len(batch), batch, deq_gen) if len(batch) else None
+        for p, g in per_example_gradients(ddp.module, batch, noise).items():
             p.grad_sample = g
         optimizer.step()
         result.local_batch_sizes.append(int(local.numel()))
@@ -246,10 +270,12 @@ def run_job(job_path: str | Path) -> DistributedResult:
     try:
         settings = DistributedSettings(**job["settings"])
         model = _job_model(job).to(device)
-        data = torch.as_tensor(np.load(job["data"]), dtype=torch.float32)
-        result = train_distributed(model, data, settings)
         out = Path(job["out"])
         out.mkdir(parents=True, exist_ok=True)
+        # the launcher abandons (keeps charged) a failed run once any rank may have read a row
+        (out / f"started.rank{dist.get_rank()}").write_text("reading rows\n")
+        data = torch.as_tensor(np.load(job["data"]), dtype=torch.float32)
+        result = train_distributed(model, data, settings)
         info = {
             "rank": result.rank,
             "world_size": result.world_size,
@@ -270,6 +296,78 @@ def run_job(job_path: str | Path) -> DistributedResult:
         dist.destroy_process_group()
 
 
+class WorkersFailed(RuntimeError):
+    """torchrun's workers exited with an error; the ledger reservation was abandoned or released."""
+
+
+def planned_event(settings: DistributedSettings) -> PoissonGaussianEvent:
+    """What a run with these (public) settings spends: one Poisson-subsampled Gaussian event."""
+    return PoissonGaussianEvent(settings.sample_rate, settings.noise_multiplier, settings.steps)
+
+
+def write_job(path: str | Path, job: dict[str, Any]) -> Path:
+    """Write a job file for ``run_job`` (JSON); settings may be a DistributedSettings."""
+    body = dict(job)
+    if isinstance(body.get("settings"), DistributedSettings):
+        body["settings"] = asdict(body["settings"])
+    path = Path(path)
+    path.write_text(json.dumps(body))
+    return path
+
+
+def launch(
+    job_path: str | Path,
+    nproc: int,
+    *,
+    ledger_path: str | Path,
+    dataset: str,
+    run_id: str,
+    timeout: float = 600.0,
+    python: str | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run a job under torchrun with the ledger around it; returns rank 0's result.pt content.
+
+    Reserves ``planned_event`` under `run_id` before any worker starts (BudgetExceeded from
+    ``Ledger.reserve`` refuses the run here, before spawning), settles with rank 0's recorded
+    event on success, abandons the reservation if a worker had started reading rows when the
+    run failed, and releases it if none had.
+    """
+    from privacy.events import event_from_dict
+    from privacy.ledger import Ledger
+
+    job = json.loads(Path(job_path).read_text())
+    settings = DistributedSettings(**job["settings"])
+    out = Path(job["out"])
+    if out.exists() and any(out.glob("started.rank*")):
+        raise ValueError(f"output folder {out} holds an earlier run's markers; use a fresh folder")
+    ledger = Ledger(ledger_path)
+    event = planned_event(settings)
+    ledger.reserve(dataset, run_id, [event], {"train": f"distributed DP-SGD over {nproc} processes"})
+
+    def started() -> bool:
+        return out.exists() and any(out.glob("started.rank*"))
+
+    cmd = [python or sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
+           "-m", "privacy.distributed", "--job", str(job_path)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except BaseException:
+        (ledger.abandon if started() else ledger.release)(run_id)
+        raise
+    if proc.returncode != 0:
+        (ledger.abandon if started() else ledger.release)(run_id)
+        raise WorkersFailed(f"torchrun exited with {proc.returncode}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    try:
+        result = torch.load(out / "result.pt", weights_only=False)
+        recorded = event_from_dict(result["event"])
+    except BaseException:
+        ledger.abandon(run_id)
+        raise
+    ledger.settle(run_id, [recorded])  # records what rank 0 spent; raises if it passed the reservation
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m privacy.distributed")
     parser.add_argument("--job", required=True, type=Path, help="job file (JSON), see run_job")
@@ -285,6 +383,10 @@ if __name__ == "__main__":
 __all__ = [
     "DistributedResult",
     "DistributedSettings",
+    "WorkersFailed",
+    "launch",
+    "planned_event",
+    "write_job",
     "fresh_seed",
     "global_poisson_mask",
     "per_example_gradients",

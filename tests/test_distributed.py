@@ -4,7 +4,10 @@ Checks that the accountant counts the global batch once (q = global expected bat
 public rows, one event for the run, on rank 0 only), that the local batches add up to the
 single-process Poisson batches, and that the two-process model matches the one-process
 model trained with the same seeds (test-only seeded noise and sampling); the first step is
-also checked against an independent torch.func reference.
+also checked against an independent torch.func reference. The launcher reserves in the
+ledger before spawning, settles with rank 0's event, abandons after a started failure and
+releases when nothing started. gloo under load can fail to rendezvous: each torchrun has a
+timeout and one retry under a fresh run id and folder.
 """
 
 from __future__ import annotations
@@ -20,8 +23,19 @@ import pytest
 import torch
 
 from privacy.accountant import PLDAccountant
-from privacy.distributed import DistributedSettings, fresh_seed, global_poisson_mask, per_example_gradients
+from privacy.distributed import (
+    DistributedSettings,
+    WorkersFailed,
+    fresh_seed,
+    global_poisson_mask,
+    launch,
+    per_example_gradients,
+    planned_event,
+    write_job,
+)
 from privacy.events import PoissonGaussianEvent, event_from_dict
+from privacy.ledger import Ledger
+from privflow.errors import BudgetExceeded
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = [None, None, None, None]
@@ -29,21 +43,37 @@ MODEL = {"name": "maf", "config": {"blocks": 1, "hidden": 8}}
 PUBLIC_ROWS = 200
 
 
-def _job(tmp: Path, name: str, settings: DistributedSettings, data: Path) -> Path:
-    from dataclasses import asdict
+DATASET = "toy"
 
-    job = {"data": str(data), "cardinalities": CARD, "model": MODEL, "settings": asdict(settings), "out": str(tmp / name)}
-    path = tmp / f"{name}.json"
-    path.write_text(json.dumps(job))
+
+def _job(tmp: Path, name: str, settings: DistributedSettings, data: Path) -> Path:
+    job = {"data": str(data), "cardinalities": CARD, "model": MODEL, "settings": settings, "out": str(tmp / name)}
+    return write_job(tmp / f"{name}.json", job)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _ledger(tmp: Path, budget: float = 1e6) -> Path:
+    path = tmp / "ledger.sqlite"
+    Ledger(path).ensure_dataset(DATASET, budget, 1e-5)
     return path
 
 
-def _torchrun(job: Path, nproc: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "privacy.distributed", "--job", str(job)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def _torchrun(tmp: Path, name: str, settings: DistributedSettings, data: Path, nproc: int) -> Path:
+    """Launch through the ledger; one retry (fresh folder and run id) if gloo fails under load."""
+    ledger = _ledger(tmp)
+    last: Exception | None = None
+    for attempt in range(2):
+        folder = f"{name}" if attempt == 0 else f"{name}_retry"
+        job = _job(tmp, folder, settings, data)
+        try:
+            launch(job, nproc, ledger_path=ledger, dataset=DATASET, run_id=f"{folder}", timeout=240, env=_env())
+            return tmp / folder
+        except (WorkersFailed, subprocess.TimeoutExpired) as exc:
+            last = exc
+    raise AssertionError(f"torchrun failed twice: {last}")
 
 
 def _outputs(folder: Path, world: int) -> tuple[dict, list[dict]]:
@@ -63,31 +93,33 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
                   checkpoint_every=3, seed=3, sampling_seed=11)
     settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, noise_seed=5, **common)
     sgd_one_step = DistributedSettings.for_rows(PUBLIC_ROWS, 40, noise_seed=5, **{**common, "steps": 1, "optimizer": "sgd"})
-    _torchrun(_job(tmp, "two", settings, data), 2)
-    _torchrun(_job(tmp, "one", settings, data), 1)
-    _torchrun(_job(tmp, "two_sgd", sgd_one_step, data), 2)
-    return {"tmp": tmp, "x": x, "settings": settings, "sgd": sgd_one_step}
+    folders = {
+        "two": _torchrun(tmp, "two", settings, data, 2),
+        "one": _torchrun(tmp, "one", settings, data, 1),
+        "two_sgd": _torchrun(tmp, "two_sgd", sgd_one_step, data, 2),
+    }
+    return {"tmp": tmp, "x": x, "settings": settings, "sgd": sgd_one_step, "folders": folders, "data": data}
 
 
 @pytest.mark.slow
 def test_accountant_counts_the_global_batch_once(runs: dict) -> None:
     settings: DistributedSettings = runs["settings"]
-    result, ranks = _outputs(runs["tmp"] / "two", 2)
+    result, ranks = _outputs(runs["folders"]["two"], 2)
     assert settings.sample_rate == pytest.approx(40 / PUBLIC_ROWS)
     event = event_from_dict(result["event"])
     assert event == PoissonGaussianEvent(40 / PUBLIC_ROWS, 1.0, 6)  # global q, one event, 6 steps (not 12)
     assert ranks[0]["accountant_history"] == [[1.0, 40 / PUBLIC_ROWS, 6]]
     assert ranks[1]["accountant_history"] == [] and ranks[1]["event"] is None
     # the run costs what a single process with the same (q, sigma, steps) costs
-    single = event_from_dict(_outputs(runs["tmp"] / "one", 1)[0]["event"])
+    single = event_from_dict(_outputs(runs["folders"]["one"], 1)[0]["event"])
     assert single == event
     assert PLDAccountant().epsilon([event], 1e-5) == pytest.approx(PLDAccountant().epsilon([single], 1e-5))
 
 
 @pytest.mark.slow
 def test_local_batches_partition_the_global_poisson_batch(runs: dict) -> None:
-    _, two = _outputs(runs["tmp"] / "two", 2)
-    _, one = _outputs(runs["tmp"] / "one", 1)
+    _, two = _outputs(runs["folders"]["two"], 2)
+    _, one = _outputs(runs["folders"]["one"], 1)
     per_step = [a + b for a, b in zip(two[0]["local_batch_sizes"], two[1]["local_batch_sizes"], strict=True)]
     assert per_step == one[0]["local_batch_sizes"]
     gen = torch.Generator().manual_seed(11)
@@ -98,8 +130,8 @@ def test_local_batches_partition_the_global_poisson_batch(runs: dict) -> None:
 
 @pytest.mark.slow
 def test_two_processes_match_one_process(runs: dict) -> None:
-    two, _ = _outputs(runs["tmp"] / "two", 2)
-    one, _ = _outputs(runs["tmp"] / "one", 1)
+    two, _ = _outputs(runs["folders"]["two"], 2)
+    one, _ = _outputs(runs["folders"]["one"], 1)
     assert two["state"].keys() == one["state"].keys()
     diff = max(float((two["state"][k] - one["state"][k]).abs().max()) for k in two["state"])
     assert diff < 1e-4
@@ -135,7 +167,7 @@ def test_first_step_matches_an_independent_reference(runs: dict) -> None:
         total = torch.einsum("i,i...", factor, per[n])
         noise = torch.normal(0.0, settings.noise_multiplier * settings.max_grad_norm, params[n].shape, generator=noise_gen)
         expected[n] = params[n] - settings.lr * (total + noise) / settings.expected_batch_size
-    got, _ = _outputs(runs["tmp"] / "two_sgd", 2)
+    got, _ = _outputs(runs["folders"]["two_sgd"], 2)
     for n in names:
         assert torch.allclose(got["state"][n], expected[n], atol=1e-5), n
     # the noise is in the update: without it the weights land elsewhere
@@ -167,3 +199,46 @@ def test_settings_take_the_public_row_count_and_fresh_entropy() -> None:
     assert len({fresh_seed() for _ in range(8)}) == 8
     with pytest.raises(ValueError):
         DistributedSettings(sample_rate=0.0, steps=1, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=1.0)
+
+
+@pytest.mark.slow
+def test_launch_settles_the_ledger_with_rank_zeros_event(runs: dict) -> None:
+    ledger = Ledger(runs["tmp"] / "ledger.sqlite")
+    records = {r.run_id: r for r in ledger.runs(DATASET)}
+    two = records[runs["folders"]["two"].name]
+    assert two.status == "settled"
+    assert list(two.events) == [PoissonGaussianEvent(40 / PUBLIC_ROWS, 1.0, 6)] == [planned_event(runs["settings"])]
+    assert all(r.status in ("settled", "failed") for r in records.values())  # a retried attempt stays counted
+
+
+def test_launch_refuses_over_budget_before_spawning(tmp_path: Path) -> None:
+    settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, steps=50, noise_multiplier=0.5, max_grad_norm=1.0)
+    ledger = _ledger(tmp_path, budget=0.01)
+    job = _job(tmp_path, "refused", settings, tmp_path / "x.npy")
+    with pytest.raises(BudgetExceeded):
+        launch(job, 2, ledger_path=ledger, dataset=DATASET, run_id="r1", python="/nonexistent/python")
+    assert not (tmp_path / "refused").exists()  # no worker was started
+    assert Ledger(ledger).runs(DATASET) == []
+
+
+def test_launch_releases_when_no_worker_started(tmp_path: Path) -> None:
+    settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, steps=2, noise_multiplier=1.0, max_grad_norm=1.0)
+    ledger = _ledger(tmp_path)
+    job = _job(tmp_path, "nostart", settings, tmp_path / "x.npy")
+    with pytest.raises(OSError):
+        launch(job, 2, ledger_path=ledger, dataset=DATASET, run_id="r2", python=str(tmp_path / "no-python"))
+    [record] = Ledger(ledger).runs(DATASET)
+    assert record.status == "released" and Ledger(ledger).spent(DATASET)[0] == 0.0
+
+
+@pytest.mark.slow
+def test_launch_abandons_when_workers_fail_after_starting(tmp_path: Path) -> None:
+    """The worker writes its marker, then fails to read the (missing) rows: the run stays counted."""
+    settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, steps=2, noise_multiplier=1.0, max_grad_norm=1.0)
+    ledger = _ledger(tmp_path)
+    job = _job(tmp_path, "broken", settings, tmp_path / "missing.npy")
+    with pytest.raises(WorkersFailed):
+        launch(job, 1, ledger_path=ledger, dataset=DATASET, run_id="r3", timeout=240, env=_env())
+    [record] = Ledger(ledger).runs(DATASET)
+    assert record.status == "failed" and list(record.events) == [planned_event(settings)]
+    assert Ledger(ledger).spent(DATASET)[0] > 0
