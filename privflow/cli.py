@@ -232,6 +232,7 @@ def _run_body(config_path: Path | None, overrides: dict, quiet: bool, verbose: b
     )
     from flows.train import train_pipeline
 
+    env.quiet_imported(verbose)
     summary = train_pipeline(cfg, show_progress=not quiet)
     _print_summary(summary)
 
@@ -308,6 +309,10 @@ def _generate(model: str, n: int, out: Path, seed: int | None, store: Path, verb
     env.configure(store, verbose=verbose)
     from privflow.registry import load_generator
 
+    import mlflow  # noqa: F401 - imported here so its event messages can be switched off
+
+    env.quiet_imported(verbose)
+
     generator = load_generator(model, store)
     import pandas as pd
     import polars as pl
@@ -341,13 +346,13 @@ def ledger_show(
 ) -> None:
     """Charged runs (settled, abandoned, open reservations), their privacy events and the
     cumulative (epsilon, delta), per dataset: the publishable summary (no data fingerprints)."""
-    _guarded(verbose, lambda: _ledger_show(dataset, store))
+    _guarded(verbose, lambda: _ledger_show(dataset, store, verbose))
 
 
-def _ledger_show(dataset: str | None, store: Path) -> None:
+def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> None:
     from privflow import env
 
-    env.set_verbosity(False)
+    env.set_verbosity(verbose)
     from privacy.ledger import Ledger
     from privflow.errors import StoreError
 

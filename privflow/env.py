@@ -43,6 +43,7 @@ def set_verbosity(verbose: bool) -> None:
     os.environ["PREFECT_LOGGING_SERVER_LEVEL"] = "WARNING" if verbose else "CRITICAL"
     os.environ["PREFECT_SERVER_LOGGING_LEVEL"] = "WARNING" if verbose else "CRITICAL"
     os.environ["MLFLOW_LOGGING_LEVEL"] = "INFO" if verbose else "ERROR"
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "true" if verbose else "false"
     if verbose:
         logging.disable(logging.NOTSET)
         logging.getLogger("great_expectations").setLevel(logging.INFO)
@@ -53,6 +54,17 @@ def set_verbosity(verbose: bool) -> None:
         warnings.simplefilter("ignore")
         for name in ("great_expectations", "mlflow", "alembic", "absl", "py.warnings"):
             logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def quiet_imported(verbose: bool) -> None:
+    """After mlflow is imported: its event messages ("Successfully registered model ...",
+    printed straight to stderr, not through logging) are off unless verbose."""
+    import sys
+
+    if not verbose and "mlflow" in sys.modules:
+        from mlflow.utils.logging_utils import disable_logging
+
+        disable_logging()
 
 
 def configure(home: Path | str | None = None, verbose: bool | None = None) -> Path:

@@ -160,7 +160,9 @@ def test_non_private_run_is_refused(ledger: Ledger) -> None:
 def test_fingerprint_and_budget_changes_are_recorded(ledger: Ledger) -> None:
     assert ledger.ensure_dataset("adult", 1.0, DELTA, "fp-1") == []
     warnings = ledger.ensure_dataset("adult", 1.0, DELTA, "fp-2")
-    assert len(warnings) == 1 and "fp-2" in warnings[0] and "fp-1" in warnings[0]
+    # the change is recorded, but no fingerprint value goes into the (publishable) note
+    assert len(warnings) == 1 and "fingerprint different" in warnings[0]
+    assert "fp-2" not in warnings[0] and "fp-1" not in warnings[0]
     (ds,) = ledger.datasets()
     assert ds.fingerprint == "fp-2" and ds.fingerprints == ("fp-1", "fp-2")
     warnings = ledger.ensure_dataset("adult", 5.0, DELTA, "fp-2")
@@ -169,7 +171,8 @@ def test_fingerprint_and_budget_changes_are_recorded(ledger: Ledger) -> None:
     assert len(ledger.notes("adult")) == 2
     ledger.set_budget("adult", 5.0, DELTA)
     assert ledger.datasets()[0].budget_epsilon == 5.0
-    assert "fp-2" in ledger.describe("adult")
+    text = ledger.describe("adult")
+    assert "fp-2" not in text and "fp-1" not in text and "fingerprint different" in text
 
 
 def test_unknown_dataset_and_run(ledger: Ledger) -> None:
@@ -197,6 +200,75 @@ def test_describe_table(ledger: Ledger) -> None:
     assert f"{cumulative:.4f}" in text
     assert "run-a" not in ledger.describe("german")
     assert "not in the privacy ledger" in ledger.describe("missing")
+
+
+def test_describe_lists_charged_runs_only(ledger: Ledger) -> None:
+    ledger.reserve("adult", "settled-run", [G5])
+    ledger.settle("settled-run", [G5])
+    ledger.ensure_dataset("german", 10.0, DELTA, None)
+    ledger.reserve("german", "released-run", [G5])
+    ledger.release("released-run")
+    ledger.reserve("german", "abandoned-run", [G5])
+    ledger.abandon("abandoned-run")
+    ledger.reserve("german", "open-run", [G5])
+    with pytest.raises(BudgetExceeded):
+        ledger.reserve("adult", "refused-run", [G5])
+    text = ledger.describe()
+    assert "settled-run" in text and "abandoned-run" in text and "open-run" in text
+    assert "released-run" not in text and "refused-run" not in text
+    assert "abandoned" in text and "reserved (open)" in text and "released" not in text
+    assert "Dataset german:" in text and "2 run(s)" in text
+
+
+def test_describe_prints_only_publishable_columns(ledger: Ledger) -> None:
+    """The single place that defines the publishable summary: describe() prints those
+    columns and nothing else; fingerprints never appear."""
+    from privacy.ledger import PUBLISHABLE_RUN_COLUMNS
+
+    allowed = [name for name, _ in PUBLISHABLE_RUN_COLUMNS]
+    assert all(reason.strip() for _, reason in PUBLISHABLE_RUN_COLUMNS)
+    secret = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    ledger.ensure_dataset("adult", 1.0, DELTA, secret)
+    ledger.reserve("adult", "run-1", [G5], {"dp_stats": "eps 0.05 alone"})
+    text = ledger.describe("adult")
+    assert secret[:12] not in text and "fp-1" not in text and "fingerprint " not in text.replace(
+        "fingerprint different", "")
+    lines = text.splitlines()
+    (header,) = [line for line in lines if line.strip().startswith("run ")]
+    printed = [cell for cell in header.strip().split("  ") if cell.strip()]
+    printed = [cell.strip() for cell in printed]
+    assert printed == [c for c in allowed if c != "stages"], printed
+    for line in lines:
+        if " stages: " in line:
+            assert "stages" in allowed
+    # every run row has exactly one cell per column
+    (row,) = [line for line in lines if line.strip().startswith("run-1 ") and " stages: " not in line]
+    assert row.split()[1] == "reserved"
+
+
+def test_check_is_a_dry_run_of_reserve(ledger: Ledger, tmp_path: Path) -> None:
+    from privacy.ledger import check_budget_at
+
+    ledger.check("adult", [G5])  # fits: nothing recorded
+    assert ledger.runs() == [] and ledger.spent("adult") == (0.0, 0.0)
+    ledger.reserve("adult", "run-1", [G5])
+    with pytest.raises(BudgetExceeded) as dry:
+        ledger.check("adult", [G5], who="Run 'run-2'")
+    with pytest.raises(BudgetExceeded) as real:
+        ledger.reserve("adult", "run-2", [G5])
+    assert str(dry.value) == str(real.value)  # one check, one message
+    # a dataset not yet in the ledger is checked against the budget it would get
+    ledger.check("german", [G5], budget=(1.0, DELTA))
+    with pytest.raises(BudgetExceeded):
+        ledger.check("german", [G5, G5], budget=(1.0, DELTA))
+    with pytest.raises(PrivacyPlanError):
+        ledger.check("german", [G5])
+    # a missing ledger file is a fresh budget, and checking creates nothing
+    missing = tmp_path / "none" / "ledger.db"
+    check_budget_at(missing, "adult", [G5], (1.0, DELTA))
+    with pytest.raises(BudgetExceeded):
+        check_budget_at(missing, "adult", [G5, G5], (1.0, DELTA))
+    assert not missing.parent.exists()
 
 
 # ---------------------------------------------------------------------------- other processes
