@@ -1,0 +1,505 @@
+"""A corpus of bad inputs through the real CLI entry point: each exits with its status, prints
+one paragraph naming the problem, no traceback, and (caught before spending) leaves the ledger
+as it was. Inputs that pre-flight accepts (BOM, gzip, UTF-16, other delimiters) are checked
+by calling `preflight` directly, without training. Ctrl-C and SIGKILL in the middle of
+training are the slow subprocess tests at the end."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from privflow.cli import app
+from privflow.config import RunConfig
+from privflow.errors import DataError
+from privflow.io import read_table
+from privflow.preflight import preflight
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "privflow" / "demo"
+PRIVFLOW = Path(sys.executable).parent / "privflow"
+runner = CliRunner()
+TIMES: dict[str, tuple[int, float]] = {}
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_state():
+    """The CLI switches logging/warnings off for its process; give the test process them back."""
+    saved = dict(os.environ)
+    with warnings.catch_warnings():
+        yield
+    logging.disable(logging.NOTSET)
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def frame() -> pl.DataFrame:
+    return pl.read_csv(DEMO / "adult_train.csv", infer_schema=False, n_rows=400)
+
+
+@pytest.fixture()
+def ws(tmp_path: Path, frame: pl.DataFrame) -> dict:
+    data = tmp_path / "adult.csv"
+    frame.write_csv(data)
+    schema = tmp_path / "adult.yaml"
+    shutil.copy(DEMO / "adult.yaml", schema)
+    return {"dir": tmp_path, "data": data, "schema": schema, "store": tmp_path / "store", "frame": frame}
+
+
+def _ledger_spent(store: Path) -> float | None:
+    path = store / "ledger.db"
+    if not path.exists():
+        return None
+    with sqlite3.connect(path) as con:
+        row = con.execute("SELECT spent_epsilon FROM datasets WHERE name = 'adult'").fetchone()
+    return None if row is None else float(row[0])
+
+
+# ------------------------------------------------------------------------------ the corpus
+# Each case: (id, builder(ws) -> extra CLI args (and writes files), exit status, needles).
+
+
+def _data(ws: dict, path: Path) -> list[str]:
+    return ["--data", str(path)]
+
+
+def _schema_doc(ws: dict) -> dict:
+    return yaml.safe_load(ws["schema"].read_text())
+
+
+def _write_schema(ws: dict, doc: dict, name: str) -> list[str]:
+    path = ws["dir"] / name
+    path.write_text(yaml.safe_dump(doc))
+    return ["--schema", str(path)]
+
+
+def few_rows(ws):
+    p = ws["dir"] / "few.csv"
+    ws["frame"].head(3).write_csv(p)
+    return _data(ws, p)
+
+
+def over_budget(ws):
+    doc = _schema_doc(ws)
+    doc["dataset"]["budget"]["epsilon"] = 0.5
+    return [*_write_schema(ws, doc, "tight.yaml"), "--epsilon", "1"]
+
+
+def over_budget_after_spend(ws):
+    from privacy.events import PureDPEvent
+    from privacy.ledger import Ledger
+
+    led = Ledger(ws["store"] / "ledger.db")
+    led.ensure_dataset("adult", 10.0, 1e-5, None)
+    led.reserve("adult", "earlier", [PureDPEvent(9.5)])  # epsilon 9.5 of 10
+    led.settle("earlier", [PureDPEvent(9.5)])
+    return ["--epsilon", "1"]
+
+
+def missing_column(ws):
+    p = ws["dir"] / "missing.csv"
+    ws["frame"].drop("age").write_csv(p)
+    return _data(ws, p)
+
+
+def undeclared_column(ws):
+    p = ws["dir"] / "extra.csv"
+    ws["frame"].with_columns(pl.lit("x").alias("shoe_size")).write_csv(p)
+    return _data(ws, p)
+
+
+def duplicate_header(ws):
+    p = ws["dir"] / "dup.csv"
+    lines = ws["data"].read_text().splitlines()
+    lines[0] = lines[0].replace("fnlwgt", "age")
+    p.write_text("\n".join(lines) + "\n")
+    return _data(ws, p)
+
+
+def empty_file(ws):
+    p = ws["dir"] / "empty.csv"
+    p.write_text("")
+    return _data(ws, p)
+
+
+def header_only(ws):
+    p = ws["dir"] / "header.csv"
+    p.write_text(ws["data"].read_text().splitlines()[0] + "\n")
+    return _data(ws, p)
+
+
+def data_is_dir(ws):
+    return ["--data", str(ws["dir"])]
+
+
+def nonexistent(ws):
+    return _data(ws, ws["dir"] / "nope.csv")
+
+
+def unreadable(ws):
+    p = ws["dir"] / "secret.csv"
+    shutil.copy(ws["data"], p)
+    p.chmod(0)
+    if os.access(p, os.R_OK):
+        pytest.skip("running as a user (root) who can read a chmod 000 file")
+    return _data(ws, p)
+
+
+def store_under_file(ws):
+    blocker = ws["dir"] / "plainfile"
+    blocker.write_text("x")
+    return ["--store", str(blocker / "store")]
+
+
+def store_is_file(ws):
+    f = ws["dir"] / "store.txt"
+    f.write_text("x")
+    return ["--store", str(f)]
+
+
+def read_only_store(ws):
+    store = ws["dir"] / "ro"
+    store.mkdir()
+    store.chmod(0o500)
+    if os.access(store, os.W_OK):
+        pytest.skip("running as a user (root) who can write to a read-only folder")
+    return ["--store", str(store)]
+
+
+def semicolon_wrong_header(ws):
+    p = ws["dir"] / "semi.csv"
+    ws["frame"].drop("age").write_csv(p, separator=";")
+    return _data(ws, p)
+
+
+def garbage(ws):
+    p = ws["dir"] / "garbage.csv"
+    p.write_bytes(bytes(range(256)) * 40)
+    return _data(ws, p)
+
+
+def latin1(ws):
+    p = ws["dir"] / "latin1.csv"
+    text = ws["data"].read_text().replace("Private", "Privé", 1)
+    p.write_bytes(text.encode("latin-1"))
+    return _data(ws, p)
+
+
+def xlsx(ws):
+    p = ws["dir"] / "table.xlsx"
+    p.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
+    return _data(ws, p)
+
+
+def schema_bad_yaml(ws):
+    p = ws["dir"] / "bad.yaml"
+    p.write_text("dataset: {name: adult\ncolumns: [")
+    return ["--schema", str(p)]
+
+
+def schema_unknown_type(ws):
+    doc = _schema_doc(ws)
+    doc["columns"][0]["type"] = "timestamp"
+    return _write_schema(ws, doc, "unknown.yaml")
+
+
+def parquet_wrong_dtypes(ws):
+    p = ws["dir"] / "wrong.parquet"
+    ws["frame"].write_parquet(p)  # every column a string, age and hours-per-week included
+    return _data(ws, p)
+
+
+def missing_test_data(ws):
+    return ["--test-data", str(ws["dir"] / "no-test.csv")]
+
+
+def wrong_test_data_header(ws):
+    p = ws["dir"] / "test.csv"
+    ws["frame"].drop("income").write_csv(p)
+    return ["--test-data", str(p)]
+
+
+def unknown_model(ws):
+    return ["--model", "gpt"]
+
+
+def bad_config_yaml(ws):
+    p = ws["dir"] / "run.yaml"
+    p.write_text("train: {epochs: [1,\n")
+    return ["--config", str(p)]
+
+
+def config_unknown_key(ws):
+    p = ws["dir"] / "run2.yaml"
+    p.write_text("train: {epoch: 2}\n")
+    return ["--config", str(p)]
+
+
+def bad_promote(ws):
+    return ["--promote", "sometimes"]
+
+
+def device_cuda(ws):
+    if Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    return ["--device", "cuda"]
+
+
+def _flag(*args: str) -> Callable[[dict], list[str]]:
+    return lambda ws: list(args)
+
+
+CASES = [
+    ("device-cuda-without-cuda", device_cuda, 2, ["cuda", "--device cpu"]),
+    ("three-rows", few_rows, 2, ["3 data row", "at least"]),
+    ("epsilon-1e4", _flag("--epsilon", "1e4"), 2, ["limit of 100"]),
+    ("epsilon-1e6", _flag("--epsilon", "1e6"), 2, ["limit of 100"]),
+    ("epsilon-inf", _flag("--epsilon", "inf"), 2, ["epsilon", "finite"]),
+    ("epsilon-nan", _flag("--epsilon", "nan"), 2, ["epsilon"]),
+    ("epsilon-0", _flag("--epsilon", "0"), 2, ["epsilon"]),
+    ("epsilon-negative", _flag("--epsilon", "-1"), 2, ["epsilon"]),
+    ("delta-0", _flag("--delta", "0"), 2, ["delta"]),
+    ("delta-1", _flag("--delta", "1"), 2, ["delta"]),
+    ("delta-2", _flag("--delta", "2"), 2, ["delta"]),
+    ("delta-above-1-over-n", _flag("--delta", "1e-3"), 2, ["delta", "expected_rows"]),
+    ("over-budget", over_budget, 2, ["budget", "leaving", "refused before reading any row"]),
+    ("over-budget-after-earlier-spend", over_budget_after_spend, 2, ["1 earlier run(s)", "budget"]),
+    ("missing-column", missing_column, 2, ["'age'", "missing"]),
+    ("undeclared-column", undeclared_column, 2, ["shoe_size", "does not declare"]),
+    ("duplicate-header", duplicate_header, 2, ["more than once", "age"]),
+    ("empty-file", empty_file, 2, ["empty"]),
+    ("header-only", header_only, 2, ["no data rows"]),
+    ("data-is-a-directory", data_is_dir, 2, ["is a directory"]),
+    ("nonexistent-file", nonexistent, 2, ["nope.csv", "does not exist"]),
+    ("unreadable-file", unreadable, 2, ["permission denied"]),
+    ("store-under-a-file", store_under_file, 2, ["store", "is a file"]),
+    ("store-is-a-file", store_is_file, 2, ["store", "not a folder"]),
+    ("read-only-store", read_only_store, 2, ["store", "not writable"]),
+    ("semicolon-csv-missing-column", semicolon_wrong_header, 2, ["'age'", "semicolon-delimited"]),
+    ("binary-garbage", garbage, 2, ["garbage.csv", "NUL bytes"]),
+    ("latin-1-encoding", latin1, 2, ["not UTF-8", "Latin-1", "iconv"]),
+    ("excel-workbook", xlsx, 2, ["ZIP archive", "export it"]),
+    ("schema-not-yaml", schema_bad_yaml, 2, ["not valid YAML"]),
+    ("schema-unknown-type", schema_unknown_type, 2, ["invalid", "type"]),
+    ("parquet-wrong-dtypes", parquet_wrong_dtypes, 2, ["'age' is stored as String", "numeric"]),
+    ("test-data-missing", missing_test_data, 2, ["Test data file", "no-test.csv"]),
+    ("test-data-wrong-header", wrong_test_data_header, 2, ["Test data file", "income"]),
+    ("unknown-model", unknown_model, 2, ["model.name"]),
+    ("config-not-yaml", bad_config_yaml, 2, ["Config file", "YAML"]),
+    ("config-unknown-key", config_unknown_key, 2, ["train.epoch"]),
+    ("promote-unknown", bad_promote, 2, ["--promote", "if-better"]),
+]
+
+
+def _invoke(ws: dict, extra: list[str]):
+    args = ["run", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store", str(ws["store"]), "--quiet"]
+    # later options win in click: the case's own --data/--schema/--store override the defaults
+    return runner.invoke(app, [*args, *extra])
+
+
+@pytest.mark.parametrize(("name", "build", "status", "needles"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input(ws: dict, name: str, build, status: int, needles: list[str]) -> None:
+    extra = build(ws)
+    before = _ledger_spent(ws["store"] if "--store" not in extra else Path(extra[extra.index("--store") + 1]))
+    t0 = time.perf_counter()
+    result = _invoke(ws, extra)
+    TIMES[name] = (result.exit_code, time.perf_counter() - t0)
+    out = result.output
+    assert result.exit_code == status, out
+    assert "Traceback" not in out and result.exception is None or isinstance(result.exception, SystemExit), out
+    assert out.count("error:") == 1, out  # the message once
+    text = " ".join(out.split())
+    for needle in needles:
+        assert needle.lower() in text.lower(), (needle, text)
+    # caught before spending: the ledger is as it was (no file created where there was none)
+    store = ws["store"] if "--store" not in extra else Path(extra[extra.index("--store") + 1])
+    if store.is_dir():
+        assert _ledger_spent(store) == before
+    assert not (store / "mlflow.db").exists() if store.is_dir() else True
+    assert TIMES[name][1] < 15, TIMES[name]
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(CASES) >= 25
+
+
+def test_internal_error_is_one_paragraph_and_verbose_shows_traceback(ws: dict, monkeypatch) -> None:
+    import privflow.preflight
+
+    def boom(config):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(privflow.preflight, "preflight", boom)
+    result = _invoke(ws, [])
+    assert result.exit_code == 1
+    assert "internal error" in result.output and "--verbose" in result.output and "simulated bug" in result.output
+    assert "Traceback" not in result.output
+    verbose = _invoke(ws, ["--verbose"])
+    assert verbose.exit_code == 1 and "Traceback" in verbose.output
+
+
+# ------------------------------------------------------------------ inputs pre-flight accepts
+
+
+def _variants(ws: dict) -> dict[str, Path]:
+    frame: pl.DataFrame = ws["frame"]
+    text = ws["data"].read_text()
+    out: dict[str, Path] = {}
+    out["semicolon"] = ws["dir"] / "semi.csv"
+    frame.write_csv(out["semicolon"], separator=";")
+    out["tab"] = ws["dir"] / "tab.tsv"
+    frame.write_csv(out["tab"], separator="\t")
+    out["pipe"] = ws["dir"] / "pipe.csv"
+    frame.write_csv(out["pipe"], separator="|")
+    out["utf8-bom"] = ws["dir"] / "bom.csv"
+    out["utf8-bom"].write_bytes(b"\xef\xbb\xbf" + text.encode())
+    out["utf16"] = ws["dir"] / "utf16.csv"
+    out["utf16"].write_bytes(text.encode("utf-16"))
+    out["gzip"] = ws["dir"] / "adult.csv.gz"
+    out["gzip"].write_bytes(gzip.compress(text.encode()))
+    numeric = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
+    typed = frame.with_columns(pl.col(numeric).cast(pl.Int64))
+    out["typed-parquet"] = ws["dir"] / "typed.parquet"
+    typed.write_parquet(out["typed-parquet"])
+    out["parquet-with-csv-suffix"] = ws["dir"] / "really-parquet.csv"
+    typed.write_parquet(out["parquet-with-csv-suffix"])
+    return out
+
+
+def test_preflight_accepts_other_layouts_and_reads_them_right(ws: dict) -> None:
+    reference = read_table(ws["data"])
+    for name, path in _variants(ws).items():
+        cfg = RunConfig.build(data=path, schema_path=ws["schema"], store=ws["store"])
+        checked = preflight(cfg)
+        assert checked.rows == 400, name
+        back = read_table(path)
+        assert back.columns == reference.columns, name
+        if "parquet" not in name:
+            assert back.equals(reference), name
+        if name == "semicolon":
+            assert "semicolon" in checked.data_format
+        if name == "gzip":
+            assert "gzip" in checked.data_format
+    assert not (ws["store"] / "ledger.db").exists()  # pre-flight records nothing
+
+
+def test_validation_is_not_preflights_job(ws: dict) -> None:
+    """Wrong values in rows (a word in an integer column, out of bounds, nulls) pass pre-flight:
+    the DP validation gate inside the flow decides about them."""
+    p = ws["dir"] / "values.csv"
+    ws["frame"].with_columns(pl.lit("old").alias("age"), pl.lit(None).alias("fnlwgt")).write_csv(p)
+    preflight(RunConfig.build(data=p, schema_path=ws["schema"], store=ws["store"]))
+
+
+def test_a_few_cases_through_the_installed_command(ws: dict) -> None:
+    """The real console script in a fresh process: status, one paragraph, no traceback, and
+    no Prefect/MLflow start-up (each refusal is quick)."""
+    cases = [
+        (["--epsilon", "inf"], "epsilon"),
+        (["--data", "."], "directory"),
+        (["--data", str(ws["dir"] / "nope.csv")], "does not exist"),
+    ]
+    for extra, needle in cases:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [str(PRIVFLOW), "run", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store",
+             str(ws["store"]), *extra],
+            capture_output=True, text=True, timeout=120, cwd=ws["dir"],
+        )
+        elapsed = time.perf_counter() - t0
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2, out
+        assert "Traceback" not in out and needle in out and out.count("error:") == 1, out
+        assert len(out.strip().splitlines()) == 1, out
+        assert elapsed < 10, elapsed
+    assert not ws["store"].exists()
+
+
+# ------------------------------------------------------------------ interrupted training
+
+
+def _spawn_run(ws: dict, store: Path, epochs: str = "3") -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(PRIVFLOW), "run", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store", str(store),
+         "--epochs", epochs, "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ws["dir"],
+    )
+
+
+def _wait_reserved(store: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    db = store / "ledger.db"
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        if db.exists():
+            try:
+                with sqlite3.connect(db) as con:
+                    if con.execute("SELECT COUNT(*) FROM runs WHERE status = 'reserved'").fetchone()[0]:
+                        return
+            except sqlite3.Error:
+                pass
+        time.sleep(0.2)
+    raise AssertionError("the run never reserved")
+
+
+def _runs(store: Path) -> list[tuple[str, float]]:
+    with sqlite3.connect(store / "ledger.db") as con:
+        return [(r[0], float(r[1])) for r in con.execute("SELECT status, epsilon FROM runs ORDER BY rowid")]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training_exits_130_and_keeps_the_spend(ws: dict) -> None:
+    store = ws["dir"] / "sigint"
+    proc = _spawn_run(ws, store)
+    _wait_reserved(store, proc)
+    time.sleep(4)  # mechanisms (the gate, DP statistics, DP-SGD steps) are running
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "interrupted" in out, out
+    ((status, eps),) = _runs(store)
+    assert status == "failed" and eps > 0.9  # abandoned: still counted, mechanisms ran
+    shown = subprocess.run([str(PRIVFLOW), "ledger", "show", "--store", str(store)], capture_output=True,
+                           text=True, timeout=60)
+    assert "abandoned" in shown.stdout and "released" not in shown.stdout
+
+
+@pytest.mark.slow
+def test_sigkill_during_training_keeps_the_spend_and_the_store_works(ws: dict) -> None:
+    store = ws["dir"] / "sigkill"
+    proc = _spawn_run(ws, store)
+    _wait_reserved(store, proc)
+    time.sleep(3)
+    proc.kill()
+    proc.communicate(timeout=60)
+    ((status, eps),) = _runs(store)
+    assert status == "reserved" and eps > 0.9  # an open reservation: counted
+    # the next run on the same store works: pre-flight sees the spend and lets a run that fits pass
+    cfg = RunConfig.build(data=ws["data"], schema_path=ws["schema"], store=store)
+    checked = preflight(cfg)
+    assert checked.plan.epsilon <= 1.0
+    over = runner.invoke(app, ["run", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store",
+                               str(store), "--epsilon", "9.5", "--quiet"])
+    assert over.exit_code == 2 and "1 earlier run(s)" in " ".join(over.output.split()), over.output
+
+
+def test_corpus_timings_table() -> None:
+    """Prints each case's exit status and time (run with -s to see it)."""
+    for name, (code, seconds) in sorted(TIMES.items()):
+        print(f"{name:36s} exit {code}  {seconds:6.2f} s")
