@@ -95,9 +95,8 @@ def test_missing_data_file(small) -> None:
     _assert_user_error(_run(small, small["dir"] / "nope.csv"), "nope.csv")
 
 
-@pytest.mark.usefixtures("prefect_server")
-class TestBadDataInsideTheFlow:
-    """Data problems are found by the validate step, before any mechanism runs."""
+class TestBadDataBeforeTheFlow:
+    """File-level problems are found by pre-flight, before Prefect starts or the ledger reserves."""
 
     def test_missing_column(self, small) -> None:
         path = small["dir"] / "missing.csv"
@@ -109,12 +108,6 @@ class TestBadDataInsideTheFlow:
         path = small["dir"] / "extra.csv"
         small["frame"].with_columns(pl.lit("x").alias("shoe_size")).write_csv(path)
         _assert_user_error(_run(small, path), "shoe_size")
-        _nothing_registered(small["store"])
-
-    def test_wrong_type(self, small) -> None:
-        path = small["dir"] / "wrongtype.csv"
-        small["frame"].with_columns(pl.lit("old").alias("age")).write_csv(path)
-        _assert_user_error(_run(small, path), "age")
         _nothing_registered(small["store"])
 
     def test_empty_file(self, small) -> None:
@@ -136,3 +129,38 @@ class TestBadDataInsideTheFlow:
         tight.write_text(yaml.safe_dump(doc))
         _assert_user_error(_run(small, None, tight, "--epsilon", "1"), "budget", "spent", "leaving")
         _nothing_registered(small["store"])
+
+
+def test_promote_values_map_to_the_config() -> None:
+    from privflow.cli import _promotion
+    from privflow.config import RunConfig
+
+    for flag in ("if-better", "always", "never"):
+        value = _promotion(flag)
+        RunConfig.build(data="x.csv", schema_path="s.yaml", promotion=value)  # accepted by the config
+    assert _promotion(None) is None
+
+
+def test_summary_prints_every_path_in_full(capsys) -> None:
+    from types import SimpleNamespace
+
+    from privflow.cli import _print_summary
+
+    long = "/very/long/" + "x" * 150 + "/synthetic/adult-0123.csv"
+    summary = SimpleNamespace(
+        epsilon=0.99, delta=1e-5, epsilon_rdp=1.2, stages={"train": 0.9}, dataset_epsilon=2.0, metrics={},
+        rows_quarantined=0, wall_seconds=1.0, model_name="privflow-adult", model_version="3", alias="champion",
+        alias_version="2", promotion="the DP comparison kept v2", curator_dir="/curator/run", synthetic_path=long,
+        report_path=None, mlflow_run_id="abc", run_id="r1",
+    )
+    _print_summary(summary)
+    out = capsys.readouterr().out
+    assert long in out
+    assert "registered model privflow-adult v3" in out
+    assert "alias @champion -> v2 (the DP comparison kept v2)" in out
+    assert "/curator/run" in out
+
+
+def test_ledger_show_without_ledger(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["ledger", "show", "--store", str(tmp_path)])
+    _assert_user_error(result, "No ledger")

@@ -318,3 +318,25 @@ def test_decode_refuses_bad_shapes_and_nan() -> None:
     with pytest.raises(ValueError, match="NaN"):
         codec.decode(a)
     assert codec.decode(np.zeros((0, 8))).height == 0
+
+
+def test_integer_columns_stay_integers_through_pandas() -> None:
+    """Nullable integer columns decode as Int64 (pandas: nullable Int64), never 39.0."""
+    from privflow.codec import restore_types
+
+    schema = Schema.model_validate(
+        {"dataset": {"name": "t"}, "columns": [
+            {"name": "a", "type": "integer", "bounds": [0, 100], "nullable": True},
+            {"name": "b", "type": "integer", "bounds": [0, 100]},
+        ]}
+    )
+    codec = Codec(schema)
+    arr = np.array([[0.395, 0.0, 0.3], [0.2, 1.0, 0.1]])
+    df = codec.decode(arr)
+    assert df.schema["a"] == pl.Int64 and df.schema["b"] == pl.Int64
+    assert df["a"].to_list() == [39, None]
+    pdf = codec.decode_pandas(arr)
+    assert str(pdf["a"].dtype) == "Int64" and pdf["a"].tolist()[0] == 39
+    back = restore_types(pl.from_pandas(df.to_pandas()), schema)  # float64 with NaN, as a pyfunc returns it
+    assert back.schema["a"] == pl.Int64 and back["a"].to_list() == [39, None]
+    assert "39.0" not in back.write_csv()

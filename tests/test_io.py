@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import polars as pl
 import pytest
 
 from privflow.errors import DataError
-from privflow.io import fingerprint, read_table, write_table
+from privflow.io import count_rows, fingerprint, read_header, read_table, sniff, write_table
 
 DEMO = Path(__file__).resolve().parents[1] / "privflow" / "demo"
 
@@ -61,33 +62,73 @@ def test_empty_file_or_no_rows_is_refused(tmp_path: Path, content: str) -> None:
     assert str(p) in str(exc.value)
 
 
-@pytest.mark.parametrize("name", ["data.txt", "data.xlsx", "data", "data.json"])
-def test_unsupported_suffix_is_refused(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize("name", ["data.txt", "data", "data.json", "data.xlsx"])
+def test_format_is_decided_by_content_not_suffix(tmp_path: Path, name: str) -> None:
     p = _write(tmp_path / name, "a,b\n1,2\n")
-    with pytest.raises(DataError, match="CSV .* or Parquet") as exc:
-        read_table(p)
-    assert str(p) in str(exc.value)
+    assert read_table(p).to_dicts() == [{"a": "1", "b": "2"}]
 
 
-def test_missing_file(tmp_path: Path) -> None:
+def test_missing_file_and_directory(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         read_table(tmp_path / "nope.csv")
+    with pytest.raises(DataError, match="is a directory"):
+        read_table(tmp_path)
 
 
-def test_binary_content_with_csv_suffix_is_refused(tmp_path: Path) -> None:
+def test_parquet_bytes_with_csv_suffix_are_read_as_parquet(tmp_path: Path) -> None:
     pq = tmp_path / "real.parquet"
     pl.DataFrame({"a": [1, 2]}).write_parquet(pq)
     fake = _write(tmp_path / "fake.csv", pq.read_bytes())
-    with pytest.raises(DataError, match="not a UTF-8 text CSV|NUL bytes") as exc:
-        read_table(fake)
-    assert "fake.csv" in str(exc.value)
+    assert read_table(fake)["a"].to_list() == [1, 2]
+    assert sniff(fake).kind == "parquet"
 
 
-def test_text_with_parquet_suffix_is_refused(tmp_path: Path) -> None:
+def test_binary_and_office_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="NUL bytes") as exc:
+        read_table(_write(tmp_path / "bin.csv", bytes(range(256)) * 4))
+    assert "bin.csv" in str(exc.value)
+    with pytest.raises(DataError, match="ZIP archive"):
+        read_table(_write(tmp_path / "t.xlsx", b"PK\x03\x04rest"))
+
+
+def test_text_with_parquet_suffix_is_read_as_csv(tmp_path: Path) -> None:
     p = _write(tmp_path / "fake.parquet", "a,b\n1,2\n")
-    with pytest.raises(DataError, match="does not parse as Parquet") as exc:
-        read_table(p)
-    assert "fake.parquet" in str(exc.value)
+    assert read_table(p).to_dicts() == [{"a": "1", "b": "2"}]
+
+
+@pytest.mark.parametrize(("sep", "name"), [(";", "semicolon"), ("\t", "tab"), ("|", "pipe"), (",", "comma")])
+def test_delimiter_is_sniffed(tmp_path: Path, sep: str, name: str) -> None:
+    p = _write(tmp_path / "t.csv", f"a{sep}b{sep}c\n1{sep}2,5{sep}x\n3{sep}4{sep}y\n" if sep != "," else
+               "a,b,c\n1,2,x\n3,4,y\n")
+    fmt = sniff(p)
+    assert fmt.delimiter == sep and name in fmt.describe()
+    df = read_table(p)
+    assert df.columns == ["a", "b", "c"] and df.height == 2
+
+
+def test_encodings_and_gzip(tmp_path: Path) -> None:
+    text = "a,b\nPrivé,2\nx,3\n"
+    expected = [{"a": "Privé", "b": "2"}, {"a": "x", "b": "3"}]
+    assert read_table(_write(tmp_path / "bom.csv", b"\xef\xbb\xbf" + text.encode())).to_dicts() == expected
+    assert read_table(_write(tmp_path / "u16.csv", text.encode("utf-16"))).to_dicts() == expected
+    gz = _write(tmp_path / "t.csv.gz", gzip.compress(text.encode()))
+    assert read_table(gz).to_dicts() == expected and sniff(gz).compression == "gzip"
+    with pytest.raises(DataError, match="Latin-1.*iconv"):
+        read_table(_write(tmp_path / "latin.csv", text.encode("latin-1")))
+    with pytest.raises(DataError, match="UTF-16 text without a byte-order mark"):
+        read_table(_write(tmp_path / "u16le.csv", text.encode("utf-16-le")))
+
+
+def test_header_and_row_count_without_parsing_values(tmp_path: Path) -> None:
+    fmt, header, dtypes = read_header(DEMO / "adult_train.csv")
+    assert header[0] == "age" and dtypes is None and fmt.kind == "csv"
+    assert count_rows(DEMO / "adult_train.csv") == 32561
+    p = _write(tmp_path / "t.csv", 'a,b\n1,2\n\n"x\ny",3\n\n')
+    assert count_rows(p) == 2  # blank lines are not rows; a quoted newline is not a row
+    pq = tmp_path / "t.parquet"
+    pl.DataFrame({"n": [1, 2, 3]}).write_parquet(pq)
+    fmt, header, dtypes = read_header(pq)
+    assert header == ["n"] and dtypes == {"n": pl.Int64} and count_rows(pq) == 3
 
 
 def test_ragged_rows_are_refused_with_line_numbers(tmp_path: Path) -> None:

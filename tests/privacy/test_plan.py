@@ -57,3 +57,18 @@ def test_more_steps_need_more_noise() -> None:
 def test_plan_refuses_what_cannot_be_met(epsilon, delta, stages, match) -> None:
     with pytest.raises(PrivacyPlanError, match=match):
         make_plan(epsilon, delta, stages, SGDShape(0.02, 300))
+
+
+@pytest.mark.parametrize("epsilon", [150.0, 1e4, 1e6, float("inf"), float("nan")])
+def test_epsilon_above_the_limit_is_refused_with_a_message(epsilon: float) -> None:
+    with pytest.raises(PrivacyPlanError, match="epsilon"):
+        make_plan(epsilon, 1e-5, SMALL, SGDShape(0.02, 300))
+
+
+def test_a_tiny_noise_stage_is_refused_not_a_memory_blowup() -> None:
+    from privacy.accountant import PLDAccountant, PLDTooLarge
+
+    with pytest.raises(PLDTooLarge):
+        PLDAccountant().epsilon([GaussianEvent(1e-4)], 1e-5)
+    with pytest.raises(PrivacyPlanError, match="cannot be computed"):
+        make_plan(50.0, 1e-5, {"dp_stats": (0.5, lambda eps: GaussianEvent(1e-4))}, SGDShape(0.02, 30))
