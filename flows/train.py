@@ -105,10 +105,12 @@ def _cumulative_epsilon(before: list[Event], sgd: PoissonGaussianEvent, steps: l
     ]
 
 
-def _gate_threshold(config: RunConfig, schema: Schema) -> float:
-    """The public limit on the DP count of failing rows: a fraction of expected_rows."""
+def _gate_threshold(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> float:
+    """The public limit on the DP count of failing rows: a fraction of expected_rows, at least
+    the gate's noise floor."""
     fraction = config.gate.strict_max_failing if config.policy == "strict" else config.gate.quarantine_max_failing
-    return fraction * float(schema.dataset.expected_rows or 0)
+    return validation_gate.threshold(fraction * float(schema.dataset.expected_rows or 0),
+                                     plan.stage("validate").event)  # type: ignore[arg-type]
 
 
 def _read_and_gate(
@@ -116,7 +118,7 @@ def _read_and_gate(
 ) -> tuple[pl.DataFrame, validation_gate.GateDecision]:
     """Read the rows and let the DP gate decide on them; the exact report stays with the curator."""
     stage = plan.stage("validate")
-    threshold = _gate_threshold(config, schema)
+    threshold = _gate_threshold(config, schema, plan)
     decisions: list[validation_gate.GateDecision] = []
 
     def gate(failing: int) -> bool:

@@ -29,7 +29,7 @@ class PrivacyConfig(_Section):
     epsilon: float = Field(1.0, gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
     gate_share: float = Field(
-        0.01, gt=0, lt=1, description="share for the validation gate's DP count of failing rows"
+        0.02, gt=0, lt=1, description="share for the validation gate's DP count of failing rows"
     )
     stats_share: float = Field(0.05, ge=0, lt=1)
     prior_share: float = Field(0.05, ge=0, lt=1)
@@ -75,7 +75,8 @@ class TrainConfig(_Section):
 
 class GateConfig(_Section):
     """The validation gate (privacy/mechanisms/validation_gate.py): a DP count of failing rows
-    against a public limit, a fraction of the schema's expected_rows.
+    against a public limit, a fraction of the schema's expected_rows (raised to the noise
+    floor where that fraction is too small for the gate's epsilon to resolve).
 
     strict: the run stops when the DP count passes `strict_max_failing`; below it the few
     failing rows are dropped (and listed only in the curator-only report). quarantine: failing

@@ -43,6 +43,7 @@ from privacy.ledger import Ledger
 from privacy.mechanisms import gaussian_event, gaussian_mechanism, laplace_event, laplace_mechanism
 from privflow.codec import Codec
 from privflow.config import RunConfig
+from privflow.curator import curator_dir
 from privflow.errors import BudgetExceeded
 from privflow.schema import Schema
 from tasks._options import PRIVATE
@@ -302,8 +303,11 @@ def promote_if_better(
         return record(client, PromotionDecision(False, f"comparison refused by the ledger, '{alias}' kept: {exc}", **base))
 
     try:
-        run_dir = Path(config.store).resolve() / "runs" / promotion_id
-        df, _ = validate(read_table(config.data), schema, config.policy, run_dir / "promote_quarantine.csv")
+        run_dir = curator_dir(Path(config.store).resolve(), promotion_id)
+        # Rows failing the schema's checks are dropped (a per-row filter, so the margin's
+        # sensitivity holds); the comparison never stops on them, so no count is released.
+        df, _ = validate(read_table(config.data), schema, config.policy, run_dir / "promote_quarantine.csv",
+                         gate=lambda _failing: False)
         _, x_val = encode_rows.fn(df, Codec.from_schema(schema), config.select.validation_fraction, config.train.seed)
         lo, hi = config.select.score_low, config.select.score_high
         statistic, sensitivity = margin_statistic(version_loglik(new.flows, x_val), version_loglik(old.flows, x_val), lo, hi)

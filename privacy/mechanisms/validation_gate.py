@@ -9,8 +9,11 @@ in the orchestrator). So the decision is a mechanism (ARCHITECTURE.md, privacy r
     stop  = c~ > threshold                                    post-processing
 
 Adding or removing one row moves c by at most 1, so the release is epsilon-DP
-(``LaplaceEvent(1/epsilon)``, Dwork et al. 2006). The threshold is public: a fraction of
-the schema's ``expected_rows`` set by the policy, never the private row count. Which rows
+(``LaplaceEvent(1/epsilon)``, Dwork et al. 2006). The threshold is public: the larger of
+a fraction of the schema's ``expected_rows`` set by the policy (never the private row
+count) and the noise floor b * ln(1 / (2 p)), below which a clean table (c = 0) would be
+stopped with probability above p (``FALSE_STOP``): a small table or a small gate epsilon
+cannot resolve a few bad rows, and a gate that stops clean runs would charge for nothing. Which rows
 fail is a per-row predicate, so dropping them before training keeps every later
 mechanism's sensitivity (a stable transformation). The exact counts stay in the
 curator-only report; only ``c~`` is shown.
@@ -49,6 +52,16 @@ class GateDecision:
         )
 
 
+FALSE_STOP = 1e-3  # largest probability that a table with no failing row is stopped
+
+
+def threshold(policy_rows: float, event: LaplaceEvent, false_stop: float = FALSE_STOP) -> float:
+    """The public stop limit: the policy's row limit, raised to the noise floor where needed."""
+    if not 0 < false_stop < 0.5:
+        raise ValueError(f"false_stop must lie in (0, 0.5), got {false_stop!r}")
+    return max(float(policy_rows), event.noise_multiplier * math.log(1.0 / (2.0 * false_stop)))
+
+
 def gate_event(epsilon: float) -> LaplaceEvent:
     """The event of one gate decision at this epsilon."""
     if not (math.isfinite(epsilon) and epsilon > 0):
@@ -66,4 +79,4 @@ def gate(failing_rows: int, threshold: float, event: LaplaceEvent) -> GateDecisi
     return GateDecision(noisy, float(threshold), 1.0 / event.noise_multiplier, noisy > threshold)
 
 
-__all__ = ["GateDecision", "gate", "gate_event"]
+__all__ = ["FALSE_STOP", "GateDecision", "gate", "gate_event", "threshold"]
