@@ -438,7 +438,7 @@ def _spawn_run(ws: dict, store: Path, epochs: str = "3") -> subprocess.Popen:
     return subprocess.Popen(
         [str(PRIVFLOW), "run", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store", str(store),
          "--epochs", epochs, "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ws["dir"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ws["dir"], start_new_session=True,
     )
 
 
@@ -483,20 +483,28 @@ def test_ctrl_c_during_training_exits_130_and_keeps_the_spend(ws: dict) -> None:
 @pytest.mark.slow
 def test_sigkill_during_training_keeps_the_spend_and_the_store_works(ws: dict) -> None:
     store = ws["dir"] / "sigkill"
+    doc = yaml.safe_load(ws["schema"].read_text())
+    doc["dataset"]["budget"]["epsilon"] = 1.2  # room for the killed run (epsilon 1), not a second (PLD: 1.40)
+    ws["schema"].write_text(yaml.safe_dump(doc))
     proc = _spawn_run(ws, store)
     _wait_reserved(store, proc)
     time.sleep(3)
-    proc.kill()
-    proc.communicate(timeout=60)
+    # the whole process group, as an OOM kill or `kill -9` of the job would: the temporary Prefect
+    # server it started would otherwise keep the output pipe open
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.stdout is not None
+    proc.stdout.close()
     ((status, eps),) = _runs(store)
     assert status == "reserved" and eps > 0.9  # an open reservation: counted
-    # the next run on the same store works: pre-flight sees the spend and lets a run that fits pass
-    cfg = RunConfig.build(data=ws["data"], schema_path=ws["schema"], store=store)
-    checked = preflight(cfg)
-    assert checked.plan.epsilon <= 1.0
+    # the next run on the same store works: pre-flight counts the killed run's spend, refuses
+    # what no longer fits and lets a run that fits pass
     over = runner.invoke(app, ["run", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store",
-                               str(store), "--epsilon", "9.5", "--quiet"])
+                               str(store), "--epsilon", "1", "--quiet"])
     assert over.exit_code == 2 and "1 earlier run(s)" in " ".join(over.output.split()), over.output
+    checked = preflight(RunConfig.build(data=ws["data"], schema_path=ws["schema"], store=store,
+                                        privacy={"epsilon": 0.2}))
+    assert checked.plan.epsilon <= 0.2
 
 
 def test_corpus_timings_table() -> None:
