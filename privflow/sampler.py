@@ -42,7 +42,9 @@ class FlowSampler(mlflow.pyfunc.PythonModel):
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         n = int(model_input["n"].iloc[0])
         seed = int(model_input["seed"].iloc[0]) if "seed" in model_input.columns else None
-        return sample_rows(self.flows, self.codec, n, seed).to_pandas()
+        from privflow.codec import to_pandas
+
+        return to_pandas(sample_rows(self.flows, self.codec, n, seed), self.schema)  # integers stay integers
 
 
 def sampling_generator(seed: int | None) -> Any:
