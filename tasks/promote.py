@@ -158,9 +158,7 @@ def margin_statistic(ll_new: np.ndarray, ll_old: np.ndarray, low: float, high: f
     return float(np.sum(clip(a) - clip(b))), float(high - low)
 
 
-def release_margin(
-    statistic: float, sensitivity: float, settings: PromotionSettings, _ignored_rng: np.random.Generator | None = None
-) -> float:
+def release_margin(statistic: float, sensitivity: float, settings: PromotionSettings) -> float:
     """The noisy margin: S plus exact (OpenDP) Laplace or Gaussian noise scaled to the sensitivity.
 
     The fourth argument is ignored (kept so older callers still run): no caller-supplied
