@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
 
-    from models import build_flow
-    from privacy.clipping import clipped_gradient_sum, model_layers
-    from privacy.dp_sgd import TrainSettings, noisy_gradient
+    from privflow.models import build_flow
+    from privflow.privacy.clipping import clipped_gradient_sum, model_layers
+    from privflow.privacy.dp_sgd import TrainSettings, noisy_gradient
 
     data, cards = load_adult(device)
     torch.manual_seed(0)

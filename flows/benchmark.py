@@ -23,7 +23,7 @@ Task runners: local processes by default (Prefect's ProcessPoolTaskRunner), a lo
 cluster of processes with ``task_runner="dask"``, and an existing Dask cluster when
 ``dask_address`` or the environment variable PRIVFLOW_DASK_ADDRESS is set.
 
-    python -m flows.benchmark --datasets adult,pinwheel --models dphflow,maf,dpmog \
+    python -m privflow.flows.benchmark --datasets adult,pinwheel --models dphflow,maf,dpmog \
         --epsilons 1,inf --seeds 0,1,2
 """
 
@@ -57,7 +57,7 @@ if __name__ == "__main__":  # offline, quiet settings before prefect is imported
 import numpy as np  # noqa: E402
 from prefect import flow, task  # noqa: E402
 
-from tasks._options import PRIVATE  # noqa: E402
+from privflow.tasks._options import PRIVATE  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS: tuple[str, ...] = ("dphflow", "maf", "dpmog")
@@ -178,8 +178,8 @@ def run_config(data: Any, cell: Cell, quick: bool) -> Any:
 def dpmog_plan(epsilon: float, delta: float, stats_share: float, iterations: int) -> Any:
     """Plan for DP-MoG alone: the DP statistics get their share of epsilon standalone and
     DP-EM takes the rest, calibrated as privacy/plan.py calibrates DP-SGD in the pipeline."""
-    from privacy.mechanisms import dp_mog, dp_stats
-    from privacy.plan import Remainder, make_plan
+    from privflow.privacy.mechanisms import dp_mog, dp_stats
+    from privflow.privacy.plan import Remainder, make_plan
 
     def stats_event(eps: float) -> Any:
         return dp_stats.dp_stats_event(dp_stats.noise_for_epsilon(eps, delta))
@@ -196,8 +196,8 @@ def exact_statistics(model: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     """Non-private run only: the same clipped mean/std as the DP statistics, without noise."""
     import torch
 
-    from privacy.mechanisms import dp_stats
-    from tasks.dp_stats import STATS_CLIP
+    from privflow.privacy.mechanisms import dp_stats
+    from privflow.tasks.dp_stats import STATS_CLIP
 
     with torch.no_grad():
         z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
@@ -212,8 +212,8 @@ def exact_mog_prior(model: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray
     standardised features, carried back to the preprocessed space for ``set_prior``."""
     import torch
 
-    from privacy.mechanisms import dp_mog
-    from tasks.dp_prior import PRIOR_CLIP
+    from privflow.privacy.mechanisms import dp_mog
+    from privflow.tasks.dp_prior import PRIOR_CLIP
 
     with torch.no_grad():
         z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
@@ -232,16 +232,16 @@ def fit_model(data: Any, cell: Cell, cfg: Any, x_train: np.ndarray, x_val: np.nd
     spent and facts about the run (steps, noise multiplier, chosen step)."""
     import torch
 
-    from models import build_flow
-    from privacy.dp_sgd import TrainSettings, train
-    from tasks.dp_prior import dp_prior
-    from tasks.dp_stats import dp_statistics
-    from tasks.plan import plan_privacy, sgd_shape
-    from tasks.select import loglik_matrix, per_pick_epsilon, select_checkpoints
-    from tasks.train import settings_for
+    from privflow.models import build_flow
+    from privflow.privacy.dp_sgd import TrainSettings, train
+    from privflow.tasks.dp_prior import dp_prior
+    from privflow.tasks.dp_stats import dp_statistics
+    from privflow.tasks.plan import plan_privacy, sgd_shape
+    from privflow.tasks.select import loglik_matrix, per_pick_epsilon, select_checkpoints
+    from privflow.tasks.train import settings_for
 
     # the module, not the function of the same name that privacy.mechanisms re-exports
-    rnm = importlib.import_module("privacy.mechanisms.report_noisy_max")
+    rnm = importlib.import_module("privflow.privacy.mechanisms.report_noisy_max")
     private = cell.epsilon is not None
     kwargs = cfg.model.model_dump(exclude={"name"})
     cards = data.codec.cardinalities
@@ -313,10 +313,10 @@ def evaluate_cell(data: Any, cell: Cell, model: Any, quick: bool) -> dict[str, f
     import torch
 
     from privflow.sampler import sample_rows
-    from tasks.evaluation.fidelity import fidelity
-    from tasks.evaluation.report import likelihood_metrics
-    from tasks.evaluation.utility import utility
-    from tasks.select import row_loglik
+    from privflow.tasks.evaluation.fidelity import fidelity
+    from privflow.tasks.evaluation.report import likelihood_metrics
+    from privflow.tasks.evaluation.utility import utility
+    from privflow.tasks.select import row_loglik
 
     out: dict[str, float] = {}
     torch.manual_seed(cell.seed)  # the dequantization noise of the bound, for reproducibility
@@ -362,14 +362,14 @@ def run_cell(cell: dict[str, Any], quick: bool = False, work_dir: str | None = N
             data = _dataset(c.dataset, quick, work_dir or str(Path.home() / ".cache" / "privflow-benchmark"))
             record.update(train_rows=data.train.height, test_rows=data.test.height)
             if c.model == REAL:
-                from tasks.evaluation.utility import utility
+                from privflow.tasks.evaluation.utility import utility
 
                 util = utility(data.schema, data.train, None, data.test, repeats=1, seed=c.seed).metrics()
                 record.update(macro_f1=util["utility/macro_f1_mean"], auroc=util["utility/auroc_mean"],
                               ap=util["utility/ap_mean"])
             else:
-                from privacy.accountant import PLDAccountant
-                from tasks.encode import encode_rows
+                from privflow.privacy.accountant import PLDAccountant
+                from privflow.tasks.encode import encode_rows
 
                 cfg = run_config(data, c, quick)
                 x_train, x_val = encode_rows.fn(data.train, data.codec, cfg.select.validation_fraction, c.seed)
@@ -499,7 +499,7 @@ COLUMNS = {
 def _default_command(datasets: Sequence[str], models: Sequence[str], epsilons: Sequence[float | None],
                      seeds: Sequence[int], quick: bool) -> str:
     eps = ",".join("inf" if e is None else f"{e:g}" for e in epsilons)
-    cmd = (f"python -m flows.benchmark --datasets {','.join(datasets)} --models {','.join(models)} "
+    cmd = (f"python -m privflow.flows.benchmark --datasets {','.join(datasets)} --models {','.join(models)} "
            f"--epsilons {eps} --seeds {','.join(str(s) for s in seeds)}")
     return cmd + (" --quick" if quick else "")
 
@@ -551,7 +551,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[tuple[str, str, float | Non
 def utility_figures(dataset: str, summary: dict, folder: Path) -> list[str]:
     """Utility against epsilon (DP-HFlow Fig. 5) for each model with private cells, as PNGs
     beside the results file; returns the Markdown lines that show them."""
-    from tasks.evaluation.figures import utility_vs_epsilon_figure
+    from privflow.tasks.evaluation.figures import utility_vs_epsilon_figure
 
     lines = []
     real = summary.get((dataset, REAL, None), {})
@@ -681,7 +681,7 @@ def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flows.benchmark", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m privflow.flows.benchmark", description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", default="adult,pinwheel,half-moons,8-gaussians")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--epsilons", default="0.5,1,2,5,inf", help="comma-separated; 'inf' = non-private")
@@ -698,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         datasets=split(args.datasets), models=split(args.models),
         epsilons=[parse_epsilon(e) for e in split(args.epsilons)], seeds=[int(s) for s in split(args.seeds)],
         out=args.out, task_runner=args.task_runner, dask_address=args.dask_address, quick=args.quick,
-        workers=args.workers, command="python -m flows.benchmark " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        workers=args.workers, command="python -m privflow.flows.benchmark " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
     )
     bad = [r for r in records if r.get("status") != "ok"]
     print(f"{len(records) - len(bad)}/{len(records)} cells ok; results in {args.out}")

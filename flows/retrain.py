@@ -28,15 +28,15 @@ from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
-from flows.train import train_pipeline
-from privacy.events import Event
-from privacy.ledger import Ledger, compose_epsilon
+from privflow.flows.train import train_pipeline
+from privflow.privacy.events import Event
+from privflow.privacy.ledger import Ledger, compose_epsilon
 from privflow.config import RunConfig
 from privflow.errors import BudgetExceeded, DataError
 from privflow.schema import Schema
-from tasks.plan import plan_privacy
-from tasks.promote import PromotionSettings, alias_holder, promote_if_better
-from tasks.register import experiment_for, tracking
+from privflow.tasks.plan import plan_privacy
+from privflow.tasks.promote import PromotionSettings, alias_holder, promote_if_better
+from privflow.tasks.register import experiment_for, tracking
 
 REFUSED = "refused"
 

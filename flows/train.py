@@ -31,13 +31,13 @@ import torch
 from prefect import flow
 from prefect.runtime import flow_run
 
-from models import build_flow
-from privacy.accountant import PLDAccountant, RDPAccountant
-from privacy.events import Event, PoissonGaussianEvent
-from privacy.fingerprint import keyed_fingerprint, store_key
-from privacy.ledger import Ledger
-from privacy.mechanisms import report_noisy_max, validation_gate
-from privacy.plan import PrivacyPlan
+from privflow.models import build_flow
+from privflow.privacy.accountant import PLDAccountant, RDPAccountant
+from privflow.privacy.events import Event, PoissonGaussianEvent
+from privflow.privacy.fingerprint import keyed_fingerprint, store_key
+from privflow.privacy.ledger import Ledger
+from privflow.privacy.mechanisms import report_noisy_max, validation_gate
+from privflow.privacy.plan import PrivacyPlan
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.curator import curator_dir, write_json
@@ -46,17 +46,17 @@ from privflow.io import read_table
 from privflow.sampler import sample_rows
 from privflow.schema import Schema
 from privflow.validation import validate
-from tasks.dp_prior import dp_prior
-from tasks.dp_stats import dp_statistics
-from tasks.encode import encode_rows
-from tasks.evaluate import evaluate_run
-from tasks.plan import plan_privacy
-from tasks.promote import PromotionSettings, promote_if_better
-from tasks.register import Registered, experiment_for, register_model, tracking
-from tasks.release import log_run_header, log_spend
-from tasks.select import per_pick_epsilon, select_checkpoints
-from tasks.train import cpu_threads, settings_for, train_flow_model
-from tasks.validate import validate_data
+from privflow.tasks.dp_prior import dp_prior
+from privflow.tasks.dp_stats import dp_statistics
+from privflow.tasks.encode import encode_rows
+from privflow.tasks.evaluate import evaluate_run
+from privflow.tasks.plan import plan_privacy
+from privflow.tasks.promote import PromotionSettings, promote_if_better
+from privflow.tasks.register import Registered, experiment_for, register_model, tracking
+from privflow.tasks.release import log_run_header, log_spend
+from privflow.tasks.select import per_pick_epsilon, select_checkpoints
+from privflow.tasks.train import cpu_threads, settings_for, train_flow_model
+from privflow.tasks.validate import validate_data
 
 
 @dataclass(frozen=True)

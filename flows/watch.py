@@ -1,6 +1,6 @@
 """A folder watcher: one `privflow.data.arrived` Prefect event per new data file.
 
-    python -m flows.watch FOLDER [--state FILE] [--interval 10] [--settle 5] [--once]
+    python -m privflow.flows.watch FOLDER [--state FILE] [--interval 10] [--settle 5] [--once]
 
 It polls the folder (no extra dependency), and for each CSV/Parquet file it has not yet
 announced emits, with `prefect.events.emit_event`, the event
@@ -174,7 +174,7 @@ def watch(folder: str | Path, state: str | Path | None = None, interval: float =
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.watch", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m privflow.flows.watch", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="folder where new data files land")
     parser.add_argument("--state", type=Path, default=None, help="state file (default FOLDER/.privflow-watch.json)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between scans")

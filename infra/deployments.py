@@ -11,7 +11,7 @@ Two deployments:
   schedule, on a fixed training file.
 * `privflow-retrain/on-new-data`: the retraining flow (`flows.retrain.retrain_on_new_data`),
   started by a deployment trigger on the custom event `privflow.data.arrived` that
-  `python -m flows.watch` emits for each new file of the watched folder; the trigger passes
+  `python -m privflow.flows.watch` emits for each new file of the watched folder; the trigger passes
   the event's resource id (the file's absolute path) as `data_path`. Open-source Prefect
   events and automations only (no webhooks).
 
@@ -85,7 +85,7 @@ def retrain_trigger(site: Site) -> Any:
 
     return DeploymentEventTrigger(
         name=f"privflow-data-arrived:{site.watch_folder}",
-        description="A new data file landed in the watched folder (python -m flows.watch).",
+        description="A new data file landed in the watched folder (python -m privflow.flows.watch).",
         expect={EVENT},
         match={FOLDER_LABEL: str(site.watch_folder)},
         for_each={"prefect.resource.id"},
@@ -109,8 +109,8 @@ def deployments(site: Site, work_pool: str | None = None, job_variables: dict[st
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
-    from flows.retrain import retrain_on_new_data
-    from flows.train import train_pipeline
+    from privflow.flows.retrain import retrain_on_new_data
+    from privflow.flows.train import train_pipeline
 
     common: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "tags": ["privflow"]}
     if work_pool is not None:

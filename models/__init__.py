@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.base import TabularFlow
-from models.dphflow import DPHFlow
-from models.maf import MAF
+from privflow.models.base import TabularFlow
+from privflow.models.dphflow import DPHFlow
+from privflow.models.maf import MAF
 
 __all__ = ["DPHFlow", "MAF", "TabularFlow", "build_flow", "FLOW_OPTIONS"]
 

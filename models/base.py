@@ -19,9 +19,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from models.dequantize import LogitMap, UniformDequantizer, VariationalDequantizer
-from models.layers import ActNorm
-from models.priors import MixtureOfGaussians, StandardNormal
+from privflow.models.dequantize import LogitMap, UniformDequantizer, VariationalDequantizer
+from privflow.models.layers import ActNorm
+from privflow.models.priors import MixtureOfGaussians, StandardNormal
 
 
 class TabularFlow(nn.Module, ABC):

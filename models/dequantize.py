@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from models.layers import _PlainTensors
+from privflow.models.layers import _PlainTensors
 
 _LOG_2PI = math.log(2.0 * math.pi)
 

@@ -14,10 +14,10 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from models.base import TabularFlow
-from models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear
-from models.made import MADE
-from models.spline import rational_quadratic_spline, spline_params_per_feature
+from privflow.models.base import TabularFlow
+from privflow.models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear
+from privflow.models.made import MADE
+from privflow.models.spline import rational_quadratic_spline, spline_params_per_feature
 
 
 class ConditionalSplineAutoregressive(nn.Module):

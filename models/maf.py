@@ -10,9 +10,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from models.base import TabularFlow
-from models.layers import ActNorm
-from models.made import MADE
+from privflow.models.base import TabularFlow
+from privflow.models.layers import ActNorm
+from privflow.models.made import MADE
 
 
 class MaskedAffineAutoregressive(nn.Module):

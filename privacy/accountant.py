@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from privacy.events import (
+from privflow.privacy.events import (
     Event,
     GaussianEvent,
     LaplaceEvent,

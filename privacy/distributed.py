@@ -1,6 +1,6 @@
 """Multi-process data-parallel DP-SGD / DP-Adam with opacus' DPDDP, launched with torchrun.
 
-    torchrun --nproc-per-node 2 -m privacy.distributed --job job.json
+    torchrun --nproc-per-node 2 -m privflow.privacy.distributed --job job.json
 
 One DP-SGD step (Abadi et al. 2016; DP-NF, Waites & Cummings 2021, section 3) split over W
 processes, each holding the rows i with i mod W == rank:
@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from privacy.events import PoissonGaussianEvent, event_to_dict
+from privflow.privacy.events import PoissonGaussianEvent, event_to_dict
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,9 @@ def per_example_gradients(
     in the forward pass gets zeros. ``noise``: the rows' dequantization noise (explicit, so
     no global RNG is drawn from).
     """
-    from privacy.noise import log_prob_with
+    from privflow.privacy.noise import log_prob_with
 
-    from privacy.grad_samplers import Tape, materialise, param_layers
+    from privflow.privacy.grad_samplers import Tape, materialise, param_layers
 
     params = [p for p in model.parameters() if p.requires_grad]
     b = int(batch.shape[0])
@@ -176,7 +176,7 @@ def train_distributed(model: nn.Module, data: Tensor, settings: DistributedSetti
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
     from opacus.optimizers import DistributedDPOptimizer
 
-    from privacy.noise import dequantization_noise, independent_seeds
+    from privflow.privacy.noise import dequantization_noise, independent_seeds
 
     rank, world = dist.get_rank(), dist.get_world_size()
     device = next(model.parameters()).device
@@ -240,7 +240,7 @@ def train_distributed(model: nn.Module, data: Tensor, settings: DistributedSetti
 
 
 def _job_model(job: dict[str, Any]) -> nn.Module:
-    from models import build_flow
+    from privflow.models import build_flow
 
     torch.manual_seed(int(job["settings"].get("seed", 0)))
     model = build_flow(job["model"]["name"], job["cardinalities"], **job["model"].get("config", {}))
@@ -333,8 +333,8 @@ def launch(
     event on success, abandons the reservation if a worker had started reading rows when the
     run failed, and releases it if none had.
     """
-    from privacy.events import event_from_dict
-    from privacy.ledger import Ledger
+    from privflow.privacy.events import event_from_dict
+    from privflow.privacy.ledger import Ledger
 
     job = json.loads(Path(job_path).read_text())
     settings = DistributedSettings(**job["settings"])
@@ -349,7 +349,7 @@ def launch(
         return out.exists() and any(out.glob("started.rank*"))
 
     cmd = [python or sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
-           "-m", "privacy.distributed", "--job", str(job_path)]
+           "-m", "privflow.privacy.distributed", "--job", str(job_path)]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except BaseException:
@@ -369,7 +369,7 @@ def launch(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m privacy.distributed")
+    parser = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m privflow.privacy.distributed")
     parser.add_argument("--job", required=True, type=Path, help="job file (JSON), see run_job")
     args = parser.parse_args(argv)
     run_job(args.job)

@@ -51,9 +51,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from privacy.clipping import CLIPPINGS, clipped_gradient_sum, model_layers
-from privacy.events import PoissonGaussianEvent
-from privacy.noise import dequantization_noise, independent_seeds, log_prob_with
+from privflow.privacy.clipping import CLIPPINGS, clipped_gradient_sum, model_layers
+from privflow.privacy.events import PoissonGaussianEvent
+from privflow.privacy.noise import dequantization_noise, independent_seeds, log_prob_with
 
 
 @dataclass(frozen=True)

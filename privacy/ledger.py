@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from privacy.accountant import PLDAccountant
-from privacy.events import (
+from privflow.privacy.accountant import PLDAccountant
+from privflow.privacy.events import (
     Event,
     GaussianEvent,
     LaplaceEvent,

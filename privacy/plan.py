@@ -15,8 +15,8 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from privacy.accountant import PLDAccountant, RDPAccountant
-from privacy.events import Event, PoissonGaussianEvent, event_to_dict
+from privflow.privacy.accountant import PLDAccountant, RDPAccountant
+from privflow.privacy.events import Event, PoissonGaussianEvent, event_to_dict
 from privflow.errors import PrivacyPlanError
 
 __all__ = ["MAX_EPSILON", "PrivacyPlan", "Remainder", "SGDShape", "StagePlan", "make_plan"]

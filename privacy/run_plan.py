@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 
-from privacy.events import Event
-from privacy.mechanisms import dp_mog, dp_stats, report_noisy_max, validation_gate
-from privacy.plan import PrivacyPlan, SGDShape, make_plan
+from privflow.privacy.events import Event
+from privflow.privacy.mechanisms import dp_mog, dp_stats, report_noisy_max, validation_gate
+from privflow.privacy.plan import PrivacyPlan, SGDShape, make_plan
 from privflow.config import RunConfig
 from privflow.errors import ConfigError
 from privflow.schema import Schema

@@ -230,7 +230,7 @@ def _run_body(config_path: Path | None, overrides: dict, quiet: bool, verbose: b
         highlight=False,
         soft_wrap=True,
     )
-    from flows.train import train_pipeline
+    from privflow.flows.train import train_pipeline
 
     env.quiet_imported(verbose)
     summary = train_pipeline(cfg, show_progress=not quiet)
@@ -353,7 +353,7 @@ def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> Non
     from privflow import env
 
     env.set_verbosity(verbose)
-    from privacy.ledger import Ledger
+    from privflow.privacy.ledger import Ledger
     from privflow.errors import StoreError
 
     path = store / "ledger.db"

@@ -70,7 +70,7 @@ def min_rows(config: RunConfig) -> int:
 
 def check_privacy_parameters(config: RunConfig, schema: Schema | None = None) -> None:
     """epsilon and delta finite, positive and in their sane ranges (ConfigError otherwise)."""
-    from privacy.plan import MAX_EPSILON
+    from privflow.privacy.plan import MAX_EPSILON
 
     eps, delta = config.privacy.epsilon, config.privacy.delta
     if not (isinstance(eps, int | float) and math.isfinite(eps) and eps > 0):
@@ -263,8 +263,8 @@ def resolve_device(choice: str) -> str:
 
 
 def _check_budget(config: RunConfig, schema: Schema) -> object:
-    from privacy.ledger import check_budget_at
-    from privacy.run_plan import run_plan
+    from privflow.privacy.ledger import check_budget_at
+    from privflow.privacy.run_plan import run_plan
 
     plan = run_plan(config, schema)
     budget = schema.dataset.budget

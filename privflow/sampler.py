@@ -25,7 +25,7 @@ class FlowSampler(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         import torch
 
-        from models import build_flow
+        from privflow.models import build_flow
         from privflow.codec import Codec
         from privflow.schema import Schema
 

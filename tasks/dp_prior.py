@@ -6,11 +6,11 @@ import numpy as np
 import torch
 from prefect import task
 
-from privacy.mechanisms import dp_mog
-from privacy.noise import preprocess_private
-from privacy.events import GaussianEvent, RepeatedEvent
-from privacy.plan import StagePlan
-from tasks._options import PRIVATE
+from privflow.privacy.mechanisms import dp_mog
+from privflow.privacy.noise import preprocess_private
+from privflow.privacy.events import GaussianEvent, RepeatedEvent
+from privflow.privacy.plan import StagePlan
+from privflow.tasks._options import PRIVATE
 
 # DP-EM runs on features standardised by the DP statistics; a public box of +-4 keeps
 # the sufficient statistics bounded while covering nearly all standardised mass.

@@ -6,10 +6,10 @@ import numpy as np
 import torch
 from prefect import task
 
-from privacy.mechanisms import dp_stats
-from privacy.noise import preprocess_private
-from privacy.plan import StagePlan
-from tasks._options import PRIVATE
+from privflow.privacy.mechanisms import dp_stats
+from privflow.privacy.noise import preprocess_private
+from privflow.privacy.plan import StagePlan
+from privflow.tasks._options import PRIVATE
 
 # Public clip for the features the first actnorm sees: the logit map sends [0, 1] into
 # roughly [-7, 7], so clipping there bounds each row's contribution without touching most.

@@ -7,7 +7,7 @@ import polars as pl
 from prefect import task
 
 from privflow.codec import Codec
-from tasks._options import PRIVATE
+from privflow.tasks._options import PRIVATE
 
 
 def selection_coins(df: pl.DataFrame, validation_fraction: float, seed: int) -> np.ndarray:

@@ -12,9 +12,9 @@ from prefect import task
 from privflow.codec import Codec
 from privflow.config import EvaluateConfig
 from privflow.schema import Schema
-from tasks._options import PRIVATE
-from tasks.evaluation.report import EvaluationResult, evaluate
-from tasks.select import row_loglik
+from privflow.tasks._options import PRIVATE
+from privflow.tasks.evaluation.report import EvaluationResult, evaluate
+from privflow.tasks.select import row_loglik
 
 _MIA_ROWS = 4000  # rows per side for the membership test: enough for a stable AUROC
 

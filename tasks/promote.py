@@ -36,17 +36,17 @@ from mlflow.exceptions import MlflowException
 from prefect import task
 from prefect.runtime import task_run
 
-from models import build_flow
-from privacy.calibration import gaussian_noise_for_epsilon
-from privacy.events import Event
-from privacy.ledger import Ledger
-from privacy.mechanisms import gaussian_event, gaussian_mechanism, laplace_event, laplace_mechanism
+from privflow.models import build_flow
+from privflow.privacy.calibration import gaussian_noise_for_epsilon
+from privflow.privacy.events import Event
+from privflow.privacy.ledger import Ledger
+from privflow.privacy.mechanisms import gaussian_event, gaussian_mechanism, laplace_event, laplace_mechanism
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.curator import curator_dir
 from privflow.errors import BudgetExceeded
 from privflow.schema import Schema
-from tasks._options import PRIVATE
+from privflow.tasks._options import PRIVATE
 
 TAG = "privflow.promotion"
 
@@ -220,7 +220,7 @@ def comparable(a: Schema, b: Schema) -> bool:
 
 def version_loglik(flows: list[torch.nn.Module], x: np.ndarray, batch: int = 4096) -> np.ndarray:
     """Per-row log-density of a version (mixture of its checkpoints) on encoded rows."""
-    from privacy.noise import dequantization_noise, log_prob_with, secret_generator
+    from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator
 
     data = torch.as_tensor(x, dtype=torch.float32)
     per = np.empty((len(flows), len(data)))
@@ -274,7 +274,7 @@ def promote_if_better(
     """
     from privflow.io import read_table
     from privflow.validation import validate
-    from tasks.encode import encode_rows
+    from privflow.tasks.encode import encode_rows
 
     client = MlflowClient()
     alias = settings.alias

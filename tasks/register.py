@@ -15,11 +15,11 @@ import torch
 from mlflow import MlflowClient
 from prefect import task
 
-import models
+from privflow import models
 import privflow
 from privflow.sampler import FlowSampler
 from privflow.schema import Schema
-from tasks.promote import alias_holder
+from privflow.tasks.promote import alias_holder
 
 _REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
 
@@ -53,10 +53,12 @@ _SAMPLER_MODULES = ("__init__.py", "codec.py", "errors.py", "sampler.py", "sampl
 
 
 def _sampler_package(tmp: Path) -> str:
+    """A `privflow` package with just what the sampler imports: the table layer and models/."""
     pkg = tmp / "code" / "privflow"
     pkg.mkdir(parents=True)
     for module in _SAMPLER_MODULES:
         shutil.copy(Path(privflow.__file__).parent / module, pkg / module)
+    shutil.copytree(Path(models.__file__).parent, pkg / "models", ignore=shutil.ignore_patterns("__pycache__"))
     return str(pkg)
 
 
@@ -115,7 +117,7 @@ def register_model(
             name="generator",
             python_model=str(Path(privflow.__file__).parent / "sampler_model.py"),  # models from code
             artifacts=artifacts,
-            code_paths=[str(Path(models.__file__).parent), _sampler_package(Path(tmp))],
+            code_paths=[_sampler_package(Path(tmp))],
             pip_requirements=_REQUIREMENTS,
             signature=signature_for(schema),
             registered_model_name=name,

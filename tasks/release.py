@@ -17,8 +17,8 @@ from typing import Any
 import mlflow
 
 import privflow
-from privacy.events import Event, events_to_json
-from privacy.plan import PrivacyPlan
+from privflow.privacy.events import Event, events_to_json
+from privflow.privacy.plan import PrivacyPlan
 from privflow.config import RunConfig
 
 # pattern -> why it may be released

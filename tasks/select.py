@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from prefect import task
 
-from privacy.events import PureDPEvent, RepeatedEvent
-from privacy.mechanisms import report_noisy_max
-from privacy.noise import dequantization_noise, log_prob_with, secret_generator
-from privacy.plan import StagePlan
+from privflow.privacy.events import PureDPEvent, RepeatedEvent
+from privflow.privacy.mechanisms import report_noisy_max
+from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator
+from privflow.privacy.plan import StagePlan
 from privflow.config import SelectConfig
-from tasks._options import PRIVATE
+from privflow.tasks._options import PRIVATE
 
 
 def per_pick_epsilon(stage: StagePlan) -> float:

@@ -10,11 +10,11 @@ import torch
 from prefect import task
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from privacy.dp_sgd import TrainResult, TrainSettings, train
-from privacy.events import PoissonGaussianEvent
-from privacy.plan import StagePlan
+from privflow.privacy.dp_sgd import TrainResult, TrainSettings, train
+from privflow.privacy.events import PoissonGaussianEvent
+from privflow.privacy.plan import StagePlan
 from privflow.config import TrainConfig
-from tasks._options import PRIVATE
+from privflow.tasks._options import PRIVATE
 
 
 def resolve_device(choice: str) -> str:

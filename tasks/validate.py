@@ -11,7 +11,7 @@ from prefect import task
 from privflow.io import read_table
 from privflow.schema import Schema
 from privflow.validation import ValidationReport, validate
-from tasks._options import PRIVATE
+from privflow.tasks._options import PRIVATE
 
 
 @task(name="validate", **PRIVATE)

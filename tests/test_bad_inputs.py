@@ -102,8 +102,8 @@ def over_budget(ws):
 
 
 def over_budget_after_spend(ws):
-    from privacy.events import PureDPEvent
-    from privacy.ledger import Ledger
+    from privflow.privacy.events import PureDPEvent
+    from privflow.privacy.ledger import Ledger
 
     led = Ledger(ws["store"] / "ledger.db")
     led.ensure_dataset("adult", 10.0, 1e-5, None)

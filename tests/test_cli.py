@@ -55,7 +55,7 @@ def _assert_user_error(result, *needles: str) -> None:
 def _nothing_registered(store: Path) -> None:
     ledger = store / "ledger.db"
     if ledger.exists():
-        from privacy.ledger import Ledger
+        from privflow.privacy.ledger import Ledger
 
         spent, _ = Ledger(ledger).spent("adult")
         assert spent == 0.0

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from privacy.accountant import PLDAccountant
-from privacy.distributed import (
+from privflow.privacy.accountant import PLDAccountant
+from privflow.privacy.distributed import (
     DistributedSettings,
     WorkersFailed,
     fresh_seed,
@@ -33,8 +33,8 @@ from privacy.distributed import (
     planned_event,
     write_job,
 )
-from privacy.events import PoissonGaussianEvent, event_from_dict
-from privacy.ledger import Ledger
+from privflow.privacy.events import PoissonGaussianEvent, event_from_dict
+from privflow.privacy.ledger import Ledger
 from privflow.errors import BudgetExceeded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_first_step_matches_an_independent_reference(runs: dict) -> None:
     """One SGD step recomputed here: torch.func per-example grads, flat clipping, opacus' noise draw."""
     from torch.func import functional_call, grad, vmap
 
-    from models import build_flow
+    from privflow.models import build_flow
 
     settings: DistributedSettings = runs["sgd"]
     torch.manual_seed(settings.seed)
@@ -177,7 +177,7 @@ def test_first_step_matches_an_independent_reference(runs: dict) -> None:
 
 
 def test_per_example_gradients_sum_to_the_batch_gradient() -> None:
-    from models import build_flow
+    from privflow.models import build_flow
 
     torch.manual_seed(0)
     model = build_flow(MODEL["name"], CARD, **MODEL["config"])

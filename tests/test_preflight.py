@@ -62,8 +62,8 @@ def test_device() -> None:
 
 
 def test_budget_is_checked_against_the_ledger_without_reserving(tmp_path: Path) -> None:
-    from privacy.events import PureDPEvent
-    from privacy.ledger import Ledger
+    from privflow.privacy.events import PureDPEvent
+    from privflow.privacy.ledger import Ledger
 
     store = tmp_path / "store"
     led = Ledger(store / "ledger.db")

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 import torch
 
-from models import build_flow
+from privflow.models import build_flow
 from privflow.codec import Codec
 from privflow.sampler import sample_rows
 from privflow.schema import Schema

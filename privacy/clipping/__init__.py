@@ -6,12 +6,12 @@ noise scale sigma * C serves all of them (ARCHITECTURE.md, privacy rule 4).
 
 from __future__ import annotations
 
-from privacy.clipping.engine import CLIPPINGS, ClippedSum, GradientMismatch, clipped_gradient_sum
-from privacy.clipping.flat import clip_flat, flat_factors
-from privacy.clipping.per_layer import clip_per_layer, layer_thresholds, per_layer_factors
-from privacy.clipping.per_unit import clip_per_unit, row_stats, unit_factors, unit_thresholds
-from privacy.clipping.sparsify import clip_sparsify, sparsify_k, stochastic_sparsify
-from privacy.clipping.structure import LayerInfo, model_layers
+from privflow.privacy.clipping.engine import CLIPPINGS, ClippedSum, GradientMismatch, clipped_gradient_sum
+from privflow.privacy.clipping.flat import clip_flat, flat_factors
+from privflow.privacy.clipping.per_layer import clip_per_layer, layer_thresholds, per_layer_factors
+from privflow.privacy.clipping.per_unit import clip_per_unit, row_stats, unit_factors, unit_thresholds
+from privflow.privacy.clipping.sparsify import clip_sparsify, sparsify_k, stochastic_sparsify
+from privflow.privacy.clipping.structure import LayerInfo, model_layers
 
 __all__ = [
     "CLIPPINGS", "ClippedSum", "GradientMismatch", "LayerInfo", "clip_flat", "clip_per_layer",

@@ -37,13 +37,13 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from privacy.clipping.flat import clip_flat, flat_factors
-from privacy.clipping.per_layer import clip_per_layer, layer_thresholds, per_layer_factors
-from privacy.clipping.per_unit import clip_per_unit, unit_factors
-from privacy.clipping.sparsify import clip_sparsify, sparsify_clipped_sum, sparsify_k
-from privacy.clipping.structure import LayerInfo, model_layers
-from privacy.grad_samplers import GHOST_OPS, Tape, materialise
-from privacy.grad_samplers.registry import Call
+from privflow.privacy.clipping.flat import clip_flat, flat_factors
+from privflow.privacy.clipping.per_layer import clip_per_layer, layer_thresholds, per_layer_factors
+from privflow.privacy.clipping.per_unit import clip_per_unit, unit_factors
+from privflow.privacy.clipping.sparsify import clip_sparsify, sparsify_clipped_sum, sparsify_k
+from privflow.privacy.clipping.structure import LayerInfo, model_layers
+from privflow.privacy.grad_samplers import GHOST_OPS, Tape, materialise
+from privflow.privacy.grad_samplers.registry import Call
 
 Clipping = Literal["flat", "per_layer", "per_unit", "sparsify", "none"]
 Method = Literal["fast", "hooks"]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from privacy.clipping._base import factor, flat_view
+from privflow.privacy.clipping._base import factor, flat_view
 
 
 def flat_factors(sq_norms: Tensor, max_grad_norm: float) -> Tensor:

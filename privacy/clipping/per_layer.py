@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from privacy.clipping._base import factor, flat_view
-from privacy.clipping.structure import LayerInfo
+from privflow.privacy.clipping._base import factor, flat_view
+from privflow.privacy.clipping.structure import LayerInfo
 
 
 def layer_thresholds(layers: Sequence[LayerInfo], max_grad_norm: float) -> list[float]:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from privacy.clipping._base import factor, row_view
+from privflow.privacy.clipping._base import factor, row_view
 
 
 def row_stats(g: Tensor) -> tuple[Tensor, Tensor]:

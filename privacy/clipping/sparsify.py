@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from privacy.clipping._base import factor, flat_view
+from privflow.privacy.clipping._base import factor, flat_view
 
 
 def sparsify_k(free_entries: int, sparsity: float) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from privacy.grad_samplers import free_numel, param_layers
+from privflow.privacy.grad_samplers import free_numel, param_layers
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import opacus.grad_sample.linear  # noqa: F401  (opacus' own nn.Linear sampler)
 
-from privacy.grad_samplers import actnorm, block_embedding, linear, low_rank, lu_linear, masked_linear  # noqa: F401
-from privacy.grad_samplers.registry import FREE_NUMEL, GHOST_OPS, Call, free_numel
-from privacy.grad_samplers.tape import Tape, grad_sample, materialise, param_layers
+from privflow.privacy.grad_samplers import actnorm, block_embedding, linear, low_rank, lu_linear, masked_linear  # noqa: F401
+from privflow.privacy.grad_samplers.registry import FREE_NUMEL, GHOST_OPS, Call, free_numel
+from privflow.privacy.grad_samplers.tape import Tape, grad_sample, materialise, param_layers
 
 __all__ = ["Call", "FREE_NUMEL", "GHOST_OPS", "Tape", "free_numel", "grad_sample", "materialise", "param_layers"]

@@ -11,8 +11,8 @@ import torch
 from opacus.grad_sample import register_grad_sampler
 from torch import Tensor, nn
 
-from models.layers import ActNorm
-from privacy.grad_samplers._common import accepts_tuple, logdet_term, split_backprops
+from privflow.models.layers import ActNorm
+from privflow.privacy.grad_samplers._common import accepts_tuple, logdet_term, split_backprops
 
 
 @register_grad_sampler(ActNorm)

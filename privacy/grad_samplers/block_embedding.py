@@ -13,8 +13,8 @@ import torch
 from opacus.grad_sample import register_grad_sampler
 from torch import Tensor, nn
 
-from models.layers import BlockEmbedding
-from privacy.grad_samplers._common import accepts_tuple, split_backprops
+from privflow.models.layers import BlockEmbedding
+from privflow.privacy.grad_samplers._common import accepts_tuple, split_backprops
 
 
 @register_grad_sampler(BlockEmbedding)

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from privacy.grad_samplers._common import split_backprops
-from privacy.grad_samplers.registry import Call, register_ghost
+from privflow.privacy.grad_samplers._common import split_backprops
+from privflow.privacy.grad_samplers.registry import Call, register_ghost
 
 _CHUNK_ELEMENTS = 1 << 20  # per-example gradient entries per chunk: small chunks stay in cache and
 # reuse freed memory (a fresh 40 MB tensor costs more in page faults than its arithmetic)

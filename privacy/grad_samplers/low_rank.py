@@ -14,8 +14,8 @@ import torch
 from opacus.grad_sample import register_grad_sampler
 from torch import Tensor, nn
 
-from models.layers import LowRankLinear
-from privacy.grad_samplers._common import accepts_tuple, logdet_term, split_backprops
+from privflow.models.layers import LowRankLinear
+from privflow.privacy.grad_samplers._common import accepts_tuple, logdet_term, split_backprops
 
 
 def _logdet_grads(layer: LowRankLinear, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:

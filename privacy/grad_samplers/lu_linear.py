@@ -14,9 +14,9 @@ import torch
 from opacus.grad_sample import register_grad_sampler
 from torch import Tensor, nn
 
-from models.layers import LULinear
-from privacy.grad_samplers._common import accepts_tuple, logdet_term, split_backprops
-from privacy.grad_samplers.registry import register_free_numel
+from privflow.models.layers import LULinear
+from privflow.privacy.grad_samplers._common import accepts_tuple, logdet_term, split_backprops
+from privflow.privacy.grad_samplers.registry import register_free_numel
 
 
 @register_grad_sampler(LULinear)

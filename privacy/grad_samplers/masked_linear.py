@@ -15,10 +15,10 @@ import torch
 from opacus.grad_sample import register_grad_sampler
 from torch import Tensor, nn
 
-from models.layers import MaskedLinear
-from privacy.grad_samplers._common import accepts_tuple, split_backprops
-from privacy.grad_samplers.linear import LinearGhost
-from privacy.grad_samplers.registry import register_free_numel, register_ghost
+from privflow.models.layers import MaskedLinear
+from privflow.privacy.grad_samplers._common import accepts_tuple, split_backprops
+from privflow.privacy.grad_samplers.linear import LinearGhost
+from privflow.privacy.grad_samplers.registry import register_free_numel, register_ghost
 
 
 @register_grad_sampler(MaskedLinear)

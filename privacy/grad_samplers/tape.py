@@ -24,7 +24,7 @@ import torch
 from opacus.grad_sample import GradSampleHooks
 from torch import Tensor, nn
 
-from privacy.grad_samplers.registry import Call
+from privflow.privacy.grad_samplers.registry import Call
 
 
 def param_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:

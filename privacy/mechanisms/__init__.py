@@ -3,11 +3,11 @@
 `report_noisy_max` is deliberately not re-exported as a function: that name is the module.
 """
 
-from privacy.mechanisms.dp_mog import MoGParams, dp_em_mog, dp_mog_event
-from privacy.mechanisms.dp_stats import dp_mean_std, dp_stats_event
-from privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
-from privacy.mechanisms.laplace import laplace_event, laplace_mechanism
-from privacy.mechanisms.report_noisy_max import clipped_loglik_scores, rnm_event
+from privflow.privacy.mechanisms.dp_mog import MoGParams, dp_em_mog, dp_mog_event
+from privflow.privacy.mechanisms.dp_stats import dp_mean_std, dp_stats_event
+from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
+from privflow.privacy.mechanisms.laplace import laplace_event, laplace_mechanism
+from privflow.privacy.mechanisms.report_noisy_max import clipped_loglik_scores, rnm_event
 
 __all__ = [
     "MoGParams",

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from privacy.calibration import gaussian_noise_for_epsilon
-from privacy.events import RepeatedEvent
-from privacy.mechanisms.dp_stats import _clipped
-from privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
+from privflow.privacy.calibration import gaussian_noise_for_epsilon
+from privflow.privacy.events import RepeatedEvent
+from privflow.privacy.mechanisms.dp_stats import _clipped
+from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
 
 
 @dataclass(frozen=True)

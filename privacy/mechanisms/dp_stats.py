@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 
-from privacy.calibration import gaussian_noise_for_epsilon
-from privacy.events import GaussianEvent
-from privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
+from privflow.privacy.calibration import gaussian_noise_for_epsilon
+from privflow.privacy.events import GaussianEvent
+from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
 
 
 def _clipped(x: np.ndarray, clip: float) -> np.ndarray:

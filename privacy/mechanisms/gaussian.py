@@ -19,8 +19,8 @@ import math
 
 import numpy as np
 
-from privacy.events import GaussianEvent
-from privacy.noise import exact_gaussian
+from privflow.privacy.events import GaussianEvent
+from privflow.privacy.noise import exact_gaussian
 
 
 def _check_scale(name: str, value: float) -> None:

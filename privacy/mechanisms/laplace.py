@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from privacy.events import LaplaceEvent
-from privacy.mechanisms.gaussian import _check_scale
-from privacy.noise import exact_laplace
+from privflow.privacy.events import LaplaceEvent
+from privflow.privacy.mechanisms.gaussian import _check_scale
+from privflow.privacy.noise import exact_laplace
 
 
 def laplace_mechanism(value: np.ndarray, l1_sensitivity: float, noise_multiplier: float) -> np.ndarray:

@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 
-from privacy.events import PureDPEvent, RepeatedEvent
-from privacy.noise import exact_noisy_max
+from privflow.privacy.events import PureDPEvent, RepeatedEvent
+from privflow.privacy.noise import exact_noisy_max
 
 
 def report_noisy_max(

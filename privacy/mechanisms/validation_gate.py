@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privacy.events import LaplaceEvent
-from privacy.mechanisms.laplace import laplace_mechanism
+from privflow.privacy.events import LaplaceEvent
+from privflow.privacy.mechanisms.laplace import laplace_mechanism
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,6 @@ privacy-risk checks (distance to closest record, likelihood membership inference
 and `evaluate`, which runs what the EvaluateConfig switches on and writes one HTML report.
 """
 
-from tasks.evaluation.report import BANNER, EvaluationResult, evaluate
+from privflow.tasks.evaluation.report import BANNER, EvaluationResult, evaluate
 
 __all__ = ["BANNER", "EvaluationResult", "evaluate"]

@@ -25,11 +25,11 @@ from threadpoolctl import threadpool_limits
 
 from privflow.config import EvaluateConfig
 from privflow.schema import Schema
-from tasks.evaluation import figures as figs
-from tasks.evaluation.encoding import check_columns
-from tasks.evaluation.fidelity import FidelityResult, fidelity
-from tasks.evaluation.risk import DCRResult, MIAResult, dcr, likelihood_mia
-from tasks.evaluation.utility import UtilityResult, utility
+from privflow.tasks.evaluation import figures as figs
+from privflow.tasks.evaluation.encoding import check_columns
+from privflow.tasks.evaluation.fidelity import FidelityResult, fidelity
+from privflow.tasks.evaluation.risk import DCRResult, MIAResult, dcr, likelihood_mia
+from privflow.tasks.evaluation.utility import UtilityResult, utility
 
 BANNER = "Diagnostics for the data owner — NOT differentially private; never part of the released model or data"
 

@@ -12,7 +12,7 @@ import torch
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal, norm
 
-from flows.benchmark import (
+from privflow.flows.benchmark import (
     Cell,
     build_cells,
     datasets_module,
@@ -22,8 +22,8 @@ from flows.benchmark import (
     parse_epsilon,
     summarise,
 )
-from models import build_flow
-from privacy.accountant import PLDAccountant, PRVAccountant
+from privflow.models import build_flow
+from privflow.privacy.accountant import PLDAccountant, PRVAccountant
 
 dm = datasets_module()
 
@@ -140,7 +140,7 @@ def test_summary_is_mean_and_sample_std_over_seeds() -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 def test_quick_sweep_on_a_local_dask_cluster(tmp_path) -> None:
-    from flows.benchmark import benchmark
+    from privflow.flows.benchmark import benchmark
 
     out = tmp_path / "RESULTS.md"
     records = benchmark(
@@ -161,5 +161,5 @@ def test_quick_sweep_on_a_local_dask_cluster(tmp_path) -> None:
             assert r["epsilon_spent"] <= r["epsilon"]
     text = out.read_text()
     assert "## pinwheel" in text and "## adult" in text and "quick mode" in text
-    assert "python -m flows.benchmark --datasets pinwheel,adult" in text
+    assert "python -m privflow.flows.benchmark --datasets pinwheel,adult" in text
     assert pl.Series([r["seconds"] for r in records]).min() > 0

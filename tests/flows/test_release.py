@@ -25,15 +25,15 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from privacy.events import LaplaceEvent
-from privacy.ledger import Ledger
+from privflow.privacy.events import LaplaceEvent
+from privflow.privacy.ledger import Ledger
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.errors import ValidationFailed
 from privflow.sampler import sample_rows
 from privflow.schema import Schema
-from tasks import release
-from tasks.promote import load_version
+from privflow.tasks import release
+from privflow.tasks.promote import load_version
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
@@ -66,7 +66,7 @@ def _config(data: Path, schema: Path, store: Path, **extra: object) -> RunConfig
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, demo_dir: Path):
-    from flows.train import train_pipeline
+    from privflow.flows.train import train_pipeline
 
     tmp = tmp_path_factory.mktemp("release")
     data, schema = _slice(tmp, demo_dir, 2000, bad_age=1)
@@ -153,7 +153,7 @@ def test_released_table_depends_only_on_model_and_sampling_seed(run, tmp_path: P
 
 
 def test_gate_stop_is_charged_and_speaks_in_dp_counts(tmp_path: Path, demo_dir: Path) -> None:
-    from flows.train import train_pipeline
+    from privflow.flows.train import train_pipeline
 
     data, schema = _slice(tmp_path, demo_dir, 2000, bad_age=600)  # 30% of the rows: far above 1%
     cfg = _config(data, schema, tmp_path / "store")

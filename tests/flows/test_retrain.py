@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-from privacy.events import LaplaceEvent
-from privacy.ledger import Ledger
-from tasks.promote import (
+from privflow.privacy.events import LaplaceEvent
+from privflow.privacy.ledger import Ledger
+from privflow.tasks.promote import (
     PromotionDecision,
     PromotionSettings,
     ledger_id,
@@ -65,7 +65,7 @@ def test_release_margin_laplace_and_gaussian_scales() -> None:
     gau = PromotionSettings(epsilon=0.5, mechanism="gaussian", delta=1e-6)
     g = np.array([release_margin(0.0, 30.0, gau) for _ in range(4000)])
     assert np.std(g) == pytest.approx(30.0 * gau.noise_multiplier(), rel=0.05)
-    from privacy.calibration import epsilon_for_gaussian
+    from privflow.privacy.calibration import epsilon_for_gaussian
 
     assert epsilon_for_gaussian(gau.noise_multiplier(), 1e-6) == pytest.approx(0.5, rel=1e-3)
     with pytest.raises(ValueError):
@@ -113,7 +113,7 @@ TINY = {
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory):
     """A store with an SQLite MLflow registry and a small Adult slice under its own dataset name."""
-    from tasks.register import experiment_for, tracking
+    from privflow.tasks.register import experiment_for, tracking
 
     tmp = tmp_path_factory.mktemp("promote")
     store = tmp / "store"
@@ -129,7 +129,7 @@ def _register(name: str, state: dict, reg: dict) -> str:
     import mlflow
 
     from privflow.schema import Schema
-    from tasks.register import experiment_for, register_model, tracking
+    from privflow.tasks.register import experiment_for, register_model, tracking
 
     tracking(reg["store"])
     experiment_for("adult-promote", reg["store"])
@@ -141,7 +141,7 @@ def _register(name: str, state: dict, reg: dict) -> str:
 def _model(seed: int, bad: bool = False) -> dict:
     """A fitted-looking version (first actnorm set from the slice's statistics: test only, not
     DP) or a bad one (a far too narrow first actnorm: every row lands deep in the tails)."""
-    from models import build_flow
+    from privflow.models import build_flow
     from privflow.codec import Codec
     from privflow.io import read_table
     from privflow.schema import Schema
@@ -170,7 +170,7 @@ def _config(reg: dict, **extra) -> "RunConfig":  # noqa: F821
 def test_first_version_becomes_champion_at_no_cost(registry: dict) -> None:
     from mlflow import MlflowClient
 
-    from tasks.promote import promote_if_better
+    from privflow.tasks.promote import promote_if_better
 
     name = "pf-first"
     v1 = _register(name, _model(0), registry)
@@ -190,7 +190,7 @@ def test_better_version_is_promoted_and_the_comparison_is_in_the_ledger(registry
     from mlflow import MlflowClient
 
     from privflow.schema import Schema
-    from tasks.promote import promote_if_better
+    from privflow.tasks.promote import promote_if_better
 
     name = "pf-better"
     client = MlflowClient()
@@ -223,7 +223,7 @@ def test_better_version_is_promoted_and_the_comparison_is_in_the_ledger(registry
 def test_worse_version_is_not_promoted_and_still_pays(registry: dict) -> None:
     from mlflow import MlflowClient
 
-    from tasks.promote import promote_if_better
+    from privflow.tasks.promote import promote_if_better
 
     name = "pf-worse"
     client = MlflowClient()
@@ -242,8 +242,7 @@ def test_worse_version_is_not_promoted_and_still_pays(registry: dict) -> None:
 def test_comparison_refused_by_the_budget_reads_nothing(registry: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow import MlflowClient
 
-    import tasks.promote as promote
-
+    import privflow.tasks.promote as promote
     name = "pf-broke"
     client = MlflowClient()
     a = _register(name, _model(5), registry)
@@ -278,8 +277,7 @@ def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, m
     from mlflow import MlflowClient
     from prefect import flow
 
-    import tasks.promote as promote
-
+    import privflow.tasks.promote as promote
     name = "pf-retry"
     client = MlflowClient()
     a = _register(name, _model(7), registry)
@@ -308,7 +306,7 @@ def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, m
     runs = {r.run_id: r for r in ledger.runs()}
     for key in ("retry:promote", "retry:promote#attempt2"):  # both releases happened, both are counted
         assert runs[key].status == "settled" and list(runs[key].events) == [LaplaceEvent(1.0)]
-    from privacy.ledger import compose_epsilon
+    from privflow.privacy.ledger import compose_epsilon
 
     dataset = runs["retry:promote"].dataset
     everything = [e for r in ledger.runs(dataset) for e in r.events]
@@ -323,7 +321,7 @@ def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, m
 def test_retrain_flow_registers_promotes_and_refuses(tmp_path: Path, prefect_server) -> None:
     from mlflow import MlflowClient
 
-    from flows.retrain import REFUSED, retrain_on_new_data
+    from privflow.flows.retrain import REFUSED, retrain_on_new_data
     from privflow.schema import Schema
 
     schema_path = _schema(tmp_path, "adult-retrain", 2.6, 600)
@@ -369,7 +367,7 @@ def test_retrain_flow_registers_promotes_and_refuses(tmp_path: Path, prefect_ser
 
 @pytest.mark.slow
 def test_new_file_with_wrong_columns_fails_before_anything_is_spent(tmp_path: Path, prefect_server) -> None:
-    from flows.retrain import retrain_on_new_data
+    from privflow.flows.retrain import retrain_on_new_data
 
     schema_path = _schema(tmp_path, "adult-wrong", 5.0, 600)
     bad = tmp_path / "bad.csv"
@@ -410,8 +408,7 @@ def test_retried_flow_run_that_failed_before_any_mechanism_counts_once(
     tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Same flow run id, second attempt: the reservation is not counted twice."""
-    import flows.train as train
-
+    import privflow.flows.train as train
     config = _train_config(tmp_path, "adult-retry-early")
     calls = _flaky(monkeypatch, train, "validate_data", ConnectionError("data share unreachable"))
     summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)
@@ -430,8 +427,7 @@ def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
     tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The retry reruns DP statistics, DP-SGD and selection with fresh noise: a second access."""
-    import flows.train as train
-
+    import privflow.flows.train as train
     config = _train_config(tmp_path, "adult-retry-late")
     calls = _flaky(monkeypatch, train, "evaluate_run", RuntimeError("diagnostics crashed"))
     summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)

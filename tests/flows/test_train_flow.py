@@ -18,9 +18,9 @@ import yaml
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
-from privacy.accountant import PLDAccountant, PRVAccountant
-from privacy.events import events_from_json
-from privacy.ledger import Ledger
+from privflow.privacy.accountant import PLDAccountant, PRVAccountant
+from privflow.privacy.events import events_from_json
+from privflow.privacy.ledger import Ledger
 from privflow.cli import app
 from privflow.config import RunConfig
 from privflow.schema import Schema
@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, demo_dir: Path):
-    from flows.train import train_pipeline
+    from privflow.flows.train import train_pipeline
 
     tmp = tmp_path_factory.mktemp("flow")
     data = tmp / "adult.csv"
@@ -44,6 +44,7 @@ def run(tmp_path_factory, demo_dir: Path):
         data=data,
         schema_path=schema,
         store=tmp / "store",
+        model_name="privflow-adult-flowtest",  # the session shares one registry: no champion from other tests
         privacy={"epsilon": 2.0, "delta": 1e-5},
         model={"name": "maf", "blocks": 2, "hidden": 16},
         train={"epochs": 2, "batch_size": 256, "checkpoint_every": 8},
@@ -121,7 +122,7 @@ def test_generate_unknown_alias_is_a_clear_error(run, tmp_path: Path) -> None:
 
 
 def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, demo_dir: Path) -> None:
-    from flows.train import train_pipeline
+    from privflow.flows.train import train_pipeline
 
     data = tmp_path / "adult.csv"
     pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=2000).write_csv(data)

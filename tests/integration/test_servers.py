@@ -66,7 +66,7 @@ def _deployment_id(api: str, flow: str, name: str) -> str:
 def test_dropped_file_is_retrained_and_registered(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from privacy.ledger import Ledger
+    from privflow.privacy.ledger import Ledger
 
     t0 = time.monotonic()
     timings: dict[str, float] = {}
@@ -119,11 +119,11 @@ def test_dropped_file_is_retrained_and_registered(tmp_path: Path) -> None:
         dropped = part.rename(watch / "batch-001.csv")
         t_drop = time.monotonic()
         wall_drop = time.time()
-        watcher = subprocess.run([sys.executable, "-m", "flows.watch", str(watch), "--once", "--settle", "0"],
+        watcher = subprocess.run([sys.executable, "-m", "privflow.flows.watch", str(watch), "--once", "--settle", "0"],
                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert watcher.returncode == 0, watcher.stdout + watcher.stderr
         assert str(dropped) in watcher.stdout
-        again = subprocess.run([sys.executable, "-m", "flows.watch", str(watch), "--once", "--settle", "0"],
+        again = subprocess.run([sys.executable, "-m", "privflow.flows.watch", str(watch), "--once", "--settle", "0"],
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert again.returncode == 0 and "announced" not in again.stdout  # never twice for one file
 

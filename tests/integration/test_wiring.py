@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import flows.watch as watch
-
+import privflow.flows.watch as watch
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 
@@ -111,10 +110,10 @@ def test_deployments_are_declared_once_with_schedule_and_trigger(tmp_path: Path)
     assert EVENT == watch.EVENT and FOLDER_LABEL == watch.FOLDER_LABEL
     site = _site(tmp_path)
     train, retrain = deployments(site)
-    assert (train.flow_name, train.name, train.entrypoint) == ("privflow-train", "scheduled", "flows.train.train_pipeline")
+    assert (train.flow_name, train.name, train.entrypoint) == ("privflow-train", "scheduled", "privflow.flows.train.train_pipeline")
     assert train.schedules[0].schedule.cron == "15 2 * * 1"
     assert train.parameters["config"]["data"] == str(site.train_data) and train.parameters["show_progress"] is False
-    assert retrain.entrypoint == "flows.retrain.retrain_on_new_data" and not retrain.schedules
+    assert retrain.entrypoint == "privflow.flows.retrain.retrain_on_new_data" and not retrain.schedules
     (trigger,) = retrain.triggers
     assert trigger.expect == {"privflow.data.arrived"}
     assert trigger.match.root == {"privflow.folder": str(site.watch_folder)}

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from models.dequantize import (LogitMap, UniformDequantizer, VariationalDequantizer, logistic_mixture_cdf,
+from privflow.models.dequantize import (LogitMap, UniformDequantizer, VariationalDequantizer, logistic_mixture_cdf,
                                logistic_mixture_inverse_cdf)
 from tests.models.conftest import jacobian_logdets, perturb
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-import models
-from models import build_flow
-from models.priors import MixtureOfGaussians
+from privflow import models
+from privflow.models import build_flow
+from privflow.models.priors import MixtureOfGaussians
 from privflow.config import ModelConfig
 from tests.models.conftest import jacobian_logdets, perturb
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear, MaskedLinear
+from privflow.models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear, MaskedLinear
 from tests.models.conftest import jacobian_logdets, perturb
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.dphflow import ConditionalSplineAutoregressive
-from models.made import MADE
-from models.maf import MaskedAffineAutoregressive
+from privflow.models.dphflow import ConditionalSplineAutoregressive
+from privflow.models.made import MADE
+from privflow.models.maf import MaskedAffineAutoregressive
 from tests.models.conftest import jacobian_logdets, perturb
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from models.priors import MixtureOfGaussians, StandardNormal
+from privflow.models.priors import MixtureOfGaussians, StandardNormal
 
 
 def test_standard_normal_matches_scipy():

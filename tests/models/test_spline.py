@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.spline import rational_quadratic_spline as rqs
+from privflow.models.spline import rational_quadratic_spline as rqs
 
 
 def _params(n: int, bins: int, seed: int, scale: float = 2.0):

@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from privacy.accountant import ACCOUNTANTS, Accountant, PLDAccountant, RDPAccountant, reported_epsilon
-from privacy.calibration import epsilon_for_gaussian, gaussian_delta, gaussian_noise_for_epsilon
-from privacy.events import (
+from privflow.privacy.accountant import ACCOUNTANTS, Accountant, PLDAccountant, RDPAccountant, reported_epsilon
+from privflow.privacy.calibration import epsilon_for_gaussian, gaussian_delta, gaussian_noise_for_epsilon
+from privflow.privacy.events import (
     Event,
     GaussianEvent,
     LaplaceEvent,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from privacy.clipping import (
+from privflow.privacy.clipping import (
     GradientMismatch,
     LayerInfo,
     clip_flat,
@@ -219,7 +219,7 @@ def test_mismatch_detected_when_a_parameter_is_used_outside_forward() -> None:
 def test_project_flows_fast_equals_reference(name: str, options: dict) -> None:
     """The real models: per-example gradients add up to the batch gradient (check=True) and
     the fast path equals the reference for every strategy."""
-    from models import build_flow
+    from privflow.models import build_flow
 
     cards = [None, 3, None, 5, 2]
     model = build_flow(name, cards, blocks=2, hidden=8, **options).to(DT)
@@ -301,7 +301,7 @@ def test_all_nonfinite_batch_gives_zero_sum() -> None:
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_training_step_with_bad_rows_keeps_parameters_finite(strategy: str) -> None:
-    from privacy.dp_sgd import TrainSettings, train
+    from privflow.privacy.dp_sgd import TrainSettings, train
 
     model = NaNLossFlow(d=4, hidden=8, blocks=2, seed=4)
     x, good = _bad_batch()

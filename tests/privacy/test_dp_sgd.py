@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from privacy.clipping import clipped_gradient_sum
-from privacy.dp_sgd import TrainResult, TrainSettings, dp_sgd_event, noisy_gradient, poisson_sample, train
-from privacy.events import PoissonGaussianEvent
+from privflow.privacy.clipping import clipped_gradient_sum
+from privflow.privacy.dp_sgd import TrainResult, TrainSettings, dp_sgd_event, noisy_gradient, poisson_sample, train
+from privflow.privacy.events import PoissonGaussianEvent
 from tests.privacy.test_grad_samplers import TinyFlow
 
 torch.set_num_threads(1)
@@ -161,7 +161,7 @@ def test_trains_on_cuda() -> None:
 
 
 def test_seeds_are_independent_and_the_public_seed_feeds_nothing() -> None:
-    from privacy.noise import independent_seeds
+    from privflow.privacy.noise import independent_seeds
 
     seeds = independent_seeds(5, 11)
     assert seeds == independent_seeds(5, 11) and len(set(seeds)) == 5
@@ -177,7 +177,7 @@ def test_seeds_are_independent_and_the_public_seed_feeds_nothing() -> None:
 def test_dequantization_noise_comes_from_an_explicit_generator(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model with categorical columns: every dequantization draw during training is made from
     an explicit generator passed by the trainer, and the global RNG is restored."""
-    from models import build_flow
+    from privflow.models import build_flow
 
     torch.manual_seed(0)
     model = build_flow("dphflow", [None, 3, None, 4], blocks=1, hidden=8)

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear, MaskedLinear
-from privacy.clipping.per_unit import row_stats
-from privacy.grad_samplers import GHOST_OPS, Tape, materialise
+from privflow.models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear, MaskedLinear
+from privflow.privacy.clipping.per_unit import row_stats
+from privflow.privacy.grad_samplers import GHOST_OPS, Tape, materialise
 
 torch.set_num_threads(1)
 DT = torch.float64

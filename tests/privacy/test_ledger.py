@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from privacy.accountant import PLDAccountant, PRVAccountant
-from privacy.events import (
+from privflow.privacy.accountant import PLDAccountant, PRVAccountant
+from privflow.privacy.events import (
     GaussianEvent,
     LaplaceEvent,
     NonPrivateEvent,
@@ -22,7 +22,7 @@ from privacy.events import (
     PureDPEvent,
     RepeatedEvent,
 )
-from privacy.ledger import Ledger, compose_epsilon, merge_events
+from privflow.privacy.ledger import Ledger, compose_epsilon, merge_events
 from privflow.errors import BudgetExceeded, PrivacyPlanError
 
 DELTA = 1e-5
@@ -223,7 +223,7 @@ def test_describe_lists_charged_runs_only(ledger: Ledger) -> None:
 def test_describe_prints_only_publishable_columns(ledger: Ledger) -> None:
     """The single place that defines the publishable summary: describe() prints those
     columns and nothing else; fingerprints never appear."""
-    from privacy.ledger import PUBLISHABLE_RUN_COLUMNS
+    from privflow.privacy.ledger import PUBLISHABLE_RUN_COLUMNS
 
     allowed = [name for name, _ in PUBLISHABLE_RUN_COLUMNS]
     assert all(reason.strip() for _, reason in PUBLISHABLE_RUN_COLUMNS)
@@ -247,7 +247,7 @@ def test_describe_prints_only_publishable_columns(ledger: Ledger) -> None:
 
 
 def test_check_is_a_dry_run_of_reserve(ledger: Ledger, tmp_path: Path) -> None:
-    from privacy.ledger import check_budget_at
+    from privflow.privacy.ledger import check_budget_at
 
     ledger.check("adult", [G5])  # fits: nothing recorded
     assert ledger.runs() == [] and ledger.spent("adult") == (0.0, 0.0)
@@ -276,8 +276,8 @@ def test_check_is_a_dry_run_of_reserve(ledger: Ledger, tmp_path: Path) -> None:
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
-    from privacy.events import GaussianEvent
-    from privacy.ledger import Ledger, compose_epsilon
+    from privflow.privacy.events import GaussianEvent
+    from privflow.privacy.ledger import Ledger, compose_epsilon
     from privflow.errors import BudgetExceeded
 
     path, run_id, sigma, go, mode = sys.argv[1:6]
@@ -382,8 +382,8 @@ def test_sigkill_after_reserving_leaves_spend_counted(tmp_path: Path) -> None:
 KILL_IN_TX = textwrap.dedent(
     """
     import sys, time
-    import privacy.ledger as L
-    from privacy.events import GaussianEvent
+    import privflow.privacy.ledger as L
+    from privflow.privacy.events import GaussianEvent
 
     real = L.compose_epsilon
     def slow(events, delta):

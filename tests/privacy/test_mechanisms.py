@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from privacy.accountant import PLDAccountant
-from privacy.events import GaussianEvent, LaplaceEvent, PureDPEvent, RepeatedEvent
-from privacy import noise
-from privacy.mechanisms import dp_mog, dp_stats
-from privacy.mechanisms.dp_mog import MoGParams, dp_em_mog, dp_mog_event, em_sensitivity, em_statistics, init_mog
-from privacy.mechanisms.dp_stats import (
+from privflow.privacy.accountant import PLDAccountant
+from privflow.privacy.events import GaussianEvent, LaplaceEvent, PureDPEvent, RepeatedEvent
+from privflow.privacy import noise
+from privflow.privacy.mechanisms import dp_mog, dp_stats
+from privflow.privacy.mechanisms.dp_mog import MoGParams, dp_em_mog, dp_mog_event, em_sensitivity, em_statistics, init_mog
+from privflow.privacy.mechanisms.dp_stats import (
     dp_mean_std,
     dp_stats_event,
     mean_std_from_statistics,
@@ -22,9 +22,9 @@ from privacy.mechanisms.dp_stats import (
     mean_std_statistics,
     release_mean_std_statistics,
 )
-from privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
-from privacy.mechanisms.laplace import laplace_event, laplace_mechanism
-from privacy.mechanisms.report_noisy_max import clipped_loglik_scores, report_noisy_max, rnm_event
+from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
+from privflow.privacy.mechanisms.laplace import laplace_event, laplace_mechanism
+from privflow.privacy.mechanisms.report_noisy_max import clipped_loglik_scores, report_noisy_max, rnm_event
 
 DELTA = 1e-5
 
@@ -62,7 +62,7 @@ def test_gaussian_noise_law_and_scale() -> None:
 
 
 def test_gaussian_event_matches_exact_epsilon() -> None:
-    from privacy.calibration import epsilon_for_gaussian
+    from privflow.privacy.calibration import epsilon_for_gaussian
 
     assert gaussian_event(5.0) == GaussianEvent(5.0)
     assert PLDAccountant().epsilon([gaussian_event(5.0)], DELTA) == pytest.approx(
@@ -122,7 +122,7 @@ def test_laplace_noise_law_scale_and_loss_bound() -> None:
 
 def test_validation_gate_call_without_rng_uses_the_exact_laplace() -> None:
     """The gate's call shape laplace_mechanism(np.array([x]), 1.0, nm): count + Laplace(nm)."""
-    from privacy.mechanisms.validation_gate import gate, gate_event
+    from privflow.privacy.mechanisms.validation_gate import gate, gate_event
 
     event = gate_event(0.5)
     draws = np.array([gate(10, 1e9, event).noisy_failing for _ in range(3000)])
@@ -216,7 +216,7 @@ def test_rnm_event_is_no_stronger_than_opendp_certifies(sens: float, eps: float,
 def test_rnm_top_k_peels_k_opendp_picks(monkeypatch: pytest.MonkeyPatch) -> None:
     """k picks are k OpenDP noisy-max measurements on the remaining candidates: the event's
     k repetitions of one pick's epsilon is what is spent."""
-    from privacy.mechanisms import report_noisy_max as rnm_module
+    from privflow.privacy.mechanisms import report_noisy_max as rnm_module
 
     calls: list[int] = []
     real = rnm_module.exact_noisy_max

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from privacy.accountant import PLDAccountant, PRVAccountant
-from privacy.events import GaussianEvent, PureDPEvent
-from privacy.plan import SGDShape, make_plan
+from privflow.privacy.accountant import PLDAccountant, PRVAccountant
+from privflow.privacy.events import GaussianEvent, PureDPEvent
+from privflow.privacy.plan import SGDShape, make_plan
 from privflow.errors import PrivacyPlanError
 
 
 def _gauss(eps: float) -> GaussianEvent:
-    from privacy.calibration import gaussian_noise_for_epsilon
+    from privflow.privacy.calibration import gaussian_noise_for_epsilon
 
     return GaussianEvent(gaussian_noise_for_epsilon(eps, 1e-5))
 
@@ -66,7 +66,7 @@ def test_epsilon_above_the_limit_is_refused_with_a_message(epsilon: float) -> No
 
 
 def test_a_tiny_noise_stage_is_refused_not_a_memory_blowup() -> None:
-    from privacy.accountant import PLDAccountant, PLDTooLarge
+    from privflow.privacy.accountant import PLDAccountant, PLDTooLarge
 
     with pytest.raises(PLDTooLarge):
         PLDAccountant().epsilon([GaussianEvent(1e-4)], 1e-5)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from privacy.mechanisms import validation_gate as vg
+from privflow.privacy.mechanisms import validation_gate as vg
 
 
 def test_limit_is_the_policy_rows_when_noise_allows() -> None:

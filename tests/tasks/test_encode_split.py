@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tasks.encode import selection_coins
+from privflow.tasks.encode import selection_coins
 
 
 def _rows(frame: pl.DataFrame, mask) -> set[tuple]:

@@ -16,9 +16,9 @@ from scipy.stats.contingency import association
 from privflow.config import EvaluateConfig
 from privflow.errors import DataError
 from privflow.schema import Schema
-from tasks.evaluation import BANNER, evaluate
-from tasks.evaluation.encoding import feature_matrix
-from tasks.evaluation.fidelity import (
+from privflow.tasks.evaluation import BANNER, evaluate
+from privflow.tasks.evaluation.encoding import feature_matrix
+from privflow.tasks.evaluation.fidelity import (
     cramers_matrix,
     cramers_v,
     fidelity,
@@ -26,8 +26,8 @@ from tasks.evaluation.fidelity import (
     marginal_tv,
     upper_triangle_errors,
 )
-from tasks.evaluation.risk import dcr, likelihood_mia, nearest_distances, tpr_at_fpr
-from tasks.evaluation.utility import CLASSIFIERS, UtilityResult, classify, utility
+from privflow.tasks.evaluation.risk import dcr, likelihood_mia, nearest_distances, tpr_at_fpr
+from privflow.tasks.evaluation.utility import CLASSIFIERS, UtilityResult, classify, utility
 
 DEMO = Path(__file__).resolve().parents[2] / "privflow" / "demo"
 

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from privacy.events import GaussianEvent, PureDPEvent, RepeatedEvent
-from privacy.plan import StagePlan
+from privflow.privacy.events import GaussianEvent, PureDPEvent, RepeatedEvent
+from privflow.privacy.plan import StagePlan
 from privflow.config import SelectConfig
 
 CARDS = [None, 3, None, 4]
 
 
 def _model(prior: str = "normal") -> torch.nn.Module:
-    from models import build_flow
+    from privflow.models import build_flow
 
     torch.manual_seed(0)
     return build_flow("dphflow", CARDS, blocks=1, hidden=8, prior=prior)
@@ -36,7 +36,7 @@ def _unchanged_global_rng(fn) -> None:  # noqa: ANN001
 
 
 def test_dp_statistics_leaves_the_global_rng_alone() -> None:
-    from tasks.dp_stats import dp_statistics
+    from privflow.tasks.dp_stats import dp_statistics
 
     model = _model()
     stage = StagePlan("dp_stats", 0.1, 1.0, GaussianEvent(2.0))
@@ -44,7 +44,7 @@ def test_dp_statistics_leaves_the_global_rng_alone() -> None:
 
 
 def test_dp_prior_leaves_the_global_rng_alone() -> None:
-    from tasks.dp_prior import dp_prior
+    from privflow.tasks.dp_prior import dp_prior
 
     model = _model("mog")
     d = len(CARDS)
@@ -53,7 +53,7 @@ def test_dp_prior_leaves_the_global_rng_alone() -> None:
 
 
 def test_row_loglik_uses_its_generator_not_the_global_rng() -> None:
-    from tasks.select import row_loglik
+    from privflow.tasks.select import row_loglik
 
     model = _model().eval()
     x = _rows(50)
@@ -82,7 +82,7 @@ def _make(state: dict) -> torch.nn.Module:
 
 @pytest.mark.parametrize("rows", [0, 40])
 def test_select_runs_with_and_without_validation_rows(rows: int) -> None:
-    from tasks.select import loglik_matrix, select_checkpoints
+    from privflow.tasks.select import loglik_matrix, select_checkpoints
 
     model = _model()
     checkpoints = _checkpoints(model, 4)
@@ -99,7 +99,7 @@ def test_select_with_zero_rows_is_uniform() -> None:
     """All scores are 0 without rows, so every checkpoint is equally likely."""
     from scipy import stats
 
-    from tasks.select import select_checkpoints
+    from privflow.tasks.select import select_checkpoints
 
     model = _model()
     checkpoints = _checkpoints(model, 3)
