@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from privflow.models.base import TabularFlow
 from privflow.models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear
-from privflow.models.made import MADE
+from privflow.models.made import MADE, IncrementalMADE
 from privflow.models.spline import rational_quadratic_spline, spline_params_per_feature
 
 
@@ -49,12 +49,20 @@ class ConditionalSplineAutoregressive(nn.Module):
     def inverse(self, z: Tensor, block: int) -> Tensor:
         """Sequential inversion: d passes of the MADE, dimension i fixed at pass i."""
         x = torch.zeros_like(z)
-        context = self._context(block, z)
+        context = self._context(block, z[:1])  # one row: the context is the same for every example
+        if torch.is_grad_enabled():  # keep the plain form where gradients are needed (tests, autograd)
+            context = context.expand(z.shape[0], -1)
+            for i in range(self.d):
+                p = self.made(x, context)[:, i]
+                out, _ = self._spline(z[:, i], p, inverse=True)
+                x = x.clone()
+                x[:, i] = out
+            return x
+        # Sampling: incremental MADE (each hidden unit computed once, models.made.IncrementalMADE)
+        inc = IncrementalMADE(self.made, context)
+        hs = inc.start(z.shape[0], z)
         for i in range(self.d):
-            p = self.made(x, context)[:, i]
-            out, _ = self._spline(z[:, i], p, inverse=True)
-            x = x.clone()
-            x[:, i] = out
+            x[:, i] = self._spline(z[:, i], inc.step(i, x, hs), inverse=True)[0]
         return x
 
 

@@ -80,3 +80,61 @@ class MADE(nn.Module):
             x = torch.cat([x, context], dim=1)
         out = self.net(x)
         return out.reshape(x.shape[0], self.features, self.out_per_feature)
+
+
+class IncrementalMADE:
+    """Autoregressive inversion of a MADE at the cost of about one forward pass.
+
+    In pass i of a sequential inversion only output block i is needed, and it depends on
+    hidden units of degree <= i, which see inputs x[:i] only. A hidden unit of degree m is
+    therefore final once x[:m] is known: pass i computes just the units of degree i (every
+    hidden layer) and output block i, instead of the whole network (d full passes). Hidden
+    units are reordered by degree so that each pass writes one contiguous slice. Same masked
+    weights, so the result equals ``made(x, context)[:, i]`` up to float rounding. Built from
+    the current weights: make a new one after the weights change.
+    """
+
+    def __init__(self, made: MADE, context: Tensor | None = None) -> None:
+        linears = [m for m in made.net if isinstance(m, MaskedLinear)]
+        acts = [m for m in made.net if not isinstance(m, MaskedLinear)]
+        d = self.d = made.features
+        self.p = made.out_per_feature
+        self.act = acts[0] if acts else (lambda t: t)
+        # degree of each hidden unit, read back from the first mask (inputs it sees)
+        deg = linears[0].mask[:, :d].sum(1).long()
+        order = torch.argsort(deg, stable=True)
+        counts = torch.bincount(deg, minlength=d).tolist()
+        bounds = [0]
+        for c in counts[:d]:
+            bounds.append(bounds[-1] + c)
+        self.bounds = bounds  # units of degree i: [bounds[i], bounds[i + 1]) after reordering
+        w = [(m.weight * m.mask.to(m.weight)).detach() for m in linears]
+        b = [m.bias.detach() for m in linears]
+        w = [wk[order] if k == 0 else (wk[:, order] if k == len(w) - 1 else wk[order][:, order]) for k, wk in enumerate(w)]
+        b = [bk[order] if k < len(b) - 1 else bk for k, bk in enumerate(b)]
+        self.hidden = w[0].shape[0]
+        self.w_in = w[0][:, :d].T.contiguous()  # [d, hidden]
+        if context is not None and made.context_features:
+            self.base = context @ w[0][:, d:].T + b[0]  # [rows or 1, hidden]
+        else:
+            self.base = b[0].reshape(1, -1)
+        self.w_mid = [wk.T.contiguous() for wk in w[1:-1]]  # [hidden, hidden], columns = units
+        self.b_mid = b[1:-1]
+        self.w_out = [w[-1][i * self.p : (i + 1) * self.p].T.contiguous() for i in range(d)]
+        self.b_out = [b[-1][i * self.p : (i + 1) * self.p] for i in range(d)]
+
+    def start(self, n: int, like: Tensor) -> list[Tensor]:
+        """Hidden states (one [n, hidden] per hidden layer), filled in pass by pass."""
+        return [torch.zeros(n, self.hidden, dtype=like.dtype, device=like.device) for _ in range(1 + len(self.w_mid))]
+
+    def step(self, i: int, x: Tensor, hs: list[Tensor]) -> Tensor:
+        """Output block i [n, out_per_feature] given x[:, :i] final (x[:, i:] is ignored)."""
+        lo, hi = self.bounds[i], self.bounds[i + 1]
+        if hi > lo:
+            base = self.base[:, lo:hi]
+            pre = torch.addmm(base, x[:, :i], self.w_in[:i, lo:hi]) if i else base.expand(x.shape[0], -1)
+            hs[0][:, lo:hi] = self.act(pre)
+            for k, (wk, bk) in enumerate(zip(self.w_mid, self.b_mid)):
+                # units of degree i see units of degree <= i only (the rest of the row is masked)
+                hs[k + 1][:, lo:hi] = self.act(torch.addmm(bk[lo:hi], hs[k][:, :hi], wk[:hi, lo:hi]))
+        return torch.addmm(self.b_out[i], hs[-1][:, : self.bounds[i + 1]], self.w_out[i][: self.bounds[i + 1]])
