@@ -314,6 +314,15 @@ def _generate(model: str, n: int, out: Path, seed: int | None, store: Path, verb
     env.quiet_imported(verbose)
 
     generator = load_generator(model, store)
+    sampler = _generator_sampler(generator)
+    if sampler is not None:
+        # Stream: the released flows sample batch by batch straight into the file (bounded
+        # memory, one explicit generator from `--seed` or the OS CSPRNG, privflow.sampler).
+        from privflow.sampler import write_samples
+
+        write_samples(sampler.flows, sampler.codec, n, out, seed=seed, progress=not verbose and _is_tty())
+        Console().print(f"wrote {n} rows to {out}", highlight=False, soft_wrap=True)
+        return
     import pandas as pd
     import polars as pl
 
@@ -328,6 +337,20 @@ def _generate(model: str, n: int, out: Path, seed: int | None, store: Path, verb
 
     write_table(table, out)
     Console().print(f"wrote {table.height} rows to {out}", highlight=False, soft_wrap=True)
+
+
+def _is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+def _generator_sampler(generator: Any) -> Any:
+    """The privflow FlowSampler inside a loaded pyfunc (its flows and codec), or None for a
+    foreign model, which is then asked for its rows through predict."""
+    try:
+        inner = generator.unwrap_python_model()
+    except Exception:  # noqa: BLE001
+        return None
+    return inner if getattr(inner, "flows", None) and getattr(inner, "codec", None) is not None else None
 
 
 def _generator_schema(generator: Any) -> Any:

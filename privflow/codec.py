@@ -184,8 +184,9 @@ class Codec:
                 k = len(cats)
                 card = k + 1 if col.nullable else k
                 codes = np.clip(np.floor(a[:, j]), 0, card - 1).astype(np.int64)
-                labels = np.array(cats + [None], dtype=object)[codes].tolist()
-                cols[col.name] = pl.Series(col.name, labels, dtype=pl.String).cast(pl.Enum(cats))
+                # one take on the label array (the missing code K points at its null entry)
+                labels = pl.Series(col.name, cats + [None], dtype=pl.String).cast(pl.Enum(cats))
+                cols[col.name] = labels.gather(codes)
                 j += 1
                 continue
             lo, hi = col.bounds  # type: ignore[misc]

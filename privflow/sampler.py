@@ -63,22 +63,82 @@ def sampling_generator(seed: int | None) -> Any:
     return torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
 
 
-def sample_rows(flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 8192) -> Any:
-    """Decode `n` rows drawn in equal shares from `flows`, in batches (bounded memory).
+def iter_samples(flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 65536) -> Any:
+    """Decoded frames of at most `batch` rows, `n` rows in all, drawn in equal shares from
+    `flows` by the one explicit generator of ``sampling_generator(seed)``.
 
-    The draw depends only on the released flows, the public schema and `seed`.
+    The draw depends only on the released flows, the public schema and `seed`; memory is
+    bounded by `batch` whatever `n` is.
     """
-    import numpy as np
-    import polars as pl
     import torch
 
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
     generator = sampling_generator(seed)
     shares = [n // len(flows) + (1 if i < n % len(flows) else 0) for i in range(len(flows))]
-    parts = []
     with torch.no_grad():
         for flow, share in zip(flows, shares, strict=True):
             for start in range(0, share, batch):
-                parts.append(flow.sample(min(batch, share - start), generator).cpu().numpy())
-    return codec.decode(np.concatenate(parts, axis=0)) if parts else pl.DataFrame()
+                m = min(batch, share - start)
+                yield codec.decode(flow.sample(m, generator, batch_size=m).cpu().numpy())
+
+
+def sample_rows(flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 65536) -> Any:
+    """Decode `n` rows drawn in equal shares from `flows` as one frame (``iter_samples``;
+    the same seed and batch give the same rows as ``write_samples``)."""
+    import polars as pl
+
+    parts = list(iter_samples(flows, codec, n, seed, batch))
+    return pl.concat(parts, rechunk=False) if parts else pl.DataFrame()
+
+
+def write_samples(
+    flows: list[Any], codec: Any, n: int, path: str | Path, seed: int | None = None, batch: int = 65536,
+    progress: bool = False,
+) -> Path:
+    """Stream `n` sampled rows to `path` (.csv, or .parquet / .pq) batch by batch: CSV chunks
+    are appended after one header, Parquet goes through one pyarrow ParquetWriter (a row
+    group per batch). Memory stays bounded by `batch` whatever `n` is. `progress` shows a
+    rich progress bar. Integer columns are written as integers (nulls as empty fields)."""
+    out = Path(path)
+    suffix = out.suffix.lower()
+    if suffix not in (".csv", ".parquet", ".pq"):
+        raise ValueError(f"Output '{out}' must end in .csv or .parquet.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    bar = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        bar = Progress(TextColumn("sampling"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
+        task = bar.add_task("rows", total=n)
+        bar.start()
+    writer = None
+    try:
+        with tmp.open("wb") as fh:
+            for k, frame in enumerate(iter_samples(flows, codec, n, seed, batch)):
+                if suffix == ".csv":
+                    frame.write_csv(fh, include_header=k == 0)
+                else:
+                    import pyarrow.parquet as pq
+
+                    table = frame.to_arrow()
+                    if writer is None:
+                        writer = pq.ParquetWriter(fh, table.schema)
+                    writer.write_table(table.cast(writer.schema))
+                if bar is not None:
+                    bar.advance(task, frame.height)
+            if writer is not None:
+                writer.close()
+                writer = None
+        tmp.replace(out)  # a partial file never takes the output's name
+    finally:
+        if writer is not None:
+            writer.close()
+        if bar is not None:
+            bar.stop()
+        if tmp.exists():
+            tmp.unlink()
+    return out

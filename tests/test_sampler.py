@@ -45,3 +45,39 @@ def test_without_a_seed_each_table_is_fresh(flow_and_codec) -> None:
     torch.manual_seed(5)
     b = sample_rows([flow], codec, 200)
     assert isinstance(a, pl.DataFrame) and not a.equals(b)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_write_samples_streams_the_same_rows_as_sample_rows(flow_and_codec, tmp_path, suffix) -> None:
+    from privflow.io import read_table
+    from privflow.sampler import write_samples
+
+    flow, codec = flow_and_codec
+    out = write_samples([flow, flow], codec, 301, tmp_path / f"s{suffix}", seed=4, batch=64)
+    assert not list(tmp_path.glob("*.part"))
+    got = pl.read_csv(out) if suffix == ".csv" else pl.read_parquet(out)
+    want = sample_rows([flow, flow], codec, 301, seed=4, batch=64)
+    assert got.height == 301 and got.columns == want.columns
+    for col in codec.schema.columns:
+        if col.type == "integer":
+            assert got.schema[col.name].is_integer()  # never 39.0
+        assert got.get_column(col.name).cast(pl.String).to_list() == want.get_column(col.name).cast(pl.String).to_list()
+    assert read_table(out).height == 301
+
+
+def test_write_samples_leaves_the_global_rng_alone(flow_and_codec, tmp_path) -> None:
+    from privflow.sampler import write_samples
+
+    flow, codec = flow_and_codec
+    torch.manual_seed(3)
+    before = torch.random.get_rng_state().clone()
+    write_samples([flow], codec, 50, tmp_path / "a.csv", batch=16)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_iter_samples_yields_batches_of_at_most_batch_rows(flow_and_codec) -> None:
+    from privflow.sampler import iter_samples
+
+    flow, codec = flow_and_codec
+    sizes = [f.height for f in iter_samples([flow], codec, 100, seed=1, batch=32)]
+    assert sizes == [32, 32, 32, 4]
