@@ -30,7 +30,6 @@ cluster of processes with ``task_runner="dask"``, and an existing Dask cluster w
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import math
 import os
@@ -42,8 +41,8 @@ import time
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -55,9 +54,40 @@ if __name__ == "__main__":  # offline, quiet settings before prefect is imported
     _env.configure()
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from prefect import flow, task  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.task_runners import ProcessPoolTaskRunner  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
 
+from privflow.config import RunConfig  # noqa: E402
+from privflow.privacy.accountant import PLDAccountant  # noqa: E402
+from privflow.privacy.mechanisms import dp_mog, dp_stats  # noqa: E402
+from privflow.privacy.plan import Remainder, make_plan  # noqa: E402
+from privflow.sampler import sample_rows  # noqa: E402
 from privflow.tasks._options import PRIVATE  # noqa: E402
+from privflow.tasks.encode import encode_rows  # noqa: E402
+from privflow.tasks.evaluation.fidelity import fidelity  # noqa: E402
+from privflow.tasks.evaluation.figures import utility_vs_epsilon_figure  # noqa: E402
+from privflow.tasks.evaluation.report import likelihood_metrics  # noqa: E402
+from privflow.tasks.evaluation.utility import utility  # noqa: E402
+from privflow.tasks.fit import Spend, exact_mog_prior, exact_statistics, fit, initial_model, initialise  # noqa: E402
+from privflow.tasks.select import row_loglik  # noqa: E402
+
+__all__ = [
+    "Cell",
+    "benchmark",
+    "build_cells",
+    "datasets_module",
+    "dpmog_plan",
+    "exact_mog_prior",
+    "exact_statistics",
+    "fit_model",
+    "parse_epsilon",
+    "run_cell",
+    "summarise",
+    "write_results",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS: tuple[str, ...] = ("dphflow", "maf", "dpmog")
@@ -157,8 +187,6 @@ def _cost(cell: Cell) -> float:
 
 def run_config(data: Any, cell: Cell, quick: bool) -> Any:
     """The RunConfig of a cell: project defaults, the benchmark's per-dataset overrides, quick sizes."""
-    from privflow.config import RunConfig
-
     sections: dict[str, dict[str, Any]] = {"model": {}, "train": {}, "select": {}, "privacy": {}}
     for key in (data.kind if data.kind == "2d" else "tabular", data.name):
         for section, values in BENCH_CONFIG.get(key, {}).items():
@@ -178,8 +206,6 @@ def run_config(data: Any, cell: Cell, quick: bool) -> Any:
 def dpmog_plan(epsilon: float, delta: float, stats_share: float, iterations: int) -> Any:
     """Plan for DP-MoG alone: the DP statistics get their share of epsilon standalone and
     DP-EM takes the rest, calibrated as privacy/plan.py calibrates DP-SGD in the pipeline."""
-    from privflow.privacy.mechanisms import dp_mog, dp_stats
-    from privflow.privacy.plan import Remainder, make_plan
 
     def stats_event(eps: float) -> Any:
         return dp_stats.dp_stats_event(dp_stats.noise_for_epsilon(eps, delta))
@@ -192,132 +218,41 @@ def dpmog_plan(epsilon: float, delta: float, stats_share: float, iterations: int
     )
 
 
-def exact_statistics(model: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Non-private run only: the same clipped mean/std as the DP statistics, without noise."""
-    import torch
-
-    from privflow.privacy.mechanisms import dp_stats
-    from privflow.tasks.dp_stats import STATS_CLIP
-
-    with torch.no_grad():
-        z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
-    mean, std = dp_stats.mean_std_from_statistics(dp_stats.mean_std_statistics(z, STATS_CLIP), STATS_CLIP)
-    model.init_actnorm(torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
-    return mean, std
-
-
-def exact_mog_prior(model: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray, k: int, iterations: int,
-                    seed: int) -> Any:
-    """Non-private run only: the EM of tasks/dp_prior.py without noise, on the same clipped,
-    standardised features, carried back to the preprocessed space for ``set_prior``."""
-    import torch
-
-    from privflow.privacy.mechanisms import dp_mog
-    from privflow.tasks.dp_prior import PRIOR_CLIP
-
-    with torch.no_grad():
-        z = model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
-    c = np.clip((z - mean) / std, -PRIOR_CLIP, PRIOR_CLIP)
-    params = dp_mog.init_mog(k, c.shape[1], PRIOR_CLIP, np.random.default_rng(seed))
-    for _ in range(iterations):
-        params = dp_mog.m_step(dp_mog.em_statistics(c, params, PRIOR_CLIP), params, PRIOR_CLIP, 1.0,
-                               5e-2 * PRIOR_CLIP, 1e-2 / k)
-    as_tensor = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
-    model.set_prior(as_tensor(params.weights), as_tensor(mean + std * params.means), as_tensor(std * params.stds))
-    return params
+def fit_dpmog(data: Any, cell: Cell, cfg: Any, x_train: np.ndarray) -> tuple[Any, list[Any], dict[str, Any]]:
+    """DP-NF's baseline: the flow's preprocessing with DP statistics and a DP-EM prior, no
+    training (the pipeline's own initialisation step, `tasks/fit.initialise`, on its own plan)."""
+    model = initial_model(cfg, data.codec)
+    if cell.epsilon is None:
+        initialise(model, cfg, None, x_train, Spend())
+        return model.eval(), [], {}
+    plan = dpmog_plan(cell.epsilon, DELTA, cfg.privacy.stats_share, cfg.model.mog_iterations)
+    spend = Spend()
+    initialise(model, cfg, plan, x_train, spend)
+    return model.eval(), spend.events, {"dp_em_noise_multiplier": plan.stage("dp_prior").event.event.noise_multiplier}
 
 
-def fit_model(data: Any, cell: Cell, cfg: Any, x_train: np.ndarray, x_val: np.ndarray) -> tuple[Any, list[Any], dict[str, Any]]:
-    """Plan, DP statistics, [DP prior], DP-SGD, Report-Noisy-Max: the chosen flow, the events
-    spent and facts about the run (steps, noise multiplier, chosen step)."""
-    import torch
-
-    from privflow.models import build_flow
-    from privflow.privacy.dp_sgd import TrainSettings, train
-    from privflow.tasks.dp_prior import dp_prior
-    from privflow.tasks.dp_stats import dp_statistics
-    from privflow.tasks.plan import plan_privacy, sgd_shape
-    from privflow.tasks.select import loglik_matrix, per_pick_epsilon, select_checkpoints
-    from privflow.tasks.train import settings_for
-
-    # the module, not the function of the same name that privacy.mechanisms re-exports
-    rnm = importlib.import_module("privflow.privacy.mechanisms.report_noisy_max")
-    private = cell.epsilon is not None
-    kwargs = cfg.model.model_dump(exclude={"name"})
-    cards = data.codec.cardinalities
-    torch.manual_seed(cell.seed)
-    model = build_flow(cfg.model.name, cards, **kwargs)
-    facts: dict[str, Any] = {}
-    spent: list[Any] = []
-
+def fit_model(
+    data: Any, cell: Cell, cfg: Any, x_train: np.ndarray, x_val: np.ndarray
+) -> tuple[Any, list[Any], dict[str, Any]]:
+    """The pipeline's `fit` (tasks/fit.py) for a flow cell, or the DP-MoG baseline: the chosen
+    flow, the events spent and facts about the run (steps, noise multiplier, chosen step)."""
     if cell.model == "dpmog":
-        k, iters = cfg.model.mog_components, cfg.model.mog_iterations
-        if private:
-            plan = dpmog_plan(cell.epsilon, DELTA, cfg.privacy.stats_share, iters)
-            mean, std = dp_statistics.fn(model, x_train, plan.stage("dp_stats"))
-            dp_prior.fn(model, x_train, mean, std, plan.stage("dp_prior"), k)
-            spent = plan.events
-            facts["dp_em_noise_multiplier"] = plan.stage("dp_prior").event.event.noise_multiplier
-        else:
-            mean, std = exact_statistics(model, x_train)
-            exact_mog_prior(model, x_train, mean, std, k, iters, cell.seed)
-        return model.eval(), spent, facts
-
-    if private:
-        plan = plan_privacy.fn(cfg, data.schema)
-        mean, std = dp_statistics.fn(model, x_train, plan.stage("dp_stats"))
-        spent.append(plan.stage("dp_stats").event)
-        if plan.has("dp_prior"):
-            dp_prior.fn(model, x_train, mean, std, plan.stage("dp_prior"), cfg.model.mog_components)
-            spent.append(plan.stage("dp_prior").event)
-        settings = settings_for(cfg.train, plan.stage("train"))
-    else:
-        mean, std = exact_statistics(model, x_train)
-        if cfg.model.prior == "mog":
-            exact_mog_prior(model, x_train, mean, std, cfg.model.mog_components, cfg.model.mog_iterations, cell.seed)
-        shape = sgd_shape(cfg, data.schema)
-        t = cfg.train
-        settings = TrainSettings(
-            sample_rate=shape.sample_rate, steps=shape.steps, noise_multiplier=0.0, max_grad_norm=t.max_grad_norm,
-            clipping=t.clipping, sparsity=t.sparsity, optimizer=t.optimizer, lr=t.lr,
-            checkpoint_every=t.checkpoint_every, expected_batch_size=float(t.batch_size), device="cpu",
-            seed=cell.seed, private=False,
-        )
-    settings = replace(settings, device="cpu", seed=cell.seed)
-    result = train(model, torch.as_tensor(x_train, dtype=torch.float32), settings)
-    facts.update(steps=result.steps, sample_rate=settings.sample_rate, noise_multiplier=settings.noise_multiplier,
-                 final_train_loss=float(np.nanmean(result.losses[-20:])) if result.losses else float("nan"))
-
-    def make_model(state: dict) -> Any:
-        m = build_flow(cfg.model.name, cards, **kwargs)
-        m.load_state_dict(state)
-        return m.eval()
-
-    if private:
-        stage = plan.stage("select")
-        chosen = select_checkpoints.fn(make_model, result.checkpoints, x_val, stage, cfg.select)
-        spent.append(result.event)
-        spent.append(rnm.rnm_event(per_pick_epsilon(stage), len(chosen)))
-    else:
-        ll = loglik_matrix(make_model, [s for _, s in result.checkpoints], x_val)
-        ll = np.clip(np.nan_to_num(ll, nan=cfg.select.score_low, neginf=cfg.select.score_low,
-                                   posinf=cfg.select.score_high), cfg.select.score_low, cfg.select.score_high)
-        chosen = [int(np.argmax(ll.sum(axis=1)))]
-    facts["chosen_step"] = result.checkpoints[chosen[0]][0]
-    return make_model(result.checkpoints[chosen[0]][1]), spent, facts
+        return fit_dpmog(data, cell, cfg, x_train)
+    fitted = fit(cfg, data.schema, data.codec, x_train, x_val, private=cell.epsilon is not None)
+    losses = fitted.train.losses
+    facts = {
+        "steps": fitted.train.steps,
+        "sample_rate": fitted.settings.sample_rate,
+        "noise_multiplier": fitted.settings.noise_multiplier,
+        "final_train_loss": float(np.nanmean(losses[-20:])) if losses else float("nan"),
+        "chosen_step": fitted.chosen_steps[0],
+    }
+    return fitted.flows[0], fitted.events, facts
 
 
 def evaluate_cell(data: Any, cell: Cell, model: Any, quick: bool) -> dict[str, float]:
     """Diagnostics, NOT differentially private: test NLL (nats/row; 2-D: DP-NF's standardised
     convention), and for the tables the synthetic table's utility and Kendall's tau errors."""
-    import torch
-
-    from privflow.sampler import sample_rows
-    from privflow.tasks.evaluation.fidelity import fidelity
-    from privflow.tasks.evaluation.report import likelihood_metrics
-    from privflow.tasks.evaluation.utility import utility
-    from privflow.tasks.select import row_loglik
-
     out: dict[str, float] = {}
     torch.manual_seed(cell.seed)  # the dequantization noise of the bound, for reproducibility
     ll = row_loglik(model, data.codec.encode(data.test))
@@ -350,9 +285,6 @@ def _dataset(name: str, quick: bool, work_dir: str) -> Any:
 
 def run_cell(cell: dict[str, Any], quick: bool = False, work_dir: str | None = None) -> dict[str, Any]:
     """Run one cell end to end; never raises: a failure is recorded with its error."""
-    import torch
-    from threadpoolctl import threadpool_limits
-
     torch.set_num_threads(1)
     c = Cell(**cell)
     record: dict[str, Any] = {**asdict(c), "status": "ok"}
@@ -362,15 +294,11 @@ def run_cell(cell: dict[str, Any], quick: bool = False, work_dir: str | None = N
             data = _dataset(c.dataset, quick, work_dir or str(Path.home() / ".cache" / "privflow-benchmark"))
             record.update(train_rows=data.train.height, test_rows=data.test.height)
             if c.model == REAL:
-                from privflow.tasks.evaluation.utility import utility
-
                 util = utility(data.schema, data.train, None, data.test, repeats=1, seed=c.seed).metrics()
-                record.update(macro_f1=util["utility/macro_f1_mean"], auroc=util["utility/auroc_mean"],
-                              ap=util["utility/ap_mean"])
+                record.update(
+                    macro_f1=util["utility/macro_f1_mean"], auroc=util["utility/auroc_mean"], ap=util["utility/ap_mean"]
+                )
             else:
-                from privflow.privacy.accountant import PLDAccountant
-                from privflow.tasks.encode import encode_rows
-
                 cfg = run_config(data, c, quick)
                 x_train, x_val = encode_rows.fn(data.train, data.codec, cfg.select.validation_fraction, c.seed)
                 t0 = time.perf_counter()
@@ -391,8 +319,9 @@ cell_task = task(run_cell, name="benchmark-cell", **PRIVATE)
 # ---------------------------------------------------------------------------- runners and flow
 
 
-def make_task_runner(kind: Literal["process", "dask"] = "process", dask_address: str | None = None,
-                     workers: int = 2) -> Any:
+def make_task_runner(
+    kind: Literal["process", "dask"] = "process", dask_address: str | None = None, workers: int = 2
+) -> Any:
     """ProcessPoolTaskRunner (local processes), a local Dask cluster of processes, or the
     Dask cluster at `dask_address` / $PRIVFLOW_DASK_ADDRESS when one is configured."""
     address = dask_address or os.environ.get("PRIVFLOW_DASK_ADDRESS")
@@ -405,12 +334,15 @@ def make_task_runner(kind: Literal["process", "dask"] = "process", dask_address:
 
         return DaskTaskRunner(
             cluster_class="distributed.LocalCluster",
-            cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True,
-                            "host": "127.0.0.1", "dashboard_address": None},
+            cluster_kwargs={
+                "n_workers": workers,
+                "threads_per_worker": 1,
+                "processes": True,
+                "host": "127.0.0.1",
+                "dashboard_address": None,
+            },
         )
     if kind == "process":
-        from prefect.task_runners import ProcessPoolTaskRunner
-
         return ProcessPoolTaskRunner(max_workers=workers)
     raise ValueError(f"task_runner must be 'process' or 'dask', got {kind!r}")
 
@@ -423,8 +355,6 @@ def _workers_report_here() -> Iterator[None]:
     if os.environ.get("PREFECT_API_URL"):
         yield
         return
-    from prefect.client.orchestration import get_client
-
     with get_client(sync_client=True) as client:
         url = str(client.api_url).rstrip("/")
     os.environ["PREFECT_API_URL"] = url
@@ -457,10 +387,19 @@ def benchmark(
         futures = [runner.submit(cell_task, {"cell": asdict(c), "quick": quick, "work_dir": wd}) for c in cells]
         records = [f.result() for f in futures]
     wall = time.perf_counter() - started
-    runner_name = f"dask@{dask_address or os.environ.get('PRIVFLOW_DASK_ADDRESS')}" if (
-        dask_address or os.environ.get("PRIVFLOW_DASK_ADDRESS")) else f"{task_runner} x{workers}"
-    write_results(records, Path(out), command or _default_command(datasets, models, epsilons, seeds, quick),
-                  wall, runner_name, quick)
+    runner_name = (
+        f"dask@{dask_address or os.environ.get('PRIVFLOW_DASK_ADDRESS')}"
+        if (dask_address or os.environ.get("PRIVFLOW_DASK_ADDRESS"))
+        else f"{task_runner} x{workers}"
+    )
+    write_results(
+        records,
+        Path(out),
+        command or _default_command(datasets, models, epsilons, seeds, quick),
+        wall,
+        runner_name,
+        quick,
+    )
     return records
 
 
@@ -479,7 +418,9 @@ PAPER_NOTE = {
         "(nats per point, standardised data). For scale: the best single Gaussian scores 2.84 there.",
     ],
     "half-moons": ["DP-NF reports half-moons in its Table 5; the values are not legible in our copy of the paper."],
-    "8-gaussians": ["DP-NF reports the 8 Gaussians in its Table 5; the values are not legible in our copy of the paper."],
+    "8-gaussians": [
+        "DP-NF reports the 8 Gaussians in its Table 5; the values are not legible in our copy of the paper."
+    ],
 }
 TARGETS = [
     ("adult", 1.0, "macro_f1", ">=", 0.68),
@@ -488,27 +429,47 @@ TARGETS = [
     ("pinwheel", 1.0, "nll", "<", 2.65),
 ]
 COLUMNS = {
-    "tabular": [("macro_f1", "macro-F1"), ("auroc", "AUROC"), ("ap", "AP"), ("kendall_rmse", "Kendall tau RMSE"),
-                ("kendall_mae", "Kendall tau MAE"), ("nll", "test NLL (nats/row, encoded)"), ("tv_mean", "marginal TV"),
-                ("epsilon_spent", "eps spent (PLD)"), ("seconds", "seconds")],
-    "2d": [("nll", "test NLL (nats/point, standardised; DP-NF convention)"), ("nll_encoded", "test NLL (encoded space)"),
-           ("tv_mean", "marginal TV"), ("epsilon_spent", "eps spent (PLD)"), ("seconds", "seconds")],
+    "tabular": [
+        ("macro_f1", "macro-F1"),
+        ("auroc", "AUROC"),
+        ("ap", "AP"),
+        ("kendall_rmse", "Kendall tau RMSE"),
+        ("kendall_mae", "Kendall tau MAE"),
+        ("nll", "test NLL (nats/row, encoded)"),
+        ("tv_mean", "marginal TV"),
+        ("epsilon_spent", "eps spent (PLD)"),
+        ("seconds", "seconds"),
+    ],
+    "2d": [
+        ("nll", "test NLL (nats/point, standardised; DP-NF convention)"),
+        ("nll_encoded", "test NLL (encoded space)"),
+        ("tv_mean", "marginal TV"),
+        ("epsilon_spent", "eps spent (PLD)"),
+        ("seconds", "seconds"),
+    ],
 }
 
 
-def _default_command(datasets: Sequence[str], models: Sequence[str], epsilons: Sequence[float | None],
-                     seeds: Sequence[int], quick: bool) -> str:
+def _default_command(
+    datasets: Sequence[str], models: Sequence[str], epsilons: Sequence[float | None], seeds: Sequence[int], quick: bool
+) -> str:
     eps = ",".join("inf" if e is None else f"{e:g}" for e in epsilons)
-    cmd = (f"python -m privflow.flows.benchmark --datasets {','.join(datasets)} --models {','.join(models)} "
-           f"--epsilons {eps} --seeds {','.join(str(s) for s in seeds)}")
+    cmd = (
+        f"python -m privflow.flows.benchmark --datasets {','.join(datasets)} --models {','.join(models)} "
+        f"--epsilons {eps} --seeds {','.join(str(s) for s in seeds)}"
+    )
     return cmd + (" --quick" if quick else "")
 
 
 def git_commit() -> str:
     """HEAD's hash, flagged when the working tree has uncommitted changes."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return head + (" (with uncommitted changes in the working tree)" if dirty else "")
@@ -535,7 +496,9 @@ def _eps_key(e: float | None) -> float:
     return math.inf if e is None else float(e)
 
 
-def summarise(records: list[dict[str, Any]]) -> dict[tuple[str, str, float | None], dict[str, tuple[float, float, int]]]:
+def summarise(
+    records: list[dict[str, Any]],
+) -> dict[tuple[str, str, float | None], dict[str, tuple[float, float, int]]]:
     """(dataset, model, epsilon) -> metric -> (mean, std over seeds, seeds counted); ok cells only."""
     groups: dict[tuple[str, str, float | None], list[dict[str, Any]]] = {}
     for r in records:
@@ -551,8 +514,6 @@ def summarise(records: list[dict[str, Any]]) -> dict[tuple[str, str, float | Non
 def utility_figures(dataset: str, summary: dict, folder: Path) -> list[str]:
     """Utility against epsilon (DP-HFlow Fig. 5) for each model with private cells, as PNGs
     beside the results file; returns the Markdown lines that show them."""
-    from privflow.tasks.evaluation.figures import utility_vs_epsilon_figure
-
     lines = []
     real = summary.get((dataset, REAL, None), {})
     for model in MODELS:
@@ -569,21 +530,21 @@ def utility_figures(dataset: str, summary: dict, folder: Path) -> list[str]:
     return lines
 
 
-def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: float, runner: str, quick: bool) -> Path:
-    """Markdown: provenance, per-dataset tables (mean ± std over seeds), papers' figures, targets,
-    failures, and every cell's raw numbers."""
-    dm = datasets_module()
-    summary = summarise(records)
+def _provenance(records: list[dict[str, Any]], command: str, wall: float, runner: str, quick: bool) -> list[str]:
+    """The results file's header: how it was produced and how to read it."""
     seeds = sorted({r["seed"] for r in records})
-    lines = [
+    return [
         "# privflow benchmark results",
         "",
-        "Generated by `flows/benchmark.py`" + (" in **quick mode (tiny data and steps: not a result)**" if quick else "") + ".",
+        "Generated by `flows/benchmark.py`"
+        + (" in **quick mode (tiny data and steps: not a result)**" if quick else "")
+        + ".",
         "",
         f"- Command: `{command}`",
         f"- Commit: `{git_commit()}`",
-        f"- Date (UTC): {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M')}; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, torch on CPU with 1 thread per cell; task runner: {runner}; wall time {wall / 60:.1f} min.",
+        f"- Date (UTC): {datetime.now(UTC).strftime('%Y-%m-%d %H:%M')}; machine: {platform.machine()}, "
+        f"{os.cpu_count()} CPU cores, torch on CPU with 1 thread per cell; task runner: {runner}; wall time "
+        f"{wall / 60:.1f} min.",
         f"- Seeds: {', '.join(str(s) for s in seeds)}; cells: {len(records)} "
         f"({sum(r.get('status') == 'ok' for r in records)} ok). Cells show mean ± sample std over seeds.",
         f"- delta = {DELTA:g} for every private cell; `eps spent (PLD)` is the PLD composition of the events the cell "
@@ -594,13 +555,17 @@ def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: 
         "- **Models.** `dphflow`: DP-HFlow (Lee et al. 2022). `maf`: DP-NF's masked autoregressive flow "
         "(Waites & Cummings 2021). `dpmog`: DP-NF's baseline, a DP-EM mixture of Gaussians alone, fitted in the "
         "flow's preprocessed space (bound scaling, logit, DP standardisation) and scored with the exact change of "
-        "variables (`tasks/dp_prior.py`; `flows.benchmark.exact_mog_prior` without noise). `non-private`: the same model, data split, steps and checkpoint rule without clipping or noise. "
-        "`real-data`: the nine classifiers trained on the real training table (the utility ceiling). DP-MoG components: "
-        + ", ".join(f"{k} {v}" for k, v in MOG_COMPONENTS.items()) + "; 10 EM iterations (the config default).",
+        "variables (`tasks/dp_prior.py`; `flows.benchmark.exact_mog_prior` without noise). `non-private`: the same "
+        "model, data split, steps and checkpoint rule without clipping or noise. "
+        "`real-data`: the nine classifiers trained on the real training table (the utility ceiling). DP-MoG "
+        "components: "
+        + ", ".join(f"{k} {v}" for k, v in MOG_COMPONENTS.items())
+        + "; 10 EM iterations (the config default).",
         "- **Budget rules.** All models of a dataset share one configuration; the private and non-private runs differ "
         "only in noise and clipping. The plan splits epsilon as `privflow/config.py` declares (DP statistics 5%, "
         "selection 3% standalone, DP-SGD calibrated so the PLD composition lands within 1% under the target). "
-        "Training row counts used by the planner are the public split sizes. No hyper-parameter was chosen on a test set.",
+        "Training row counts used by the planner are the public split sizes. No hyper-parameter was chosen on a "
+        "test set.",
         "- **Utility** (tables): the nine classifiers of the DP-HFlow protocol trained on a synthetic table of the "
         "training split's size and tested on the real test table; mean over the nine. **Kendall tau** RMSE/MAE: "
         "upper triangle of the numeric columns' tau matrices, synthetic vs real training table.",
@@ -608,11 +573,18 @@ def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: 
         "[0, 1], integer columns dequantized over their unit cells and categoricals uniformly dequantized, so it is "
         "a bound on a proper density). 2-D densities: nats per point in "
         "DP-NF's convention, standardised coordinates s = (x - m) / sd with m, sd the population mean and std of the "
-        "generator (from 10^6 reference draws with their own seed): NLL_std = NLL_encoded + sum_j log((hi_j - lo_j) / sd_j) "
+        "generator (from 10^6 reference draws with their own seed): NLL_std = NLL_encoded + sum_j log((hi_j - lo_j) "
+        "/ sd_j) "
         "(`benchmarks/datasets.py: std_nll_offset`). Lower is better. Compare NLL within a dataset only.",
         "- All diagnostics here are computed on real rows: **not differentially private**, for evaluation only.",
         "",
     ]
+
+
+def _dataset_sections(records: list[dict[str, Any]], summary: dict, out: Path) -> list[str]:
+    """One table per dataset (mean ± std over seeds), its figures and the papers' own numbers."""
+    dm = datasets_module()
+    lines: list[str] = []
     datasets = list(dict.fromkeys(r["dataset"] for r in records))
     for d in datasets:
         kind = "2d" if d in dm.TWO_D else "tabular"
@@ -623,8 +595,10 @@ def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: 
         cols = COLUMNS[kind]
         lines.append("| model | epsilon | " + " | ".join(label for _, label in cols) + " |")
         lines.append("|---|---|" + "---|" * len(cols))
-        keys = sorted({(m, e) for (dd, m, e) in summary if dd == d},
-                      key=lambda me: ((MODELS + (REAL,)).index(me[0]) if me[0] in MODELS + (REAL,) else 99, _eps_key(me[1])))
+        keys = sorted(
+            {(m, e) for (dd, m, e) in summary if dd == d},
+            key=lambda me: ((MODELS + (REAL,)).index(me[0]) if me[0] in MODELS + (REAL,) else 99, _eps_key(me[1])),
+        )
         for m, e in keys:
             s = summary[(d, m, e)]
             cells = []
@@ -640,8 +614,18 @@ def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: 
             lines.append(f"- Papers' figures: {note}")
         lines.append("")
 
-    lines += ["## Targets (issue 5), at epsilon = 1, delta = 1e-5", "",
-              "| dataset | metric | target | model | ours (mean ± std) | met |", "|---|---|---|---|---|---|"]
+    return lines
+
+
+def _targets_and_failures(records: list[dict[str, Any]], summary: dict) -> list[str]:
+    """The issue's targets at epsilon = 1, and the cells that failed."""
+    lines: list[str] = []
+    lines += [
+        "## Targets (issue 5), at epsilon = 1, delta = 1e-5",
+        "",
+        "| dataset | metric | target | model | ours (mean ± std) | met |",
+        "|---|---|---|---|---|---|",
+    ]
     for d, e, metric, op, bound in TARGETS:
         for m in MODELS:
             s = summary.get((d, m, e))
@@ -659,19 +643,53 @@ def write_results(records: list[dict[str, Any]], out: Path, command: str, wall: 
             lines.append(f"- {Cell(r['dataset'], r['model'], r['epsilon'], r['seed']).label}: `{r.get('error', '?')}`")
         lines.append("")
 
-    raw_keys = ["macro_f1", "auroc", "ap", "kendall_rmse", "nll", "nll_encoded", "epsilon_spent", "noise_multiplier",
-                "dp_em_noise_multiplier", "steps", "chosen_step", "seconds"]
-    lines += ["<details><summary>Every cell</summary>", "",
-              "| dataset | model | epsilon | seed | status | " + " | ".join(raw_keys) + " |",
-              "|---|---|---|---|---|" + "---|" * len(raw_keys)]
+    return lines
+
+
+def _raw_cells(records: list[dict[str, Any]]) -> list[str]:
+    """Every cell's raw numbers, folded."""
+    raw_keys = [
+        "macro_f1",
+        "auroc",
+        "ap",
+        "kendall_rmse",
+        "nll",
+        "nll_encoded",
+        "epsilon_spent",
+        "noise_multiplier",
+        "dp_em_noise_multiplier",
+        "steps",
+        "chosen_step",
+        "seconds",
+    ]
+    lines = [
+        "<details><summary>Every cell</summary>",
+        "",
+        "| dataset | model | epsilon | seed | status | " + " | ".join(raw_keys) + " |",
+        "|---|---|---|---|---|" + "---|" * len(raw_keys),
+    ]
     for r in sorted(records, key=lambda r: (r["dataset"], r["model"], _eps_key(r["epsilon"]), r["seed"])):
         vals = []
         for k in raw_keys:
             v = r.get(k)
             vals.append("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
-        lines.append(f"| {r['dataset']} | {r['model']} | {_eps_label(r['epsilon'])} | {r['seed']} | {r['status']} | "
-                     + " | ".join(vals) + " |")
+        lines.append(
+            f"| {r['dataset']} | {r['model']} | {_eps_label(r['epsilon'])} | {r['seed']} | {r['status']} | "
+            + " | ".join(vals)
+            + " |"
+        )
     lines += ["", "</details>", ""]
+    return lines
+
+
+def write_results(
+    records: list[dict[str, Any]], out: Path, command: str, wall: float, runner: str, quick: bool
+) -> Path:
+    """Markdown: provenance, per-dataset tables (mean ± std over seeds), papers' figures, targets,
+    failures, and every cell's raw numbers."""
+    summary = summarise(records)
+    lines = _provenance(records, command, wall, runner, quick) + _dataset_sections(records, summary, out)
+    lines += _targets_and_failures(records, summary) + _raw_cells(records)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines), encoding="utf-8")
     return out
@@ -695,10 +713,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     _env.configure()
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     records = benchmark(
-        datasets=split(args.datasets), models=split(args.models),
-        epsilons=[parse_epsilon(e) for e in split(args.epsilons)], seeds=[int(s) for s in split(args.seeds)],
-        out=args.out, task_runner=args.task_runner, dask_address=args.dask_address, quick=args.quick,
-        workers=args.workers, command="python -m privflow.flows.benchmark " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        datasets=split(args.datasets),
+        models=split(args.models),
+        epsilons=[parse_epsilon(e) for e in split(args.epsilons)],
+        seeds=[int(s) for s in split(args.seeds)],
+        out=args.out,
+        task_runner=args.task_runner,
+        dask_address=args.dask_address,
+        quick=args.quick,
+        workers=args.workers,
+        command="python -m privflow.flows.benchmark " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
     )
     bad = [r for r in records if r.get("status") != "ok"]
     print(f"{len(records) - len(bad)}/{len(records)} cells ok; results in {args.out}")

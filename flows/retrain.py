@@ -16,27 +16,28 @@ with a fresh ledger reservation per attempt (tasks/promote.py).
 
 from __future__ import annotations
 
+import csv
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import mlflow
+import polars as pl
 from mlflow import MlflowClient
 from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
-from privflow.flows.train import train_pipeline
-from privflow.privacy.events import Event
-from privflow.privacy.ledger import Ledger, compose_epsilon
 from privflow.config import RunConfig
 from privflow.errors import BudgetExceeded, DataError
+from privflow.flows.train import train_pipeline
+from privflow.privacy.events import Event
+from privflow.privacy.ledger import Ledger
 from privflow.schema import Schema
+from privflow.tasks import mlflow_store
 from privflow.tasks.plan import plan_privacy
-from privflow.tasks.promote import PromotionSettings, alias_holder, promote_if_better
-from privflow.tasks.register import experiment_for, tracking
+from privflow.tasks.promote import PromotionSettings, promote_if_better
 
 REFUSED = "refused"
 
@@ -47,20 +48,13 @@ class BudgetCheck:
 
     fits: bool
     message: str
-    requested_epsilon: float
-    total_epsilon: float
-    budget_epsilon: float
 
 
 def _header(path: Path) -> list[str]:
     """Column names only: the first line of a CSV, the schema of a Parquet file."""
     if path.suffix.lower() == ".csv":
-        import csv
-
         with path.open(newline="", encoding="utf-8-sig") as fh:
             return next(csv.reader(fh), [])
-    import polars as pl
-
     return list(pl.read_parquet_schema(path))
 
 
@@ -98,45 +92,36 @@ def check_new_file(data_path: str, schema: Schema) -> str:
 
 @task(name="check-budget")
 def check_budget(ledger_path: str, schema: Schema, events: list[Event]) -> BudgetCheck:
-    """Compose every event the dataset has recorded with this run's planned events (PLD, at the
-    dataset's delta) and compare with its budget, as `Ledger.reserve` will; reserves nothing."""
-    ledger = Ledger(ledger_path)
+    """The ledger's own check (`Ledger.check`, as pre-flight and `reserve` use it) of this run's
+    planned events against what is left of the dataset's budget; reserves nothing."""
     budget = schema.dataset.budget
-    ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
-    record = next(d for d in ledger.datasets() if d.name == schema.dataset.name)
-    earlier = [e for run in ledger.runs(schema.dataset.name) for e in run.events]
-    requested = compose_epsilon(events, record.budget_delta)
-    total = compose_epsilon(earlier + list(events), record.budget_delta)
-    fits = total <= record.budget_epsilon * (1 + 1e-9)
-    message = (
-        f"Retraining on dataset '{record.name}' was refused before reading any row: this run needs "
-        f"epsilon={requested:.4g} (training and promotion), the {len(ledger.runs(record.name))} recorded run(s) "
-        f"spent epsilon={record.spent_epsilon:.4g} of the budget {record.budget_epsilon:.4g} "
-        f"(delta={record.budget_delta:g}), and together they would reach {total:.4g}. "
-        "Raise the dataset's budget deliberately or lower the run's epsilon."
-    )
-    return BudgetCheck(fits, message if not fits else "fits", requested, total, record.budget_epsilon)
+    try:
+        Ledger(ledger_path).check(
+            schema.dataset.name,
+            list(events),
+            (budget.epsilon, budget.delta),
+            who=f"Retraining on dataset '{schema.dataset.name}' (training and promotion)",
+        )
+    except BudgetExceeded as exc:
+        return BudgetCheck(False, str(exc))
+    return BudgetCheck(True, "fits")
 
 
 def record_refusal(config: RunConfig, schema: Schema, data_path: str, message: str) -> str:
     """A tagged MLflow run in the dataset's experiment saying the run was refused, and why."""
     store = Path(config.store).resolve()
-    tracking(store)
-    experiment_for(schema.dataset.name, store)
-    with mlflow.start_run(run_name=f"{schema.dataset.name}-refused") as run:
-        mlflow.set_tags(
-            {
-                "privflow.outcome": REFUSED,
-                "privflow.refusal": message,
-                "privflow.dataset": schema.dataset.name,
-                "privflow.data_path": data_path,
-                "privflow.run_id": str(flow_run.id or ""),
-                "privflow.trigger": "retrain",
-            }
-        )
-        mlflow.log_params({"privacy.epsilon": config.privacy.epsilon, "privacy.delta": config.privacy.delta})
-    MlflowClient().set_terminated(run.info.run_id, status="KILLED")
-    return run.info.run_id
+    mlflow_store.tracking(store)
+    mlflow_store.experiment_for(schema.dataset.name, store)
+    tags = {
+        "privflow.outcome": REFUSED,
+        "privflow.refusal": message,
+        "privflow.dataset": schema.dataset.name,
+        "privflow.data_path": data_path,
+        "privflow.run_id": str(flow_run.id or ""),
+        "privflow.trigger": "retrain",
+    }
+    params = {"privacy.epsilon": config.privacy.epsilon, "privacy.delta": config.privacy.delta}
+    return mlflow_store.log_refusal(f"{schema.dataset.name}-refused", tags, params)
 
 
 def load_config(data_path: str, schema_path: str, config_path: str | None, store: str) -> RunConfig:
@@ -180,9 +165,9 @@ def retrain_on_new_data(
 
     # Before any row is read: does the training plan, plus the comparison if a champion
     # exists, fit what is left of the dataset's budget?
-    tracking(store_dir)
+    mlflow_store.tracking(store_dir)
     model_name = config.model_name or f"privflow-{schema.dataset.name}"
-    has_champion = alias_holder(MlflowClient(), model_name, champion_alias) is not None
+    has_champion = mlflow_store.alias_holder(MlflowClient(), model_name, champion_alias) is not None
     plan = plan_privacy(config, schema)
     events = [*plan.events, *([settings.event()] if has_champion else [])]
     budget = check_budget(ledger_path, schema, events)
@@ -216,5 +201,13 @@ def retrain_on_new_data(
     }
 
 
-__all__ = ["BudgetCheck", "REFUSED", "candidate_config", "check_budget", "check_new_file", "load_config",
-           "record_refusal", "retrain_on_new_data"]
+__all__ = [
+    "BudgetCheck",
+    "REFUSED",
+    "candidate_config",
+    "check_budget",
+    "check_new_file",
+    "load_config",
+    "record_refusal",
+    "retrain_on_new_data",
+]

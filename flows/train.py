@@ -20,7 +20,7 @@ import json
 import secrets
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,32 +31,27 @@ import torch
 from prefect import flow
 from prefect.runtime import flow_run
 
-from privflow.models import build_flow
-from privflow.privacy.accountant import PLDAccountant, RDPAccountant
-from privflow.privacy.events import Event, PoissonGaussianEvent
-from privflow.privacy.fingerprint import keyed_fingerprint, store_key
-from privflow.privacy.ledger import Ledger
-from privflow.privacy.mechanisms import report_noisy_max, validation_gate
-from privflow.privacy.plan import PrivacyPlan
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.curator import curator_dir, write_json
 from privflow.errors import ValidationFailed
 from privflow.io import read_table
-from privflow.sampler import sample_rows
+from privflow.privacy.accountant import PLDAccountant, RDPAccountant
+from privflow.privacy.fingerprint import keyed_fingerprint, store_key
+from privflow.privacy.ledger import Ledger
+from privflow.privacy.mechanisms import validation_gate
+from privflow.privacy.plan import PrivacyPlan
 from privflow.schema import Schema
-from privflow.validation import validate
-from privflow.tasks.dp_prior import dp_prior
-from privflow.tasks.dp_stats import dp_statistics
+from privflow.tasks import mlflow_store as store_ml
 from privflow.tasks.encode import encode_rows
 from privflow.tasks.evaluate import evaluate_run
+from privflow.tasks.fit import FitResult, Spend, fit
+from privflow.tasks.mlflow_store import Registered, register_model
 from privflow.tasks.plan import plan_privacy
 from privflow.tasks.promote import PromotionSettings, promote_if_better
-from privflow.tasks.register import Registered, experiment_for, register_model, tracking
-from privflow.tasks.release import log_run_header, log_spend
-from privflow.tasks.select import per_pick_epsilon, select_checkpoints
-from privflow.tasks.train import cpu_threads, settings_for, train_flow_model
+from privflow.tasks.train import cpu_threads
 from privflow.tasks.validate import validate_data
+from privflow.validation import validate
 
 
 @dataclass(frozen=True)
@@ -86,35 +81,15 @@ class RunSummary:
         return asdict(self)
 
 
-@dataclass
-class _Spend:
-    """The events spent so far, in order; `in_mechanism` is set while one runs."""
-
-    events: list[Event] = field(default_factory=list)
-    in_mechanism: bool = False
-
-    def add(self, event: Event) -> None:
-        self.events.append(event)
-        self.in_mechanism = False
-
-
-def _cumulative_epsilon(before: list[Event], sgd: PoissonGaussianEvent, steps: list[int], delta: float) -> list[float]:
-    pld = PLDAccountant()
-    return [
-        pld.epsilon([*before, PoissonGaussianEvent(sgd.sample_rate, sgd.noise_multiplier, t)], delta) for t in steps
-    ]
-
-
 def _gate_threshold(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> float:
     """The public limit on the DP count of failing rows: a fraction of expected_rows, at least
     the gate's noise floor."""
     fraction = config.gate.strict_max_failing if config.policy == "strict" else config.gate.quarantine_max_failing
-    return validation_gate.threshold(fraction * float(schema.dataset.expected_rows or 0),
-                                     plan.stage("validate").event)  # type: ignore[arg-type]
+    return validation_gate.threshold(fraction * float(schema.dataset.expected_rows or 0), plan.stage("validate").event)  # type: ignore[arg-type]
 
 
 def _read_and_gate(
-    config: RunConfig, schema: Schema, plan: PrivacyPlan, curator: Path, spend: _Spend
+    config: RunConfig, schema: Schema, plan: PrivacyPlan, curator: Path, spend: Spend
 ) -> tuple[pl.DataFrame, validation_gate.GateDecision]:
     """Read the rows and let the DP gate decide on them; the exact report stays with the curator."""
     stage = plan.stage("validate")
@@ -122,7 +97,7 @@ def _read_and_gate(
     decisions: list[validation_gate.GateDecision] = []
 
     def gate(failing: int) -> bool:
-        spend.in_mechanism = True
+        spend.start()
         decisions.append(validation_gate.gate(failing, threshold, stage.event))  # type: ignore[arg-type]
         spend.add(stage.event)
         return decisions[-1].stop
@@ -143,67 +118,40 @@ def _read_and_gate(
             "(gate.strict_max_failing / gate.quarantine_max_failing), or use --policy quarantine."
         ) from None
     write_json(curator, "validation.json", report.to_dict())
-    mlflow.log_metric("gate.noisy_failing_rows", decisions[-1].noisy_failing)
+    store_ml.log_gate(decisions[-1].noisy_failing)
     return df, decisions[-1]
 
 
-def _train_and_select(
-    config: RunConfig, plan: PrivacyPlan, codec: Codec, model: torch.nn.Module, x_train: np.ndarray,
-    x_val: np.ndarray, spend: _Spend, show_progress: bool,
-) -> tuple[Any, list[int], dict[str, Any]]:
-    """DP statistics, optional DP prior, DP-SGD and Report-Noisy-Max, each recorded as spent."""
-    model_cfg = config.model.model_dump(exclude={"name"})
-    spend.in_mechanism = True
-    mean, std = dp_statistics(model, x_train, plan.stage("dp_stats"))
-    spend.add(plan.stage("dp_stats").event)
-    if plan.has("dp_prior"):
-        spend.in_mechanism = True
-        dp_prior(model, x_train, mean, std, plan.stage("dp_prior"), config.model.mog_components)
-        spend.add(plan.stage("dp_prior").event)
-    spend.in_mechanism = True
-    result = train_flow_model(model, x_train, settings_for(config.train, plan.stage("train")), show_progress)
-    assert result.event is not None
-    logged = [step for step, _ in result.checkpoints]
-    for step, eps in zip(logged, _cumulative_epsilon(spend.events, result.event, logged, plan.delta), strict=True):
-        mlflow.log_metric("epsilon_cumulative", eps, step=step)
-    spend.add(result.event)
-
-    def make_model(state: dict) -> torch.nn.Module:
-        m = build_flow(config.model.name, codec.cardinalities, **model_cfg)
-        m.load_state_dict(state)
-        return m.eval()
-
-    select_stage = plan.stage("select")
-    spend.in_mechanism = True
-    chosen = select_checkpoints(make_model, result.checkpoints, x_val, select_stage, config.select)
-    spend.add(report_noisy_max.rnm_event(per_pick_epsilon(select_stage), len(chosen)))
-    diagnostics = {
-        "train_losses": result.losses,
-        "nonfinite_examples": getattr(result, "nonfinite_examples", None),
-        "dp_stats": {"mean": np.asarray(mean).tolist(), "std": np.asarray(std).tolist()},
-    }
-    return result, chosen, {"make_model": make_model, "diagnostics": diagnostics}
-
-
 def _diagnose(
-    config: RunConfig, schema: Schema, codec: Codec, flow: torch.nn.Module, df: pl.DataFrame,
-    x_train: np.ndarray, x_val: np.ndarray, synthetic: pl.DataFrame, curator: Path, extra: dict[str, Any],
+    config: RunConfig,
+    schema: Schema,
+    codec: Codec,
+    flow: torch.nn.Module,
+    df: pl.DataFrame,
+    x_train: np.ndarray,
+    x_val: np.ndarray,
+    synthetic: pl.DataFrame,
+    curator: Path,
+    extra: dict[str, Any],
 ) -> tuple[dict[str, float], str | None]:
     """Evaluation on the real rows, written to the curator-only folder (never to MLflow)."""
     write_json(curator, "training.json", extra)
     test_df = None
     if config.evaluate.test_data is not None:
-        test_df, _ = validate(read_table(config.evaluate.test_data), schema, "quarantine", curator / "test_quarantine.csv")
+        test_df, _ = validate(
+            read_table(config.evaluate.test_data), schema, "quarantine", curator / "test_quarantine.csv"
+        )
     if df.height == 0:
         return {}, None
-    evaluation = evaluate_run(schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate,
-                              curator / "evaluation")
+    evaluation = evaluate_run(
+        schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate, curator / "evaluation"
+    )
     metrics = {k: float(v) for k, v in evaluation.metrics.items() if np.isfinite(v)}
     write_json(curator, "metrics.json", {"metrics": metrics})
     return metrics, str(evaluation.html_path) if evaluation.html_path is not None else None
 
 
-def _settle_failure(ledger: Ledger, run_id: str, spend: _Spend) -> None:
+def _settle_failure(ledger: Ledger, run_id: str, spend: Spend) -> None:
     """A failed run's truthful record: nothing read -> released; stopped between mechanisms ->
     charged what it spent; broken inside a mechanism -> the whole reservation stays counted."""
     if spend.in_mechanism:
@@ -214,18 +162,98 @@ def _settle_failure(ledger: Ledger, run_id: str, spend: _Spend) -> None:
         ledger.release(run_id)
 
 
-def _compare_with_holder(config: RunConfig, model_name: str, registered: Registered, store: Path,
-                         run_id: str) -> Registered:
+def _compare_with_holder(
+    config: RunConfig, model_name: str, registered: Registered, store: Path, run_id: str
+) -> Registered:
     """`--promote if-better` with a holder: the DP comparison decides (its own ledger entry)."""
     holder = registered.alias_version
     if config.promotion != "if_better" or holder is None or holder == registered.version:
         return registered
     settings = PromotionSettings(alias=config.alias)
-    decision = promote_if_better(model_name, registered.version, config, settings, str(store / "ledger.db"),
-                                 f"{run_id}:promote")
+    decision = promote_if_better(
+        model_name, registered.version, config, settings, str(store / "ledger.db"), f"{run_id}:promote"
+    )
     now = registered.version if decision.promoted else holder
-    return Registered(registered.version, now, f"@{config.alias} {'moved to' if decision.promoted else 'kept on'} "
-                      f"v{now}: {decision.reason}")
+    return Registered(
+        registered.version,
+        now,
+        f"@{config.alias} {'moved to' if decision.promoted else 'kept on'} v{now}: {decision.reason}",
+    )
+
+
+def _reserve(config: RunConfig, schema: Schema, store: Path, run_id: str) -> tuple[PrivacyPlan, Ledger]:
+    """Plan and reserve: public inputs only, before any row is read."""
+    plan = plan_privacy(config, schema)
+    ledger = Ledger(store / "ledger.db")
+    budget = schema.dataset.budget
+    ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
+    ledger.reserve(
+        schema.dataset.name, run_id, plan.events, {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages}
+    )
+    return plan, ledger
+
+
+def _account(
+    ledger: Ledger, run_id: str, dataset: str, plan: PrivacyPlan, fitted: FitResult, spend: Spend
+) -> dict[str, float]:
+    """Settle the run with what it spent; the accountant's epsilon (PLD; RDP as a cross-check)."""
+    ledger.settle(run_id, spend.events)
+    figures = {
+        "epsilon": PLDAccountant().epsilon(spend.events, plan.delta),
+        "epsilon_rdp": RDPAccountant().epsilon(spend.events, plan.delta),
+        "dataset_epsilon": ledger.spent(dataset)[0],
+    }
+    store_ml.log_cumulative_epsilon(fitted.cumulative_epsilon)
+    store_ml.log_spend(
+        spend.events,
+        figures["epsilon"],
+        figures["epsilon_rdp"],
+        plan.delta,
+        figures["dataset_epsilon"],
+        fitted.train.steps + 1,
+    )
+    return figures
+
+
+def _release_table(
+    config: RunConfig, schema: Schema, fitted: FitResult, store: Path, run_id: str
+) -> tuple[pl.DataFrame, Path]:
+    """The synthetic table from the chosen checkpoint(s): an explicit generator, a public size."""
+    n_rows = config.evaluate.synthetic_rows or schema.dataset.expected_rows or 10_000
+    synthetic = fitted.sample(n_rows, seed=config.evaluate.sampling_seed)
+    path = store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    synthetic.write_csv(path)
+    store_ml.log_synthetic(path)
+    return synthetic, path
+
+
+def _register(
+    config: RunConfig,
+    schema: Schema,
+    model_name: str,
+    fitted: FitResult,
+    figures: dict[str, float],
+    delta: float,
+    run_id: str,
+) -> Registered:
+    return register_model(
+        model_name,
+        config.alias,
+        schema,
+        config.model.name,
+        config.model.model_dump(exclude={"name"}),
+        fitted.states,
+        {
+            "epsilon": f"{figures['epsilon']:.6g}",
+            "delta": f"{delta:g}",
+            "dataset": schema.dataset.name,
+            "dataset_epsilon_cumulative": f"{figures['dataset_epsilon']:.6g}",
+            "privflow_run_id": run_id,
+            "chosen_checkpoint_steps": json.dumps(fitted.chosen_steps),
+        },
+        config.promotion,
+    )
 
 
 @flow(name="privflow-train")
@@ -234,75 +262,48 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
     started = time.monotonic()
     schema = Schema.from_yaml(config.schema_path)
     store = config.store.resolve()
-    tracking(store)
-    experiment_for(schema.dataset.name, store)
+    store_ml.tracking(store)
+    store_ml.experiment_for(schema.dataset.name, store)
     model_name = config.model_name or f"privflow-{schema.dataset.name}"
     # One ledger entry per attempt: a retried flow run that reruns the mechanisms spends
     # again and is counted again; an attempt that read nothing releases its reservation.
     run_id = f"{flow_run.id or uuid.uuid4()}-attempt{flow_run.run_count or 1}"
-
-    # 1. Plan and reserve: public inputs only, before any row is read.
-    plan = plan_privacy(config, schema)
-    ledger = Ledger(store / "ledger.db")
-    budget = schema.dataset.budget
-    ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
-    ledger.reserve(schema.dataset.name, run_id, plan.events, {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages})
-
-    spend = _Spend()
+    plan, ledger = _reserve(config, schema, store, run_id)
+    budget, spend = schema.dataset.budget, Spend()
     try:
-        ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta,
-                              keyed_fingerprint(config.data, store_key(store)))
+        ledger.ensure_dataset(
+            schema.dataset.name, budget.epsilon, budget.delta, keyed_fingerprint(config.data, store_key(store))
+        )
         curator = curator_dir(store, run_id)
         codec = Codec.from_schema(schema)
-        model_cfg = config.model.model_dump(exclude={"name"})
-        torch.manual_seed(config.train.seed)  # public: the initial weights, drawn before any row is read
-        model = build_flow(config.model.name, codec.cardinalities, **model_cfg)
-        run_name = f"{schema.dataset.name}-eps{config.privacy.epsilon:g}"
         # fork_rng + a CSPRNG seed: whatever global draw happens after rows are read is
         # neither derivable from public values nor left behind in the caller's RNG.
-        with cpu_threads(config.train.threads), torch.random.fork_rng(devices=[]), \
-                mlflow.start_run(run_name=run_name) as active:
+        with (
+            cpu_threads(config.train.threads),
+            torch.random.fork_rng(devices=[]),
+            mlflow.start_run(run_name=f"{schema.dataset.name}-eps{config.privacy.epsilon:g}") as active,
+        ):
             torch.manual_seed(secrets.randbits(63))
-            log_run_header(config, plan, run_id, schema.dataset.name)
-
-            # 2. Read, gate (DP), encode.
+            store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
             df, decision = _read_and_gate(config, schema, plan, curator, spend)
             x_train, x_val = encode_rows(df, codec, config.select.validation_fraction, config.train.seed)
-
-            # 3. Mechanisms: DP statistics, optional DP prior, DP-SGD, Report-Noisy-Max.
-            result, chosen, aux = _train_and_select(config, plan, codec, model, x_train, x_val, spend, show_progress)
-            ledger.settle(run_id, spend.events)
-            epsilon = PLDAccountant().epsilon(spend.events, plan.delta)
-            epsilon_rdp = RDPAccountant().epsilon(spend.events, plan.delta)
-            dataset_eps, _ = ledger.spent(schema.dataset.name)
-            log_spend(spend.events, epsilon, epsilon_rdp, plan.delta, dataset_eps, result.steps + 1)
-
-            # 4. Release: synthetic table from the chosen checkpoint(s), an explicit generator,
-            #    a public size.
-            states = [result.checkpoints[i][1] for i in chosen]
-            flows = [aux["make_model"](s) for s in states]
-            n_rows = config.evaluate.synthetic_rows or schema.dataset.expected_rows or 10_000
-            synthetic = sample_rows(flows, codec, n_rows, seed=config.evaluate.sampling_seed)
-            synthetic_path = store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv"
-            synthetic_path.parent.mkdir(parents=True, exist_ok=True)
-            synthetic.write_csv(synthetic_path)
-            mlflow.log_artifact(str(synthetic_path), "synthetic")
-
-            # 5. Curator-only diagnostics, then the registry.
-            metrics, report_path = _diagnose(config, schema, codec, flows[0], df, x_train, x_val, synthetic, curator,
-                                             aux["diagnostics"])
-            registered = register_model(
-                model_name, config.alias, schema, config.model.name, model_cfg, states,
-                {
-                    "epsilon": f"{epsilon:.6g}",
-                    "delta": f"{plan.delta:g}",
-                    "dataset": schema.dataset.name,
-                    "dataset_epsilon_cumulative": f"{dataset_eps:.6g}",
-                    "privflow_run_id": run_id,
-                    "chosen_checkpoint_steps": json.dumps([result.checkpoints[i][0] for i in chosen]),
-                },
-                config.promotion,
+            fitted = fit(
+                config,
+                schema,
+                codec,
+                x_train,
+                x_val,
+                plan=plan,
+                spend=spend,
+                show_progress=show_progress,
+                as_tasks=True,
             )
+            figures = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
+            synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
+            metrics, report_path = _diagnose(
+                config, schema, codec, fitted.flows[0], df, x_train, x_val, synthetic, curator, fitted.diagnostics()
+            )
+            registered = _register(config, schema, model_name, fitted, figures, plan.delta, run_id)
     except BaseException:
         _settle_failure(ledger, run_id, spend)
         raise
@@ -315,10 +316,10 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
         alias=config.alias,
         alias_version=registered.alias_version,
         promotion=registered.promotion,
-        epsilon=epsilon,
+        epsilon=figures["epsilon"],
         delta=plan.delta,
-        epsilon_rdp=epsilon_rdp,
-        dataset_epsilon=dataset_eps,
+        epsilon_rdp=figures["epsilon_rdp"],
+        dataset_epsilon=figures["dataset_epsilon"],
         stages={s.name: s.epsilon_alone for s in plan.stages},
         synthetic_path=str(synthetic_path),
         curator_dir=str(curator),

@@ -1,6 +1,8 @@
-"""Prefect tasks: one pipeline step each, thin wrappers over privflow/, models/ and privacy/.
+"""Prefect tasks: one pipeline step each, thin wrappers over privflow/, models/ and privacy/;
+`fit.py` is the one training pipeline (plan -> DP statistics -> [DP prior] -> DP-SGD ->
+Report-Noisy-Max), `mlflow_store.py` everything MLflow.
 
-Tasks that touch private rows never persist or cache their results (no raw rows in a
-result store), and mechanism tasks reserve any extra attempt in the ledger before they
-run again (tasks/budget.py).
+Tasks that touch private rows never persist or cache their results (`_options.PRIVATE`: no
+raw rows in a result store). A mechanism task that retries reserves its extra attempt in the
+ledger under its own id before it runs again (tasks/promote.py, `ledger_id`).
 """

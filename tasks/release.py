@@ -6,20 +6,12 @@ Every param, metric, tag and artifact that reaches them must be public (configur
 schema, code version) or the output of a recorded mechanism. The allowlist below is the
 single place that says which, entry by entry; `tests/flows/test_release.py` lists a real
 run's contents and fails on anything not covered here. Diagnostics on private rows go to
-the curator-only store (privflow/curator.py), never through this module.
+the curator-only store (privflow/curator.py); the logging itself is `tasks/mlflow_store.py`.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
-
-import mlflow
-
-import privflow
-from privflow.privacy.events import Event, events_to_json
-from privflow.privacy.plan import PrivacyPlan
-from privflow.config import RunConfig
 
 # pattern -> why it may be released
 PARAMS: dict[str, str] = {
@@ -72,37 +64,4 @@ def reason(allowlist: dict[str, str], key: str) -> str | None:
     return None
 
 
-def flat_params(config: RunConfig) -> dict[str, Any]:
-    """The run configuration as `section.field` params."""
-    out: dict[str, Any] = {}
-    for section, values in config.model_dump(mode="json").items():
-        if isinstance(values, dict):
-            out.update({f"{section}.{k}": v for k, v in values.items()})
-        else:
-            out[section] = values
-    return out
-
-
-def log_run_header(config: RunConfig, plan: PrivacyPlan, run_id: str, dataset: str) -> None:
-    """Params, tags and the plan: everything public, logged before any row is read."""
-    mlflow.log_params(flat_params(config))
-    tags = {"privflow.run_id": run_id, "privflow.dataset": dataset, "privflow.code_version": privflow.__version__}
-    if config.evaluate.sampling_seed is not None:
-        tags["privflow.sampling_seed"] = str(config.evaluate.sampling_seed)
-    mlflow.set_tags(tags)
-    mlflow.log_dict(plan.to_dict(), "privacy/plan.json")
-    mlflow.log_metrics({f"plan.{s.name}.epsilon_alone": s.epsilon_alone for s in plan.stages})
-    mlflow.log_metrics({f"plan.{s.name}.share": s.share for s in plan.stages})
-
-
-def log_spend(spent: list[Event], epsilon: float, epsilon_rdp: float, delta: float, dataset_epsilon: float,
-              final_step: int) -> None:
-    """The accountant's figures and the events they come from."""
-    mlflow.log_metric("epsilon_cumulative", epsilon, step=final_step)
-    mlflow.log_metrics({"epsilon": epsilon, "delta": delta, "epsilon_rdp": epsilon_rdp,
-                        "dataset_epsilon_cumulative": dataset_epsilon})
-    mlflow.log_text(events_to_json(spent), "privacy/events.json")
-
-
-__all__ = ["ARTIFACTS", "METRICS", "MODEL_TAGS", "PARAMS", "TAGS", "VERSION_TAGS", "flat_params", "log_run_header",
-           "log_spend", "reason"]
+__all__ = ["ARTIFACTS", "METRICS", "MODEL_TAGS", "PARAMS", "TAGS", "VERSION_TAGS", "reason"]

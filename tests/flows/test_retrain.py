@@ -36,8 +36,10 @@ def test_margin_statistic_sensitivity_by_brute_force() -> None:
     a[3], b[7], a[9] = np.nan, -np.inf, np.inf
     s, sens = margin_statistic(a, b, low, high)
     assert sens == high - low
-    ref = sum(min(max(x, low), high) - min(max(y, low), high)
-              for x, y in zip(np.nan_to_num(a, nan=low), np.nan_to_num(b, nan=low, neginf=low)))
+    ref = sum(
+        min(max(x, low), high) - min(max(y, low), high)
+        for x, y in zip(np.nan_to_num(a, nan=low), np.nan_to_num(b, nan=low, neginf=low), strict=False)
+    )
     assert s == pytest.approx(ref)
     for i in range(len(a)):
         s_minus, _ = margin_statistic(np.delete(a, i), np.delete(b, i), low, high)
@@ -105,15 +107,21 @@ TINY = {
     "model": {"name": "maf", "blocks": 1, "hidden": 8},
     "train": {"epochs": 0.5, "batch_size": 128, "checkpoint_every": 2, "device": "cpu", "threads": 1},
     "select": {"validation_fraction": 0.2},
-    "evaluate": {"fidelity": False, "utility": False, "likelihood": False, "privacy_risk": False,
-                 "report": False, "synthetic_rows": 100},
+    "evaluate": {
+        "fidelity": False,
+        "utility": False,
+        "likelihood": False,
+        "privacy_risk": False,
+        "report": False,
+        "synthetic_rows": 100,
+    },
 }
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory):
     """A store with an SQLite MLflow registry and a small Adult slice under its own dataset name."""
-    from privflow.tasks.register import experiment_for, tracking
+    from privflow.tasks.mlflow_store import experiment_for, tracking
 
     tmp = tmp_path_factory.mktemp("promote")
     store = tmp / "store"
@@ -129,21 +137,22 @@ def _register(name: str, state: dict, reg: dict) -> str:
     import mlflow
 
     from privflow.schema import Schema
-    from privflow.tasks.register import experiment_for, register_model, tracking
+    from privflow.tasks.mlflow_store import experiment_for, register_model, tracking
 
     tracking(reg["store"])
     experiment_for("adult-promote", reg["store"])
     with mlflow.start_run():
-        return register_model.fn(name, "candidate", Schema.from_yaml(reg["schema"]), "maf",
-                                 {"blocks": 1, "hidden": 8}, [state], {}).version
+        return register_model.fn(
+            name, "candidate", Schema.from_yaml(reg["schema"]), "maf", {"blocks": 1, "hidden": 8}, [state], {}
+        ).version
 
 
 def _model(seed: int, bad: bool = False) -> dict:
     """A fitted-looking version (first actnorm set from the slice's statistics: test only, not
     DP) or a bad one (a far too narrow first actnorm: every row lands deep in the tails)."""
-    from privflow.models import build_flow
     from privflow.codec import Codec
     from privflow.io import read_table
+    from privflow.models import build_flow
     from privflow.schema import Schema
 
     schema = Schema.from_yaml(DEMO / "adult.yaml")
@@ -160,7 +169,7 @@ def _model(seed: int, bad: bool = False) -> dict:
     return m.state_dict()
 
 
-def _config(reg: dict, **extra) -> "RunConfig":  # noqa: F821
+def _config(reg: dict, **extra) -> RunConfig:  # noqa: F821
     from privflow.config import RunConfig
 
     return RunConfig.build(data=reg["data"], schema_path=reg["schema"], store=reg["store"], **TINY, **extra)
@@ -176,7 +185,9 @@ def test_first_version_becomes_champion_at_no_cost(registry: dict) -> None:
     v1 = _register(name, _model(0), registry)
     ledger_path = registry["store"] / "ledger.db"
     before = len(Ledger(ledger_path).runs()) if ledger_path.exists() else 0
-    d = promote_if_better.fn(name, v1, _config(registry), PromotionSettings(epsilon=1.0), str(ledger_path), "first:promote")
+    d = promote_if_better.fn(
+        name, v1, _config(registry), PromotionSettings(epsilon=1.0), str(ledger_path), "first:promote"
+    )
     assert d.promoted and d.epsilon == 0.0 and d.champion_version is None
     client = MlflowClient()
     assert str(client.get_model_version_by_alias(name, "champion").version) == v1
@@ -231,7 +242,9 @@ def test_worse_version_is_not_promoted_and_still_pays(registry: dict) -> None:
     client.set_registered_model_alias(name, "champion", good)
     bad = _register(name, _model(4, bad=True), registry)
     ledger = Ledger(registry["store"] / "ledger.db")
-    d = promote_if_better.fn(name, bad, _config(registry), PromotionSettings(epsilon=2.0), str(ledger.path), "worse:promote")
+    d = promote_if_better.fn(
+        name, bad, _config(registry), PromotionSettings(epsilon=2.0), str(ledger.path), "worse:promote"
+    )
     assert not d.promoted and d.noisy_margin is not None and d.noisy_margin < 0
     assert str(client.get_model_version_by_alias(name, "champion").version) == good
     assert client.get_model_version(name, bad).tags["privflow.promotion.promoted"] == "no"
@@ -243,6 +256,7 @@ def test_comparison_refused_by_the_budget_reads_nothing(registry: dict, monkeypa
     from mlflow import MlflowClient
 
     import privflow.tasks.promote as promote
+
     name = "pf-broke"
     client = MlflowClient()
     a = _register(name, _model(5), registry)
@@ -261,8 +275,9 @@ def test_comparison_refused_by_the_budget_reads_nothing(registry: dict, monkeypa
     ledger.set_budget(dataset.name, ledger.spent(dataset.name)[0] + 0.01, dataset.budget.delta)  # almost spent
     before = len(ledger.runs())
     try:
-        d = promote.promote_if_better.fn(name, b, _config(registry), PromotionSettings(epsilon=1.0), str(ledger.path),
-                                         "broke:promote")
+        d = promote.promote_if_better.fn(
+            name, b, _config(registry), PromotionSettings(epsilon=1.0), str(ledger.path), "broke:promote"
+        )
     finally:
         ledger.set_budget(dataset.name, dataset.budget.epsilon, dataset.budget.delta)
     assert not d.promoted and "refused" in d.reason and d.epsilon == 0.0
@@ -278,6 +293,7 @@ def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, m
     from prefect import flow
 
     import privflow.tasks.promote as promote
+
     name = "pf-retry"
     client = MlflowClient()
     a = _register(name, _model(7), registry)
@@ -395,7 +411,7 @@ def _flaky(monkeypatch: pytest.MonkeyPatch, module: object, attr: str, exc: Exce
     return calls
 
 
-def _train_config(tmp: Path, name: str) -> "RunConfig":  # noqa: F821
+def _train_config(tmp: Path, name: str) -> RunConfig:  # noqa: F821
     from privflow.config import RunConfig
 
     schema = _schema(tmp, name, 5.0, 600)
@@ -409,6 +425,7 @@ def test_retried_flow_run_that_failed_before_any_mechanism_counts_once(
 ) -> None:
     """Same flow run id, second attempt: the reservation is not counted twice."""
     import privflow.flows.train as train
+
     config = _train_config(tmp_path, "adult-retry-early")
     calls = _flaky(monkeypatch, train, "validate_data", ConnectionError("data share unreachable"))
     summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)
@@ -428,6 +445,7 @@ def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
 ) -> None:
     """The retry reruns DP statistics, DP-SGD and selection with fresh noise: a second access."""
     import privflow.flows.train as train
+
     config = _train_config(tmp_path, "adult-retry-late")
     calls = _flaky(monkeypatch, train, "evaluate_run", RuntimeError("diagnostics crashed"))
     summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)

@@ -1,0 +1,269 @@
+"""fit: the one training pipeline, from encoded rows to the released flow(s).
+
+    plan -> DP statistics -> [DP prior] -> DP-SGD -> Report-Noisy-Max -> sample
+
+The train flow (flows/train.py, and through it retraining and the Python API) and the
+benchmark (flows/benchmark.py) all call `fit`. Privacy: each mechanism's event is added to
+`spend` as soon as it completes, and `spend.in_mechanism` is set while one runs, so that a
+caller can settle a failed run truthfully (flows/train.py). With `private=False` the same
+steps run without clipping or noise (exact clipped statistics, non-noisy EM, noise-free
+SGD, argmax selection): the benchmark's non-private reference, never a release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from privflow.codec import Codec
+from privflow.config import RunConfig
+from privflow.models import build_flow
+from privflow.privacy.accountant import PLDAccountant
+from privflow.privacy.dp_sgd import TrainResult, TrainSettings
+from privflow.privacy.events import Event, PoissonGaussianEvent
+from privflow.privacy.mechanisms import dp_mog, dp_stats, report_noisy_max
+from privflow.privacy.plan import PrivacyPlan
+from privflow.privacy.run_plan import run_plan, sgd_shape
+from privflow.sampler import sample_rows
+from privflow.schema import Schema
+from privflow.tasks.dp_prior import PRIOR_CLIP, dp_prior
+from privflow.tasks.dp_stats import STATS_CLIP, dp_statistics
+from privflow.tasks.select import loglik_matrix, per_pick_epsilon, select_checkpoints
+from privflow.tasks.train import resolve_device, settings_for, train_flow_model
+
+
+@dataclass
+class Spend:
+    """The events spent so far, in order; `in_mechanism` is set while one runs."""
+
+    events: list[Event] = field(default_factory=list)
+    in_mechanism: bool = False
+
+    def start(self) -> None:
+        self.in_mechanism = True
+
+    def add(self, event: Event) -> None:
+        self.events.append(event)
+        self.in_mechanism = False
+
+
+@dataclass
+class FitResult:
+    """The trained checkpoints, the chosen ones as eval-mode flows, and what the fit spent."""
+
+    codec: Codec
+    train: TrainResult
+    settings: TrainSettings
+    chosen: list[int]
+    flows: list[torch.nn.Module]
+    events: list[Event]
+    cumulative_epsilon: list[tuple[int, float]]
+    mean: np.ndarray
+    std: np.ndarray
+
+    @property
+    def states(self) -> list[dict]:
+        return [self.train.checkpoints[i][1] for i in self.chosen]
+
+    @property
+    def chosen_steps(self) -> list[int]:
+        return [self.train.checkpoints[i][0] for i in self.chosen]
+
+    def sample(self, n: int, seed: int | None = None) -> pl.DataFrame:
+        """`n` synthetic rows in equal shares from the chosen flows (post-processing; explicit generator)."""
+        return sample_rows(self.flows, self.codec, n, seed=seed)
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Facts computed on private rows WITHOUT a mechanism: curator-only."""
+        return {
+            "train_losses": self.train.losses,
+            "nonfinite_examples": getattr(self.train, "nonfinite_examples", None),
+            "dp_stats": {"mean": np.asarray(self.mean).tolist(), "std": np.asarray(self.std).tolist()},
+        }
+
+
+def model_factory(config: RunConfig, codec: Codec) -> Callable[[dict | None], torch.nn.Module]:
+    """Build the configured flow; with a state dict, load it and switch to eval mode."""
+    kwargs = config.model.model_dump(exclude={"name"})
+
+    def make(state: dict | None = None) -> torch.nn.Module:
+        m = build_flow(config.model.name, codec.cardinalities, **kwargs)
+        if state is None:
+            return m
+        m.load_state_dict(state)
+        return m.eval()
+
+    return make
+
+
+def initial_model(config: RunConfig, codec: Codec) -> torch.nn.Module:
+    """The untrained flow, its weights drawn from the config's public seed (the global RNG is
+    left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.train.seed)
+        return model_factory(config, codec)(None)
+
+
+def _preprocessed(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
+
+
+def exact_statistics(model: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-private only: the same clipped mean/std as the DP statistics, without noise."""
+    moments = dp_stats.mean_std_statistics(_preprocessed(model, x), STATS_CLIP)
+    mean, std = dp_stats.mean_std_from_statistics(moments, STATS_CLIP)
+    model.init_actnorm(torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
+    return mean, std
+
+
+def exact_mog_prior(
+    model: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray, k: int, iterations: int, seed: int
+) -> Any:
+    """Non-private only: the EM of tasks/dp_prior.py without noise, on the same clipped,
+    standardised features, carried back to the preprocessed space for ``set_prior``."""
+    c = np.clip((_preprocessed(model, x) - mean) / std, -PRIOR_CLIP, PRIOR_CLIP)
+    params = dp_mog.init_mog(k, c.shape[1], PRIOR_CLIP, np.random.default_rng(seed))
+    for _ in range(iterations):
+        params = dp_mog.m_step(
+            dp_mog.em_statistics(c, params, PRIOR_CLIP), params, PRIOR_CLIP, 1.0, 5e-2 * PRIOR_CLIP, 1e-2 / k
+        )
+    weights, means, stds = (
+        torch.as_tensor(a, dtype=torch.float32) for a in (params.weights, mean + std * params.means, std * params.stds)
+    )
+    model.set_prior(weights, means, stds)
+    return params
+
+
+def initialise(
+    model: torch.nn.Module,
+    config: RunConfig,
+    plan: PrivacyPlan | None,
+    x_train: np.ndarray,
+    spend: Spend,
+    as_tasks: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """DP statistics (actnorm) and, when planned, the DP prior; exact ones when `plan` is None."""
+    if plan is None:
+        mean, std = exact_statistics(model, x_train)
+        if config.model.prior == "mog":
+            exact_mog_prior(
+                model, x_train, mean, std, config.model.mog_components, config.model.mog_iterations, config.train.seed
+            )
+        return mean, std
+    stats, prior = (dp_statistics, dp_prior) if as_tasks else (dp_statistics.fn, dp_prior.fn)
+    spend.start()
+    mean, std = stats(model, x_train, plan.stage("dp_stats"))
+    spend.add(plan.stage("dp_stats").event)
+    if plan.has("dp_prior"):
+        spend.start()
+        prior(model, x_train, mean, std, plan.stage("dp_prior"), config.model.mog_components)
+        spend.add(plan.stage("dp_prior").event)
+    return mean, std
+
+
+def nonprivate_settings(config: RunConfig, schema: Schema) -> TrainSettings:
+    """The planned shape (sample rate, steps) with no clipping and no noise."""
+    shape, t = sgd_shape(config, schema), config.train
+    return TrainSettings(
+        sample_rate=shape.sample_rate,
+        steps=shape.steps,
+        noise_multiplier=0.0,
+        max_grad_norm=t.max_grad_norm,
+        clipping=t.clipping,
+        sparsity=t.sparsity,
+        optimizer=t.optimizer,
+        lr=t.lr,
+        checkpoint_every=t.checkpoint_every,
+        expected_batch_size=float(t.batch_size),
+        device=resolve_device(t.device),
+        seed=t.seed,
+        private=False,
+    )
+
+
+def cumulative_epsilon(
+    before: list[Event], sgd: PoissonGaussianEvent, steps: list[int], delta: float
+) -> list[tuple[int, float]]:
+    """The accountant's epsilon after each checkpoint step (`before`: the events spent earlier)."""
+    pld = PLDAccountant()
+    return [
+        (t, pld.epsilon([*before, PoissonGaussianEvent(sgd.sample_rate, sgd.noise_multiplier, t)], delta))
+        for t in steps
+    ]
+
+
+def _argmax_checkpoint(
+    make: Callable[[dict], torch.nn.Module], result: TrainResult, x_val: np.ndarray, config: RunConfig
+) -> list[int]:
+    """Non-private selection: the best clipped validation log-likelihood sum."""
+    lo, hi = config.select.score_low, config.select.score_high
+    ll = loglik_matrix(make, [s for _, s in result.checkpoints], x_val)
+    ll = np.clip(np.nan_to_num(ll, nan=lo, neginf=lo, posinf=hi), lo, hi)
+    return [int(np.argmax(ll.sum(axis=1)))]
+
+
+def fit(
+    config: RunConfig,
+    schema: Schema,
+    codec: Codec,
+    x_train: np.ndarray,
+    x_val: np.ndarray,
+    *,
+    plan: PrivacyPlan | None = None,
+    private: bool = True,
+    spend: Spend | None = None,
+    show_progress: bool = False,
+    as_tasks: bool = False,
+) -> FitResult:
+    """Train the configured flow on encoded rows and choose its checkpoint(s).
+
+    `plan` defaults to the configuration's plan (privacy/run_plan.py); the train flow passes
+    the plan its ledger reserved. `as_tasks` runs the steps as Prefect tasks (inside a flow).
+    """
+    spend = spend if spend is not None else Spend()
+    plan = (plan or run_plan(config, schema)) if private else None
+    make = model_factory(config, codec)
+    model = initial_model(config, codec)
+    mean, std = initialise(model, config, plan, x_train, spend, as_tasks)
+    settings = (
+        settings_for(config.train, plan.stage("train")) if plan is not None else nonprivate_settings(config, schema)
+    )
+    trainer = train_flow_model if as_tasks else train_flow_model.fn
+    spend.start()
+    result = trainer(model, x_train, settings, show_progress)
+    points: list[tuple[int, float]] = []
+    if plan is None:
+        spend.in_mechanism = False
+        chosen = _argmax_checkpoint(make, result, x_val, config)
+    else:
+        assert result.event is not None
+        points = cumulative_epsilon(spend.events, result.event, [s for s, _ in result.checkpoints], plan.delta)
+        spend.add(result.event)
+        stage = plan.stage("select")
+        spend.start()
+        chosen = (select_checkpoints if as_tasks else select_checkpoints.fn)(
+            make, result.checkpoints, x_val, stage, config.select
+        )
+        spend.add(report_noisy_max.rnm_event(per_pick_epsilon(stage), len(chosen)))
+    flows = [make(result.checkpoints[i][1]) for i in chosen]
+    return FitResult(codec, result, settings, chosen, flows, list(spend.events), points, mean, std)
+
+
+__all__ = [
+    "FitResult",
+    "Spend",
+    "cumulative_epsilon",
+    "exact_mog_prior",
+    "exact_statistics",
+    "fit",
+    "initial_model",
+    "initialise",
+    "model_factory",
+    "nonprivate_settings",
+]

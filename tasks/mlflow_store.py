@@ -1,0 +1,339 @@
+"""Everything MLflow, in one place: tracking set-up, the dataset's experiment, what a run
+logs (the release), the registry (versions, tags, aliases), and loading a version back.
+
+What may be logged, and why, is the allowlist in `tasks/release.py` (privacy rule 5); the
+sampler that a registered version runs is the pyfunc in `privflow/sampler.py`. The flows and
+tasks call these functions; nothing else in privflow imports mlflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import mlflow.artifacts
+import torch
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.types import ColSpec
+from mlflow.types import Schema as MLSchema
+from prefect import task
+
+import privflow
+from privflow import models
+from privflow.codec import Codec
+from privflow.config import RunConfig
+from privflow.errors import ModelNotFound
+from privflow.models import build_flow
+from privflow.privacy.events import Event, events_to_json
+from privflow.privacy.plan import PrivacyPlan
+from privflow.schema import Schema
+
+_REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
+# The parts of privflow/ the sampler imports; bundled without the demo data or the CLI.
+_SAMPLER_MODULES = ("__init__.py", "codec.py", "errors.py", "sampler.py", "sampler_model.py", "schema.py")
+PROMOTION_TAG = "privflow.promotion"
+
+# -- tracking ---------------------------------------------------------------------------------
+
+
+def tracking(store: Path) -> str:
+    """Point MLflow at the SQLite store under `store` (or at MLFLOW_TRACKING_URI when an
+    operator set one, e.g. a real tracking server); returns the URI."""
+    store.mkdir(parents=True, exist_ok=True)
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store.resolve() / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return uri
+
+
+def experiment_for(dataset: str, store: Path) -> str:
+    """The dataset's experiment, with artifacts under the store (not ./mlruns of the cwd)."""
+    name = f"privflow-{dataset}"
+    client = MlflowClient()
+    if client.get_experiment_by_name(name) is None:
+        # Against a tracking server, artifacts go through its --artifacts-destination.
+        remote = mlflow.get_tracking_uri().startswith(("http://", "https://"))
+        location = None if remote else (store.resolve() / "artifacts").as_uri()
+        client.create_experiment(name, artifact_location=location)
+    mlflow.set_experiment(name)
+    return name
+
+
+# -- what a run logs (tasks/release.py says why each entry may be there) -------------------------
+
+
+def flat_params(config: RunConfig) -> dict[str, Any]:
+    """The run configuration as `section.field` params."""
+    out: dict[str, Any] = {}
+    for section, values in config.model_dump(mode="json").items():
+        if isinstance(values, dict):
+            out.update({f"{section}.{k}": v for k, v in values.items()})
+        else:
+            out[section] = values
+    return out
+
+
+def log_run_header(config: RunConfig, plan: PrivacyPlan, run_id: str, dataset: str) -> None:
+    """Params, tags and the plan: everything public, logged before any row is read."""
+    mlflow.log_params(flat_params(config))
+    tags = {"privflow.run_id": run_id, "privflow.dataset": dataset, "privflow.code_version": privflow.__version__}
+    if config.evaluate.sampling_seed is not None:
+        tags["privflow.sampling_seed"] = str(config.evaluate.sampling_seed)
+    mlflow.set_tags(tags)
+    mlflow.log_dict(plan.to_dict(), "privacy/plan.json")
+    mlflow.log_metrics({f"plan.{s.name}.epsilon_alone": s.epsilon_alone for s in plan.stages})
+    mlflow.log_metrics({f"plan.{s.name}.share": s.share for s in plan.stages})
+
+
+def log_gate(noisy_failing: float) -> None:
+    """The validation gate's DP count (a mechanism output)."""
+    mlflow.log_metric("gate.noisy_failing_rows", noisy_failing)
+
+
+def log_cumulative_epsilon(points: Iterable[tuple[int, float]]) -> None:
+    """The accountant's epsilon after each checkpoint step (public: planned events composed)."""
+    for step, eps in points:
+        mlflow.log_metric("epsilon_cumulative", eps, step=step)
+
+
+def log_spend(
+    spent: list[Event], epsilon: float, epsilon_rdp: float, delta: float, dataset_epsilon: float, final_step: int
+) -> None:
+    """The accountant's figures and the events they come from."""
+    mlflow.log_metric("epsilon_cumulative", epsilon, step=final_step)
+    mlflow.log_metrics(
+        {"epsilon": epsilon, "delta": delta, "epsilon_rdp": epsilon_rdp, "dataset_epsilon_cumulative": dataset_epsilon}
+    )
+    mlflow.log_text(events_to_json(spent), "privacy/events.json")
+
+
+def log_synthetic(path: Path) -> None:
+    """The synthetic table (sampled from the released model)."""
+    mlflow.log_artifact(str(path), "synthetic")
+
+
+def log_refusal(run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+    """A KILLED run in the current experiment that records a refused run and why."""
+    with mlflow.start_run(run_name=run_name) as run:
+        mlflow.set_tags(tags)
+        mlflow.log_params(params)
+    MlflowClient().set_terminated(run.info.run_id, status="KILLED")
+    return str(run.info.run_id)
+
+
+# -- the registry ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Registered:
+    """The new version, the version holding the alias afterwards, and why."""
+
+    version: str
+    alias_version: str | None
+    promotion: str
+
+
+def signature_for(schema: Schema) -> Any:
+    """The pyfunc signature from the PUBLIC schema (never inferred from rows)."""
+    kinds = {"numeric": "double", "integer": "long"}
+    inputs = MLSchema([ColSpec("long", "n"), ColSpec("long", "seed", required=False)])
+    outputs = MLSchema([ColSpec(kinds.get(c.type, "string"), c.name) for c in schema.columns])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def _sampler_package(tmp: Path) -> str:
+    """A `privflow` package with just what the sampler imports: the table layer and models/."""
+    pkg = tmp / "code" / "privflow"
+    pkg.mkdir(parents=True)
+    for module in _SAMPLER_MODULES:
+        shutil.copy(Path(privflow.__file__).parent / module, pkg / module)
+    shutil.copytree(Path(models.__file__).parent, pkg / "models", ignore=shutil.ignore_patterns("__pycache__"))
+    return str(pkg)
+
+
+def alias_holder(client: MlflowClient, name: str, alias: str) -> str | None:
+    """The version the alias points to, or None when the model or the alias does not exist."""
+    try:
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def _log_generator(name: str, schema: Schema, model_name: str, model_config: dict[str, Any], states: list[dict]) -> str:
+    """Log the checkpoints as a pyfunc sampler ("models from code") and register a version."""
+    with tempfile.TemporaryDirectory() as tmp:
+        artifacts: dict[str, str] = {}
+        for i, state in enumerate(states):
+            path = Path(tmp) / f"checkpoint_{i}.pt"
+            torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
+            artifacts[f"checkpoint_{i}"] = str(path)
+        meta = {
+            "schema": schema.model_dump(mode="json"),
+            "model": {"name": model_name, "config": model_config},
+            "checkpoints": list(artifacts),
+        }
+        (Path(tmp) / "meta.json").write_text(json.dumps(meta))
+        artifacts["meta"] = str(Path(tmp) / "meta.json")
+        info = mlflow.pyfunc.log_model(
+            name="generator",
+            python_model=str(Path(privflow.__file__).parent / "sampler_model.py"),
+            artifacts=artifacts,
+            code_paths=[_sampler_package(Path(tmp))],
+            pip_requirements=_REQUIREMENTS,
+            signature=signature_for(schema),
+            registered_model_name=name,
+        )
+    return str(info.registered_model_version)
+
+
+@task(name="register", retries=2, retry_delay_seconds=2)
+def register_model(
+    name: str,
+    alias: str,
+    schema: Schema,
+    model_name: str,
+    model_config: dict[str, Any],
+    states: list[dict],
+    tags: dict[str, str],
+    promotion: str = "if_better",
+) -> Registered:
+    """Log the selected checkpoint(s) as a pyfunc sampler, register a version, maybe set the alias.
+
+    Safe to retry: it only writes DP outputs (weights chosen by Report-Noisy-Max) and the
+    public schema, so a retry spends no privacy. `if_better` sets the alias here only when no
+    version holds it (no comparison, no cost); otherwise the flow runs the DP comparison.
+    """
+    version = _log_generator(name, schema, model_name, model_config, states)
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    # The registered model carries the dataset's running total too (latest known figure).
+    if "dataset_epsilon_cumulative" in tags:
+        client.set_registered_model_tag(name, "dataset_epsilon_cumulative", tags["dataset_epsilon_cumulative"])
+    holder = alias_holder(client, name, alias)
+    if promotion == "always" or (promotion == "if_better" and holder is None):
+        client.set_registered_model_alias(name, alias, version)
+        why = (
+            "every new version takes it (--promote always)"
+            if promotion == "always"
+            else ("no version held it yet: the first one takes it at no cost")
+        )
+        client.set_model_version_tag(name, version, "promoted", f"alias '{alias}' set: {why}")
+        return Registered(version, version, f"@{alias} moved to v{version}: {why}")
+    if promotion == "never":
+        return Registered(version, holder, f"@{alias} left on {_v(holder)} (--promote never)")
+    return Registered(version, holder, f"@{alias} on {_v(holder)}: awaiting the DP comparison")
+
+
+def _v(version: str | None) -> str:
+    return f"v{version}" if version is not None else "no version"
+
+
+def record_promotion(client: MlflowClient, decision: Any) -> Any:
+    """Tag the candidate with a promotion decision (tasks/promote.py); on promotion, move the
+    alias and tag the old champion."""
+    for key, value in decision.tags().items():
+        client.set_model_version_tag(decision.model_name, decision.candidate_version, key, value)
+    if decision.promoted:
+        client.set_registered_model_alias(decision.model_name, decision.alias, decision.candidate_version)
+        if decision.champion_version is not None and decision.champion_version != decision.candidate_version:
+            client.set_model_version_tag(
+                decision.model_name,
+                decision.champion_version,
+                f"{PROMOTION_TAG}.superseded_by",
+                decision.candidate_version,
+            )
+    return decision
+
+
+# -- loading a version ------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedVersion:
+    """A registered generator's public description and its flows (eval mode, CPU)."""
+
+    version: str
+    schema: Schema
+    flows: list[torch.nn.Module]
+
+
+def load_version(name: str, version: str) -> LoadedVersion:
+    """Rebuild a registered version's flows from its artifacts (meta.json + checkpoints).
+
+    Reads the artifacts directly instead of `mlflow.pyfunc.load_model`, so the bundled copies
+    of `models/` and `privflow/` are not put on sys.path of this process.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=tmp))
+        art = root / "artifacts"
+        meta = json.loads((art / "meta.json").read_text())
+        schema = Schema.model_validate(meta["schema"])
+        codec = Codec.from_schema(schema)
+        flows = []
+        for key in meta["checkpoints"]:
+            flow = build_flow(meta["model"]["name"], codec.cardinalities, **meta["model"]["config"])
+            flow.load_state_dict(torch.load(art / f"{key}.pt", map_location="cpu", weights_only=True))
+            flows.append(flow.eval())
+    return LoadedVersion(version, schema, flows)
+
+
+def model_uri(spec: str) -> str:
+    """NAME@ALIAS -> models:/NAME@ALIAS; NAME/VERSION -> models:/NAME/VERSION."""
+    if "@" in spec:
+        name, alias = spec.split("@", 1)
+        if name and alias:
+            return f"models:/{name}@{alias}"
+    elif "/" in spec:
+        name, version = spec.rsplit("/", 1)
+        if name and version.isdigit():
+            return f"models:/{name}/{version}"
+    raise ModelNotFound(
+        f"'{spec}' is not a model reference: use NAME@ALIAS (e.g. privflow-adult@champion) or NAME/VERSION."
+    )
+
+
+def load_generator(spec: str, store: Path) -> Any:
+    """Load the registered pyfunc sampler from the store's MLflow registry."""
+    uri = model_uri(spec)
+    db = store.resolve() / "mlflow.db"
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        if not db.exists():
+            raise ModelNotFound(f"No MLflow store at '{db}': run `privflow run` (or `privflow demo`) first.")
+        mlflow.set_tracking_uri(f"sqlite:///{db}")
+        mlflow.set_registry_uri(f"sqlite:///{db}")
+    try:
+        return mlflow.pyfunc.load_model(uri)
+    except MlflowException as exc:
+        raise ModelNotFound(f"Model '{spec}' was not found in the registry ({exc.message.splitlines()[0]}).") from None
+
+
+__all__ = [
+    "LoadedVersion",
+    "Registered",
+    "alias_holder",
+    "experiment_for",
+    "flat_params",
+    "load_generator",
+    "load_version",
+    "log_cumulative_epsilon",
+    "log_gate",
+    "log_refusal",
+    "log_run_header",
+    "log_spend",
+    "log_synthetic",
+    "model_uri",
+    "record_promotion",
+    "register_model",
+    "signature_for",
+    "tracking",
+]
