@@ -1,0 +1,175 @@
+"""DP per-column marginals over the public cells: one Gaussian release of every column's histogram.
+
+What is released. For each column j of the schema, the histogram of the rows over the
+column's public cells (`privflow.copula.column_cells`: declared categories; every integer of a
+small integer support, else a fine grid of integer runs; a fine grid of bins for numeric
+columns, on the log1p scale where the schema says so; a null cell for a nullable column).
+The d histograms are concatenated into one count vector and released once with the
+Gaussian mechanism (exact sampler, `privacy.noise` via `gaussian_mechanism`).
+
+Sensitivity (add/remove one row, ARCHITECTURE.md privacy rule 1). Every row lands in exactly
+one cell of every column (out-of-bounds values are clipped to the bounds, null goes to the
+null cell; both are per-row maps fixed by the schema), so adding or removing a row changes d
+coordinates of the count vector by exactly 1 each: L2 sensitivity sqrt(d), L1 sensitivity d
+(`marginals_sensitivity`, `marginals_l1_sensitivity`). The event is
+``GaussianEvent(noise_multiplier)``, noise std = noise_multiplier * sqrt(d) per cell.
+Equivalently, d per-column releases at that std compose in zCDP to d * 1 / (2 nm^2 d) =
+1 / (2 nm^2), the event's rho; tests/privacy/test_dp_marginals.py checks both against
+OpenDP's maps (make_count_by_categories for the per-column stability, make_gaussian for
+the noise).
+
+Post-processing (no privacy cost; uses only the noisy vector and public constants):
+
+1. The row count N is estimated from the d noisy column totals, each unbiased with
+   variance K_j sigma^2 (K_j cells), by their inverse-variance weighted mean, floored at 1.
+   Small categorical columns dominate it, so it is far more accurate than a fine-grid
+   column's own noisy total.
+2. Each column's noisy histogram is projected (Euclidean) onto {c >= 0, sum c = N}:
+   c_k = max(y_k - tau, 0) with tau set so the total is N. This is "Norm-Sub" (Wang et al.
+   2020, "Locally Differentially Private Frequency Estimation with Consistency", NDSS), the
+   least-squares consistent histogram. Why this and not clip-and-renormalise or smoothing:
+   clip-and-renormalise keeps the positive half of the noise in every empty cell, which on a
+   1024-cell grid with few occupied cells spreads a large share of the mass uniformly (mass
+   piling where there is none, e.g. between a loan term's 12/24/36/48/60); the projection
+   subtracts a common threshold tau, so most noise-only cells go to exactly zero while every
+   cell well above the noise (a spike, a point mass at 0) keeps its count minus tau (a loan
+   term on 5 of 49 integer atoms, 5000 rows, epsilon 1: 0.7% of the mass left between the
+   spikes, against 2.7% for clip-and-renormalise; on the Adult demo at epsilon 1 the log-grid
+   capital-gain column is at TVD 0.026 from its histogram, against 0.11). Smoothing or
+   a tree over the grid would blur exactly those spikes (and a hierarchical release would
+   spend more sensitivity, one count per level per column); the grid is already public and
+   fine, so nothing is gained for the columns that matter most.
+3. Divide by N: a probability vector per column (`privflow.copula.Marginals`).
+
+Cost: `dp_marginals_event(noise_multiplier)`; `noise_for_epsilon(epsilon, delta)` calibrates a
+standalone release; the plan stage calibrates its share of the total like dp_stats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from privflow.copula import DEFAULT_GRID_BINS, DEFAULT_MAX_ATOMS, Cells, Marginals, cell_index, schema_cells
+from privflow.privacy.calibration import gaussian_noise_for_epsilon
+from privflow.privacy.events import GaussianEvent
+from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
+from privflow.schema import Schema
+
+
+def marginals_sensitivity(d: int) -> float:
+    """L2 sensitivity of the concatenated count vector of d columns under add/remove: sqrt(d)."""
+    if d < 1:
+        raise ValueError(f"need at least one column, got d={d}")
+    return math.sqrt(d)
+
+
+def marginals_l1_sensitivity(d: int) -> float:
+    """L1 sensitivity of the same vector: d (for a Laplace variant; this module uses Gaussian)."""
+    if d < 1:
+        raise ValueError(f"need at least one column, got d={d}")
+    return float(d)
+
+
+def _offsets(cells: Sequence[Cells]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum([c.n_cells for c in cells])]).astype(np.int64)
+
+
+def marginal_counts(
+    df: pl.DataFrame, schema: Schema, *, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS
+) -> np.ndarray:
+    """The noiseless statistic: every column's cell counts, concatenated in schema order."""
+    cells = schema_cells(schema, max_atoms, grid_bins)
+    off = _offsets(cells)
+    idx = cell_index(df, cells) + off[:-1][None, :]
+    return np.bincount(idx.ravel(), minlength=int(off[-1])).astype(np.float64)
+
+
+def release_marginal_counts(
+    df: pl.DataFrame,
+    schema: Schema,
+    noise_multiplier: float,
+    *,
+    max_atoms: int = DEFAULT_MAX_ATOMS,
+    grid_bins: int = DEFAULT_GRID_BINS,
+) -> np.ndarray:
+    """One Gaussian release of `marginal_counts` (the only step that reads the rows)."""
+    counts = marginal_counts(df, schema, max_atoms=max_atoms, grid_bins=grid_bins)
+    return gaussian_mechanism(counts, marginals_sensitivity(len(schema.columns)), noise_multiplier)
+
+
+def project_to_total(y: np.ndarray, total: float) -> np.ndarray:
+    """Euclidean projection of y onto {c >= 0, sum c = total} (Norm-Sub; Duchi et al. 2008, fig. 1)."""
+    y = np.asarray(y, dtype=np.float64)
+    if not total > 0:
+        raise ValueError(f"total must be positive, got {total}")
+    s = np.sort(y)[::-1]
+    cs = np.cumsum(s) - total
+    j = np.arange(1, s.size + 1)
+    rho = int(np.nonzero(s - cs / j > 0)[0][-1])
+    tau = cs[rho] / (rho + 1)
+    return np.maximum(y - tau, 0.0)
+
+
+def estimated_total(noisy: np.ndarray, cells: Sequence[Cells]) -> float:
+    """Inverse-variance weighted mean of the d noisy column totals (each has variance K_j sigma^2), >= 1."""
+    off = _offsets(cells)
+    sums = np.add.reduceat(np.asarray(noisy, dtype=np.float64), off[:-1])
+    k = np.array([c.n_cells for c in cells], dtype=np.float64)
+    return max(float(np.sum(sums / k) / np.sum(1.0 / k)), 1.0)
+
+
+def marginals_from_counts(
+    noisy: np.ndarray, schema: Schema, *, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS
+) -> Marginals:
+    """Post-processing of the noisy vector into consistent per-column distributions (module docstring)."""
+    cells = schema_cells(schema, max_atoms, grid_bins)
+    off = _offsets(cells)
+    noisy = np.asarray(noisy, dtype=np.float64)
+    if noisy.shape != (int(off[-1]),):
+        raise ValueError(f"expected {int(off[-1])} noisy counts for this schema, got shape {noisy.shape}")
+    total = estimated_total(noisy, cells)
+    probs = {}
+    for j, c in enumerate(cells):
+        probs[c.column] = project_to_total(noisy[off[j] : off[j + 1]], total) / total
+    return Marginals(probs, max_atoms, grid_bins)
+
+
+def dp_marginals(
+    df: pl.DataFrame,
+    schema: Schema,
+    noise_multiplier: float,
+    *,
+    max_atoms: int = DEFAULT_MAX_ATOMS,
+    grid_bins: int = DEFAULT_GRID_BINS,
+) -> Marginals:
+    """DP per-column marginals of a validated typed frame; costs `dp_marginals_event(noise_multiplier)`."""
+    noisy = release_marginal_counts(df, schema, noise_multiplier, max_atoms=max_atoms, grid_bins=grid_bins)
+    return marginals_from_counts(noisy, schema, max_atoms=max_atoms, grid_bins=grid_bins)
+
+
+def dp_marginals_event(noise_multiplier: float) -> GaussianEvent:
+    """One Gaussian release of the whole count vector at L2 sensitivity sqrt(d)."""
+    return gaussian_event(noise_multiplier)
+
+
+def noise_for_epsilon(epsilon: float, delta: float) -> float:
+    """Multiplier for a standalone (epsilon, delta) on this one release (analytic Gaussian)."""
+    return gaussian_noise_for_epsilon(epsilon, delta)
+
+
+__all__ = [
+    "dp_marginals",
+    "dp_marginals_event",
+    "estimated_total",
+    "marginal_counts",
+    "marginals_from_counts",
+    "marginals_l1_sensitivity",
+    "marginals_sensitivity",
+    "noise_for_epsilon",
+    "project_to_total",
+    "release_marginal_counts",
+]
