@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -141,7 +141,7 @@ def schema_2d(name: str, expected_rows: int) -> Schema:
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def standardisation(name: str) -> tuple[tuple[float, float], tuple[float, float]]:
     """Population (mean, std) per axis of the truncated density, from 10^6 reference draws."""
     ref = generate(name, _REFERENCE_ROWS, _REFERENCE_SEED)
@@ -177,7 +177,7 @@ class BenchmarkData:
     nll_offset: float = 0.0
 
     @cached_property
-    def codec(self) -> "Codec":
+    def codec(self) -> Codec:
         """The schema-only codec of this dataset (privflow/codec.py)."""
         from privflow.codec import Codec
 

@@ -56,7 +56,7 @@ class Site:
     limit: int = 1  # flow runs at a time in `serve` (a 2-core box trains one model at a time)
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> "Site":
+    def from_env(cls, **overrides: Any) -> Site:
         env = os.environ
         values: dict[str, Any] = {
             "schema": Path(env.get("PRIVFLOW_SCHEMA", _demo("adult.yaml"))),
@@ -186,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     from privflow import env
 
     site = Site.from_env(
-        schema=args.schema, watch_folder=args.watch_folder, store=args.store, config=args.config,
-        train_data=args.train_data, cron=args.cron,
+        schema=args.schema,
+        watch_folder=args.watch_folder,
+        store=args.store,
+        config=args.config,
+        train_data=args.train_data,
+        cron=args.cron,
     )
     env.configure(site.store)
     if args.command == "serve":

@@ -17,11 +17,36 @@ __all__ = ["DPHFlow", "MAF", "TabularFlow", "build_flow", "FLOW_OPTIONS"]
 
 # Options each family takes (ModelConfig field names plus a few model-only knobs).
 FLOW_OPTIONS: dict[str, frozenset[str]] = {
-    "maf": frozenset({"blocks", "hidden", "hidden_layers", "dequantization", "prior", "mog_components",
-                      "logit_alpha", "deq_components"}),
-    "dphflow": frozenset({"blocks", "hidden", "hidden_layers", "spline_bins", "spline_bound", "linear", "rank",
-                          "embed_dim", "dequantization", "prior", "mog_components", "logit_alpha",
-                          "deq_components", "seed"}),
+    "maf": frozenset(
+        {
+            "blocks",
+            "hidden",
+            "hidden_layers",
+            "dequantization",
+            "prior",
+            "mog_components",
+            "logit_alpha",
+            "deq_components",
+        }
+    ),
+    "dphflow": frozenset(
+        {
+            "blocks",
+            "hidden",
+            "hidden_layers",
+            "spline_bins",
+            "spline_bound",
+            "linear",
+            "rank",
+            "embed_dim",
+            "dequantization",
+            "prior",
+            "mog_components",
+            "logit_alpha",
+            "deq_components",
+            "seed",
+        }
+    ),
 }
 # ModelConfig fields that concern another family or DP-EM only: accepted and ignored.
 _IGNORED = frozenset({"spline_bins", "spline_bound", "linear", "rank", "mog_iterations", "seed"})

@@ -13,7 +13,6 @@ Subclasses implement ``body_forward``, ``body_inverse``, ``first_actnorm`` and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-
 from typing import Any, Literal
 
 import torch
@@ -139,8 +138,9 @@ class TabularFlow(nn.Module, ABC):
         self.first_actnorm().initialize(mean, std)
 
     @torch.no_grad()
-    def set_prior(self, weights: Tensor, means: Tensor, stds: Tensor,
-                  space: Literal["preprocessed", "base"] = "preprocessed") -> None:
+    def set_prior(
+        self, weights: Tensor, means: Tensor, stds: Tensor, space: Literal["preprocessed", "base"] = "preprocessed"
+    ) -> None:
         """Install a DP mixture-of-Gaussians base (DP-NF App. B.2).
 
         With space="preprocessed" (the default: DP-EM runs on ``preprocess`` output) the mixture
@@ -161,6 +161,16 @@ class TabularFlow(nn.Module, ABC):
         self.prior.set(weights, means, stds)
 
     @torch.no_grad()
+    def from_base(self, z: Tensor) -> Tensor:
+        """Base-space draws z [n, d] -> rows in the encoded space (the deterministic half of
+        ``sample``: a caller may draw z from its generator and map slices of it in parallel)."""
+        v = self.inverse_transform(z).clamp(0.0, 1.0)
+        for i in self.cat_idx:
+            k = self.cardinalities[i]
+            v[:, i] = torch.floor(v[:, i] * k).clamp(0, k - 1)  # type: ignore[operator]
+        return v
+
+    @torch.no_grad()
     def sample(self, n: int, generator: torch.Generator | None = None, batch_size: int = 4096) -> Tensor:
         """n rows in the encoded space: continuous in [0, 1], categoricals as integer codes."""
         p = next(self.parameters(), None)
@@ -169,13 +179,7 @@ class TabularFlow(nn.Module, ABC):
         out = []
         for start in range(0, n, batch_size):
             m = min(batch_size, n - start)
-            z = self.prior.sample(m, generator, dtype=dtype, device=device)
-            v = self.inverse_transform(z)
-            v = v.clamp(0.0, 1.0)
-            for i in self.cat_idx:
-                k = self.cardinalities[i]
-                v[:, i] = torch.floor(v[:, i] * k).clamp(0, k - 1)  # type: ignore[operator]
-            out.append(v)
+            out.append(self.from_base(self.prior.sample(m, generator, dtype=dtype, device=device)))
         if not out:
             return torch.empty(0, self.d, dtype=dtype, device=device)
         return torch.cat(out)

@@ -99,8 +99,9 @@ def logistic_mixture_cdf(x: Tensor, logits: Tensor, means: Tensor, log_scales: T
     return cdf, log_pdf
 
 
-def logistic_mixture_inverse_cdf(u: Tensor, logits: Tensor, means: Tensor, log_scales: Tensor,
-                                 iterations: int = 100) -> Tensor:
+def logistic_mixture_inverse_cdf(
+    u: Tensor, logits: Tensor, means: Tensor, log_scales: Tensor, iterations: int = 100
+) -> Tensor:
     """Invert F_LMCDF by bisection (monotone); used only to test and to recover eps."""
     scale = torch.exp(log_scales).amax(-1)
     lo = means.amin(-1) - 40.0 * scale
@@ -122,8 +123,9 @@ class VariationalDequantizer(_PlainTensors):
 
     _plain = ("cards", "offsets")
 
-    def __init__(self, cardinalities: list[int], hidden: int = 64, components: int = 4,
-                 log_scale_bound: float = 7.0) -> None:
+    def __init__(
+        self, cardinalities: list[int], hidden: int = 64, components: int = 4, log_scale_bound: float = 7.0
+    ) -> None:
         super().__init__()
         self.cardinalities = list(cardinalities)
         self.d_c = len(self.cardinalities)
@@ -138,8 +140,9 @@ class VariationalDequantizer(_PlainTensors):
         object.__setattr__(self, "offsets", offsets)
         self.one_hot_dim = int(sum(self.cardinalities))
         self.nn_phi = nn.Sequential(nn.Linear(self.one_hot_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
-        self.nn_psi = nn.Sequential(nn.Linear(self.split + hidden, hidden), nn.ReLU(),
-                                    nn.Linear(hidden, self.d2 * 3 * components))
+        self.nn_psi = nn.Sequential(
+            nn.Linear(self.split + hidden, hidden), nn.ReLU(), nn.Linear(hidden, self.d2 * 3 * components)
+        )
         with torch.no_grad():  # start at pi uniform, mu = 0, s = 0: u2 = sigmoid(eps2)
             self.nn_psi[-1].weight.mul_(0.01)
             self.nn_psi[-1].bias.zero_()
@@ -159,7 +162,7 @@ class VariationalDequantizer(_PlainTensors):
     def flow(self, eps: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         """eps -> u in (0, 1)^{d_c} and log|du/deps| (per row), given the codes x."""
         r = self.nn_phi(self.one_hot(x))
-        eps1, eps2 = eps[:, : self.split], eps[:, self.split:]
+        eps1, eps2 = eps[:, : self.split], eps[:, self.split :]
         logits, means, log_scales = self._mixture(eps1, r)
         u2, log_pdf = logistic_mixture_cdf(eps2, logits, means, log_scales)
         u1 = torch.sigmoid(eps1)
@@ -169,7 +172,7 @@ class VariationalDequantizer(_PlainTensors):
     def inverse(self, u: Tensor, x: Tensor) -> Tensor:
         """u -> eps (logit for u1, bisection through the mixture CDF for u2)."""
         r = self.nn_phi(self.one_hot(x))
-        u1, u2 = u[:, : self.split], u[:, self.split:]
+        u1, u2 = u[:, : self.split], u[:, self.split :]
         eps1 = torch.log(u1) - torch.log1p(-u1)
         logits, means, log_scales = self._mixture(eps1, r)
         return torch.cat([eps1, logistic_mixture_inverse_cdf(u2, logits, means, log_scales)], dim=1)

@@ -17,21 +17,30 @@ from torch import Tensor, nn
 from privflow.models.base import TabularFlow
 from privflow.models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear
 from privflow.models.made import MADE, IncrementalMADE
-from privflow.models.spline import rational_quadratic_spline, spline_params_per_feature
+from privflow.models.spline import rational_quadratic_spline, rq_spline_inverse_t, spline_params_per_feature
 
 
 class ConditionalSplineAutoregressive(nn.Module):
     """g_spl(x)_i = S_i(x_i; theta_i), theta = NN_nu(x, q(j)) with MADE masks (theta_i sees x_<i)."""
 
-    def __init__(self, d: int, blocks: int, hidden: int, bins: int = 8, bound: float = 4.0,
-                 embed_dim: int = 8, hidden_layers: int = 2) -> None:
+    def __init__(
+        self,
+        d: int,
+        blocks: int,
+        hidden: int,
+        bins: int = 8,
+        bound: float = 4.0,
+        embed_dim: int = 8,
+        hidden_layers: int = 2,
+    ) -> None:
         super().__init__()
         self.d = d
         self.bins = bins
         self.bound = bound
         self.embedding = BlockEmbedding(blocks, embed_dim)
-        self.made = MADE(d, hidden, spline_params_per_feature(bins), context_features=embed_dim,
-                         hidden_layers=hidden_layers)
+        self.made = MADE(
+            d, hidden, spline_params_per_feature(bins), context_features=embed_dim, hidden_layers=hidden_layers
+        )
 
     def _context(self, block: int, like: Tensor) -> Tensor:
         # Tensor-form call so opacus' activation hooks see a tensor (see BlockEmbedding).
@@ -39,8 +48,9 @@ class ConditionalSplineAutoregressive(nn.Module):
 
     def _spline(self, x: Tensor, p: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
         k = self.bins
-        return rational_quadratic_spline(x, p[..., :k], p[..., k:2 * k], p[..., 2 * k:], inverse=inverse,
-                                         bound=self.bound)
+        return rational_quadratic_spline(
+            x, p[..., :k], p[..., k : 2 * k], p[..., 2 * k :], inverse=inverse, bound=self.bound
+        )
 
     def forward(self, x: Tensor, block: int) -> tuple[Tensor, Tensor]:
         z, ld = self._spline(x, self.made(x, self._context(block, x)), inverse=False)
@@ -48,9 +58,9 @@ class ConditionalSplineAutoregressive(nn.Module):
 
     def inverse(self, z: Tensor, block: int) -> Tensor:
         """Sequential inversion: d passes of the MADE, dimension i fixed at pass i."""
-        x = torch.zeros_like(z)
         context = self._context(block, z[:1])  # one row: the context is the same for every example
         if torch.is_grad_enabled():  # keep the plain form where gradients are needed (tests, autograd)
+            x = torch.zeros_like(z)
             context = context.expand(z.shape[0], -1)
             for i in range(self.d):
                 p = self.made(x, context)[:, i]
@@ -59,11 +69,16 @@ class ConditionalSplineAutoregressive(nn.Module):
                 x[:, i] = out
             return x
         # Sampling: incremental MADE (each hidden unit computed once, models.made.IncrementalMADE)
+        # Transposed layout (features first): every pass reads and writes contiguous rows.
         inc = IncrementalMADE(self.made, context)
+        z_t = z.T.contiguous()
+        x_t = torch.zeros_like(z_t)
         hs = inc.start(z.shape[0], z)
+        k = self.bins
         for i in range(self.d):
-            x[:, i] = self._spline(z[:, i], inc.step(i, x, hs), inverse=True)[0]
-        return x
+            p = inc.step(i, x_t, hs)  # [3K - 1, n]: bins-first, for rq_spline_inverse_t
+            x_t[i] = rq_spline_inverse_t(z_t[i], p[:k], p[k : 2 * k], p[2 * k :], bound=self.bound)
+        return x_t.T
 
 
 class DPHFlow(TabularFlow):
@@ -88,9 +103,16 @@ class DPHFlow(TabularFlow):
         seed: int = 0,
         config: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(cardinalities, hidden=hidden, dequantization=dequantization, prior=prior,
-                         mog_components=mog_components, logit_alpha=logit_alpha,
-                         deq_components=deq_components, config=config)
+        super().__init__(
+            cardinalities,
+            hidden=hidden,
+            dequantization=dequantization,
+            prior=prior,
+            mog_components=mog_components,
+            logit_alpha=logit_alpha,
+            deq_components=deq_components,
+            config=config,
+        )
         self.blocks = blocks
         self.actnorm = ActNorm(self.d)
         if linear == "lu":
@@ -101,8 +123,9 @@ class DPHFlow(TabularFlow):
             self.linears = None
         else:
             raise ValueError(f"unknown linear flow '{linear}'")
-        self.spline = ConditionalSplineAutoregressive(self.d, blocks, hidden, spline_bins, spline_bound,
-                                                      embed_dim, hidden_layers)
+        self.spline = ConditionalSplineAutoregressive(
+            self.d, blocks, hidden, spline_bins, spline_bound, embed_dim, hidden_layers
+        )
 
     def first_actnorm(self) -> ActNorm:
         return self.actnorm

@@ -12,7 +12,7 @@ Each bijective layer has ``forward(x) -> (z, logdet[n])`` (data -> noise directi
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -23,7 +23,7 @@ class _PlainTensors(nn.Module):
 
     _plain: tuple[str, ...] = ()
 
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> "nn.Module":  # type: ignore[override]
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> nn.Module:  # type: ignore[override]
         super()._apply(fn, recurse)
         for name in self._plain:
             value = getattr(self, name)

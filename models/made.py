@@ -110,31 +110,38 @@ class IncrementalMADE:
         self.bounds = bounds  # units of degree i: [bounds[i], bounds[i + 1]) after reordering
         w = [(m.weight * m.mask.to(m.weight)).detach() for m in linears]
         b = [m.bias.detach() for m in linears]
-        w = [wk[order] if k == 0 else (wk[:, order] if k == len(w) - 1 else wk[order][:, order]) for k, wk in enumerate(w)]
+        w = [
+            wk[order] if k == 0 else (wk[:, order] if k == len(w) - 1 else wk[order][:, order])
+            for k, wk in enumerate(w)
+        ]
         b = [bk[order] if k < len(b) - 1 else bk for k, bk in enumerate(b)]
         self.hidden = w[0].shape[0]
-        self.w_in = w[0][:, :d].T.contiguous()  # [d, hidden]
+        # Everything is kept transposed (features / units first, examples last): each pass
+        # then reads and writes contiguous rows, and every product is [k, m] @ [m, n], n large.
+        self.w_in = w[0][:, :d].contiguous()  # [hidden, d]
         if context is not None and made.context_features:
-            self.base = context @ w[0][:, d:].T + b[0]  # [rows or 1, hidden]
+            self.base = (context[:1] @ w[0][:, d:].T + b[0]).T.contiguous()  # [hidden, 1]
         else:
-            self.base = b[0].reshape(1, -1)
-        self.w_mid = [wk.T.contiguous() for wk in w[1:-1]]  # [hidden, hidden], columns = units
-        self.b_mid = b[1:-1]
-        self.w_out = [w[-1][i * self.p : (i + 1) * self.p].T.contiguous() for i in range(d)]
-        self.b_out = [b[-1][i * self.p : (i + 1) * self.p] for i in range(d)]
+            self.base = b[0].reshape(-1, 1)
+        self.w_mid = [wk.contiguous() for wk in w[1:-1]]  # [hidden, hidden]
+        self.b_mid = [bk.reshape(-1, 1) for bk in b[1:-1]]
+        self.w_out = [w[-1][i * self.p : (i + 1) * self.p].contiguous() for i in range(d)]  # [P, hidden]
+        self.b_out = [b[-1][i * self.p : (i + 1) * self.p, None] for i in range(d)]  # [P, 1]
 
     def start(self, n: int, like: Tensor) -> list[Tensor]:
-        """Hidden states (one [n, hidden] per hidden layer), filled in pass by pass."""
-        return [torch.zeros(n, self.hidden, dtype=like.dtype, device=like.device) for _ in range(1 + len(self.w_mid))]
+        """Hidden states, transposed (one [hidden, n] per hidden layer), filled pass by pass."""
+        return [torch.zeros(self.hidden, n, dtype=like.dtype, device=like.device) for _ in range(1 + len(self.w_mid))]
 
-    def step(self, i: int, x: Tensor, hs: list[Tensor]) -> Tensor:
-        """Output block i [n, out_per_feature] given x[:, :i] final (x[:, i:] is ignored)."""
+    def step(self, i: int, x_t: Tensor, hs: list[Tensor]) -> Tensor:
+        """Output block i as [out_per_feature, n], given the inputs transposed, x_t [d, n], with
+        rows :i final (rows i: are ignored). The context is the same for every example."""
         lo, hi = self.bounds[i], self.bounds[i + 1]
         if hi > lo:
-            base = self.base[:, lo:hi]
-            pre = torch.addmm(base, x[:, :i], self.w_in[:i, lo:hi]) if i else base.expand(x.shape[0], -1)
-            hs[0][:, lo:hi] = self.act(pre)
+            base = self.base[lo:hi]
+            pre = torch.addmm(base, self.w_in[lo:hi, :i], x_t[:i]) if i else base.expand(-1, x_t.shape[1])
+            hs[0][lo:hi] = self.act(pre)
             for k, (wk, bk) in enumerate(zip(self.w_mid, self.b_mid)):
                 # units of degree i see units of degree <= i only (the rest of the row is masked)
-                hs[k + 1][:, lo:hi] = self.act(torch.addmm(bk[lo:hi], hs[k][:, :hi], wk[:hi, lo:hi]))
-        return torch.addmm(self.b_out[i], hs[-1][:, : self.bounds[i + 1]], self.w_out[i][: self.bounds[i + 1]])
+                hs[k + 1][lo:hi] = self.act(torch.addmm(bk[lo:hi], wk[lo:hi, :hi], hs[k][:hi]))
+        h = self.bounds[i + 1]  # output block i sees hidden units of degree <= i only
+        return torch.addmm(self.b_out[i], self.w_out[i][:, :h], hs[-1][:h])

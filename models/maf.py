@@ -63,12 +63,20 @@ class MAF(TabularFlow):
         deq_components: int = 4,
         config: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(cardinalities, hidden=hidden, dequantization=dequantization, prior=prior,
-                         mog_components=mog_components, logit_alpha=logit_alpha,
-                         deq_components=deq_components, config=config)
+        super().__init__(
+            cardinalities,
+            hidden=hidden,
+            dequantization=dequantization,
+            prior=prior,
+            mog_components=mog_components,
+            logit_alpha=logit_alpha,
+            deq_components=deq_components,
+            config=config,
+        )
         self.actnorms = nn.ModuleList(ActNorm(self.d) for _ in range(blocks))
         self.transforms = nn.ModuleList(
-            MaskedAffineAutoregressive(self.d, hidden, hidden_layers) for _ in range(blocks))
+            MaskedAffineAutoregressive(self.d, hidden, hidden_layers) for _ in range(blocks)
+        )
 
     def first_actnorm(self) -> ActNorm:
         return self.actnorms[0]
@@ -82,7 +90,7 @@ class MAF(TabularFlow):
     def body_forward(self, y: Tensor) -> tuple[Tensor, Tensor]:
         logdet = torch.zeros(y.shape[0], dtype=y.dtype, device=y.device)
         h = y
-        for act, tr in zip(self.actnorms, self.transforms):
+        for act, tr in zip(self.actnorms, self.transforms, strict=False):
             h, ld_a = act(h)
             h, ld_t = tr(h)
             h = h.flip(1)
@@ -91,6 +99,6 @@ class MAF(TabularFlow):
 
     def body_inverse(self, z: Tensor) -> Tensor:
         h = z
-        for act, tr in zip(reversed(self.actnorms), reversed(self.transforms)):
+        for act, tr in zip(reversed(self.actnorms), reversed(self.transforms), strict=False):
             h = act.inverse(tr.inverse(h.flip(1)))
         return h

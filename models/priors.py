@@ -27,8 +27,14 @@ class StandardNormal(nn.Module):
     def log_prob(self, z: Tensor) -> Tensor:
         return -0.5 * (z.pow(2).sum(1) + self.d * _LOG_2PI)
 
-    def sample(self, n: int, generator: torch.Generator | None = None, *, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu") -> Tensor:
+    def sample(
+        self,
+        n: int,
+        generator: torch.Generator | None = None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> Tensor:
         return torch.randn(n, self.d, generator=generator, dtype=torch.float64).to(dtype=dtype, device=device)
 
 
@@ -52,7 +58,9 @@ class MixtureOfGaussians(nn.Module):
         """Install mixture parameters (weights renormalised to sum 1, stds floored)."""
         k = weights.shape[0]
         if means.shape != (k, self.d) or stds.shape != (k, self.d):
-            raise ValueError(f"expected means/stds of shape ({k}, {self.d}), got {tuple(means.shape)}, {tuple(stds.shape)}")
+            raise ValueError(
+                f"expected means/stds of shape ({k}, {self.d}), got {tuple(means.shape)}, {tuple(stds.shape)}"
+            )
         w = weights.to(self.weights).clamp_min(0.0)
         if not float(w.sum()) > 0.0:
             raise ValueError("mixture weights must have a positive sum")
@@ -66,15 +74,29 @@ class MixtureOfGaussians(nn.Module):
         comp = -0.5 * (diff.pow(2) + _LOG_2PI).sum(-1) - torch.log(self.stds).sum(-1)
         return torch.logsumexp(comp + torch.log(self.weights), dim=1)
 
-    def sample(self, n: int, generator: torch.Generator | None = None, *, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu") -> Tensor:
+    def sample(
+        self,
+        n: int,
+        generator: torch.Generator | None = None,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> Tensor:
         k = torch.multinomial(self.weights.cpu().double(), n, replacement=True, generator=generator)
         eps = torch.randn(n, self.d, generator=generator, dtype=torch.float64)
         z = self.means.cpu().double()[k] + self.stds.cpu().double()[k] * eps
         return z.to(dtype=dtype, device=device)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,  # type: ignore[override]
-                              unexpected_keys, error_msgs) -> None:
+    def _load_from_state_dict(
+        self,
+        state_dict,
+        prefix,
+        local_metadata,
+        strict,
+        missing_keys,  # type: ignore[override]
+        unexpected_keys,
+        error_msgs,
+    ) -> None:
         """Accept a saved mixture with a different number of components (resize before copying)."""
         key = prefix + "weights"
         if key in state_dict and state_dict[key].shape[0] != self.weights.shape[0]:
@@ -83,5 +105,6 @@ class MixtureOfGaussians(nn.Module):
             self.weights = torch.empty(k, dtype=self.weights.dtype, device=self.weights.device)
             self.means = torch.empty(k, self.d, dtype=self.means.dtype, device=self.means.device)
             self.stds = torch.empty(k, self.d, dtype=self.stds.dtype, device=self.stds.device)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )

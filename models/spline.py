@@ -114,3 +114,58 @@ def rational_quadratic_spline(
     out = torch.where(inside, y, x)
     logdet = logdet.masked_fill(~inside, 0.0)
     return out, logdet
+
+
+def _knots_t(unnormalized: Tensor, bound: float, min_size: float) -> Tensor:
+    """``_knots`` for parameters laid out [K, n] (bins first): [K+1, n]. Reductions over the K
+    rows are then elementwise operations on length-n rows (vectorised over the examples)."""
+    bins = unnormalized.shape[0]
+    if min_size * bins > 1.0:
+        raise ValueError("minimal bin size too large for the number of bins")
+    e = torch.exp(unnormalized - unnormalized.amax(dim=0, keepdim=True))
+    sizes = min_size + (1.0 - min_size * bins) * (e / e.sum(dim=0, keepdim=True))
+    cum = torch.cumsum(sizes, dim=0)
+    edge = torch.zeros_like(cum[:1])
+    cum = torch.cat([edge, cum[:-1], edge + 1.0], dim=0)
+    return 2.0 * bound * cum - bound
+
+
+def rq_spline_inverse_t(
+    x: Tensor,
+    widths_t: Tensor,
+    heights_t: Tensor,
+    derivatives_t: Tensor,
+    bound: float = 4.0,
+    min_bin_width: float = DEFAULT_MIN_BIN_WIDTH,
+    min_bin_height: float = DEFAULT_MIN_BIN_HEIGHT,
+    min_derivative: float = DEFAULT_MIN_DERIVATIVE,
+) -> Tensor:
+    """The inverse of ``rational_quadratic_spline`` for one feature (x [n]) with its raw
+    parameters laid out bins-first (widths/heights [K, n], derivatives [K-1, n]): the same
+    formulas, for sampling, where it runs once per feature and block. The bins-first layout
+    turns softmax, cumsum and the bin search over K ~ 8 into operations on rows of length n
+    (several times faster on CPU than reductions over a last axis of 8). No log-determinant."""
+    inside = (x >= -bound) & (x <= bound)
+    xc = x.clamp(-bound, bound)
+    bins = widths_t.shape[0]
+    cumwidths = _knots_t(widths_t, bound, min_bin_width)
+    cumheights = _knots_t(heights_t, bound, min_bin_height)
+    # searchsorted(right=True) - 1, clamped: knot 0 is exactly -B <= xc, so count the others
+    idx = (cumheights[1:] <= xc).sum(0).clamp_(max=bins - 1)[None]
+    x_k, x_k1 = cumwidths.gather(0, idx)[0], cumwidths.gather(0, idx + 1)[0]
+    y_k, y_k1 = cumheights.gather(0, idx)[0], cumheights.gather(0, idx + 1)[0]
+    w_k, h_k = x_k1 - x_k, y_k1 - y_k
+    edge = torch.zeros_like(derivatives_t[:1])
+    raw = torch.cat([edge, derivatives_t, edge], dim=0)
+    shift = _identity_shift(min_derivative)
+    d_k = min_derivative + F.softplus(raw.gather(0, idx)[0] + shift)
+    d_k1 = min_derivative + F.softplus(raw.gather(0, idx + 1)[0] + shift)
+    s_k = h_k / w_k
+    curv = d_k + d_k1 - 2.0 * s_k
+    dy = xc - y_k
+    a = h_k * (s_k - d_k) + dy * curv
+    b = h_k * d_k - dy * curv
+    c = -s_k * dy
+    disc = (b.pow(2) - 4.0 * a * c).clamp_min(0.0)
+    xi = (2.0 * c / (-b - torch.sqrt(disc))).clamp(0.0, 1.0)
+    return torch.where(inside, xi * w_k + x_k, x)

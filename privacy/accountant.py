@@ -101,8 +101,9 @@ def _pld_of(event: Event, h: float):  # noqa: ANN202 - dp-accounting's own type
 def _poisson_pld(event: PoissonGaussianEvent, h: float):  # noqa: ANN202
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    one = pld.from_gaussian_mechanism(event.noise_multiplier, sampling_prob=event.sample_rate,
-                                      value_discretization_interval=h)
+    one = pld.from_gaussian_mechanism(
+        event.noise_multiplier, sampling_prob=event.sample_rate, value_discretization_interval=h
+    )
     return one.self_compose(event.steps)
 
 

@@ -87,4 +87,3 @@ def _smallest_meeting(ok: Callable[[float], bool], lo: float, limit: float) -> f
 
 
 __all__ = ["epsilon_for_gaussian", "gaussian_delta", "gaussian_noise_for_epsilon"]
-

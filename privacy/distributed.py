@@ -56,7 +56,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from privflow.privacy.events import PoissonGaussianEvent, event_to_dict
+from privflow.models import build_flow
+from privflow.privacy.events import PoissonGaussianEvent, event_from_dict, event_to_dict
+from privflow.privacy.grad_samplers import Tape, materialise, param_layers
+from privflow.privacy.ledger import Ledger
+from privflow.privacy.noise import dequantization_noise, independent_seeds, log_prob_with
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class DistributedSettings:
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
 
     @classmethod
-    def for_rows(cls, public_rows: int, global_batch: float, **kw: Any) -> "DistributedSettings":
+    def for_rows(cls, public_rows: int, global_batch: float, **kw: Any) -> DistributedSettings:
         """q from the PUBLIC row count (the schema's expected_rows), never the private one."""
         return cls(sample_rate=min(1.0, global_batch / public_rows), expected_batch_size=float(global_batch), **kw)
 
@@ -120,9 +124,7 @@ def global_poisson_mask(n: int, sample_rate: float, generator: torch.Generator) 
     return torch.rand(n, generator=generator) < sample_rate
 
 
-def per_example_gradients(
-    model: nn.Module, batch: Tensor, noise: Tensor | None = None
-) -> dict[nn.Parameter, Tensor]:
+def per_example_gradients(model: nn.Module, batch: Tensor, noise: Tensor | None = None) -> dict[nn.Parameter, Tensor]:
     """grad of -log_prob(x_i) for every example i and trainable parameter, [b, *shape].
 
     Uses the project's recording tape and grad samplers (privacy/grad_samplers), which keep
@@ -130,9 +132,6 @@ def per_example_gradients(
     in the forward pass gets zeros. ``noise``: the rows' dequantization noise (explicit, so
     no global RNG is drawn from).
     """
-    from privflow.privacy.noise import log_prob_with
-
-    from privflow.privacy.grad_samplers import Tape, materialise, param_layers
 
     params = [p for p in model.parameters() if p.requires_grad]
     b = int(batch.shape[0])
@@ -176,13 +175,15 @@ def train_distributed(model: nn.Module, data: Tensor, settings: DistributedSetti
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
     from opacus.optimizers import DistributedDPOptimizer
 
-    from privflow.privacy.noise import dequantization_noise, independent_seeds
-
     rank, world = dist.get_rank(), dist.get_world_size()
     device = next(model.parameters()).device
     ddp = DPDDP(model)  # broadcasts rank 0's initial weights
     params = [p for p in ddp.module.parameters() if p.requires_grad]
-    base = torch.optim.Adam(params, lr=settings.lr) if settings.optimizer == "adam" else torch.optim.SGD(params, lr=settings.lr)
+    base = (
+        torch.optim.Adam(params, lr=settings.lr)
+        if settings.optimizer == "adam"
+        else torch.optim.SGD(params, lr=settings.lr)
+    )
     noise_gen = _generator(settings.noise_seed if settings.noise_seed is not None else fresh_seed(), device)
     optimizer = DistributedDPOptimizer(
         base,
@@ -217,7 +218,9 @@ def train_distributed(model: nn.Module, data: Tensor, settings: DistributedSetti
         result.local_batch_sizes.append(int(local.numel()))
         result.steps = step
         if rank == 0 and (step % settings.checkpoint_every == 0 or step == settings.steps):
-            result.checkpoints.append((step, {k: v.detach().to("cpu", copy=True) for k, v in ddp.module.state_dict().items()}))
+            result.checkpoints.append(
+                (step, {k: v.detach().to("cpu", copy=True) for k, v in ddp.module.state_dict().items()})
+            )
 
     flat = torch.cat([p.detach().reshape(-1) for p in params]) if params else torch.zeros(1, device=device)
     ref = flat.clone()
@@ -240,8 +243,6 @@ def train_distributed(model: nn.Module, data: Tensor, settings: DistributedSetti
 
 
 def _job_model(job: dict[str, Any]) -> nn.Module:
-    from privflow.models import build_flow
-
     torch.manual_seed(int(job["settings"].get("seed", 0)))
     model = build_flow(job["model"]["name"], job["cardinalities"], **job["model"].get("config", {}))
     if job.get("init_state"):
@@ -288,8 +289,15 @@ def run_job(job_path: str | Path) -> DistributedResult:
         (out / f"rank{result.rank}.json").write_text(json.dumps(info))
         if result.rank == 0:
             state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-            torch.save({"state": state, "checkpoints": result.checkpoints, "event": info["event"],
-                        "settings": asdict(settings)}, out / "result.pt")
+            torch.save(
+                {
+                    "state": state,
+                    "checkpoints": result.checkpoints,
+                    "event": info["event"],
+                    "settings": asdict(settings),
+                },
+                out / "result.pt",
+            )
         dist.barrier()
         return result
     finally:
@@ -333,8 +341,6 @@ def launch(
     event on success, abandons the reservation if a worker had started reading rows when the
     run failed, and releases it if none had.
     """
-    from privflow.privacy.events import event_from_dict
-    from privflow.privacy.ledger import Ledger
 
     job = json.loads(Path(job_path).read_text())
     settings = DistributedSettings(**job["settings"])
@@ -348,8 +354,17 @@ def launch(
     def started() -> bool:
         return out.exists() and any(out.glob("started.rank*"))
 
-    cmd = [python or sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={int(nproc)}",
-           "-m", "privflow.privacy.distributed", "--job", str(job_path)]
+    cmd = [
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={int(nproc)}",
+        "-m",
+        "privflow.privacy.distributed",
+        "--job",
+        str(job_path),
+    ]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except BaseException:

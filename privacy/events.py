@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class RepeatedEvent:
     """The same event applied `count` times in sequence (DP-EM iterations, top-k selection)."""
 
     kind: ClassVar[str] = "repeated"
-    event: "Event"
+    event: Event
     count: int
 
     def __post_init__(self) -> None:
@@ -84,7 +84,7 @@ class NonPrivateEvent:
     reason: str
 
 
-Event = Union[GaussianEvent, LaplaceEvent, PoissonGaussianEvent, PureDPEvent, RepeatedEvent, NonPrivateEvent]
+Event = GaussianEvent | LaplaceEvent | PoissonGaussianEvent | PureDPEvent | RepeatedEvent | NonPrivateEvent
 
 _KINDS: dict[str, type] = {
     cls.kind: cls

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from privflow.errors import BudgetExceeded, PrivacyPlanError
 from privflow.privacy.accountant import PLDAccountant
 from privflow.privacy.events import (
     Event,
@@ -35,7 +36,6 @@ from privflow.privacy.events import (
     events_to_json,
     flatten,
 )
-from privflow.errors import BudgetExceeded, PrivacyPlanError
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,20 @@ _STATUS_LABEL = {"reserved": "reserved (open)", "settled": "settled", "failed": 
 # HMACs of private files, kept in the database for the curator and out of published output.
 PUBLISHABLE_RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("run", "the run's id: a random identifier (Prefect flow-run UUID and attempt), not derived from rows"),
-    ("status", "settled / abandoned / reserved (open): whether the run finished, a fact the released "
-     "model already shows, and never data-dependent beyond the validation gate's DP decision"),
+    (
+        "status",
+        "settled / abandoned / reserved (open): whether the run finished, a fact the released "
+        "model already shows, and never data-dependent beyond the validation gate's DP decision",
+    ),
     ("created", "wall-clock time of the reservation, made before any row is read"),
     ("eps (run)", "the run's own epsilon: PLD composition of its events, which are mechanism parameters"),
     ("eps (cumulative)", "PLD composition of this run's and all earlier runs' events on the dataset"),
-    ("events", "the mechanisms' parameters (noise multipliers, sample rates, steps), set by the public "
-     "plan before any row is read: Gaussian (DP statistics, DP prior), Poisson-sampled Gaussian "
-     "(DP-SGD), pure DP (Report-Noisy-Max, the validation gate)"),
+    (
+        "events",
+        "the mechanisms' parameters (noise multipliers, sample rates, steps), set by the public "
+        "plan before any row is read: Gaussian (DP statistics, DP prior), Poisson-sampled Gaussian "
+        "(DP-SGD), pure DP (Report-Noisy-Max, the validation gate)",
+    ),
     ("stages", "the plan's standalone epsilon per stage, computed from public settings only"),
 )
 # Per dataset: name, budget (public settings of the schema), spent and remaining epsilon
@@ -262,7 +268,8 @@ class Ledger:
             now = _now()
             if row is None:
                 con.execute(
-                    "INSERT INTO datasets (name, budget_epsilon, budget_delta, fingerprint, created) VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO datasets (name, budget_epsilon, budget_delta, fingerprint, created)"
+                    " VALUES (?, ?, ?, ?, ?)",
                     (name, float(budget_epsilon), float(budget_delta), fingerprint, now),
                 )
                 if fingerprint is not None:
@@ -334,9 +341,7 @@ class Ledger:
 
     # -- runs -------------------------------------------------------------------------------
 
-    def reserve(
-        self, dataset: str, run_id: str, events: list[Event], stages: dict[str, str] | None = None
-    ) -> None:
+    def reserve(self, dataset: str, run_id: str, events: list[Event], stages: dict[str, str] | None = None) -> None:
         """Atomically reserve `events` for a run, or raise BudgetExceeded without recording anything.
 
         Idempotent per run_id: a retried task finds its reservation and adds nothing.
@@ -579,9 +584,7 @@ class Ledger:
         return "\n".join(lines)
 
 
-def check_budget(
-    dataset: str, events: Sequence[Event], budget: tuple[float, float], who: str = "This run"
-) -> None:
+def check_budget(dataset: str, events: Sequence[Event], budget: tuple[float, float], who: str = "This run") -> None:
     """The budget check for a dataset with no recorded run (or no ledger file yet): the same
     code path as `Ledger.reserve`, against the budget that would be recorded."""
     Ledger._verdict(None, dataset, float(budget[0]), float(budget[1]), events, who)  # noqa: SLF001

@@ -70,8 +70,9 @@ def gaussian_measurement(l2_sensitivity: float, noise_multiplier: float) -> Any:
     dp = _dp()
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float)
     rho = 1.0 / (2.0 * noise_multiplier * noise_multiplier)
-    return _calibrated(lambda s: dp.m.make_gaussian(*space, scale=s), float(l2_sensitivity), rho,
-                       noise_multiplier * l2_sensitivity)
+    return _calibrated(
+        lambda s: dp.m.make_gaussian(*space, scale=s), float(l2_sensitivity), rho, noise_multiplier * l2_sensitivity
+    )
 
 
 @lru_cache(maxsize=256)
@@ -85,8 +86,12 @@ def laplace_measurement(l1_sensitivity: float, noise_multiplier: float) -> Any:
     _check_positive("noise_multiplier", noise_multiplier)
     dp = _dp()
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float)
-    return _calibrated(lambda s: dp.m.make_laplace(*space, scale=s), float(l1_sensitivity), 1.0 / noise_multiplier,
-                       noise_multiplier * l1_sensitivity)
+    return _calibrated(
+        lambda s: dp.m.make_laplace(*space, scale=s),
+        float(l1_sensitivity),
+        1.0 / noise_multiplier,
+        noise_multiplier * l1_sensitivity,
+    )
 
 
 @lru_cache(maxsize=256)
@@ -101,8 +106,9 @@ def noisy_max_measurement(sensitivity: float, epsilon: float, monotone: bool) ->
     dp = _dp()
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float, monotonic=bool(monotone))
     base = (1.0 if monotone else 2.0) * sensitivity / epsilon
-    return _calibrated(lambda s: dp.m.make_noisy_max(*space, dp.max_divergence(), scale=s), float(sensitivity),
-                       float(epsilon), base)
+    return _calibrated(
+        lambda s: dp.m.make_noisy_max(*space, dp.max_divergence(), scale=s), float(sensitivity), float(epsilon), base
+    )
 
 
 def _finite_vector(value: np.ndarray) -> np.ndarray:

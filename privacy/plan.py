@@ -15,9 +15,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from privflow.errors import PrivacyPlanError
 from privflow.privacy.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.events import Event, PoissonGaussianEvent, event_to_dict
-from privflow.errors import PrivacyPlanError
 
 __all__ = ["MAX_EPSILON", "PrivacyPlan", "Remainder", "SGDShape", "StagePlan", "make_plan"]
 

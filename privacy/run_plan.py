@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 
+from privflow.config import RunConfig
+from privflow.errors import ConfigError
 from privflow.privacy.events import Event
 from privflow.privacy.mechanisms import dp_mog, dp_stats, report_noisy_max, validation_gate
 from privflow.privacy.plan import PrivacyPlan, SGDShape, make_plan
-from privflow.config import RunConfig
-from privflow.errors import ConfigError
 from privflow.schema import Schema
 
 

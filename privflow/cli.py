@@ -39,7 +39,7 @@ VerboseOpt = Annotated[
     bool, typer.Option("--verbose", "-v", help="Show library logs, warnings and tracebacks.")
 ]
 PromoteOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option(
         "--promote",
         help="When the alias moves to the new version: if-better (default: only when no version holds it yet; "
@@ -119,16 +119,20 @@ def _promotion(value: str | None) -> str | None:
 def run(
     data: Annotated[Path, typer.Option("--data", help="Input table (.csv or .parquet).")],
     schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML).")],
-    epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="Total epsilon of this run.")] = None,
-    delta: Annotated[Optional[float], typer.Option("--delta", help="Total delta of this run.")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="Run configuration (YAML); flags override it.")] = None,
-    test_data: Annotated[Optional[Path], typer.Option("--test-data", help="Real test table for utility diagnostics.")] = None,
-    policy: Annotated[Optional[str], typer.Option("--policy", help="strict | quarantine (bad rows set aside).")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="dphflow | maf.")] = None,
-    epochs: Annotated[Optional[float], typer.Option("--epochs", help="Passes over the data (public row count).")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="auto | cpu | cuda.")] = None,
-    model_name: Annotated[Optional[str], typer.Option("--model-name", help="Registered model name.")] = None,
-    alias: Annotated[Optional[str], typer.Option("--alias", help="Registry alias for the new version.")] = None,
+    epsilon: Annotated[float | None, typer.Option("--epsilon", help="Total epsilon of this run.")] = None,
+    delta: Annotated[float | None, typer.Option("--delta", help="Total delta of this run.")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Run configuration (YAML); flags override it.")
+    ] = None,
+    test_data: Annotated[
+        Path | None, typer.Option("--test-data", help="Real test table for utility diagnostics.")
+    ] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="strict | quarantine (bad rows set aside).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="dphflow | maf.")] = None,
+    epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over the data (public row count).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")] = None,
+    model_name: Annotated[str | None, typer.Option("--model-name", help="Registered model name.")] = None,
+    alias: Annotated[str | None, typer.Option("--alias", help="Registry alias for the new version.")] = None,
     promote: PromoteOpt = None,
     store: StoreOpt = Path(".privflow"),
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
@@ -155,7 +159,7 @@ def demo(
     store: StoreOpt = Path(".privflow"),
     epsilon: Annotated[float, typer.Option("--epsilon")] = 1.0,
     delta: Annotated[float, typer.Option("--delta")] = 1e-5,
-    config: Annotated[Optional[Path], typer.Option("--config", help="Run configuration (YAML).")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML).")] = None,
     promote: PromoteOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     verbose: VerboseOpt = False,
@@ -363,7 +367,7 @@ def _generator_schema(generator: Any) -> Any:
 
 @ledger_app.command("show")
 def ledger_show(
-    dataset: Annotated[Optional[str], typer.Argument(help="Dataset name; all datasets when omitted.")] = None,
+    dataset: Annotated[str | None, typer.Argument(help="Dataset name; all datasets when omitted.")] = None,
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
 ) -> None:
@@ -376,8 +380,8 @@ def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> Non
     from privflow import env
 
     env.set_verbosity(verbose)
-    from privflow.privacy.ledger import Ledger
     from privflow.errors import StoreError
+    from privflow.privacy.ledger import Ledger
 
     path = store / "ledger.db"
     if not path.is_file():

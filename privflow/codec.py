@@ -71,7 +71,7 @@ class Codec:
         self.features: list[Feature] = feats
 
     @classmethod
-    def from_schema(cls, schema: Schema) -> "Codec":
+    def from_schema(cls, schema: Schema) -> Codec:
         return cls(schema)
 
     @property

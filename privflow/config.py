@@ -28,9 +28,7 @@ class PrivacyConfig(_Section):
 
     epsilon: float = Field(1.0, gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
-    gate_share: float = Field(
-        0.02, gt=0, lt=1, description="share for the validation gate's DP count of failing rows"
-    )
+    gate_share: float = Field(0.02, gt=0, lt=1, description="share for the validation gate's DP count of failing rows")
     stats_share: float = Field(0.05, ge=0, lt=1)
     prior_share: float = Field(0.05, ge=0, lt=1)
     select_share: float = Field(0.03, ge=0, lt=1)
@@ -97,7 +95,7 @@ class SelectConfig(_Section):
     score_high: float = Field(10.0, description="per-row log-likelihood clipped above here (nats)")
 
     @model_validator(mode="after")
-    def _bounds(self) -> "SelectConfig":
+    def _bounds(self) -> SelectConfig:
         if not self.score_low < self.score_high:
             raise ValueError("score_low must be below score_high")
         return self
@@ -106,10 +104,13 @@ class SelectConfig(_Section):
 class EvaluateConfig(_Section):
     """Diagnostics for the data owner (not differentially private)."""
 
-    synthetic_rows: int | None = Field(None, ge=1, description="default: the schema's public expected_rows (never the private row count)")
+    synthetic_rows: int | None = Field(
+        None, ge=1, description="default: the schema's public expected_rows (never the private row count)"
+    )
     sampling_seed: int | None = Field(
-        None, description="public seed of the released synthetic table (reproducible post-processing); "
-        "default: drawn from the OS CSPRNG and not recorded"
+        None,
+        description="public seed of the released synthetic table (reproducible post-processing); "
+        "default: drawn from the OS CSPRNG and not recorded",
     )
     fidelity: bool = True
     utility: bool = True
@@ -143,7 +144,7 @@ class RunConfig(_Section):
     evaluate: EvaluateConfig = EvaluateConfig()
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: object) -> "RunConfig":
+    def from_yaml(cls, path: str | Path, **overrides: object) -> RunConfig:
         p = Path(path)
         try:
             raw = yaml.safe_load(p.read_text()) or {}
@@ -153,7 +154,7 @@ class RunConfig(_Section):
         return cls.build(**raw)
 
     @classmethod
-    def build(cls, **values: object) -> "RunConfig":
+    def build(cls, **values: object) -> RunConfig:
         """Validate values into a config; errors become one ConfigError naming each field."""
         try:
             return cls.model_validate(values)

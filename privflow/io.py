@@ -103,7 +103,9 @@ def _raw(p: Path, limit: int | None = None) -> tuple[bytes, str | None]:
                         return (gz.read(limit) if limit is not None else gz.read()), "gzip"
                 except (OSError, EOFError, zlib.error) as exc:
                     if limit is not None:  # a truncated head is fine; a broken archive is not
-                        raise DataError(f"Data file '{p}' is a damaged gzip archive ({exc}); compress it again.") from None
+                        raise DataError(
+                            f"Data file '{p}' is a damaged gzip archive ({exc}); compress it again."
+                        ) from None
                     raise DataError(f"Data file '{p}' is a damaged gzip archive ({exc}); compress it again.") from None
             return (fh.read(limit) if limit is not None else fh.read()), None
     except PermissionError:
@@ -129,8 +131,10 @@ def _encoding(p: Path, head: bytes) -> str:
     else:
         enc = "utf-8"
     sample = head[:4096]
-    if len(sample) >= 4 and sample.count(b"\x00") * 3 >= len(sample) and (
-        sample[1::2].count(0) * 2 >= len(sample[1::2]) or sample[0::2].count(0) * 2 >= len(sample[0::2])
+    if (
+        len(sample) >= 4
+        and sample.count(b"\x00") * 3 >= len(sample)
+        and (sample[1::2].count(0) * 2 >= len(sample[1::2]) or sample[0::2].count(0) * 2 >= len(sample[0::2]))
     ):
         raise DataError(
             f"Data file '{p}' looks like UTF-16 text without a byte-order mark; privflow reads UTF-8, or UTF-16 "
@@ -205,9 +209,7 @@ def sniff(path: str | Path) -> TableFormat:
         return TableFormat("parquet", compression)
     for magic, what in _MAGIC.items():
         if head.startswith(magic):
-            raise DataError(
-                f"Data file '{p}' is {what}, not a table privflow reads; export it as {_SUPPORTED}."
-            )
+            raise DataError(f"Data file '{p}' is {what}, not a table privflow reads; export it as {_SUPPORTED}.")
     enc = _encoding(p, head)
     if enc == "utf-16":
         head = head[: len(head) - len(head) % 2]
@@ -251,9 +253,9 @@ def _parse_csv(path: Path, text: str, delimiter: str = ",") -> pl.DataFrame:
             f"{width} (first at line(s) {bad_lines}); a short or long row would shift or invent values, "
             "so the file is refused. Fix the quoting or the separators in those rows."
         )
-    columns = list(zip(*rows)) if rows else [()] * width
+    columns = list(zip(*rows, strict=False)) if rows else [()] * width
     return pl.DataFrame(
-        {name: list(col) for name, col in zip(header, columns)},
+        {name: list(col) for name, col in zip(header, columns, strict=False)},
         schema={name: pl.String for name in header},
     )
 
@@ -286,8 +288,9 @@ def _parquet_schema(p: Path, fmt: TableFormat) -> dict[str, pl.DataType]:
         raise
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"Data file '{p}' starts like Parquet but its metadata does not parse ({first}); "
-                        "write it again.") from None
+        raise DataError(
+            f"Data file '{p}' starts like Parquet but its metadata does not parse ({first}); write it again."
+        ) from None
 
 
 def read_header(path: str | Path) -> tuple[TableFormat, list[str], dict[str, pl.DataType] | None]:
@@ -332,8 +335,9 @@ def count_rows(path: str | Path, fmt: TableFormat | None = None) -> int:
         data, _ = _raw(p)
         text = _decode(p, data, fmt.encoding or "utf-8")
         if len(text) >= _EXACT_COUNT_BYTES:
-            frame = pl.read_csv(io.BytesIO(text.encode()), separator=fmt.delimiter or ",", infer_schema=False,
-                                columns=[0])
+            frame = pl.read_csv(
+                io.BytesIO(text.encode()), separator=fmt.delimiter or ",", infer_schema=False, columns=[0]
+            )
             return frame.height
         reader = csv.reader(io.StringIO(text, newline=""), delimiter=fmt.delimiter or ",")
         next(reader, None)

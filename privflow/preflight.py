@@ -157,8 +157,10 @@ def check_table(path: Path, schema: Schema, what: str = "Data file", need_rows: 
         if missing:
             parts.append(f"the schema's column(s) {missing} are missing from it")
         if undeclared:
-            parts.append(f"it has column(s) {undeclared[:10]}{' ...' if len(undeclared) > 10 else ''} that the "
-                         "schema does not declare")
+            parts.append(
+                f"it has column(s) {undeclared[:10]}{' ...' if len(undeclared) > 10 else ''} that the "
+                "schema does not declare"
+            )
         hint = ""
         lower = {c.lower(): c for c in header}
         near = [f"'{lower[c.lower()]}' for '{c}'" for c in missing if c.lower() in lower]
@@ -166,9 +168,8 @@ def check_table(path: Path, schema: Schema, what: str = "Data file", need_rows: 
             hint += f" Column names are case-sensitive: the file has {', '.join(near)}."
         if fmt.kind == "csv" and len(header) == 1:
             others = [DELIMITER_NAMES[d] for d in DELIMITER_NAMES if d in header[0]]
-            hint += (
-                f" The whole header was read as one column ({fmt.describe()})"
-                + (f"; it contains {', '.join(others)} characters: is that the delimiter?" if others else ".")
+            hint += f" The whole header was read as one column ({fmt.describe()})" + (
+                f"; it contains {', '.join(others)} characters: is that the delimiter?" if others else "."
             )
         elif fmt.kind == "csv":
             hint += f" (Read as {fmt.describe()}.)"
@@ -178,8 +179,11 @@ def check_table(path: Path, schema: Schema, what: str = "Data file", need_rows: 
             f"schema.{hint}"
         )
     if dtypes is not None:
-        wrong = [f"'{c.name}' is stored as {dtypes[c.name]} but declared {c.type}" for c in schema.columns
-                 if not _type_fits(c, dtypes[c.name])]
+        wrong = [
+            f"'{c.name}' is stored as {dtypes[c.name]} but declared {c.type}"
+            for c in schema.columns
+            if not _type_fits(c, dtypes[c.name])
+        ]
         if wrong:
             raise DataError(
                 f"{what} '{path}' is Parquet with column types that cannot hold the schema's: {'; '.join(wrong)}. "
@@ -296,5 +300,13 @@ def preflight(config: RunConfig) -> Preflight:
     return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings)
 
 
-__all__ = ["MIN_ROWS_FLOOR", "Preflight", "check_privacy_parameters", "check_store", "check_table", "min_rows",
-           "preflight", "resolve_device"]
+__all__ = [
+    "MIN_ROWS_FLOOR",
+    "Preflight",
+    "check_privacy_parameters",
+    "check_store",
+    "check_table",
+    "min_rows",
+    "preflight",
+    "resolve_device",
+]

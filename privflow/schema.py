@@ -40,13 +40,15 @@ class Column(BaseModel):
     nullable: bool = False
 
     @model_validator(mode="after")
-    def _check(self) -> "Column":
+    def _check(self) -> Column:
         if self.type in ("numeric", "integer"):
             if self.bounds is None:
                 raise ValueError(f"column '{self.name}' is {self.type} and needs public bounds [low, high]")
             low, high = self.bounds
             if not (math.isfinite(low) and math.isfinite(high) and low < high):
-                raise ValueError(f"column '{self.name}': bounds must be finite with low < high, got {list(self.bounds)}")
+                raise ValueError(
+                    f"column '{self.name}': bounds must be finite with low < high, got {list(self.bounds)}"
+                )
             if self.categories is not None:
                 raise ValueError(f"column '{self.name}' is {self.type}; 'categories' is only for categorical columns")
             if self.transform == "log1p" and low < 0:
@@ -95,7 +97,7 @@ class Schema(BaseModel):
     target: str | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "Schema":
+    def _check(self) -> Schema:
         names = [c.name for c in self.columns]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -118,7 +120,7 @@ class Schema(BaseModel):
         raise KeyError(name)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "Schema":
+    def from_yaml(cls, path: str | Path) -> Schema:
         """Read a schema file; any problem becomes a SchemaError naming the file and the field."""
         p = Path(path)
         if not p.is_file():
@@ -132,9 +134,7 @@ class Schema(BaseModel):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(x) for x in e['loc']) or 'schema'}: {e['msg']}" for e in exc.errors()
-            )
+            problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'schema'}: {e['msg']}" for e in exc.errors())
             raise SchemaError(f"Schema file '{p}' is invalid: {problems}.") from None
 
     def to_yaml(self) -> str:

@@ -108,8 +108,7 @@ class ValidationReport:
             "expectations": self.expectations,
             "columns": {
                 col: [
-                    {"check": f.check, "level": f.level, "failing_rows": f.failing_rows, "detail": f.detail}
-                    for f in fs
+                    {"check": f.check, "level": f.level, "failing_rows": f.failing_rows, "detail": f.detail} for f in fs
                 ]
                 for col, fs in self.by_column().items()
             },
@@ -286,9 +285,7 @@ def _run_gx(raw: pl.DataFrame, coerced: pl.DataFrame, schema: Schema) -> _GxOutc
     for col in schema.columns:
         structure.add_expectation(tagged(gxe.ExpectColumnToExist, col.name, "missing_column", column=col.name))
         if not col.nullable and col.name in raw.columns:
-            structure.add_expectation(
-                tagged(gxe.ExpectColumnValuesToNotBeNull, col.name, "not_null", column=col.name)
-            )
+            structure.add_expectation(tagged(gxe.ExpectColumnValuesToNotBeNull, col.name, "not_null", column=col.name))
 
     values = gx.ExpectationSuite(name=f"{schema.dataset.name}-values")
     for col in schema.columns:
@@ -412,9 +409,7 @@ def _write_quarantine(
         reasons = pl.select(pl.when(mask).then(joined).otherwise(reasons)).to_series().alias(REASON_COLUMN)
     as_text = [pl.col(c).cast(pl.String) for c, t in df.schema.items() if isinstance(t, (pl.Enum, pl.Categorical))]
     rows = (
-        df.with_columns(as_text)
-        .with_columns(pl.Series(ROW_COLUMN, range(n), dtype=pl.Int64), reasons)
-        .filter(row_fail)
+        df.with_columns(as_text).with_columns(pl.Series(ROW_COLUMN, range(n), dtype=pl.Int64), reasons).filter(row_fail)
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     rows.write_csv(path)

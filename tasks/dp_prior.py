@@ -6,9 +6,9 @@ import numpy as np
 import torch
 from prefect import task
 
+from privflow.privacy.events import GaussianEvent, RepeatedEvent
 from privflow.privacy.mechanisms import dp_mog
 from privflow.privacy.noise import preprocess_private
-from privflow.privacy.events import GaussianEvent, RepeatedEvent
 from privflow.privacy.plan import StagePlan
 from privflow.tasks._options import PRIVATE
 

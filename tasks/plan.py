@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from prefect import task
 
+from privflow.config import RunConfig
 from privflow.privacy.plan import PrivacyPlan
 from privflow.privacy.run_plan import run_plan, sgd_shape
-from privflow.config import RunConfig
 from privflow.schema import Schema
 
 

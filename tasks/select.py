@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from prefect import task
 
+from privflow.config import SelectConfig
 from privflow.privacy.events import PureDPEvent, RepeatedEvent
 from privflow.privacy.mechanisms import report_noisy_max
 from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator
 from privflow.privacy.plan import StagePlan
-from privflow.config import SelectConfig
 from privflow.tasks._options import PRIVATE
 
 

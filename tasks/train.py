@@ -10,17 +10,16 @@ import torch
 from prefect import task
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from privflow.config import TrainConfig
+from privflow.errors import ConfigError
 from privflow.privacy.dp_sgd import TrainResult, TrainSettings, train
 from privflow.privacy.events import PoissonGaussianEvent
 from privflow.privacy.plan import StagePlan
-from privflow.config import TrainConfig
 from privflow.tasks._options import PRIVATE
 
 
 def resolve_device(choice: str) -> str:
     """auto -> cuda when present; asking for cuda without one is a clear error."""
-    from privflow.errors import ConfigError
-
     if choice == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if choice == "cuda" and not torch.cuda.is_available():

@@ -10,8 +10,8 @@ from prefect import task
 
 from privflow.io import read_table
 from privflow.schema import Schema
-from privflow.validation import ValidationReport, validate
 from privflow.tasks._options import PRIVATE
+from privflow.validation import ValidationReport, validate
 
 
 @task(name="validate", **PRIVATE)

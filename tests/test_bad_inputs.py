@@ -26,7 +26,6 @@ from typer.testing import CliRunner
 
 from privflow.cli import app
 from privflow.config import RunConfig
-from privflow.errors import DataError
 from privflow.io import read_table
 from privflow.preflight import preflight
 
@@ -418,9 +417,21 @@ def test_a_few_cases_through_the_installed_command(ws: dict) -> None:
     for extra, needle in cases:
         t0 = time.perf_counter()
         proc = subprocess.run(
-            [str(PRIVFLOW), "run", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store",
-             str(ws["store"]), *extra],
-            capture_output=True, text=True, timeout=120, cwd=ws["dir"],
+            [
+                str(PRIVFLOW),
+                "run",
+                "--data",
+                str(ws["data"]),
+                "--schema",
+                str(ws["schema"]),
+                "--store",
+                str(ws["store"]),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ws["dir"],
         )
         elapsed = time.perf_counter() - t0
         out = proc.stdout + proc.stderr
@@ -436,9 +447,24 @@ def test_a_few_cases_through_the_installed_command(ws: dict) -> None:
 
 def _spawn_run(ws: dict, store: Path, epochs: str = "3") -> subprocess.Popen:
     return subprocess.Popen(
-        [str(PRIVFLOW), "run", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store", str(store),
-         "--epochs", epochs, "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ws["dir"], start_new_session=True,
+        [
+            str(PRIVFLOW),
+            "run",
+            "--data",
+            str(ws["data"]),
+            "--schema",
+            str(ws["schema"]),
+            "--store",
+            str(store),
+            "--epochs",
+            epochs,
+            "--quiet",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ws["dir"],
+        start_new_session=True,
     )
 
 
@@ -475,8 +501,9 @@ def test_ctrl_c_during_training_exits_130_and_keeps_the_spend(ws: dict) -> None:
     assert "Traceback" not in out and "interrupted" in out, out
     ((status, eps),) = _runs(store)
     assert status == "failed" and eps > 0.9  # abandoned: still counted, mechanisms ran
-    shown = subprocess.run([str(PRIVFLOW), "ledger", "show", "--store", str(store)], capture_output=True,
-                           text=True, timeout=60)
+    shown = subprocess.run(
+        [str(PRIVFLOW), "ledger", "show", "--store", str(store)], capture_output=True, text=True, timeout=60
+    )
     assert "abandoned" in shown.stdout and "released" not in shown.stdout
 
 
@@ -499,11 +526,25 @@ def test_sigkill_during_training_keeps_the_spend_and_the_store_works(ws: dict) -
     assert status == "reserved" and eps > 0.9  # an open reservation: counted
     # the next run on the same store works: pre-flight counts the killed run's spend, refuses
     # what no longer fits and lets a run that fits pass
-    over = runner.invoke(app, ["run", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store",
-                               str(store), "--epsilon", "1", "--quiet"])
+    over = runner.invoke(
+        app,
+        [
+            "run",
+            "--data",
+            str(ws["data"]),
+            "--schema",
+            str(ws["schema"]),
+            "--store",
+            str(store),
+            "--epsilon",
+            "1",
+            "--quiet",
+        ],
+    )
     assert over.exit_code == 2 and "1 earlier run(s)" in " ".join(over.output.split()), over.output
-    checked = preflight(RunConfig.build(data=ws["data"], schema_path=ws["schema"], store=store,
-                                        privacy={"epsilon": 0.2}))
+    checked = preflight(
+        RunConfig.build(data=ws["data"], schema_path=ws["schema"], store=store, privacy={"epsilon": 0.2})
+    )
     assert checked.plan.epsilon <= 0.2
 
 

@@ -16,8 +16,18 @@ from privflow.cli import app
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("args", [[], ["--help"], ["run", "--help"], ["generate", "--help"], ["demo", "--help"],
-                                  ["ledger", "--help"], ["ledger", "show", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--help"],
+        ["run", "--help"],
+        ["generate", "--help"],
+        ["demo", "--help"],
+        ["ledger", "--help"],
+        ["ledger", "show", "--help"],
+    ],
+)
 def test_every_command_has_help(args: list[str]) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code in (0, 2) and "Usage" in result.output
@@ -39,8 +49,17 @@ def small(tmp_path: Path, demo_dir: Path) -> dict[str, Path]:
 def _run(small: dict[str, Path], data: Path | None = None, schema: Path | None = None, *extra: str):
     return runner.invoke(
         app,
-        ["run", "--data", str(data or small["data"]), "--schema", str(schema or small["schema"]),
-         "--store", str(small["store"]), "--quiet", *extra],
+        [
+            "run",
+            "--data",
+            str(data or small["data"]),
+            "--schema",
+            str(schema or small["schema"]),
+            "--store",
+            str(small["store"]),
+            "--quiet",
+            *extra,
+        ],
     )
 
 
@@ -148,10 +167,24 @@ def test_summary_prints_every_path_in_full(capsys) -> None:
 
     long = "/very/long/" + "x" * 150 + "/synthetic/adult-0123.csv"
     summary = SimpleNamespace(
-        epsilon=0.99, delta=1e-5, epsilon_rdp=1.2, stages={"train": 0.9}, dataset_epsilon=2.0, metrics={},
-        rows_quarantined=0, wall_seconds=1.0, model_name="privflow-adult", model_version="3", alias="champion",
-        alias_version="2", promotion="the DP comparison kept v2", curator_dir="/curator/run", synthetic_path=long,
-        report_path=None, mlflow_run_id="abc", run_id="r1",
+        epsilon=0.99,
+        delta=1e-5,
+        epsilon_rdp=1.2,
+        stages={"train": 0.9},
+        dataset_epsilon=2.0,
+        metrics={},
+        rows_quarantined=0,
+        wall_seconds=1.0,
+        model_name="privflow-adult",
+        model_version="3",
+        alias="champion",
+        alias_version="2",
+        promotion="the DP comparison kept v2",
+        curator_dir="/curator/run",
+        synthetic_path=long,
+        report_path=None,
+        mlflow_run_id="abc",
+        run_id="r1",
     )
     _print_summary(summary)
     out = capsys.readouterr().out

@@ -325,10 +325,13 @@ def test_integer_columns_stay_integers_through_pandas() -> None:
     from privflow.codec import restore_types
 
     schema = Schema.model_validate(
-        {"dataset": {"name": "t"}, "columns": [
-            {"name": "a", "type": "integer", "bounds": [0, 100], "nullable": True},
-            {"name": "b", "type": "integer", "bounds": [0, 100]},
-        ]}
+        {
+            "dataset": {"name": "t"},
+            "columns": [
+                {"name": "a", "type": "integer", "bounds": [0, 100], "nullable": True},
+                {"name": "b", "type": "integer", "bounds": [0, 100]},
+            ],
+        }
     )
     codec = Codec(schema)
     arr = np.array([[0.395, 0.0, 0.3], [0.2, 1.0, 0.1]])

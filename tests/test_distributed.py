@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from privflow.errors import BudgetExceeded
 from privflow.privacy.accountant import PLDAccountant
 from privflow.privacy.distributed import (
     DistributedSettings,
@@ -35,7 +35,6 @@ from privflow.privacy.distributed import (
 )
 from privflow.privacy.events import PoissonGaussianEvent, event_from_dict
 from privflow.privacy.ledger import Ledger
-from privflow.errors import BudgetExceeded
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = [None, None, None, None]
@@ -89,10 +88,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     x = rng.beta(2.0, 3.0, size=(PUBLIC_ROWS, len(CARD))).astype(np.float32)
     data = tmp / "x.npy"
     np.save(data, x)
-    common = dict(steps=6, noise_multiplier=1.0, max_grad_norm=1.0, lr=5e-2, optimizer="adam",
-                  checkpoint_every=3, seed=3, sampling_seed=11)
+    common = dict(
+        steps=6,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        lr=5e-2,
+        optimizer="adam",
+        checkpoint_every=3,
+        seed=3,
+        sampling_seed=11,
+    )
     settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, noise_seed=5, **common)
-    sgd_one_step = DistributedSettings.for_rows(PUBLIC_ROWS, 40, noise_seed=5, **{**common, "steps": 1, "optimizer": "sgd"})
+    sgd_one_step = DistributedSettings.for_rows(
+        PUBLIC_ROWS, 40, noise_seed=5, **{**common, "steps": 1, "optimizer": "sgd"}
+    )
     folders = {
         "two": _torchrun(tmp, "two", settings, data, 2),
         "one": _torchrun(tmp, "one", settings, data, 1),
@@ -165,14 +174,18 @@ def test_first_step_matches_an_independent_reference(runs: dict) -> None:
     expected = {}
     for n in names:  # opacus draws noise parameter by parameter, in the optimizer's order
         total = torch.einsum("i,i...", factor, per[n])
-        noise = torch.normal(0.0, settings.noise_multiplier * settings.max_grad_norm, params[n].shape, generator=noise_gen)
+        noise = torch.normal(
+            0.0, settings.noise_multiplier * settings.max_grad_norm, params[n].shape, generator=noise_gen
+        )
         expected[n] = params[n] - settings.lr * (total + noise) / settings.expected_batch_size
     got, _ = _outputs(runs["folders"]["two_sgd"], 2)
     for n in names:
         assert torch.allclose(got["state"][n], expected[n], atol=1e-5), n
     # the noise is in the update: without it the weights land elsewhere
-    noiseless = {n: params[n] - settings.lr * torch.einsum("i,i...", factor, per[n]) / settings.expected_batch_size
-                 for n in names}
+    noiseless = {
+        n: params[n] - settings.lr * torch.einsum("i,i...", factor, per[n]) / settings.expected_batch_size
+        for n in names
+    }
     assert max(float((got["state"][n] - noiseless[n]).abs().max()) for n in names) > 1e-3
 
 

@@ -98,8 +98,10 @@ def test_text_with_parquet_suffix_is_read_as_csv(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("sep", "name"), [(";", "semicolon"), ("\t", "tab"), ("|", "pipe"), (",", "comma")])
 def test_delimiter_is_sniffed(tmp_path: Path, sep: str, name: str) -> None:
-    p = _write(tmp_path / "t.csv", f"a{sep}b{sep}c\n1{sep}2,5{sep}x\n3{sep}4{sep}y\n" if sep != "," else
-               "a,b,c\n1,2,x\n3,4,y\n")
+    p = _write(
+        tmp_path / "t.csv",
+        f"a{sep}b{sep}c\n1{sep}2,5{sep}x\n3{sep}4{sep}y\n" if sep != "," else "a,b,c\n1,2,x\n3,4,y\n",
+    )
     fmt = sniff(p)
     assert fmt.delimiter == sep and name in fmt.describe()
     df = read_table(p)

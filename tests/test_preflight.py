@@ -33,9 +33,19 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "rows": checked.rows, "de
 
 def test_demo_preflight_is_fast_and_imports_no_server_library(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(DEMO / "adult_train.csv"), str(DEMO / "adult.yaml"),
-         str(tmp_path / "store"), str(DEMO / "adult_test.csv")],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(DEMO / "adult_train.csv"),
+            str(DEMO / "adult.yaml"),
+            str(tmp_path / "store"),
+            str(DEMO / "adult_test.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -77,8 +87,9 @@ def test_budget_is_checked_against_the_ledger_without_reserving(tmp_path: Path) 
 
 @pytest.mark.parametrize("epsilon", [1e4, 1e6, float("inf"), float("nan")])
 def test_huge_or_non_finite_epsilon_is_refused_at_once(epsilon: float) -> None:
-    cfg = RunConfig.model_construct(**{**RunConfig.build(data=DEMO / "adult_train.csv",
-                                                         schema_path=DEMO / "adult.yaml").__dict__})
+    cfg = RunConfig.model_construct(
+        **{**RunConfig.build(data=DEMO / "adult_train.csv", schema_path=DEMO / "adult.yaml").__dict__}
+    )
     cfg = cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update={"epsilon": epsilon})})
     with pytest.raises(ConfigError, match="epsilon"):
         preflight(cfg)

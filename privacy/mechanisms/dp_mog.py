@@ -46,8 +46,10 @@ def init_mog(k: int, d: int, clip: float, rng: np.random.Generator) -> MoGParams
 def responsibilities(c: np.ndarray, params: MoGParams) -> np.ndarray:
     """E-step: r[i, k] = P(component k | row i) under `params` (rows already clipped)."""
     z = (c[:, None, :] - params.means[None]) / params.stds[None]
-    log_pdf = -0.5 * np.sum(z * z, axis=2) - np.sum(np.log(params.stds), axis=1)[None] - 0.5 * c.shape[1] * math.log(
-        2 * math.pi
+    log_pdf = (
+        -0.5 * np.sum(z * z, axis=2)
+        - np.sum(np.log(params.stds), axis=1)[None]
+        - 0.5 * c.shape[1] * math.log(2 * math.pi)
     )
     log_joint = log_pdf + np.log(params.weights)[None]
     return np.exp(log_joint - logsumexp(log_joint, axis=1, keepdims=True))

@@ -77,8 +77,15 @@ def _numeric_panel(ax: Axes, col: Column, real: pl.DataFrame, syn: pl.DataFrame)
     else:
         ax.tick_params(axis="x", labelsize=7)
     if pr[-1] > 0 or qr[-1] > 0:
-        ax.text(0.98, 0.95, f"missing: real {pr[-1]:.1%}, syn {qr[-1]:.1%}", transform=ax.transAxes,
-                ha="right", va="top", fontsize=6.5)
+        ax.text(
+            0.98,
+            0.95,
+            f"missing: real {pr[-1]:.1%}, syn {qr[-1]:.1%}",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=6.5,
+        )
 
 
 def _categorical_panel(ax: Axes, col: Column, real: pl.DataFrame, syn: pl.DataFrame) -> None:
@@ -150,8 +157,11 @@ def matrix_figure(
         return _save(fig, path)
     diff = synthetic - real
     lim = float(np.ceil(10 * max(0.2, float(np.abs(diff).max()))) / 10)
-    panels = ((real, "real", cmap, vmin, vmax), (synthetic, "synthetic", cmap, vmin, vmax),
-              (diff, "synthetic − real", "PuOr_r", -lim, lim))
+    panels = (
+        (real, "real", cmap, vmin, vmax),
+        (synthetic, "synthetic", cmap, vmin, vmax),
+        (diff, "synthetic − real", "PuOr_r", -lim, lim),
+    )
     short = [n if len(n) <= 12 else n[:11] + "…" for n in names]
     fs = 8 if m <= 8 else 6 if m <= 12 else 0
     for ax, (mat, sub, cmap, lo, hi) in zip(axes, panels, strict=True):
@@ -162,8 +172,15 @@ def matrix_figure(
         if fs:
             for i in range(m):
                 for j in range(m):
-                    ax.text(j, i, f"{mat[i, j]:.2f}", ha="center", va="center", fontsize=fs,
-                            color="white" if _dark(mat[i, j], lo, hi, cmap) else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{mat[i, j]:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=fs,
+                        color="white" if _dark(mat[i, j], lo, hi, cmap) else "black",
+                    )
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(title, fontsize=11)
     return _save(fig, path)
@@ -253,8 +270,15 @@ def dcr_figure(to_train: np.ndarray, to_holdout: np.ndarray, path: Path) -> Path
     hi = float(np.quantile(both, 0.99)) if both.size else 1.0
     bins = np.linspace(0.0, max(hi, 1e-6), 40)
     ax.hist(np.minimum(to_train, hi), bins=bins, color=REAL, histtype="step", lw=1.8, label="to closest train row")
-    ax.hist(np.minimum(to_holdout, hi), bins=bins, color="#2ca02c", histtype="step", lw=1.8, ls="--",
-            label="to closest holdout row")
+    ax.hist(
+        np.minimum(to_holdout, hi),
+        bins=bins,
+        color="#2ca02c",
+        histtype="step",
+        lw=1.8,
+        ls="--",
+        label="to closest holdout row",
+    )
     ax.set_xlabel("distance (public-bounds encoding; 99th percentile and above in the last bin)", fontsize=8)
     ax.set_ylabel("synthetic rows")
     ax.set_title("Distance to closest record")
@@ -268,7 +292,7 @@ def loglik_figure(logliks: dict[str, np.ndarray], path: Path) -> Path:
     ax = fig.subplots()
     arrays = {k: np.asarray(v, dtype=np.float64).ravel() for k, v in logliks.items()}
     finite = np.concatenate([v[np.isfinite(v)] for v in arrays.values()] or [np.zeros(1)])
-    lo, hi = (np.quantile(finite, [0.01, 0.99]) if finite.size else (0.0, 1.0))
+    lo, hi = np.quantile(finite, [0.01, 0.99]) if finite.size else (0.0, 1.0)
     bins = np.linspace(lo, hi if hi > lo else lo + 1.0, 50)
     colors = {"train": REAL, "holdout": "#2ca02c", "test": "#9467bd"}
     for k, v in arrays.items():
@@ -279,4 +303,3 @@ def loglik_figure(logliks: dict[str, np.ndarray], path: Path) -> Path:
     ax.set_title("Model log-likelihood by split")
     ax.legend(fontsize=8)
     return _save(fig, path)
-

@@ -17,8 +17,8 @@ from privflow.flows.benchmark import (
     build_cells,
     datasets_module,
     dpmog_plan,
-    exact_statistics,
     exact_mog_prior,
+    exact_statistics,
     parse_epsilon,
     summarise,
 )
@@ -130,8 +130,10 @@ def test_cells_and_epsilon_parsing() -> None:
 
 
 def test_summary_is_mean_and_sample_std_over_seeds() -> None:
-    recs = [{"dataset": "d", "model": "maf", "epsilon": 1.0, "seed": s, "status": "ok", "nll": v}
-            for s, v in enumerate([1.0, 2.0, 4.0])]
+    recs = [
+        {"dataset": "d", "model": "maf", "epsilon": 1.0, "seed": s, "status": "ok", "nll": v}
+        for s, v in enumerate([1.0, 2.0, 4.0])
+    ]
     recs.append({"dataset": "d", "model": "maf", "epsilon": 1.0, "seed": 9, "status": "error"})
     mean, std, n = summarise(recs)[("d", "maf", 1.0)]["nll"]
     assert (mean, n) == (pytest.approx(7 / 3), 3) and std == pytest.approx(np.std([1, 2, 4], ddof=1))
@@ -144,12 +146,22 @@ def test_quick_sweep_on_a_local_dask_cluster(tmp_path) -> None:
 
     out = tmp_path / "RESULTS.md"
     records = benchmark(
-        datasets=["pinwheel", "adult"], models=["dphflow", "maf", "dpmog"], epsilons=[1.0, None], seeds=[0],
-        out=out, task_runner="dask", workers=2, quick=True, work_dir=str(tmp_path / "data"),
+        datasets=["pinwheel", "adult"],
+        models=["dphflow", "maf", "dpmog"],
+        epsilons=[1.0, None],
+        seeds=[0],
+        out=out,
+        task_runner="dask",
+        workers=2,
+        quick=True,
+        work_dir=str(tmp_path / "data"),
     )
     assert len(records) == 2 * 3 * 2 + 1
-    bad = [(Cell(r["dataset"], r["model"], r["epsilon"], r["seed"]).label, r.get("error")) for r in records
-           if r["status"] != "ok"]
+    bad = [
+        (Cell(r["dataset"], r["model"], r["epsilon"], r["seed"]).label, r.get("error"))
+        for r in records
+        if r["status"] != "ok"
+    ]
     assert not bad, bad
     for r in records:
         keys = ["macro_f1", "auroc", "ap"] if r["model"] == "real-data" else ["nll", "nll_encoded", "tv_mean"]

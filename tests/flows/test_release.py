@@ -18,18 +18,17 @@ import hashlib
 import json
 from pathlib import Path
 
-import mlflow
 import polars as pl
 import pytest
 import torch
 import yaml
 from mlflow import MlflowClient
 
-from privflow.privacy.events import LaplaceEvent
-from privflow.privacy.ledger import Ledger
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.errors import ValidationFailed
+from privflow.privacy.events import LaplaceEvent
+from privflow.privacy.ledger import Ledger
 from privflow.sampler import sample_rows
 from privflow.schema import Schema
 from privflow.tasks import release
@@ -57,7 +56,10 @@ def _slice(tmp: Path, demo_dir: Path, rows: int, bad_age: int = 0) -> tuple[Path
 
 def _config(data: Path, schema: Path, store: Path, **extra: object) -> RunConfig:
     return RunConfig.build(
-        data=data, schema_path=schema, store=store, privacy={"epsilon": 2.0, "delta": 1e-5},
+        data=data,
+        schema_path=schema,
+        store=store,
+        privacy={"epsilon": 2.0, "delta": 1e-5},
         model={"name": "maf", "blocks": 1, "hidden": 8},
         train={"epochs": 1, "batch_size": 256, "checkpoint_every": 4},
         **extra,
@@ -70,9 +72,18 @@ def run(tmp_path_factory, demo_dir: Path):
 
     tmp = tmp_path_factory.mktemp("release")
     data, schema = _slice(tmp, demo_dir, 2000, bad_age=1)
-    cfg = _config(data, schema, tmp / "store", evaluate={
-        "synthetic_rows": 300, "sampling_seed": SEED, "utility": False, "privacy_risk": False, "report": True,
-    })
+    cfg = _config(
+        data,
+        schema,
+        tmp / "store",
+        evaluate={
+            "synthetic_rows": 300,
+            "sampling_seed": SEED,
+            "utility": False,
+            "privacy_risk": False,
+            "report": True,
+        },
+    )
     return cfg, train_pipeline(cfg, show_progress=False)
 
 

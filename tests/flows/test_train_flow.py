@@ -18,11 +18,11 @@ import yaml
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
+from privflow.cli import app
+from privflow.config import RunConfig
 from privflow.privacy.accountant import PLDAccountant, PRVAccountant
 from privflow.privacy.events import events_from_json
 from privflow.privacy.ledger import Ledger
-from privflow.cli import app
-from privflow.config import RunConfig
 from privflow.schema import Schema
 from privflow.validation import validate
 
@@ -49,8 +49,13 @@ def run(tmp_path_factory, demo_dir: Path):
         model={"name": "maf", "blocks": 2, "hidden": 16},
         train={"epochs": 2, "batch_size": 256, "checkpoint_every": 8},
         select={"top_k": 2},
-        evaluate={"synthetic_rows": 500, "utility": False, "privacy_risk": False, "report": False,
-                  "test_data": demo_dir / "adult_test.csv"},
+        evaluate={
+            "synthetic_rows": 500,
+            "utility": False,
+            "privacy_risk": False,
+            "report": False,
+            "test_data": demo_dir / "adult_test.csv",
+        },
     )
     summary = train_pipeline(cfg, show_progress=False)
     return cfg, summary
@@ -101,8 +106,18 @@ def test_generate_samples_the_registered_model_by_alias(run, tmp_path: Path) -> 
     # the training data is gone: generate must not need it
     Path(cfg.data).unlink()
     result = CliRunner().invoke(
-        app, ["generate", "--model", f"{summary.model_name}@champion", "-n", "123", "-o", str(out),
-              "--store", str(cfg.store)]
+        app,
+        [
+            "generate",
+            "--model",
+            f"{summary.model_name}@champion",
+            "-n",
+            "123",
+            "-o",
+            str(out),
+            "--store",
+            str(cfg.store),
+        ],
     )
     assert result.exit_code == 0, result.output
     frame = pl.read_parquet(out)
@@ -115,8 +130,18 @@ def test_generate_samples_the_registered_model_by_alias(run, tmp_path: Path) -> 
 def test_generate_unknown_alias_is_a_clear_error(run, tmp_path: Path) -> None:
     cfg, summary = run
     result = CliRunner().invoke(
-        app, ["generate", "--model", f"{summary.model_name}@nope", "-n", "5", "-o", str(tmp_path / "x.csv"),
-              "--store", str(cfg.store)]
+        app,
+        [
+            "generate",
+            "--model",
+            f"{summary.model_name}@nope",
+            "-n",
+            "5",
+            "-o",
+            str(tmp_path / "x.csv"),
+            "--store",
+            str(cfg.store),
+        ],
     )
     assert result.exit_code == 2 and "Traceback" not in result.output and "not found" in result.output
 
@@ -131,7 +156,10 @@ def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, dem
     schema = tmp_path / "adult.yaml"
     schema.write_text(yaml.safe_dump(doc))
     cfg = RunConfig.build(
-        data=data, schema_path=schema, store=tmp_path / "store", privacy={"epsilon": 3.0, "delta": 1e-5},
+        data=data,
+        schema_path=schema,
+        store=tmp_path / "store",
+        privacy={"epsilon": 3.0, "delta": 1e-5},
         model={"name": "maf", "blocks": 1, "hidden": 8, "prior": "mog", "mog_components": 3, "mog_iterations": 4},
         train={"epochs": 1, "batch_size": 256, "checkpoint_every": 4},
         evaluate={"synthetic_rows": 200, "utility": False, "privacy_risk": False, "report": False, "fidelity": False},
@@ -139,7 +167,9 @@ def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, dem
     summary = train_pipeline(cfg, show_progress=False)
     assert set(summary.stages) == {"validate", "dp_stats", "dp_prior", "train", "select"}
     assert summary.epsilon <= 3.0
-    events = events_from_json(Path(MlflowClient().download_artifacts(summary.mlflow_run_id, "privacy/events.json")).read_text())
+    events = events_from_json(
+        Path(MlflowClient().download_artifacts(summary.mlflow_run_id, "privacy/events.json")).read_text()
+    )
     assert any(getattr(e, "count", None) == 4 for e in events)  # the 4 DP-EM releases, recorded
     # the registered generator samples from its mixture base without NaN
     model = mlflow.pyfunc.load_model(f"models:/{summary.model_name}/{summary.model_version}")

@@ -34,7 +34,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str, proc: "Proc | None" = None) -> None:
+def wait_until(check: Callable[[], bool], timeout: float, what: str, proc: Proc | None = None) -> None:
     """Poll `check` every half second; fail with the process log when it never holds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -52,8 +52,15 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, proc: "Proc
 class Proc:
     """A subprocess in its own process group, logging to a file."""
 
-    def __init__(self, name: str, cmd: list[str], log_dir: Path, env: dict[str, str], user: str | None = None,
-                 cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        log_dir: Path,
+        env: dict[str, str],
+        user: str | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.name = name
         self.log = log_dir / f"{name}.log"
         self._fh = self.log.open("wb")
@@ -179,18 +186,47 @@ def start_postgres(stack: Stack, timeout: float = 120.0) -> str:
     data = base / "data"
     env = stack.env(LC_ALL="C", LANG="C")
     init = subprocess.run(
-        [str(bindir / "initdb"), "-D", str(data), "-U", "privflow", "--auth=trust", "-E", "UTF8", "--no-locale",
-         "--no-sync"],
-        env=env, user=user, capture_output=True, text=True, timeout=timeout, cwd=base,
+        [
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "privflow",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "--no-sync",
+        ],
+        env=env,
+        user=user,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=base,
     )
     if init.returncode != 0:
         raise RuntimeError(f"initdb failed:\n{init.stdout}\n{init.stderr}")
     port = free_port()
     proc = stack.start(
         "postgres",
-        [str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1", "-k", str(base),
-         "-F", "-c", "max_connections=50"],
-        env, user=user, cwd=base,
+        [
+            str(bindir / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-h",
+            "127.0.0.1",
+            "-k",
+            str(base),
+            "-F",
+            "-c",
+            "max_connections=50",
+        ],
+        env,
+        user=user,
+        cwd=base,
     )
     import psycopg2
 
@@ -215,8 +251,20 @@ def start_mlflow(stack: Stack, backend: str, artifacts: Path) -> tuple[str, Proc
     artifacts.mkdir(parents=True, exist_ok=True)
     proc = stack.start(
         "mlflow",
-        [str(BIN / "mlflow"), "server", "--backend-store-uri", backend, "--artifacts-destination", str(artifacts),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        [
+            str(BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            backend,
+            "--artifacts-destination",
+            str(artifacts),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
         stack.env(MLFLOW_DISABLE_TELEMETRY="true", MLFLOW_ENABLE_TELEMETRY="false"),
         cwd=stack.root,
     )
@@ -237,8 +285,12 @@ def start_prefect(stack: Stack, home: Path) -> tuple[str, Proc]:
         PREFECT_LOGGING_LEVEL="WARNING",
         PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="5",
     )
-    proc = stack.start("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                          "--port", str(port)], env, cwd=stack.root)
+    proc = stack.start(
+        "prefect-server",
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env,
+        cwd=stack.root,
+    )
     return f"http://127.0.0.1:{port}/api", proc
 
 

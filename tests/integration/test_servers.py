@@ -42,8 +42,14 @@ TINY = {
     "privacy": {"epsilon": 1.0, "delta": 1e-5},
     "model": {"name": "maf", "blocks": 1, "hidden": 8},
     "train": {"epochs": 0.5, "batch_size": 250, "checkpoint_every": 2, "device": "cpu", "threads": 1},
-    "evaluate": {"fidelity": False, "utility": False, "likelihood": False, "privacy_risk": False,
-                 "report": False, "synthetic_rows": 100},
+    "evaluate": {
+        "fidelity": False,
+        "utility": False,
+        "likelihood": False,
+        "privacy_risk": False,
+        "report": False,
+        "synthetic_rows": 100,
+    },
 }
 
 
@@ -96,15 +102,37 @@ def test_dropped_file_is_retrained_and_registered(tmp_path: Path) -> None:
             PREFECT_WORKER_QUERY_SECONDS="2",
             PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         )
-        site = ["--schema", str(schema), "--watch-folder", str(watch), "--store", str(store), "--config", str(config),
-                "--train-data", str(tmp_path / "train.csv"), "--cron", "0 3 1 1 *"]
+        site = [
+            "--schema",
+            str(schema),
+            "--watch-folder",
+            str(watch),
+            "--store",
+            str(store),
+            "--config",
+            str(config),
+            "--train-data",
+            str(tmp_path / "train.csv"),
+            "--cron",
+            "0 3 1 1 *",
+        ]
         (tmp_path / "train.csv").write_text("\n".join(lines[: ROWS + 1]) + "\n")
-        deploy = subprocess.run([sys.executable, "-m", "infra.deployments", "deploy", "--pool", "privflow-it", *site],
-                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        deploy = subprocess.run(
+            [sys.executable, "-m", "infra.deployments", "deploy", "--pool", "privflow-it", *site],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
         timings["deployed"] = time.monotonic() - t0
-        worker = stack.start("worker", [str(BIN / "prefect"), "worker", "start", "--pool", "privflow-it",
-                                        "--type", "process"], env, cwd=tmp_path)
+        worker = stack.start(
+            "worker",
+            [str(BIN / "prefect"), "worker", "start", "--pool", "privflow-it", "--type", "process"],
+            env,
+            cwd=tmp_path,
+        )
         wait_until(lambda: mlflow_up(mlflow_url), 240, "MLflow server healthy", mlflow_proc)
         timings["mlflow_ready"] = time.monotonic() - t0
 
@@ -119,12 +147,24 @@ def test_dropped_file_is_retrained_and_registered(tmp_path: Path) -> None:
         dropped = part.rename(watch / "batch-001.csv")
         t_drop = time.monotonic()
         wall_drop = time.time()
-        watcher = subprocess.run([sys.executable, "-m", "privflow.flows.watch", str(watch), "--once", "--settle", "0"],
-                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        watcher = subprocess.run(
+            [sys.executable, "-m", "privflow.flows.watch", str(watch), "--once", "--settle", "0"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert watcher.returncode == 0, watcher.stdout + watcher.stderr
         assert str(dropped) in watcher.stdout
-        again = subprocess.run([sys.executable, "-m", "privflow.flows.watch", str(watch), "--once", "--settle", "0"],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        again = subprocess.run(
+            [sys.executable, "-m", "privflow.flows.watch", str(watch), "--once", "--settle", "0"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert again.returncode == 0 and "announced" not in again.stdout  # never twice for one file
 
         wait_until(lambda: len(_flow_runs(api, retrain_id)) >= 1, 60, "the trigger creating a flow run", worker)
@@ -170,12 +210,32 @@ def test_cron_deployment_is_scheduled_by_a_real_server(tmp_path: Path) -> None:
     try:
         api, prefect_proc = start_prefect(stack, prefect_home)
         wait_until(lambda: prefect_up(api), 240, "Prefect server healthy", prefect_proc)
-        env = stack.env(PREFECT_API_URL=api, PREFECT_HOME=str(prefect_home), PRIVFLOW_HOME=str(tmp_path / "store"),
-                        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+        env = stack.env(
+            PREFECT_API_URL=api,
+            PREFECT_HOME=str(prefect_home),
+            PRIVFLOW_HOME=str(tmp_path / "store"),
+            PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        )
         deploy = subprocess.run(
-            [sys.executable, "-m", "infra.deployments", "deploy", "--pool", "privflow-cron", "--store",
-             str(tmp_path / "store"), "--watch-folder", str(tmp_path / "in"), "--cron", "30 4 * * *"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "infra.deployments",
+                "deploy",
+                "--pool",
+                "privflow-cron",
+                "--store",
+                str(tmp_path / "store"),
+                "--watch-folder",
+                str(tmp_path / "in"),
+                "--cron",
+                "30 4 * * *",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
         train_id = _deployment_id(api, "privflow-train", "scheduled")

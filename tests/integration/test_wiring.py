@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 import privflow.flows.watch as watch
+
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 
@@ -74,8 +75,9 @@ def test_watcher_announces_each_file_once(tmp_path: Path, emitted: list[dict]) -
     assert set(state) == {str((folder / n).resolve()) for n in ("a.csv", "b.parquet", "fresh.csv")}
 
 
-def test_watcher_records_nothing_when_the_api_is_down(tmp_path: Path, emitted: list[dict],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_watcher_records_nothing_when_the_api_is_down(
+    tmp_path: Path, emitted: list[dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "a.csv").write_text("x\n1\n")
 
     def down() -> None:
@@ -99,9 +101,13 @@ def test_event_id_is_deterministic_per_path_and_content() -> None:
 def _site(tmp_path: Path):
     from infra.deployments import Site
 
-    return Site.from_env(schema=ROOT / "privflow" / "demo" / "adult.yaml", watch_folder=tmp_path / "in",
-                         store=tmp_path / "store", train_data=ROOT / "privflow" / "demo" / "adult_train.csv",
-                         cron="15 2 * * 1")
+    return Site.from_env(
+        schema=ROOT / "privflow" / "demo" / "adult.yaml",
+        watch_folder=tmp_path / "in",
+        store=tmp_path / "store",
+        train_data=ROOT / "privflow" / "demo" / "adult_train.csv",
+        cron="15 2 * * 1",
+    )
 
 
 def test_deployments_are_declared_once_with_schedule_and_trigger(tmp_path: Path) -> None:
@@ -110,7 +116,11 @@ def test_deployments_are_declared_once_with_schedule_and_trigger(tmp_path: Path)
     assert EVENT == watch.EVENT and FOLDER_LABEL == watch.FOLDER_LABEL
     site = _site(tmp_path)
     train, retrain = deployments(site)
-    assert (train.flow_name, train.name, train.entrypoint) == ("privflow-train", "scheduled", "privflow.flows.train.train_pipeline")
+    assert (train.flow_name, train.name, train.entrypoint) == (
+        "privflow-train",
+        "scheduled",
+        "privflow.flows.train.train_pipeline",
+    )
     assert train.schedules[0].schedule.cron == "15 2 * * 1"
     assert train.parameters["config"]["data"] == str(site.train_data) and train.parameters["show_progress"] is False
     assert retrain.entrypoint == "privflow.flows.retrain.retrain_on_new_data" and not retrain.schedules
@@ -153,11 +163,18 @@ def test_compose_file_declares_the_stack() -> None:
     services = compose["services"]
     assert {"postgres", "mlflow", "prefect-server", "worker", "watcher", "deploy"} <= set(services)
     mlflow_cmd = " ".join(services["mlflow"]["command"])
-    assert "--backend-store-uri postgresql+psycopg2://" in mlflow_cmd and "--artifacts-destination /mlartifacts" in mlflow_cmd
+    assert (
+        "--backend-store-uri postgresql+psycopg2://" in mlflow_cmd
+        and "--artifacts-destination /mlartifacts" in mlflow_cmd
+    )
     assert any(v.startswith("mlartifacts:") for v in services["mlflow"]["volumes"])
     assert services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"].startswith(
-        "postgresql+asyncpg://")
-    assert services["worker"]["command"][:3] == ["prefect", "worker", "start"] and "process" in services["worker"]["command"]
+        "postgresql+asyncpg://"
+    )
+    assert (
+        services["worker"]["command"][:3] == ["prefect", "worker", "start"]
+        and "process" in services["worker"]["command"]
+    )
     assert services["worker"]["environment"]["PREFECT_API_URL"] == "http://prefect-server:4200/api"
     init = (INFRA / "postgres" / "init.sql").read_text()
     assert "CREATE DATABASE mlflow" in init and "CREATE DATABASE prefect" in init

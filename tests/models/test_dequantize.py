@@ -7,8 +7,13 @@ import math
 import pytest
 import torch
 
-from privflow.models.dequantize import (LogitMap, UniformDequantizer, VariationalDequantizer, logistic_mixture_cdf,
-                               logistic_mixture_inverse_cdf)
+from privflow.models.dequantize import (
+    LogitMap,
+    UniformDequantizer,
+    VariationalDequantizer,
+    logistic_mixture_cdf,
+    logistic_mixture_inverse_cdf,
+)
 from tests.models.conftest import jacobian_logdets, perturb
 
 
@@ -36,15 +41,20 @@ def test_uniform_flow(cards):
     assert torch.all((v >= 0) & (v < 1))
     torch.testing.assert_close(torch.floor(v * torch.tensor(cards).double()), x)
     torch.testing.assert_close(deq.inverse(v, x), u)
-    torch.testing.assert_close(logdet, jacobian_logdets(lambda w: deq.flow(w, x[:1].expand(w.shape[0], -1)), u[:1])
-                               .expand(6))
+    torch.testing.assert_close(
+        logdet, jacobian_logdets(lambda w: deq.flow(w, x[:1].expand(w.shape[0], -1)), u[:1]).expand(6)
+    )
     # Bound term: log q(u|x) = 0, so forward returns -sum log K.
     torch.testing.assert_close(deq(x, u)[1], torch.full((6,), -sum(math.log(k) for k in cards)))
 
 
 def test_logistic_mixture_cdf_and_pdf():
     g = torch.Generator().manual_seed(0)
-    logits, means, log_scales = torch.randn(3, generator=g), torch.randn(3, generator=g), torch.randn(3, generator=g) * 0.5
+    logits, means, log_scales = (
+        torch.randn(3, generator=g),
+        torch.randn(3, generator=g),
+        torch.randn(3, generator=g) * 0.5,
+    )
     x = torch.linspace(-6, 6, 41, requires_grad=True)
     cdf, log_pdf = logistic_mixture_cdf(x, logits.expand(41, 3), means.expand(41, 3), log_scales.expand(41, 3))
     (pdf,) = torch.autograd.grad(cdf.sum(), x)
@@ -53,7 +63,9 @@ def test_logistic_mixture_cdf_and_pdf():
     pi = torch.softmax(logits, 0)
     ref = sum(pi[i] * torch.sigmoid((x.detach() - means[i]) / torch.exp(log_scales[i])) for i in range(3))
     torch.testing.assert_close(cdf.detach(), ref)
-    back = logistic_mixture_inverse_cdf(cdf.detach(), logits.expand(41, 3), means.expand(41, 3), log_scales.expand(41, 3))
+    back = logistic_mixture_inverse_cdf(
+        cdf.detach(), logits.expand(41, 3), means.expand(41, 3), log_scales.expand(41, 3)
+    )
     torch.testing.assert_close(back, x.detach(), atol=1e-9, rtol=0)
 
 
@@ -67,7 +79,7 @@ def test_variational_flow(cards):
     u, logdet = deq.flow(eps, x)
     assert torch.all((u > 0) & (u < 1))
     torch.testing.assert_close(deq.inverse(u, x), eps, atol=1e-8, rtol=0)
-    ref = torch.stack([jacobian_logdets(lambda e: deq.flow(e, x[i:i + 1]), eps[i:i + 1])[0] for i in range(n)])
+    ref = torch.stack([jacobian_logdets(lambda e, i=i: deq.flow(e, x[i : i + 1]), eps[i : i + 1])[0] for i in range(n)])
     torch.testing.assert_close(logdet, ref)
     # log q(u|x) = log N(eps) - log|du/deps|, and v keeps each code in its own bin.
     _, log_q = deq.log_q(eps, x)

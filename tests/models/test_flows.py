@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from privflow import models
+from privflow.config import ModelConfig
 from privflow.models import build_flow
 from privflow.models.priors import MixtureOfGaussians
-from privflow.config import ModelConfig
 from tests.models.conftest import jacobian_logdets, perturb
 
 CARDS = [None, 3, None, 2]  # continuous, categorical(3), continuous, categorical(2)
@@ -35,8 +35,7 @@ def _model(name: str, cards=CARDS, seed: int = 0, std: float = 0.3, **kw) -> mod
 
 def _data(n: int, cards=CARDS, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    cols = [torch.rand(n, generator=g) if k is None else torch.randint(0, k, (n,), generator=g).double()
-            for k in cards]
+    cols = [torch.rand(n, generator=g) if k is None else torch.randint(0, k, (n,), generator=g).double() for k in cards]
     return torch.stack(cols, 1)
 
 
@@ -125,8 +124,10 @@ def test_density_integrates_to_one(cards):
     assert abs(integral + outside - 1.0) < 2e-3
 
 
-@pytest.mark.parametrize("name,kw", [("dphflow", {"linear": "lu"}), ("dphflow", {"linear": "lowrank"}),
-                                     ("dphflow", {"linear": "none"}), ("maf", {})])
+@pytest.mark.parametrize(
+    "name,kw",
+    [("dphflow", {"linear": "lu"}), ("dphflow", {"linear": "lowrank"}), ("dphflow", {"linear": "none"}), ("maf", {})],
+)
 def test_set_prior_in_preprocessed_space_is_exact_at_start(name, kw):
     cards = [None, None, None]
     m = build_flow(name, cards, blocks=3, hidden=8, prior="mog", mog_components=2, **kw).double()
@@ -189,15 +190,20 @@ def test_per_example_gradients_under_vmap(name, kw):
     per = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x, noise)
     for i in range(3):
         m.zero_grad()
-        (-m.log_prob(x[i:i + 1], noise[i:i + 1])[0]).backward()
+        (-m.log_prob(x[i : i + 1], noise[i : i + 1])[0]).backward()
         for k, p in m.named_parameters():
             torch.testing.assert_close(per[k][i], p.grad, msg=k)
 
 
 @pytest.mark.parametrize("cards", [[None], [4], [3, 2], [None, 5]], ids=["cont1", "cat1", "cat2", "mixed1"])
-@pytest.mark.parametrize("name,kw", [("maf", {"dequantization": "variational"}),
-                                     ("dphflow", {"dequantization": "variational", "linear": "lowrank"}),
-                                     ("dphflow", {"linear": "lu"})])
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("maf", {"dequantization": "variational"}),
+        ("dphflow", {"dequantization": "variational", "linear": "lowrank"}),
+        ("dphflow", {"linear": "lu"}),
+    ],
+)
 def test_small_shapes(cards, name, kw):
     m = _model(name, cards=cards, **kw)
     x = _data(5, cards)

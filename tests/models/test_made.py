@@ -25,7 +25,7 @@ def test_made_autoregressive(d, hidden, layers, context, activation):
         if activation == "tanh":  # no dead units: every allowed pair is connected (hidden >= d - 1)
             assert torch.equal(dep, torch.tril(torch.ones(d, d, dtype=torch.bool), -1))
             if context:
-                jc = torch.autograd.functional.jacobian(lambda v: made(x[None], v[None])[0], c[0])
+                jc = torch.autograd.functional.jacobian(lambda v, x=x: made(x[None], v[None])[0], c[0])
                 assert torch.all((jc.abs() > 0).any(-1).any(-1)), "context reaches every output block"
 
 

@@ -24,8 +24,12 @@ def test_mixture_matches_scipy_and_samples():
     prior = MixtureOfGaussians(2, 3).double()
     prior.set(w * 4.0, means, stds)  # unnormalised weights are renormalised
     z = torch.randn(10, 2, generator=g) * 3
-    ref = np.log(sum(float(w[k]) * stats.multivariate_normal(means[k].numpy(), np.diag(stds[k].numpy() ** 2)).pdf(z.numpy())
-                     for k in range(3)))
+    ref = np.log(
+        sum(
+            float(w[k]) * stats.multivariate_normal(means[k].numpy(), np.diag(stds[k].numpy() ** 2)).pdf(z.numpy())
+            for k in range(3)
+        )
+    )
     np.testing.assert_allclose(prior.log_prob(z).numpy(), ref, rtol=1e-10)
     s = prior.sample(20000, torch.Generator().manual_seed(1), dtype=torch.float64)
     np.testing.assert_allclose(s.mean(0).numpy(), (w[:, None] * means).sum(0).numpy(), atol=0.08)

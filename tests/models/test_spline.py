@@ -12,8 +12,11 @@ from privflow.models.spline import rational_quadratic_spline as rqs
 
 def _params(n: int, bins: int, seed: int, scale: float = 2.0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(n, bins, generator=g) * scale, torch.randn(n, bins, generator=g) * scale,
-            torch.randn(n, bins - 1, generator=g) * scale)
+    return (
+        torch.randn(n, bins, generator=g) * scale,
+        torch.randn(n, bins, generator=g) * scale,
+        torch.randn(n, bins - 1, generator=g) * scale,
+    )
 
 
 @pytest.mark.parametrize("bins", [2, 5, 8])

@@ -42,7 +42,9 @@ def random_grads(seed: int, n: int = 16) -> tuple[list[list[Tensor]], list[Layer
         for lay in range(int(torch.randint(1, 4, (1,), generator=g))):
             params = []
             for _ in range(int(torch.randint(1, 4, (1,), generator=g))):
-                shape = tuple(int(s) for s in torch.randint(1, 6, (int(torch.randint(1, 3, (1,), generator=g)),), generator=g))
+                shape = tuple(
+                    int(s) for s in torch.randint(1, 6, (int(torch.randint(1, 3, (1,), generator=g)),), generator=g)
+                )
                 scale = 10 ** float(torch.empty(()).uniform_(-2, 2, generator=g))
                 t = torch.randn((n,) + shape, generator=g, dtype=DT) * scale
                 t[torch.rand(t.shape, generator=g) < 0.2] = 0.0  # some exact zeros
@@ -50,7 +52,9 @@ def random_grads(seed: int, n: int = 16) -> tuple[list[list[Tensor]], list[Layer
             params[0][0] = 0.0  # an example with a zero parameter gradient
             grads.append(params)
             fake = tuple(nn.Parameter(torch.zeros(p.shape[1:])) for p in params)
-            layers.append(LayerInfo(f"n{net}.l{lay}", nn.Module(), fake, f"n{net}", tuple(p[0].numel() for p in params)))
+            layers.append(
+                LayerInfo(f"n{net}.l{lay}", nn.Module(), fake, f"n{net}", tuple(p[0].numel() for p in params))
+            )
     return grads, layers
 
 
@@ -62,7 +66,9 @@ def layer_norms(grads: list[list[Tensor]]) -> Tensor:
     return torch.stack([torch.sqrt(sum(p.reshape(p.shape[0], -1).pow(2).sum(1) for p in layer)) for layer in grads], 1)
 
 
-def clip_with(strategy: str, grads: list[list[Tensor]], layers: list[LayerInfo], c: float, seed: int) -> list[list[Tensor]]:
+def clip_with(
+    strategy: str, grads: list[list[Tensor]], layers: list[LayerInfo], c: float, seed: int
+) -> list[list[Tensor]]:
     thr = layer_thresholds(layers, c)
     if strategy == "flat":
         return clip_flat(grads, c)
@@ -72,7 +78,7 @@ def clip_with(strategy: str, grads: list[list[Tensor]], layers: list[LayerInfo],
         return clip_per_unit(grads, thr)
     gen = torch.Generator().manual_seed(seed)
     gammas = [torch.rand(grads[0][0].shape[0], generator=gen, dtype=DT) for _ in grads]
-    return clip_sparsify(grads, thr, 0.5, [l.complexity for l in layers], gammas)
+    return clip_sparsify(grads, thr, 0.5, [layer.complexity for layer in layers], gammas)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -92,8 +98,8 @@ def test_clipping_is_identity_below_threshold(seed: int) -> None:
     grads, layers = random_grads(seed)
     big = 1e9
     for strategy in ("flat", "per_layer"):
-        for a, b in zip(clip_with(strategy, grads, layers, big, seed), grads):
-            for x, y in zip(a, b):
+        for a, b in zip(clip_with(strategy, grads, layers, big, seed), grads, strict=False):
+            for x, y in zip(a, b, strict=False):
                 torch.testing.assert_close(x, y)
     # and flat clipping of a large gradient lands exactly on the sphere of radius C
     norms = total_norms(clip_flat(grads, 1e-3))
@@ -106,7 +112,7 @@ def test_per_unit_rows_within_their_thresholds(seed: int) -> None:
     grads, layers = random_grads(seed)
     thr = layer_thresholds(layers, 1.0)
     clipped = clip_per_unit(grads, thr)
-    for layer, cl, t in zip(grads, clipped, thr):
+    for layer, cl, t in zip(grads, clipped, thr, strict=False):
         l1 = torch.cat([row_stats(g)[0] for g in layer], 1)
         unit_thr = unit_thresholds(l1, t)
         # paper formula: C_l[i] = C_l sqrt(||G_i||_1 / sum_j ||G_j||_1), sum_i C_l[i]^2 = C_l^2
@@ -123,18 +129,18 @@ def test_thresholds_split_between_networks_then_layers() -> None:
     c = 2.5
     thr = layer_thresholds(layers, c)
     assert math.isclose(sum(t * t for t in thr), c * c, rel_tol=1e-12)
-    nets = sorted({l.network for l in layers})
+    nets = sorted({layer.network for layer in layers})
     for net in nets:
-        members = [(l, t) for l, t in zip(layers, thr) if l.network == net]
+        members = [(layer, t) for layer, t in zip(layers, thr, strict=False) if layer.network == net]
         assert math.isclose(sum(t * t for _, t in members), c * c / len(nets), rel_tol=1e-12)
-        total = sum(l.complexity for l, _ in members)
-        for l, t in members:
-            assert math.isclose(t * t, c * c / len(nets) * l.complexity / total, rel_tol=1e-12)
+        total = sum(layer.complexity for layer, _ in members)
+        for layer, t in members:
+            assert math.isclose(t * t, c * c / len(nets) * layer.complexity / total, rel_tol=1e-12)
 
 
 def test_model_layers_networks_and_structural_sizes() -> None:
     model = TinyFlow()
-    layers = {l.name: l for l in model_layers(model)}
+    layers = {layer.name: layer for layer in model_layers(model)}
     assert set(layers) == {"act", "emb", "made.0", "made.1", "lus.0", "lus.1", "lus.2", "low", "head"}
     assert layers["made.1"].network == "made" and layers["lus.2"].network == "lus"
     d = 4
@@ -187,8 +193,9 @@ def test_engine_bounds_each_example_by_c(strategy: str) -> None:
     x = 3 * torch.randn(6, 4, dtype=DT, generator=torch.Generator().manual_seed(5))
     c = 0.3
     for i in range(6):
-        out = clipped_gradient_sum(model, x[i : i + 1], clipping=strategy, max_grad_norm=c,
-                                   generator=torch.Generator().manual_seed(i))
+        out = clipped_gradient_sum(
+            model, x[i : i + 1], clipping=strategy, max_grad_norm=c, generator=torch.Generator().manual_seed(i)
+        )
         norm = math.sqrt(sum(float(g.pow(2).sum()) for g in out.grads.values()))
         assert 0 < norm <= c * SLACK
 
@@ -224,15 +231,22 @@ def test_project_flows_fast_equals_reference(name: str, options: dict) -> None:
     cards = [None, 3, None, 5, 2]
     model = build_flow(name, cards, blocks=2, hidden=8, **options).to(DT)
     g = torch.Generator().manual_seed(0)
-    x = torch.stack([torch.rand(7, generator=g, dtype=DT) if c is None else
-                     torch.randint(0, c, (7,), generator=g).to(DT) for c in cards], 1)
+    x = torch.stack(
+        [
+            torch.rand(7, generator=g, dtype=DT) if c is None else torch.randint(0, c, (7,), generator=g).to(DT)
+            for c in cards
+        ],
+        1,
+    )
     for strategy in STRATEGIES:
         torch.manual_seed(1)  # the same dequantization noise for both methods
-        fast = clipped_gradient_sum(model, x, clipping=strategy, max_grad_norm=0.5, check=True,
-                                    generator=torch.Generator().manual_seed(2))
+        fast = clipped_gradient_sum(
+            model, x, clipping=strategy, max_grad_norm=0.5, check=True, generator=torch.Generator().manual_seed(2)
+        )
         torch.manual_seed(1)
-        ref = clipped_gradient_sum(model, x, clipping=strategy, max_grad_norm=0.5, method="hooks",
-                                   generator=torch.Generator().manual_seed(2))
+        ref = clipped_gradient_sum(
+            model, x, clipping=strategy, max_grad_norm=0.5, method="hooks", generator=torch.Generator().manual_seed(2)
+        )
         for p in model.parameters():
             torch.testing.assert_close(fast.grads[p], ref.grads[p], atol=1e-6, rtol=1e-6)
 
@@ -305,8 +319,16 @@ def test_training_step_with_bad_rows_keeps_parameters_finite(strategy: str) -> N
 
     model = NaNLossFlow(d=4, hidden=8, blocks=2, seed=4)
     x, good = _bad_batch()
-    s = TrainSettings(sample_rate=1.0, steps=2, noise_multiplier=0.5, max_grad_norm=1.0, clipping=strategy,
-                      expected_batch_size=10.0, lr=1e-2, noise_seed=3)
+    s = TrainSettings(
+        sample_rate=1.0,
+        steps=2,
+        noise_multiplier=0.5,
+        max_grad_norm=1.0,
+        clipping=strategy,
+        expected_batch_size=10.0,
+        lr=1e-2,
+        noise_seed=3,
+    )
     res = train(model, x.float(), s)
     assert res.nonfinite_examples == 2 * 3
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())

@@ -23,8 +23,15 @@ def data(n: int = 300, seed: int = 0) -> Tensor:
 
 
 def settings(**kw: object) -> TrainSettings:
-    base = dict(sample_rate=0.2, steps=7, noise_multiplier=1.0, max_grad_norm=1.0, checkpoint_every=3,
-                expected_batch_size=60.0, lr=1e-2)
+    base = dict(
+        sample_rate=0.2,
+        steps=7,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        checkpoint_every=3,
+        expected_batch_size=60.0,
+        lr=1e-2,
+    )
     base.update(kw)
     return TrainSettings(**base)  # type: ignore[arg-type]
 
@@ -58,8 +65,16 @@ def test_one_sgd_step_is_clipped_sum_over_expected_batch_size() -> None:
     start = {k: v.clone() for k, v in model.state_dict().items()}
     ref_model = TinyFlow(seed=3)
     expect = clipped_gradient_sum(ref_model, x, clipping="per_layer", max_grad_norm=0.5, method="hooks")
-    s = settings(sample_rate=1.0, steps=1, noise_multiplier=1e-9, max_grad_norm=0.5, clipping="per_layer",
-                 optimizer="sgd", lr=1.0, expected_batch_size=37.0)
+    s = settings(
+        sample_rate=1.0,
+        steps=1,
+        noise_multiplier=1e-9,
+        max_grad_norm=0.5,
+        clipping="per_layer",
+        optimizer="sgd",
+        lr=1.0,
+        expected_batch_size=37.0,
+    )
     train(model, x, s)
     names = dict(ref_model.named_parameters())
     for k, p in model.named_parameters():
@@ -69,11 +84,18 @@ def test_one_sgd_step_is_clipped_sum_over_expected_batch_size() -> None:
 def test_empty_batches_take_noise_only_steps() -> None:
     model = TinyFlow(seed=1)
     before = [p.detach().clone() for p in model.parameters()]
-    s = settings(sample_rate=1e-9, steps=3, noise_multiplier=2.0, max_grad_norm=0.5, optimizer="sgd", lr=1.0,
-                 expected_batch_size=10.0)
+    s = settings(
+        sample_rate=1e-9,
+        steps=3,
+        noise_multiplier=2.0,
+        max_grad_norm=0.5,
+        optimizer="sgd",
+        lr=1.0,
+        expected_batch_size=10.0,
+    )
     res = train(model, data(20), s)
     assert res.steps == 3 and all(math.isnan(v) for v in res.losses)
-    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+    delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=False)])
     # three independent N(0, (sigma C / B)^2) steps: std sqrt(3) * 0.1
     assert abs(float(delta.std()) / (math.sqrt(3) * 2.0 * 0.5 / 10.0) - 1) < 0.15
 
@@ -111,8 +133,15 @@ def test_non_private_baseline_has_no_event_and_learns() -> None:
 def test_private_training_learns_with_small_noise(clipping: str) -> None:
     x = data(400)
     model = TinyFlow(seed=0, hidden=16)
-    s = settings(steps=60, sample_rate=0.25, noise_multiplier=0.3, max_grad_norm=5.0, clipping=clipping,
-                 expected_batch_size=100.0, lr=2e-2)
+    s = settings(
+        steps=60,
+        sample_rate=0.25,
+        noise_multiplier=0.3,
+        max_grad_norm=5.0,
+        clipping=clipping,
+        expected_batch_size=100.0,
+        lr=2e-2,
+    )
     res = train(model, x, s)
     assert all(math.isfinite(v) for v in res.losses)
     assert sum(res.losses[-10:]) / 10 < sum(res.losses[:10]) / 10 - 0.5
@@ -128,7 +157,7 @@ def test_deterministic_for_a_noise_seed_and_global_rng_untouched() -> None:
     b = train(TinyFlow(seed=5), x, settings(clipping="sparsify", seed=11, noise_seed=11))
     c = train(TinyFlow(seed=5), x, settings(clipping="sparsify", seed=11, noise_seed=12))
     assert a.losses == b.losses and a.losses != c.losses
-    for (sa, da), (sb, db) in zip(a.checkpoints, b.checkpoints):
+    for (sa, da), (sb, db) in zip(a.checkpoints, b.checkpoints, strict=False):
         assert sa == sb and all(torch.equal(da[k], db[k]) for k in da)
 
 
@@ -182,8 +211,15 @@ def test_dequantization_noise_comes_from_an_explicit_generator(monkeypatch: pyte
     torch.manual_seed(0)
     model = build_flow("dphflow", [None, 3, None, 4], blocks=1, hidden=8)
     g = torch.Generator().manual_seed(0)
-    x = torch.stack([torch.rand(120, generator=g), torch.randint(0, 3, (120,), generator=g).float(),
-                     torch.rand(120, generator=g), torch.randint(0, 4, (120,), generator=g).float()], 1)
+    x = torch.stack(
+        [
+            torch.rand(120, generator=g),
+            torch.randint(0, 3, (120,), generator=g).float(),
+            torch.rand(120, generator=g),
+            torch.randint(0, 4, (120,), generator=g).float(),
+        ],
+        1,
+    )
     deq = model.dequantizer
     real = deq.noise
     gens: list[object] = []

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from privflow.errors import BudgetExceeded, PrivacyPlanError
 from privflow.privacy.accountant import PLDAccountant, PRVAccountant
 from privflow.privacy.events import (
     GaussianEvent,
@@ -23,7 +24,6 @@ from privflow.privacy.events import (
     RepeatedEvent,
 )
 from privflow.privacy.ledger import Ledger, compose_epsilon, merge_events
-from privflow.errors import BudgetExceeded, PrivacyPlanError
 
 DELTA = 1e-5
 G5 = GaussianEvent(5.0)  # epsilon 0.7255 at delta 1e-5 (STACK.md)
@@ -231,8 +231,11 @@ def test_describe_prints_only_publishable_columns(ledger: Ledger) -> None:
     ledger.ensure_dataset("adult", 1.0, DELTA, secret)
     ledger.reserve("adult", "run-1", [G5], {"dp_stats": "eps 0.05 alone"})
     text = ledger.describe("adult")
-    assert secret[:12] not in text and "fp-1" not in text and "fingerprint " not in text.replace(
-        "fingerprint different", "")
+    assert (
+        secret[:12] not in text
+        and "fp-1" not in text
+        and "fingerprint " not in text.replace("fingerprint different", "")
+    )
     lines = text.splitlines()
     (header,) = [line for line in lines if line.strip().startswith("run ")]
     printed = [cell for cell in header.strip().split("  ") if cell.strip()]

@@ -9,11 +9,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from privflow.privacy import noise
 from privflow.privacy.accountant import PLDAccountant
 from privflow.privacy.events import GaussianEvent, LaplaceEvent, PureDPEvent, RepeatedEvent
-from privflow.privacy import noise
 from privflow.privacy.mechanisms import dp_mog, dp_stats
-from privflow.privacy.mechanisms.dp_mog import MoGParams, dp_em_mog, dp_mog_event, em_sensitivity, em_statistics, init_mog
+from privflow.privacy.mechanisms.dp_mog import (
+    MoGParams,
+    dp_em_mog,
+    dp_mog_event,
+    em_sensitivity,
+    em_statistics,
+    init_mog,
+)
 from privflow.privacy.mechanisms.dp_stats import (
     dp_mean_std,
     dp_stats_event,
@@ -91,8 +98,9 @@ def test_gaussian_event_is_no_stronger_than_opendp_certifies(sens: float, nm: fl
     # a measurement with too little noise would be caught by the same comparison
     import opendp.prelude as dp
 
-    weak = dp.m.make_gaussian(dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float),
-                              scale=0.9 * nm * sens)
+    weak = dp.m.make_gaussian(
+        dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float), scale=0.9 * nm * sens
+    )
     assert weak.map(sens) > 1.0 / (2 * nm * nm)
 
 
@@ -162,7 +170,9 @@ def exp_noise_rnm_probs(scores: np.ndarray, scale: float) -> np.ndarray:
         others = np.delete(s, j)
 
         def f(t: float, j: int = j, others: np.ndarray = others) -> float:
-            return stats.expon(loc=s[j], scale=scale).pdf(t) * float(np.prod(stats.expon(loc=others, scale=scale).cdf(t)))
+            return stats.expon(loc=s[j], scale=scale).pdf(t) * float(
+                np.prod(stats.expon(loc=others, scale=scale).cdf(t))
+            )
 
         out.append(integrate.quad(f, s[j], s.max() + 60 * scale, limit=200)[0])
     p = np.array(out)
@@ -330,7 +340,7 @@ def test_dp_mean_std_post_processing_guards() -> None:
     g = rng(12)
     clip = 2.0
     x = g.normal(0, 1, size=(5, 4))  # five rows under enormous noise
-    for seed in range(50):
+    for _seed in range(50):
         mean, std = dp_mean_std(x, clip, noise_multiplier=1e4)
         assert np.all(np.isfinite(mean)) and np.all(np.abs(mean) <= clip)
         assert np.all(std >= 1e-2 * clip - 1e-12) and np.all(std <= clip + 1e-12)
@@ -417,8 +427,9 @@ def test_dp_em_post_processing_guards_and_public_init() -> None:
     a, b = init_mog(k, d, clip, rng(3)), init_mog(k, d, clip, rng(3))
     assert np.array_equal(a.means, b.means) and np.all(np.abs(a.means) <= clip)
     # the noise is not replayable from the (public) init seed
-    assert not np.array_equal(dp_em_mog(x, k, 3, clip, 0.5, init_seed=5).means,
-                              dp_em_mog(x, k, 3, clip, 0.5, init_seed=5).means)
+    assert not np.array_equal(
+        dp_em_mog(x, k, 3, clip, 0.5, init_seed=5).means, dp_em_mog(x, k, 3, clip, 0.5, init_seed=5).means
+    )
 
 
 def test_dp_mog_event_and_calibration() -> None:
@@ -438,7 +449,7 @@ def test_dp_stats_and_dp_mog_events_are_no_stronger_than_opendp_certifies(d: int
     nm_mog = dp_mog.noise_for_epsilon(0.3, DELTA, iters)
     per_iter = noise.gaussian_measurement(em_sensitivity(d), nm_mog).map(em_sensitivity(d))
     event = dp_mog_event(nm_mog, iters)
-    assert per_iter <= 1.0 / (2 * event.event.noise_multiplier ** 2)
+    assert per_iter <= 1.0 / (2 * event.event.noise_multiplier**2)
     # T releases compose in zCDP to T * rho; the event's PLD epsilon is at least that Gaussian's
     total = GaussianEvent(1.0 / math.sqrt(2 * iters * per_iter))
     assert PLDAccountant().epsilon([event], DELTA) >= PLDAccountant().epsilon([total], DELTA) - 1e-3
@@ -456,7 +467,9 @@ def test_dp_em_releases_move_within_sensitivity_leave_one_out() -> None:
     params = init_mog(k, d, clip, rng(1))
     bound = em_sensitivity(d)
     base = em_statistics(x, params, clip)
-    shifts = [np.linalg.norm(em_statistics(y, params, clip) - base) for y in neighbours(x, adversarial_rows(d, clip, g))]
+    shifts = [
+        np.linalg.norm(em_statistics(y, params, clip) - base) for y in neighbours(x, adversarial_rows(d, clip, g))
+    ]
     assert max(shifts) <= bound + 1e-9 and max(shifts) > 0.5
 
 
@@ -468,13 +481,15 @@ def test_validation_gate_count_moves_by_at_most_one(tmp_path) -> None:  # noqa: 
     from privflow.schema import Schema
     from privflow.validation import validate
 
-    schema = Schema.model_validate({
-        "dataset": {"name": "toy"},
-        "columns": [
-            {"name": "age", "type": "integer", "bounds": [18, 90]},
-            {"name": "color", "type": "categorical", "categories": ["red", "green", "blue"]},
-        ],
-    })
+    schema = Schema.model_validate(
+        {
+            "dataset": {"name": "toy"},
+            "columns": [
+                {"name": "age", "type": "integer", "bounds": [18, 90]},
+                {"name": "color", "type": "categorical", "categories": ["red", "green", "blue"]},
+            ],
+        }
+    )
     ages = ["20", "30", "200", "40", "x", "55", "17", "60"]  # three bad ages
     colors = ["red", "green", "blue", "purple", "red", "green", "blue", "red"]  # one bad color (same row as a good age)
     df = pl.DataFrame({"age": ages, "color": colors})

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from privflow.errors import PrivacyPlanError
 from privflow.privacy.accountant import PLDAccountant, PRVAccountant
 from privflow.privacy.events import GaussianEvent, PureDPEvent
 from privflow.privacy.plan import SGDShape, make_plan
-from privflow.errors import PrivacyPlanError
 
 
 def _gauss(eps: float) -> GaussianEvent:

@@ -33,7 +33,10 @@ DEMO = Path(__file__).resolve().parents[2] / "privflow" / "demo"
 
 
 def _load(schema: Schema, path: Path, n: int | None = None) -> pl.DataFrame:
-    types = {c.name: pl.String if c.is_categorical else pl.Int64 if c.type == "integer" else pl.Float64 for c in schema.columns}
+    types = {
+        c.name: pl.String if c.is_categorical else pl.Int64 if c.type == "integer" else pl.Float64
+        for c in schema.columns
+    }
     return pl.read_csv(path, schema_overrides=types, n_rows=n).select(schema.names)
 
 
@@ -71,7 +74,9 @@ def test_tv_of_table_with_itself_is_zero(adult: tuple[Schema, pl.DataFrame, pl.D
 
 def test_tv_of_disjoint_supports_is_one(small: Schema) -> None:
     real = pl.DataFrame({"x": [0.0, 1.0, 4.0], "y": [0.0, 1.0, 2.0], "c": ["a", "b", "a"], "k": ["u", "u", "u"]})
-    syn = pl.DataFrame({"x": [6.0, 9.0, 10.0], "y": [500.0, 900.0, 1000.0], "c": ["c", "d", "d"], "k": ["v", None, "v"]})
+    syn = pl.DataFrame(
+        {"x": [6.0, 9.0, 10.0], "y": [500.0, 900.0, 1000.0], "c": ["c", "d", "d"], "k": ["v", None, "v"]}
+    )
     tv = marginal_tv(small, real, syn)
     assert tv == pytest.approx({"x": 1.0, "y": 1.0, "c": 1.0, "k": 1.0}, abs=1e-12)
 
@@ -252,8 +257,14 @@ def test_dcr_shares(small: Schema) -> None:
     rng = np.random.default_rng(2)
 
     def draw(n: int) -> pl.DataFrame:
-        return pl.DataFrame({"x": rng.uniform(0, 10, n), "y": rng.uniform(0, 1000, n),
-                             "c": rng.choice(list("abcd"), n), "k": rng.choice(["u", "v"], n)})
+        return pl.DataFrame(
+            {
+                "x": rng.uniform(0, 10, n),
+                "y": rng.uniform(0, 1000, n),
+                "c": rng.choice(list("abcd"), n),
+                "k": rng.choice(["u", "v"], n),
+            }
+        )
 
     train, holdout = draw(400), draw(400)
     copied = dcr(small, train, train, holdout).metrics()
@@ -285,7 +296,9 @@ def _logliks(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_evaluate_writes_self_contained_report(tmp_path: Path, adult: tuple[Schema, pl.DataFrame, pl.DataFrame]) -> None:
+def test_evaluate_writes_self_contained_report(
+    tmp_path: Path, adult: tuple[Schema, pl.DataFrame, pl.DataFrame]
+) -> None:
     schema, train, test = adult
     train, test = train.head(1500), test.head(800)
     syn = train.sample(n=1500, with_replacement=True, seed=3)
@@ -296,11 +309,20 @@ def test_evaluate_writes_self_contained_report(tmp_path: Path, adult: tuple[Sche
     assert set(res.figures) == {"marginals", "kendall", "cramers_v", "projection", "dcr", "loglik"}
     for path in res.figures.values():
         assert base64.b64encode(path.read_bytes()).decode("ascii") in page
-    assert "src=\"http" not in page and "<script" not in page  # self-contained, static
-    for key in ("utility/macro_f1_mean", "utility/real_auroc_mean", "fidelity/tv_mean", "fidelity/kendall_rmse",
-                "risk/mia_auroc", "risk/dcr_share_closer_to_train", "likelihood/heldout_nats_per_row"):
+    assert 'src="http' not in page and "<script" not in page  # self-contained, static
+    for key in (
+        "utility/macro_f1_mean",
+        "utility/real_auroc_mean",
+        "fidelity/tv_mean",
+        "fidelity/kendall_rmse",
+        "risk/mia_auroc",
+        "risk/dcr_share_closer_to_train",
+        "likelihood/heldout_nats_per_row",
+    ):
         assert np.isfinite(res.metrics[key]), key
-    assert res.metrics["likelihood/heldout_nats_per_row"] == pytest.approx(np.mean(_logliks(np.random.default_rng(0))["test"]))
+    assert res.metrics["likelihood/heldout_nats_per_row"] == pytest.approx(
+        np.mean(_logliks(np.random.default_rng(0))["test"])
+    )
     assert res.classifiers is not None and res.classifiers.height == 18
     assert res.notes == ()
 
@@ -314,7 +336,9 @@ def test_evaluate_switches_and_skips(tmp_path: Path, adult: tuple[Schema, pl.Dat
 
 
 @pytest.mark.slow
-def test_evaluate_skips_absent_inputs_with_notes(tmp_path: Path, adult: tuple[Schema, pl.DataFrame, pl.DataFrame]) -> None:
+def test_evaluate_skips_absent_inputs_with_notes(
+    tmp_path: Path, adult: tuple[Schema, pl.DataFrame, pl.DataFrame]
+) -> None:
     schema, train, _ = adult
     cfg = EvaluateConfig(fidelity=False, utility=True, likelihood=True, privacy_risk=True, report=True)
     res = evaluate(schema, train.head(300), None, train.tail(300), cfg, tmp_path)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from privflow.config import SelectConfig
 from privflow.privacy.events import GaussianEvent, PureDPEvent, RepeatedEvent
 from privflow.privacy.plan import StagePlan
-from privflow.config import SelectConfig
 
 CARDS = [None, 3, None, 4]
 
@@ -90,7 +90,9 @@ def test_select_runs_with_and_without_validation_rows(rows: int) -> None:
     x = _rows(rows)
     assert loglik_matrix(_make, [s for _, s in checkpoints], x).shape == (4, rows)
     holder: dict[str, list[int]] = {}
-    _unchanged_global_rng(lambda: holder.update(p=select_checkpoints.fn(_make, checkpoints, x, stage, SelectConfig(top_k=2))))
+    _unchanged_global_rng(
+        lambda: holder.update(p=select_checkpoints.fn(_make, checkpoints, x, stage, SelectConfig(top_k=2)))
+    )
     picks = holder["p"]
     assert len(picks) == 2 == len(set(picks)) and all(0 <= i < 4 for i in picks)
 
