@@ -63,40 +63,88 @@ def sampling_generator(seed: int | None) -> Any:
     return torch.Generator().manual_seed(seed if seed is not None else secrets.randbits(63))
 
 
-def iter_samples(flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 65536) -> Any:
+def _draw(flow: Any, m: int, generator: Any) -> tuple[Any, bool]:
+    """The random half of a batch, on the calling thread: base draws z when the flow can map
+    them (``from_base``), else the whole sample. (tensor, needs from_base)."""
+    if hasattr(flow, "from_base") and hasattr(flow, "prior"):
+        p = next(flow.parameters(), None)
+        kw = {} if p is None else {"dtype": p.dtype, "device": p.device}
+        return flow.prior.sample(m, generator, **kw), True
+    return flow.sample(m, generator, batch_size=m), False
+
+
+def _rows(flow: Any, codec: Any, t: Any, mapped: bool) -> Any:
+    import torch
+
+    with torch.no_grad():
+        v = flow.from_base(t) if mapped else t
+        return codec.decode(v.cpu().numpy())
+
+
+def iter_samples(
+    flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 65536, workers: int | None = None,
+) -> Any:
     """Decoded frames of at most `batch` rows, `n` rows in all, drawn in equal shares from
     `flows` by the one explicit generator of ``sampling_generator(seed)``.
 
-    The draw depends only on the released flows, the public schema and `seed`; memory is
-    bounded by `batch` whatever `n` is.
+    Every random draw happens on the calling thread, in batch order; `workers` threads (default:
+    the CPU count, at most 8) only map the draws through the flow and decode them, so the rows
+    depend only on the released flows, the public schema, `seed` and `batch`, never on the
+    number of workers or on timing. While it runs with several workers torch's intra-op
+    threads are set to 1 (each worker then keeps a core busy; restored at the end). Memory is
+    bounded by (workers + 1) batches whatever `n` is.
     """
+    import os
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
+    workers = max(1, workers if workers is not None else min(8, os.cpu_count() or 1))
     generator = sampling_generator(seed)
     shares = [n // len(flows) + (1 if i < n % len(flows) else 0) for i in range(len(flows))]
-    with torch.no_grad():
-        for flow, share in zip(flows, shares, strict=True):
-            for start in range(0, share, batch):
-                m = min(batch, share - start)
-                yield codec.decode(flow.sample(m, generator, batch_size=m).cpu().numpy())
+    jobs = [(flow, min(batch, share - start)) for flow, share in zip(flows, shares, strict=True)
+            for start in range(0, share, batch)]
+    threads = torch.get_num_threads()
+    if workers > 1:
+        torch.set_num_threads(1)
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="privflow-sample")
+    pending: deque[Any] = deque()
+    try:
+        for flow, m in jobs:
+            with torch.no_grad():
+                t, mapped = _draw(flow, m, generator)
+            pending.append(pool.submit(_rows, flow, codec, t, mapped))
+            if len(pending) > workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
+        pool.shutdown(wait=True)
+        if workers > 1:
+            torch.set_num_threads(threads)
 
 
-def sample_rows(flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 65536) -> Any:
+def sample_rows(
+    flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 65536, workers: int | None = None,
+) -> Any:
     """Decode `n` rows drawn in equal shares from `flows` as one frame (``iter_samples``;
     the same seed and batch give the same rows as ``write_samples``)."""
     import polars as pl
 
-    parts = list(iter_samples(flows, codec, n, seed, batch))
+    parts = list(iter_samples(flows, codec, n, seed, batch, workers))
     return pl.concat(parts, rechunk=False) if parts else pl.DataFrame()
 
 
 def write_samples(
     flows: list[Any], codec: Any, n: int, path: str | Path, seed: int | None = None, batch: int = 65536,
-    progress: bool = False,
+    progress: bool = False, workers: int | None = None,
 ) -> Path:
     """Stream `n` sampled rows to `path` (.csv, or .parquet / .pq) batch by batch: CSV chunks
     are appended after one header, Parquet goes through one pyarrow ParquetWriter (a row
@@ -118,7 +166,7 @@ def write_samples(
     writer = None
     try:
         with tmp.open("wb") as fh:
-            for k, frame in enumerate(iter_samples(flows, codec, n, seed, batch)):
+            for k, frame in enumerate(iter_samples(flows, codec, n, seed, batch, workers)):
                 if suffix == ".csv":
                     frame.write_csv(fh, include_header=k == 0)
                 else:

@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 import torch
 
-from privflow.models import build_flow
 from privflow.codec import Codec
+from privflow.models import build_flow
 from privflow.sampler import sample_rows
 from privflow.schema import Schema
 
@@ -81,3 +81,10 @@ def test_iter_samples_yields_batches_of_at_most_batch_rows(flow_and_codec) -> No
     flow, codec = flow_and_codec
     sizes = [f.height for f in iter_samples([flow], codec, 100, seed=1, batch=32)]
     assert sizes == [32, 32, 32, 4]
+
+
+def test_rows_do_not_depend_on_the_number_of_workers(flow_and_codec) -> None:
+    flow, codec = flow_and_codec
+    one = sample_rows([flow, flow], codec, 250, seed=8, batch=40, workers=1)
+    three = sample_rows([flow, flow], codec, 250, seed=8, batch=40, workers=3)
+    assert one.equals(three)
