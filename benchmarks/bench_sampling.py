@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads in each child")
     ap.add_argument("--workers", type=int, default=2, help="write_samples worker threads (the machine has 2 cores)")
-    ap.add_argument("--batch", type=int, default=65536)
+    ap.add_argument("--batch", type=int, default=16384)
     ap.add_argument("--format", default="csv", choices=["csv", "parquet"])
     ap.add_argument("--child", nargs=2, metavar=("N", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -82,7 +82,7 @@ def _rows(flow: Any, codec: Any, t: Any, mapped: bool) -> Any:
 
 
 def iter_samples(
-    flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 65536, workers: int | None = None,
+    flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 16384, workers: int | None = None,
 ) -> Any:
     """Decoded frames of at most `batch` rows, `n` rows in all, drawn in equal shares from
     `flows` by the one explicit generator of ``sampling_generator(seed)``.
@@ -132,7 +132,7 @@ def iter_samples(
 
 
 def sample_rows(
-    flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 65536, workers: int | None = None,
+    flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 16384, workers: int | None = None,
 ) -> Any:
     """Decode `n` rows drawn in equal shares from `flows` as one frame (``iter_samples``;
     the same seed and batch give the same rows as ``write_samples``)."""
@@ -143,7 +143,7 @@ def sample_rows(
 
 
 def write_samples(
-    flows: list[Any], codec: Any, n: int, path: str | Path, seed: int | None = None, batch: int = 65536,
+    flows: list[Any], codec: Any, n: int, path: str | Path, seed: int | None = None, batch: int = 16384,
     progress: bool = False, workers: int | None = None,
 ) -> Path:
     """Stream `n` sampled rows to `path` (.csv, or .parquet / .pq) batch by batch: CSV chunks
