@@ -140,7 +140,7 @@ class IncrementalMADE:
             base = self.base[lo:hi]
             pre = torch.addmm(base, self.w_in[lo:hi, :i], x_t[:i]) if i else base.expand(-1, x_t.shape[1])
             hs[0][lo:hi] = self.act(pre)
-            for k, (wk, bk) in enumerate(zip(self.w_mid, self.b_mid)):
+            for k, (wk, bk) in enumerate(zip(self.w_mid, self.b_mid, strict=True)):
                 # units of degree i see units of degree <= i only (the rest of the row is masked)
                 hs[k + 1][lo:hi] = self.act(torch.addmm(bk[lo:hi], wk[lo:hi, :hi], hs[k][:hi]))
         h = self.bounds[i + 1]  # output block i sees hidden units of degree <= i only

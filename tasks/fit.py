@@ -34,7 +34,7 @@ from privflow.schema import Schema
 from privflow.tasks.dp_prior import PRIOR_CLIP, dp_prior
 from privflow.tasks.dp_stats import STATS_CLIP, dp_statistics
 from privflow.tasks.select import loglik_matrix, per_pick_epsilon, select_checkpoints
-from privflow.tasks.train import resolve_device, settings_for, train_flow_model
+from privflow.tasks.train import settings_for, train_flow_model
 
 
 @dataclass
@@ -169,22 +169,7 @@ def initialise(
 
 def nonprivate_settings(config: RunConfig, schema: Schema) -> TrainSettings:
     """The planned shape (sample rate, steps) with no clipping and no noise."""
-    shape, t = sgd_shape(config, schema), config.train
-    return TrainSettings(
-        sample_rate=shape.sample_rate,
-        steps=shape.steps,
-        noise_multiplier=0.0,
-        max_grad_norm=t.max_grad_norm,
-        clipping=t.clipping,
-        sparsity=t.sparsity,
-        optimizer=t.optimizer,
-        lr=t.lr,
-        checkpoint_every=t.checkpoint_every,
-        expected_batch_size=float(t.batch_size),
-        device=resolve_device(t.device),
-        seed=t.seed,
-        private=False,
-    )
+    return settings_for(config.train, None, sgd_shape(config, schema))
 
 
 def cumulative_epsilon(

@@ -14,7 +14,7 @@ from privflow.config import TrainConfig
 from privflow.errors import ConfigError
 from privflow.privacy.dp_sgd import TrainResult, TrainSettings, train
 from privflow.privacy.events import PoissonGaussianEvent
-from privflow.privacy.plan import StagePlan
+from privflow.privacy.plan import SGDShape, StagePlan
 from privflow.tasks._options import PRIVATE
 
 
@@ -27,15 +27,21 @@ def resolve_device(choice: str) -> str:
     return choice
 
 
-def settings_for(cfg: TrainConfig, stage: StagePlan) -> TrainSettings:
-    """Trainer settings from the config and the planned DP-SGD event."""
-    event = stage.event
-    if not isinstance(event, PoissonGaussianEvent):
-        raise TypeError(f"the train stage must plan a PoissonGaussianEvent, got {event!r}")
+def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | None = None) -> TrainSettings:
+    """Trainer settings from the config and the planned DP-SGD event; with no stage, the
+    non-private reference run of the same `shape` (no clipping, no noise)."""
+    if stage is None:
+        assert shape is not None, "a non-private run needs the planned shape"
+        sample_rate, steps, noise, private = shape.sample_rate, shape.steps, 0.0, False
+    else:
+        event = stage.event
+        if not isinstance(event, PoissonGaussianEvent):
+            raise TypeError(f"the train stage must plan a PoissonGaussianEvent, got {event!r}")
+        sample_rate, steps, noise, private = event.sample_rate, event.steps, event.noise_multiplier, True
     return TrainSettings(
-        sample_rate=event.sample_rate,
-        steps=event.steps,
-        noise_multiplier=event.noise_multiplier,
+        sample_rate=sample_rate,
+        steps=steps,
+        noise_multiplier=noise,
         max_grad_norm=cfg.max_grad_norm,
         clipping=cfg.clipping,
         sparsity=cfg.sparsity,
@@ -45,7 +51,7 @@ def settings_for(cfg: TrainConfig, stage: StagePlan) -> TrainSettings:
         expected_batch_size=float(cfg.batch_size),
         device=resolve_device(cfg.device),
         seed=cfg.seed,
-        private=True,
+        private=private,
     )
 
 
