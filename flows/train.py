@@ -256,6 +256,39 @@ def _register(
     )
 
 
+def _summary(
+    config: RunConfig,
+    plan: PrivacyPlan,
+    run_id: str,
+    mlflow_run_id: str,
+    model_name: str,
+    registered: Registered,
+    figures: dict[str, float],
+    outputs: dict[str, Any],
+    metrics: dict[str, float],
+    decision: validation_gate.GateDecision,
+    started: float,
+) -> RunSummary:
+    return RunSummary(
+        run_id=run_id,
+        mlflow_run_id=mlflow_run_id,
+        model_name=model_name,
+        model_version=registered.version,
+        alias=config.alias,
+        alias_version=registered.alias_version,
+        promotion=registered.promotion,
+        epsilon=figures["epsilon"],
+        delta=plan.delta,
+        epsilon_rdp=figures["epsilon_rdp"],
+        dataset_epsilon=figures["dataset_epsilon"],
+        stages={s.name: s.epsilon_alone for s in plan.stages},
+        metrics=metrics,
+        failing_rows_dp=max(0.0, decision.noisy_failing),
+        wall_seconds=time.monotonic() - started,
+        **outputs,
+    )
+
+
 @flow(name="privflow-train")
 def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
     """Run the whole chain once; raises a PrivflowError subclass on bad input or budget."""
@@ -308,23 +341,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
         _settle_failure(ledger, run_id, spend)
         raise
     registered = _compare_with_holder(config, model_name, registered, store, run_id)
-    return RunSummary(
-        run_id=run_id,
-        mlflow_run_id=active.info.run_id,
-        model_name=model_name,
-        model_version=registered.version,
-        alias=config.alias,
-        alias_version=registered.alias_version,
-        promotion=registered.promotion,
-        epsilon=figures["epsilon"],
-        delta=plan.delta,
-        epsilon_rdp=figures["epsilon_rdp"],
-        dataset_epsilon=figures["dataset_epsilon"],
-        stages={s.name: s.epsilon_alone for s in plan.stages},
-        synthetic_path=str(synthetic_path),
-        curator_dir=str(curator),
-        report_path=report_path,
-        metrics=metrics,
-        failing_rows_dp=max(0.0, decision.noisy_failing),
-        wall_seconds=time.monotonic() - started,
+    outputs = {"synthetic_path": str(synthetic_path), "curator_dir": str(curator), "report_path": report_path}
+    return _summary(
+        config, plan, run_id, active.info.run_id, model_name, registered, figures, outputs, metrics, decision, started
     )

@@ -178,6 +178,21 @@ def promote_if_better(
         reason = f"version {champion} encodes rows differently (schema changed): not compared, '{alias}' kept"
         return record(client, PromotionDecision(False, reason, **base))
 
+    return _compare(config, schema, new, old, settings, ledger_path, promotion_id, base)
+
+
+def _compare(
+    config: RunConfig,
+    schema: Schema,
+    new: LoadedVersion,
+    old: LoadedVersion,
+    settings: PromotionSettings,
+    ledger_path: str,
+    promotion_id: str,
+    base: dict[str, Any],
+) -> PromotionDecision:
+    """Reserve the comparison in the ledger, release the noisy margin once, record the decision."""
+    client, alias, champion = MlflowClient(), settings.alias, base["champion_version"]
     ledger = Ledger(ledger_path)
     event = settings.event()
     lid = ledger_id(promotion_id, int(task_run.run_count or 1))
