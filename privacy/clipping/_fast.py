@@ -1,0 +1,169 @@
+"""Layer-level operations of the fast clipping path (shared by the registered strategies).
+
+Per-example norms and weighted sums per layer: from stored activations and output gradients
+(``grad_samplers.GHOST_OPS``) where the layer type allows, else from per-example gradients
+materialised in small chunks of examples. See ``engine`` for the method as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from privflow.privacy.clipping.per_layer import layer_thresholds
+from privflow.privacy.clipping.per_unit import clip_per_unit, unit_factors
+from privflow.privacy.clipping.sparsify import sparsify_clipped_sum, sparsify_k
+from privflow.privacy.clipping.structure import LayerInfo
+from privflow.privacy.grad_samplers import GHOST_OPS, materialise
+from privflow.privacy.grad_samplers.registry import Call
+
+Method = Literal["fast", "hooks"]
+
+_CHUNK_ELEMENTS = 1 << 20  # per-example gradient entries per chunk: small chunks stay in cache and
+# reuse freed memory (a fresh 40 MB tensor costs more in page faults than its arithmetic)
+
+
+def chunks(n: int, layer: LayerInfo) -> list[slice]:
+    size = max(1, _CHUNK_ELEMENTS // max(1, sum(p.numel() for p in layer.params)))
+    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def ghost_ops(layer: LayerInfo, calls: Sequence[Call], method: Method) -> object | None:
+    if method != "fast":
+        return None
+    ops = GHOST_OPS.get(type(layer.module))
+    return ops if ops is not None and ops.applicable(layer.module, calls) else None
+
+
+def materialise_chunk(layer: LayerInfo, calls: Sequence[Call], sl: slice, method: Method) -> dict[nn.Parameter, Tensor]:
+    ops = ghost_ops(layer, calls, method)
+    if ops is not None:
+        return ops.materialise(layer.module, calls, sl)  # type: ignore[attr-defined]
+    return materialise(layer.module, calls, sl)
+
+
+def weighted(grads: dict[nn.Parameter, Tensor], weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+    """sum_i w_i grad_i for materialised grads, w [c] or [c, rows]."""
+    out = {}
+    for p, g in grads.items():
+        w = weights[p]
+        if w.dim() == 1:
+            out[p] = torch.einsum("n,n...->...", w.to(g.dtype), g)
+        else:
+            rows = w.shape[1]
+            out[p] = (g.reshape(g.shape[0], rows, -1) * w[..., None]).sum(0).reshape(g.shape[1:])
+    return out
+
+
+def add_into(acc: dict[nn.Parameter, Tensor], part: dict[nn.Parameter, Tensor]) -> None:
+    for p, g in part.items():
+        acc[p] = acc[p] + g if p in acc else g
+
+
+def layer_sq(
+    layer: LayerInfo, calls: Sequence[Call], n: int, method: Method
+) -> tuple[Tensor, dict[nn.Parameter, Tensor] | None]:
+    """Per-example squared norm [n] of the layer's gradient, and the materialised per-example
+    gradients when they fit in one chunk (kept for the weighted sum that follows)."""
+    ops = ghost_ops(layer, calls, method)
+    if ops is not None:
+        return sum(ops.sq_norms(layer.module, calls).values()), None  # type: ignore[attr-defined]
+    parts_sl = chunks(n, layer)
+    parts, kept = [], None
+    for sl in parts_sl:
+        g = materialise_chunk(layer, calls, sl, method)
+        parts.append(sum(v.reshape(v.shape[0], -1).pow(2).sum(1) for v in g.values()))
+        kept = g if len(parts_sl) == 1 else None
+    return torch.cat(parts), kept
+
+
+def layer_sum(
+    layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, w: Tensor,
+    kept: dict[nn.Parameter, Tensor] | None = None,
+) -> dict[nn.Parameter, Tensor]:
+    """sum_i w_i grad_i of the layer for a per-example weight w [n]."""
+    if kept is not None:
+        return weighted(kept, {p: w for p in kept})
+    ops = ghost_ops(layer, calls, method)
+    if ops is not None:
+        return ops.weighted_sum(layer.module, calls, {p: w for p in layer.params})  # type: ignore[attr-defined]
+    acc: dict[nn.Parameter, Tensor] = {}
+    for sl in chunks(n, layer):
+        g = materialise_chunk(layer, calls, sl, method)
+        add_into(acc, weighted(g, {p: w[sl] for p in g}))
+    return acc
+
+
+def per_unit_layer(
+    layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, thr: float
+) -> dict[nn.Parameter, Tensor]:
+    ops = ghost_ops(layer, calls, method)
+    stats = ops.unit_stats(layer.module, calls) if ops is not None else None  # type: ignore[attr-defined]
+    if stats is not None:
+        l1 = torch.cat([stats[p][0] for p in layer.params], 1)
+        sq = torch.cat([stats[p][1] for p in layer.params], 1)
+        f = unit_factors(l1, sq, thr)
+        weights, start = {}, 0
+        for p in layer.params:
+            rows = stats[p][0].shape[1]
+            weights[p] = f[:, start : start + rows]
+            start += rows
+        return ops.weighted_sum(layer.module, calls, weights)  # type: ignore[attr-defined]
+    acc: dict[nn.Parameter, Tensor] = {}
+    for sl in chunks(n, layer):
+        g = materialise_chunk(layer, calls, sl, method)
+        clipped = clip_per_unit([[g[p] for p in layer.params]], [thr])[0]
+        add_into(acc, {p: c.sum(0) for p, c in zip(layer.params, clipped)})
+    return acc
+
+
+def sparsify_layer(
+    layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, thr: float, sparsity: float, gamma: Tensor
+) -> dict[nn.Parameter, Tensor]:
+    """sum_i clip_{C_l}(T(g_i)) for one layer, in chunks of examples. Structurally zero
+    entries (a MADE mask) are left out of the selection: they are 0 and stay 0 under T, and
+    the k-th largest entry is the same with or without them (k <= free entries)."""
+    ops = ghost_ops(layer, calls, method)
+    cols = ops.free_columns(layer.module) if ops is not None else {}  # type: ignore[attr-defined]
+    k = sparsify_k(layer.complexity, sparsity)
+    total: Tensor | None = None
+    for sl in chunks(n, layer):
+        if ops is not None:
+            g = ops.materialise(layer.module, calls, sl, apply_mask=False)  # type: ignore[attr-defined]
+        else:
+            g = materialise(layer.module, calls, sl)
+        parts = []
+        for p in layer.params:
+            v = g[p].reshape(g[p].shape[0], -1)
+            idx = cols.get(p)
+            parts.append(v if idx is None else torch.index_select(v, 1, idx))
+        part = sparsify_clipped_sum(torch.cat(parts, 1) if len(parts) > 1 else parts[0], k, gamma[sl], thr)
+        total = part if total is None else total + part
+    out, start = {}, 0
+    assert total is not None
+    for p in layer.params:
+        idx = cols.get(p)
+        size = p.numel() if idx is None else idx.numel()
+        piece = total[start : start + size]
+        if idx is not None:
+            piece = torch.zeros(p.numel(), dtype=piece.dtype, device=piece.device).index_copy_(0, idx, piece)
+        out[p] = piece.reshape(p.shape)
+        start += size
+    return out
+
+
+def thresholds(layers: Sequence[LayerInfo], max_grad_norm: float, active: Sequence[LayerInfo]) -> list[float]:
+    """Thresholds of the active layers, from the split over ALL layers (a fixed, public split)."""
+    all_thr = dict(zip((id(layer) for layer in layers), layer_thresholds(layers, max_grad_norm)))
+    return [all_thr[id(layer)] for layer in active]
+
+
+def gammas(n: int, count: int, generator: torch.Generator | None, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
+    gen_device = generator.device if generator is not None else device
+    u = 1.0 - torch.rand((count, n), generator=generator, device=gen_device, dtype=dtype).to(device)  # (0, 1]
+    return list(u)
+
+
