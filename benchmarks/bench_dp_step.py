@@ -46,11 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", default="dphflow", choices=["dphflow", "maf"])
     ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--rounds", type=int, default=11, help="timed steps per method (naive loop: 1)")
+    ap.add_argument("--rounds", type=int, default=11, help="interleaved timed rounds, at least 11 (naive loop: 1)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.rounds < 11:
+        ap.error("--rounds must be at least 11 (medians over interleaved rounds)")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"--device {args.device}: no CUDA device on this machine; nothing measured.")
+        return 0
 
     from privflow.models import build_flow
     from privflow.privacy.clipping import clipped_gradient_sum, model_layers
