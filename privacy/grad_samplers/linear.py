@@ -68,11 +68,20 @@ class LinearGhost:
             sizes.add(a.shape[0])
         return len(sizes) == 1
 
-    @staticmethod
-    def _stack(calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
+    def _stack(self, calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
+        """Activations and output gradients of all calls stacked: [J, n, in], [J, n, out].
+        The last result is kept (keyed by the identity of the recorded tensors): a step asks
+        for it once for the norms and again for every chunk of examples."""
         gs = [split_backprops(c.backprops)[0] for c in calls]
-        a = torch.stack([c.activations[0].to(gs[0].dtype) for c in calls])
-        return a, torch.stack(gs)  # [J, n, in], [J, n, out]
+        acts = [c.activations[0] for c in calls]
+        key = tuple(id(t) for t in acts) + tuple(id(t) for t in gs)
+        cached = getattr(self, "_cache", None)
+        if cached is not None and cached[0] == key and all(x is y for x, y in zip(cached[1], acts + gs)):
+            return cached[2], cached[3]
+        a = torch.stack([t.to(gs[0].dtype) for t in acts])
+        g = torch.stack(gs)
+        self._cache = (key, acts + gs, a, g)
+        return a, g
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         a, g = self._stack(calls)
