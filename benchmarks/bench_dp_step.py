@@ -68,8 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-3)
     layers = model_layers(model)
-    settings = TrainSettings(sample_rate=args.batch / len(data), steps=1, noise_multiplier=1.0, max_grad_norm=1.0,
-                             expected_batch_size=float(args.batch), device=args.device)
+    settings = TrainSettings(
+        sample_rate=args.batch / len(data),
+        steps=1,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=float(args.batch),
+        device=args.device,
+    )
     noise_gen = torch.Generator(device=device).manual_seed(1)
     sp_gen = torch.Generator(device=device).manual_seed(2)
     g = torch.Generator().manual_seed(0)
@@ -85,11 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     def dp(clipping: str, method: str = "fast") -> Callable[[Tensor], None]:
         def step(x: Tensor) -> None:
             opt.zero_grad(set_to_none=True)
-            res = clipped_gradient_sum(model, x, clipping=clipping, max_grad_norm=1.0, sparsity=0.5,
-                                       generator=sp_gen, method=method, layers=layers)  # type: ignore[arg-type]
+            res = clipped_gradient_sum(
+                model,
+                x,
+                clipping=clipping,
+                max_grad_norm=1.0,
+                sparsity=0.5,
+                generator=sp_gen,
+                method=method,
+                layers=layers,
+            )  # type: ignore[arg-type]
             for p in params:
                 p.grad = noisy_gradient(res.grads[p], settings, noise_gen)
             opt.step()
+
         return step
 
     def naive(x: Tensor) -> None:
@@ -98,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
         total = [torch.zeros_like(p) for p in params]
         for i in range(x.shape[0]):
             grads = torch.autograd.grad(-model.log_prob(x[i : i + 1]).sum(), params, allow_unused=True)
-            grads = [torch.zeros_like(p) if gr is None else gr for p, gr in zip(params, grads)]
+            grads = [torch.zeros_like(p) if gr is None else gr for p, gr in zip(params, grads, strict=False)]
             norm = torch.sqrt(sum(gr.pow(2).sum() for gr in grads))
             scale = torch.clamp(1.0 / (norm + 1e-12), max=1.0)
-            for t, gr in zip(total, grads):
+            for t, gr in zip(total, grads, strict=False):
                 t.add_(gr * scale)
-        for p, t in zip(params, total):
+        for p, t in zip(params, total, strict=False):
             p.grad = noisy_gradient(t, settings, noise_gen)
         opt.step()
 
@@ -117,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "DP flat, naive per-example loop": naive,
     }
     times: dict[str, list[float]] = {k: [] for k in methods}
-    for name, fn in methods.items():  # warm-up
+    for fn in methods.values():  # warm-up
         fn(batch())
     for r in range(args.rounds):
         for name, fn in methods.items():
@@ -134,13 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     low = {k: min(v) for k, v in times.items()}
     base, loop = med["non-private"], med["DP flat, naive per-example loop"]
     n_params = sum(p.numel() for p in params)
-    print(f"\n{args.model}, {n_params} parameters, batch {args.batch}, device {device}, "
-          f"threads {torch.get_num_threads()}, {args.rounds} round-robin rounds (naive loop: 1)\n")
-    print("| step | ms/step (median) | ms/step (min) | x non-private (median) | x non-private (min) | naive loop / this |")
+    print(
+        f"\n{args.model}, {n_params} parameters, batch {args.batch}, device {device}, "
+        f"threads {torch.get_num_threads()}, {args.rounds} round-robin rounds (naive loop: 1)\n"
+    )
+    print(
+        "| step | ms/step (median) | ms/step (min) | x non-private (median) | x non-private (min) | naive loop / this |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for k in med:
-        print(f"| {k} | {med[k]:.1f} | {low[k]:.1f} | {med[k] / base:.2f} | {low[k] / low['non-private']:.2f} "
-              f"| {loop / med[k]:.1f} |")
+        print(
+            f"| {k} | {med[k]:.1f} | {low[k]:.1f} | {med[k] / base:.2f} | {low[k] / low['non-private']:.2f} "
+            f"| {loop / med[k]:.1f} |"
+        )
     return 0
 
 

@@ -8,7 +8,8 @@ subprocess, so start-up (imports, model build) is the same for all and peak memo
 (n_large - n_small) / (t_large - t_small) on the write time of each child (start-up excluded;
 the difference also removes any fixed per-call cost). Prints a Markdown table.
 
-    .venv/bin/python benchmarks/bench_sampling.py [--sizes 100000 1000000 10000000] [--workers 2] [--threads 1] [--format csv|parquet]
+    .venv/bin/python benchmarks/bench_sampling.py [--sizes 100000 1000000 10000000] [--workers 2] [--threads 1] \
+        [--format csv|parquet]
 """
 
 from __future__ import annotations
@@ -55,8 +56,17 @@ def child(n: int, path: str, threads: int, batch: int, workers: int) -> None:
     t0 = time.perf_counter()
     write_samples([flow], codec, n, path, seed=0, batch=batch, workers=workers)
     dt = time.perf_counter() - t0
-    print(json.dumps({"n": n, "seconds": dt, "peak_rss_mb": peak_rss_mb(), "startup_rss_mb": start_rss,
-                      "bytes": os.path.getsize(path)}))
+    print(
+        json.dumps(
+            {
+                "n": n,
+                "seconds": dt,
+                "peak_rss_mb": peak_rss_mb(),
+                "startup_rss_mb": start_rss,
+                "bytes": os.path.getsize(path),
+            }
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,17 +85,37 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for n in sorted(args.sizes):
             path = str(Path(tmp) / f"s{n}.{args.format}")
-            res = subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--batch", str(args.batch),
-                                  "--workers", str(args.workers), "--child", str(n), path], capture_output=True, text=True, check=True)
+            res = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--threads",
+                    str(args.threads),
+                    "--batch",
+                    str(args.batch),
+                    "--workers",
+                    str(args.workers),
+                    "--child",
+                    str(n),
+                    path,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
             os.unlink(path)
-    print(f"\nDP-HFlow (defaults), Adult schema, random weights, {args.format}, batch {args.batch}, "
-          f"workers {args.workers}, torch threads {args.threads}, one subprocess per size\n")
+    print(
+        f"\nDP-HFlow (defaults), Adult schema, random weights, {args.format}, batch {args.batch}, "
+        f"workers {args.workers}, torch threads {args.threads}, one subprocess per size\n"
+    )
     print("| rows | write s | rows/s (average) | peak RSS MB | RSS after start-up MB | file MB |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['n']:,} | {r['seconds']:.1f} | {r['n'] / r['seconds']:,.0f} | {r['peak_rss_mb']:.0f} "
-              f"| {r['startup_rss_mb']:.0f} | {r['bytes'] / 2**20:.0f} |")
+        print(
+            f"| {r['n']:,} | {r['seconds']:.1f} | {r['n'] / r['seconds']:,.0f} | {r['peak_rss_mb']:.0f} "
+            f"| {r['startup_rss_mb']:.0f} | {r['bytes'] / 2**20:.0f} |"
+        )
     if len(rows) >= 2:
         a, b = rows[0], rows[-1]
         print(f"\nmarginal rows/s ({a['n']:,} -> {b['n']:,}): {(b['n'] - a['n']) / (b['seconds'] - a['seconds']):,.0f}")

@@ -121,16 +121,14 @@ def poisson_sample(n: int, sample_rate: float, generator: torch.Generator) -> Te
     return (torch.rand(n, generator=generator) < sample_rate).nonzero().squeeze(1)
 
 
-def noisy_gradient(
-    clipped_sum: Tensor, settings: TrainSettings, generator: torch.Generator
-) -> Tensor:
+def noisy_gradient(clipped_sum: Tensor, settings: TrainSettings, generator: torch.Generator) -> Tensor:
     """(sum of clipped grads + N(0, (sigma C)^2)) / expected_batch_size."""
     noise = torch.randn(clipped_sum.shape, generator=generator, device=clipped_sum.device, dtype=clipped_sum.dtype)
     return (clipped_sum + settings.noise_multiplier * settings.max_grad_norm * noise) / settings.expected_batch_size
 
 
 def resolve_device(name: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else as torch names it."""
+    """ "auto" -> cuda when available, else cpu; anything else as torch names it."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -184,9 +182,16 @@ def train(
             if settings.private:
                 if len(idx) > 0:
                     res = clipped_gradient_sum(
-                        model, batch, clipping=settings.clipping, max_grad_norm=settings.max_grad_norm,
-                        sparsity=settings.sparsity, generator=sparsify_gen, method="fast",
-                        check=not checked, layers=layers, noise=deq,
+                        model,
+                        batch,
+                        clipping=settings.clipping,
+                        max_grad_norm=settings.max_grad_norm,
+                        sparsity=settings.sparsity,
+                        generator=sparsify_gen,
+                        method="fast",
+                        check=not checked,
+                        layers=layers,
+                        noise=deq,
                     )
                     checked = True
                     result.nonfinite_examples += res.nonfinite_examples

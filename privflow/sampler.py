@@ -25,8 +25,8 @@ class FlowSampler(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         import torch
 
-        from privflow.models import build_flow
         from privflow.codec import Codec
+        from privflow.models import build_flow
         from privflow.schema import Schema
 
         meta = json.loads(Path(context.artifacts["meta"]).read_text())
@@ -82,7 +82,12 @@ def _rows(flow: Any, codec: Any, t: Any, mapped: bool) -> Any:
 
 
 def iter_samples(
-    flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 16384, workers: int | None = None,
+    flows: list[Any],
+    codec: Any,
+    n: int,
+    seed: int | None = None,
+    batch: int = 16384,
+    workers: int | None = None,
 ) -> Any:
     """Decoded frames of at most `batch` rows, `n` rows in all, drawn in equal shares from
     `flows` by the one explicit generator of ``sampling_generator(seed)``.
@@ -107,8 +112,11 @@ def iter_samples(
     workers = max(1, workers if workers is not None else min(8, os.cpu_count() or 1))
     generator = sampling_generator(seed)
     shares = [n // len(flows) + (1 if i < n % len(flows) else 0) for i in range(len(flows))]
-    jobs = [(flow, min(batch, share - start)) for flow, share in zip(flows, shares, strict=True)
-            for start in range(0, share, batch)]
+    jobs = [
+        (flow, min(batch, share - start))
+        for flow, share in zip(flows, shares, strict=True)
+        for start in range(0, share, batch)
+    ]
     threads = torch.get_num_threads()
     if workers > 1:
         torch.set_num_threads(1)
@@ -132,7 +140,12 @@ def iter_samples(
 
 
 def sample_rows(
-    flows: list[Any], codec: Any, n: int, seed: int | None = None, batch: int = 16384, workers: int | None = None,
+    flows: list[Any],
+    codec: Any,
+    n: int,
+    seed: int | None = None,
+    batch: int = 16384,
+    workers: int | None = None,
 ) -> Any:
     """Decode `n` rows drawn in equal shares from `flows` as one frame (``iter_samples``;
     the same seed and batch give the same rows as ``write_samples``)."""
@@ -143,8 +156,14 @@ def sample_rows(
 
 
 def write_samples(
-    flows: list[Any], codec: Any, n: int, path: str | Path, seed: int | None = None, batch: int = 16384,
-    progress: bool = False, workers: int | None = None,
+    flows: list[Any],
+    codec: Any,
+    n: int,
+    path: str | Path,
+    seed: int | None = None,
+    batch: int = 16384,
+    progress: bool = False,
+    workers: int | None = None,
 ) -> Path:
     """Stream `n` sampled rows to `path` (.csv, or .parquet / .pq) batch by batch: CSV chunks
     are appended after one header, Parquet goes through one pyarrow ParquetWriter (a row

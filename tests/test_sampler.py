@@ -69,10 +69,11 @@ def test_write_samples_leaves_the_global_rng_alone(flow_and_codec, tmp_path) -> 
     from privflow.sampler import write_samples
 
     flow, codec = flow_and_codec
-    torch.manual_seed(3)
-    before = torch.random.get_rng_state().clone()
-    write_samples([flow], codec, 50, tmp_path / "a.csv", batch=16)
-    assert torch.equal(torch.random.get_rng_state(), before)
+    with torch.random.fork_rng():  # leave later tests the global state they had before
+        torch.manual_seed(3)
+        before = torch.random.get_rng_state().clone()
+        write_samples([flow], codec, 50, tmp_path / "a.csv", batch=16)
+        assert torch.equal(torch.random.get_rng_state(), before)
 
 
 def test_iter_samples_yields_batches_of_at_most_batch_rows(flow_and_codec) -> None:

@@ -81,7 +81,11 @@ def layer_sq(
 
 
 def layer_sum(
-    layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, w: Tensor,
+    layer: LayerInfo,
+    calls: Sequence[Call],
+    n: int,
+    method: Method,
+    w: Tensor,
     kept: dict[nn.Parameter, Tensor] | None = None,
 ) -> dict[nn.Parameter, Tensor]:
     """sum_i w_i grad_i of the layer for a per-example weight w [n]."""
@@ -116,7 +120,7 @@ def per_unit_layer(
     for sl in chunks(n, layer):
         g = materialise_chunk(layer, calls, sl, method)
         clipped = clip_per_unit([[g[p] for p in layer.params]], [thr])[0]
-        add_into(acc, {p: c.sum(0) for p, c in zip(layer.params, clipped)})
+        add_into(acc, {p: c.sum(0) for p, c in zip(layer.params, clipped, strict=False)})
     return acc
 
 
@@ -157,13 +161,13 @@ def sparsify_layer(
 
 def thresholds(layers: Sequence[LayerInfo], max_grad_norm: float, active: Sequence[LayerInfo]) -> list[float]:
     """Thresholds of the active layers, from the split over ALL layers (a fixed, public split)."""
-    all_thr = dict(zip((id(layer) for layer in layers), layer_thresholds(layers, max_grad_norm)))
+    all_thr = dict(zip((id(layer) for layer in layers), layer_thresholds(layers, max_grad_norm), strict=False))
     return [all_thr[id(layer)] for layer in active]
 
 
-def gammas(n: int, count: int, generator: torch.Generator | None, device: torch.device, dtype: torch.dtype) -> list[Tensor]:
+def gammas(
+    n: int, count: int, generator: torch.Generator | None, device: torch.device, dtype: torch.dtype
+) -> list[Tensor]:
     gen_device = generator.device if generator is not None else device
     u = 1.0 - torch.rand((count, n), generator=generator, device=gen_device, dtype=dtype).to(device)  # (0, 1]
     return list(u)
-
-

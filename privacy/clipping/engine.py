@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from privflow.privacy.clipping import strategies as _strategies  # noqa: F401  (registers the strategies)
 from privflow.privacy.clipping._fast import Method, add_into, layer_sq, layer_sum
-from privflow.privacy.clipping.registry import CLIPPING_STRATEGIES, StepContext, bounded_clippings, get_clipping
+from privflow.privacy.clipping.registry import StepContext, bounded_clippings, get_clipping
 from privflow.privacy.clipping.structure import LayerInfo, model_layers
 from privflow.privacy.grad_samplers import Tape, materialise
 from privflow.privacy.grad_samplers.registry import Call
@@ -231,7 +231,7 @@ def _clipped_pass(
     bad = ~torch.isfinite(losses) | _nonfinite_rows(calls, n, losses.device)
     if bool(bad.any()):
         return None, losses, bad
-    active = [(layer, c) for layer, c in zip(layers, calls) if c]
+    active = [(layer, c) for layer, c in zip(layers, calls, strict=False) if c]
     ctx = StepContext(active, layers, n, method, max_grad_norm, sparsity, generator, dtype, x.device)
     if check:
         unclipped: dict[nn.Parameter, Tensor] = {}
@@ -265,7 +265,11 @@ def _hooks(ctx: StepContext, strategy: object) -> dict[nn.Parameter, Tensor]:
         g = materialise(layer.module, c)
         grads.append([g[p] for p in layer.params])
     clipped = strategy.reference(ctx, grads)  # type: ignore[attr-defined]
-    return {p: g.sum(0) for (layer, _), cl in zip(ctx.active, clipped) for p, g in zip(layer.params, cl)}
+    return {
+        p: g.sum(0)
+        for (layer, _), cl in zip(ctx.active, clipped, strict=False)
+        for p, g in zip(layer.params, cl, strict=False)
+    }
 
 
 def _compare(
@@ -275,7 +279,7 @@ def _compare(
     layers: Sequence[LayerInfo],
 ) -> None:
     names = {p: f"{layer.name}.{k}" for layer in layers for k, p in layer.module.named_parameters(recurse=False)}
-    for p, ref in zip(params, batch_grads):
+    for p, ref in zip(params, batch_grads, strict=False):
         ref = torch.zeros_like(p) if ref is None else ref
         got = unclipped.get(p, torch.zeros_like(p))
         err = float((got - ref).norm())

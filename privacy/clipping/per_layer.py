@@ -29,7 +29,11 @@ def layer_thresholds(layers: Sequence[LayerInfo], max_grad_norm: float) -> list[
     for layer in layers:
         total = networks[layer.network]
         # A network whose parameters are all structurally zero still gets an equal split.
-        frac = layer.complexity / total if total > 0 else 1.0 / sum(1 for l in layers if l.network == layer.network)
+        frac = (
+            layer.complexity / total
+            if total > 0
+            else 1.0 / sum(1 for other in layers if other.network == layer.network)
+        )
         out.append(float((share * frac) ** 0.5))
     return out
 

@@ -40,7 +40,7 @@ def unit_factors(l1: Tensor, sq: Tensor, layer_threshold: float) -> Tensor:
 def clip_per_unit(grads: Sequence[Sequence[Tensor]], thresholds: Sequence[float]) -> list[list[Tensor]]:
     """Clip each layer's materialised per-example gradient unit by unit."""
     out = []
-    for layer, thr in zip(grads, thresholds):
+    for layer, thr in zip(grads, thresholds, strict=False):
         stats = [row_stats(g) for g in layer]
         f = unit_factors(torch.cat([s[0] for s in stats], 1), torch.cat([s[1] for s in stats], 1), thr)
         clipped, start = [], 0

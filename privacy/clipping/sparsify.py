@@ -16,10 +16,9 @@ Clipping after T keeps the bound ||clipped|| <= C_l, so noise calibrated to C is
 from __future__ import annotations
 
 import math
-
-import numpy as np
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -96,7 +95,7 @@ def clip_sparsify(
     ``gammas[l]`` holds the layer's uniform draws, one per example ([n]).
     """
     out = []
-    for layer, thr, m, gamma in zip(grads, thresholds, free_entries, gammas):
+    for layer, thr, m, gamma in zip(grads, thresholds, free_entries, gammas, strict=False):
         flat = torch.cat([flat_view(g) for g in layer], 1)
         t = stochastic_sparsify(flat, sparsify_k(m, sparsity), gamma)
         t = t * factor(t.norm(dim=1), thr)[:, None]

@@ -11,7 +11,13 @@ import torch
 from torch import Tensor, nn
 
 from privflow.privacy.clipping._fast import (
-    add_into, gammas, layer_sq, layer_sum, per_unit_layer, sparsify_layer, thresholds,
+    add_into,
+    gammas,
+    layer_sq,
+    layer_sum,
+    per_unit_layer,
+    sparsify_layer,
+    thresholds,
 )
 from privflow.privacy.clipping.flat import clip_flat, flat_factors
 from privflow.privacy.clipping.per_layer import clip_per_layer, per_layer_factors
@@ -44,7 +50,7 @@ class _NormScaled:
         bad = ~torch.isfinite(sq.sum(1))
         if bool(bad.any()):
             return None, bad
-        for (layer, c), w, (_, kept) in zip(ctx.active, self.factors(ctx, sq), norms):
+        for (layer, c), w, (_, kept) in zip(ctx.active, self.factors(ctx, sq), norms, strict=False):
             add_into(out, layer_sum(layer, c, ctx.n, ctx.method, w, kept))  # type: ignore[arg-type]
         return out, None
 
@@ -75,7 +81,7 @@ class PerUnit:
 
     def fast(self, ctx: StepContext) -> tuple[Sums | None, Tensor | None]:
         out: Sums = {}
-        for (layer, c), t in zip(ctx.active, _active_thresholds(ctx)):
+        for (layer, c), t in zip(ctx.active, _active_thresholds(ctx), strict=False):
             add_into(out, per_unit_layer(layer, c, ctx.n, ctx.method, t))  # type: ignore[arg-type]
         return out, None
 
@@ -92,13 +98,15 @@ class Sparsify:
     def fast(self, ctx: StepContext) -> tuple[Sums | None, Tensor | None]:
         out: Sums = {}
         gs = gammas(ctx.n, len(ctx.active), ctx.generator, ctx.device, ctx.dtype)
-        for (layer, c), t, gamma in zip(ctx.active, _active_thresholds(ctx), gs):
+        for (layer, c), t, gamma in zip(ctx.active, _active_thresholds(ctx), gs, strict=False):
             add_into(out, sparsify_layer(layer, c, ctx.n, ctx.method, t, ctx.sparsity, gamma))  # type: ignore[arg-type]
         return out, None
 
     def reference(self, ctx: StepContext, grads: list[list[Tensor]]) -> list[list[Tensor]]:
         gs = gammas(ctx.n, len(ctx.active), ctx.generator, grads[0][0].device, grads[0][0].dtype)
-        return clip_sparsify(grads, _active_thresholds(ctx), ctx.sparsity, [l.complexity for l, _ in ctx.active], gs)
+        return clip_sparsify(
+            grads, _active_thresholds(ctx), ctx.sparsity, [layer.complexity for layer, _ in ctx.active], gs
+        )
 
 
 @register_clipping("none")

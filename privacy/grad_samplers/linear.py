@@ -25,8 +25,8 @@ from privflow.privacy.grad_samplers.registry import Call, register_ghost
 
 _CHUNK_ELEMENTS = 1 << 20  # per-example gradient entries per chunk: small chunks stay in cache and
 # reuse freed memory (a fresh 40 MB tensor costs more in page faults than its arithmetic)
-_FREE: "weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, Tensor]]" = weakref.WeakKeyDictionary()
-_GROUPS: "weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, Tensor, Tensor, Tensor]]" = weakref.WeakKeyDictionary()
+_FREE: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, Tensor]] = weakref.WeakKeyDictionary()
+_GROUPS: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, Tensor, Tensor, Tensor]] = weakref.WeakKeyDictionary()
 
 
 def mask_groups(layer: nn.Module, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -76,7 +76,7 @@ class LinearGhost:
         acts = [c.activations[0] for c in calls]
         key = tuple(id(t) for t in acts) + tuple(id(t) for t in gs)
         cached = getattr(self, "_cache", None)
-        if cached is not None and cached[0] == key and all(x is y for x, y in zip(cached[1], acts + gs)):
+        if cached is not None and cached[0] == key and all(x is y for x, y in zip(cached[1], acts + gs, strict=False)):
             return cached[2], cached[3]
         a = torch.stack([t.to(gs[0].dtype) for t in acts])
         g = torch.stack(gs)
@@ -138,9 +138,7 @@ class LinearGhost:
             out[layer.bias] = None
         return out
 
-    def unit_stats(
-        self, layer: nn.Module, calls: Sequence[Call]
-    ) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
+    def unit_stats(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
         a, g = self._stack(calls)
         out: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
         if layer.weight.requires_grad:

@@ -21,8 +21,11 @@ from privflow.privacy.grad_samplers._common import accepts_tuple, logdet_term, s
 def _logdet_grads(layer: LowRankLinear, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     """Gradient of log|det W| w.r.t. (log_s, A, B): a property of the weights, not of the data."""
     with torch.enable_grad():
-        ps = [layer.log_s.detach().to(dtype).requires_grad_(), layer.A.detach().to(dtype).requires_grad_(),
-              layer.B.detach().to(dtype).requires_grad_()]
+        ps = [
+            layer.log_s.detach().to(dtype).requires_grad_(),
+            layer.A.detach().to(dtype).requires_grad_(),
+            layer.B.detach().to(dtype).requires_grad_(),
+        ]
         log_s, a, b = ps
         if layer.rank == 1:
             c = 1.0 + (b[0] * torch.exp(-log_s) * a[:, 0]).sum()
@@ -36,9 +39,7 @@ def _logdet_grads(layer: LowRankLinear, dtype: torch.dtype) -> tuple[Tensor, Ten
 
 @register_grad_sampler(LowRankLinear)
 @accepts_tuple
-def low_rank_grad_sample(
-    layer: LowRankLinear, activations: list[Any], backprops: Any
-) -> dict[nn.Parameter, Tensor]:
+def low_rank_grad_sample(layer: LowRankLinear, activations: list[Any], backprops: Any) -> dict[nn.Parameter, Tensor]:
     """Eq. (4) per example, plus the log-determinant term."""
     g, gld = split_backprops(backprops)
     x = activations[0].to(g.dtype)

@@ -37,9 +37,7 @@ class GhostOps(Protocol):
         """Per-example squared norm [n] of each parameter's gradient summed over the calls."""
         ...
 
-    def unit_stats(
-        self, layer: nn.Module, calls: Sequence[Call]
-    ) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
+    def unit_stats(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
         """Per-example, per-row (L1 norm, squared L2 norm), each [n, rows]; None: materialise."""
         ...
 

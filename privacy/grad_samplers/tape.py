@@ -50,7 +50,7 @@ class Tape:
         self._handles: list[Any] = []
         self.enabled = True
 
-    def __enter__(self) -> "Tape":
+    def __enter__(self) -> Tape:
         for m in self.layers:
             self._handles.append(m.register_forward_hook(self._hook, with_kwargs=True))
         return self
@@ -82,7 +82,7 @@ class Tape:
         live = [(c, i, t, k) for c, i, t, k in self._outputs if t.requires_grad]
         targets = [t for _, _, t, _ in live] + list(extra)
         grads = torch.autograd.grad(loss, targets, allow_unused=True) if targets else ()
-        for (call, i, t, k), g in zip(live, grads):
+        for (call, i, t, k), g in zip(live, grads, strict=False):
             g = torch.zeros_like(t) if g is None else g
             if k == 0:
                 call.backprops = g
@@ -93,7 +93,7 @@ class Tape:
                 if isinstance(call.backprops, list):
                     call.backprops = tuple(call.backprops)
         self._outputs.clear()
-        return list(grads[len(live):])
+        return list(grads[len(live) :])
 
 
 def slice_call(call: Call, sl: slice, n: int) -> Call:
@@ -125,11 +125,11 @@ def _functorch_grad_sample(layer: nn.Module, call: Call) -> dict[nn.Parameter, T
     batched = [isinstance(a, Tensor) and a.dim() > 0 and a.shape[0] == n for a in args]
 
     def one(p: dict[str, Tensor], xs: list[Any], gs: tuple[Any, ...]) -> Tensor:
-        full = [x.unsqueeze(0) if b else x for x, b in zip(xs, batched)]
+        full = [x.unsqueeze(0) if b else x for x, b in zip(xs, batched, strict=False)]
         out = functional_call(layer, p, tuple(full), call.kwargs)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         total = torch.zeros((), dtype=next(iter(p.values())).dtype, device=next(iter(p.values())).device)
-        for o, g in zip(outs, gs):
+        for o, g in zip(outs, gs, strict=False):
             if isinstance(o, Tensor) and isinstance(g, Tensor):
                 total = total + (o.squeeze(0) * g).sum()
         return total
