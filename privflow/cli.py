@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -35,9 +35,7 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
 StoreOpt = Annotated[
     Path, typer.Option("--store", help="Folder for the MLflow SQLite store, artifacts, ledger and synthetic tables.")
 ]
-VerboseOpt = Annotated[
-    bool, typer.Option("--verbose", "-v", help="Show library logs, warnings and tracebacks.")
-]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show library logs, warnings and tracebacks.")]
 PromoteOpt = Annotated[
     str | None,
     typer.Option(
@@ -257,8 +255,13 @@ def _print_summary(summary: object) -> None:
         table.add_row(f"  stage {stage}", f"{eps:.4f} alone")
     table.add_row("dataset cumulative epsilon", f"{s.dataset_epsilon:.4f}")
     metrics = get("metrics") or {}
-    for key in ("utility/macro_f1_mean", "utility/auroc_mean", "utility/ap_mean", "likelihood/test_nats_per_row",
-                "fidelity/tv_mean"):
+    for key in (
+        "utility/macro_f1_mean",
+        "utility/auroc_mean",
+        "utility/ap_mean",
+        "likelihood/test_nats_per_row",
+        "fidelity/tv_mean",
+    ):
         if key in metrics:
             table.add_row(f"{key} (not DP)", f"{metrics[key]:.4f}")
     table.add_row("rows quarantined (not DP)", str(get("rows_quarantined", 0)))
@@ -295,7 +298,7 @@ def generate(
     model: Annotated[str, typer.Option("--model", help="NAME@ALIAS or NAME/VERSION of a registered model.")],
     n: Annotated[int, typer.Option("-n", help="Number of rows to sample.", min=1)],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output file (.csv or .parquet).")],
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed for reproducible samples.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed for reproducible samples.")] = None,
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
 ) -> None:
@@ -311,9 +314,9 @@ def _generate(model: str, n: int, out: Path, seed: int | None, store: Path, verb
     from privflow import env
 
     env.configure(store, verbose=verbose)
-    from privflow.registry import load_generator
-
     import mlflow  # noqa: F401 - imported here so its event messages can be switched off
+
+    from privflow.registry import load_generator
 
     env.quiet_imported(verbose)
 

@@ -62,9 +62,7 @@ class Codec:
             else:
                 lo, hi = col.bounds  # type: ignore[misc]
                 if col.type == "integer" and math.ceil(lo) > math.floor(hi):
-                    raise SchemaError(
-                        f"Column '{col.name}' is integer but its bounds [{lo}, {hi}] hold no integer."
-                    )
+                    raise SchemaError(f"Column '{col.name}' is integer but its bounds [{lo}, {hi}] hold no integer.")
                 feats.append(Feature(col.name, col.name, "continuous", None))
                 if col.nullable:
                     feats.append(Feature(f"{col.name}__missing", col.name, "categorical", 2))
@@ -240,8 +238,11 @@ def restore_types(frame: pl.DataFrame, schema: Schema) -> pl.DataFrame:
             c = pl.col(col.name)
             if dtype.is_float():
                 c = pl.when(c.is_nan()).then(None).otherwise(c)
-            exprs.append(c.round(0).cast(pl.Int64, strict=False).alias(col.name) if dtype.is_float()
-                         else c.cast(pl.Int64, strict=False).alias(col.name))
+            exprs.append(
+                c.round(0).cast(pl.Int64, strict=False).alias(col.name)
+                if dtype.is_float()
+                else c.cast(pl.Int64, strict=False).alias(col.name)
+            )
         elif col.type == "numeric":
             exprs.append(pl.col(col.name).cast(pl.Float64, strict=False).fill_nan(None).alias(col.name))
         else:

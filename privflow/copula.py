@@ -140,12 +140,12 @@ def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int
         cuts[0], cuts[-1] = lo_i, hi_i + 1
         starts = np.unique(np.clip(cuts[:-1], lo_i, hi_i))
     ends = np.append(starts[1:], hi_i + 1).astype(np.int64)
-    return Cells(col.name, "integer", col.nullable, col.transform, starts=starts, ends=ends,
-                 bounds=(float(lo_i), float(hi_i)))
+    return Cells(
+        col.name, "integer", col.nullable, col.transform, starts=starts, ends=ends, bounds=(float(lo_i), float(hi_i))
+    )
 
 
-def schema_cells(schema: Schema, max_atoms: int = DEFAULT_MAX_ATOMS,
-                 grid_bins: int = DEFAULT_GRID_BINS) -> list[Cells]:
+def schema_cells(schema: Schema, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS) -> list[Cells]:
     """`column_cells` for every column, in schema order."""
     return [column_cells(c, max_atoms, grid_bins) for c in schema.columns]
 
@@ -171,12 +171,13 @@ def cell_positions(s: pl.Series, cells: Cells) -> tuple[np.ndarray, np.ndarray]:
     pos = np.full(n, np.nan)
     if cells.kind == "categorical":
         labels = list(cells.labels)
-        codes = s.cast(pl.String).replace_strict(labels, list(range(len(labels))), default=None,
-                                                 return_dtype=pl.Int64)
+        codes = s.cast(pl.String).replace_strict(labels, list(range(len(labels))), default=None, return_dtype=pl.Int64)
         unknown = codes.is_null().to_numpy() & ~isnull
         if unknown.any():
-            raise DataError(f"Column '{cells.column}': {int(unknown.sum())} value(s) are not in its declared "
-                            "categories; validate the table first.")
+            raise DataError(
+                f"Column '{cells.column}': {int(unknown.sum())} value(s) are not in its declared "
+                "categories; validate the table first."
+            )
         idx = codes.fill_null(0).to_numpy().astype(np.int64)
     else:
         x = _numbers(s, cells.column)
@@ -196,8 +197,10 @@ def cell_positions(s: pl.Series, cells: Cells) -> tuple[np.ndarray, np.ndarray]:
             pos = np.clip((tx - e[idx]) / (e[idx + 1] - e[idx]), 0.0, 1.0)
     if isnull.any():
         if not cells.nullable:
-            raise DataError(f"Column '{cells.column}': {int(isnull.sum())} null value(s) in a column that is not "
-                            "nullable; validate the table first.")
+            raise DataError(
+                f"Column '{cells.column}': {int(isnull.sum())} null value(s) in a column that is not "
+                "nullable; validate the table first."
+            )
         idx = np.where(isnull, cells.n_values, idx)
         pos = np.where(isnull, np.nan, pos)
     return idx.astype(np.int64), pos
@@ -231,13 +234,19 @@ class Marginals:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (floats), for the model artifact."""
-        return {"max_atoms": int(self.max_atoms), "grid_bins": int(self.grid_bins),
-                "probs": {k: [float(x) for x in np.asarray(v)] for k, v in self.probs.items()}}
+        return {
+            "max_atoms": int(self.max_atoms),
+            "grid_bins": int(self.grid_bins),
+            "probs": {k: [float(x) for x in np.asarray(v)] for k, v in self.probs.items()},
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Marginals:
-        return cls({k: np.asarray(v, dtype=np.float64) for k, v in data["probs"].items()},
-                   int(data["max_atoms"]), int(data["grid_bins"]))
+        return cls(
+            {k: np.asarray(v, dtype=np.float64) for k, v in data["probs"].items()},
+            int(data["max_atoms"]),
+            int(data["grid_bins"]),
+        )
 
 
 def _check_probs(name: str, p: np.ndarray, n_cells: int) -> np.ndarray:
@@ -305,7 +314,7 @@ class CopulaCodec:
             if c.kind == "integer":
                 # inside a run of integers: (offset + v) / width, v uniform
                 run = ~draw
-                width = (c.ends[np.minimum(idx, c.n_values - 1)] - c.starts[np.minimum(idx, c.n_values - 1)])
+                width = c.ends[np.minimum(idx, c.n_values - 1)] - c.starts[np.minimum(idx, c.n_values - 1)]
                 v = generator.random(n)
                 r = np.where(run, (np.nan_to_num(pos) + v) / width, v)
             elif draw.any():

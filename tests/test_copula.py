@@ -22,37 +22,49 @@ from privflow.schema import Column, Schema
 
 
 def make_schema() -> Schema:
-    return Schema.model_validate({
-        "dataset": {"name": "toy"},
-        "columns": [
-            {"name": "color", "type": "categorical", "categories": ["red", "green", "blue", "teal"], "nullable": True},
-            {"name": "term", "type": "integer", "bounds": [12, 60]},
-            {"name": "gain", "type": "integer", "bounds": [0, 100000], "transform": "log1p", "nullable": True},
-            {"name": "big", "type": "integer", "bounds": [-5000, 5000]},
-            {"name": "score", "type": "numeric", "bounds": [-2.0, 3.0]},
-            {"name": "income", "type": "numeric", "bounds": [0.0, 1e6], "transform": "log1p", "nullable": True},
-            {"name": "flag", "type": "categorical", "categories": ["no", "yes"]},
-        ],
-    })
+    return Schema.model_validate(
+        {
+            "dataset": {"name": "toy"},
+            "columns": [
+                {
+                    "name": "color",
+                    "type": "categorical",
+                    "categories": ["red", "green", "blue", "teal"],
+                    "nullable": True,
+                },
+                {"name": "term", "type": "integer", "bounds": [12, 60]},
+                {"name": "gain", "type": "integer", "bounds": [0, 100000], "transform": "log1p", "nullable": True},
+                {"name": "big", "type": "integer", "bounds": [-5000, 5000]},
+                {"name": "score", "type": "numeric", "bounds": [-2.0, 3.0]},
+                {"name": "income", "type": "numeric", "bounds": [0.0, 1e6], "transform": "log1p", "nullable": True},
+                {"name": "flag", "type": "categorical", "categories": ["no", "yes"]},
+            ],
+        }
+    )
 
 
 def make_frame(n: int, seed: int = 0) -> pl.DataFrame:
     g = np.random.default_rng(seed)
-    colors = np.array(["red", "green", "blue", "teal", None], dtype=object)[g.choice(5, n, p=[.4, .3, .15, .1, .05])]
+    colors = np.array(["red", "green", "blue", "teal", None], dtype=object)[
+        g.choice(5, n, p=[0.4, 0.3, 0.15, 0.1, 0.05])
+    ]
     gain = np.where(g.random(n) < 0.8, 0, g.integers(0, 100001, n))
     gain_null = g.random(n) < 0.05
     income = np.exp(g.normal(10, 1.5, n)).clip(0, 1e6)
     income_null = g.random(n) < 0.1
-    return pl.DataFrame({
-        "color": pl.Series(colors.tolist(), dtype=pl.String).cast(pl.Enum(["red", "green", "blue", "teal"])),
-        "term": g.choice([12, 24, 36, 48, 60], n),
-        "gain": pl.Series([None if z else int(v) for v, z in zip(gain, gain_null, strict=True)], dtype=pl.Int64),
-        "big": g.integers(-5000, 5001, n),
-        "score": g.uniform(-2.0, 3.0, n),
-        "income": pl.Series([None if z else float(v) for v, z in zip(income, income_null, strict=True)],
-                            dtype=pl.Float64),
-        "flag": pl.Series(g.choice(["no", "yes"], n)).cast(pl.Enum(["no", "yes"])),
-    })
+    return pl.DataFrame(
+        {
+            "color": pl.Series(colors.tolist(), dtype=pl.String).cast(pl.Enum(["red", "green", "blue", "teal"])),
+            "term": g.choice([12, 24, 36, 48, 60], n),
+            "gain": pl.Series([None if z else int(v) for v, z in zip(gain, gain_null, strict=True)], dtype=pl.Int64),
+            "big": g.integers(-5000, 5001, n),
+            "score": g.uniform(-2.0, 3.0, n),
+            "income": pl.Series(
+                [None if z else float(v) for v, z in zip(income, income_null, strict=True)], dtype=pl.Float64
+            ),
+            "flag": pl.Series(g.choice(["no", "yes"], n)).cast(pl.Enum(["no", "yes"])),
+        }
+    )
 
 
 def positive_marginals(schema: Schema, seed: int = 1, **kw: int) -> Marginals:
@@ -72,8 +84,11 @@ def tvd(p: np.ndarray, q: np.ndarray) -> float:
 def test_cells_are_public_and_cover_the_support() -> None:
     small = column_cells(Column(name="t", type="integer", bounds=(12, 60)))
     assert small.is_atomic and small.n_cells == 49 and small.starts[0] == 12 and small.ends[-1] == 61
-    big = column_cells(Column(name="g", type="integer", bounds=(0, 100000), transform="log1p", nullable=True),
-                       max_atoms=1024, grid_bins=512)
+    big = column_cells(
+        Column(name="g", type="integer", bounds=(0, 100000), transform="log1p", nullable=True),
+        max_atoms=1024,
+        grid_bins=512,
+    )
     assert big.n_values <= 512 and big.n_cells == big.n_values + 1
     assert big.starts[0] == 0 and big.ends[-1] == 100001
     assert np.all(big.ends > big.starts) and np.array_equal(big.starts[1:], big.ends[:-1])
@@ -208,8 +223,9 @@ def test_gaussian_space_decodes_normal_draws_to_the_marginals() -> None:
 
 def test_spikes_are_kept() -> None:
     """An integer column with support {12, 24, 36, 48, 60} decodes only to those values."""
-    schema = Schema.model_validate({"dataset": {"name": "loans"},
-                                    "columns": [{"name": "term", "type": "integer", "bounds": [12, 60]}]})
+    schema = Schema.model_validate(
+        {"dataset": {"name": "loans"}, "columns": [{"name": "term", "type": "integer", "bounds": [12, 60]}]}
+    )
     cells = schema_cells(schema)[0]
     p = np.zeros(cells.n_cells)
     spikes = np.array([12, 24, 36, 48, 60])
@@ -230,8 +246,16 @@ def test_bounds_respected_for_any_input() -> None:
     schema = make_schema()
     codec = CopulaCodec.from_marginals(schema, positive_marginals(schema))
     g = np.random.default_rng(1)
-    wild = np.vstack([g.random((1000, 7)), g.normal(0, 5, (1000, 7)), np.full((1, 7), np.inf), np.full((1, 7), -np.inf),
-                      np.zeros((1, 7)), np.ones((1, 7))])
+    wild = np.vstack(
+        [
+            g.random((1000, 7)),
+            g.normal(0, 5, (1000, 7)),
+            np.full((1, 7), np.inf),
+            np.full((1, 7), -np.inf),
+            np.zeros((1, 7)),
+            np.ones((1, 7)),
+        ]
+    )
     out = codec.decode(wild)
     for col in schema.columns:
         s = out[col.name].drop_nulls()

@@ -37,30 +37,35 @@ DEMO = Path(privflow.__file__).parent / "demo"
 
 
 def toy_schema() -> Schema:
-    return Schema.model_validate({
-        "dataset": {"name": "toy"},
-        "columns": [
-            {"name": "color", "type": "categorical", "categories": ["red", "green", "blue"], "nullable": True},
-            {"name": "term", "type": "integer", "bounds": [12, 60]},
-            {"name": "gain", "type": "integer", "bounds": [0, 100000], "transform": "log1p", "nullable": True},
-            {"name": "score", "type": "numeric", "bounds": [-2.0, 3.0]},
-            {"name": "flag", "type": "categorical", "categories": ["no", "yes"]},
-        ],
-    })
+    return Schema.model_validate(
+        {
+            "dataset": {"name": "toy"},
+            "columns": [
+                {"name": "color", "type": "categorical", "categories": ["red", "green", "blue"], "nullable": True},
+                {"name": "term", "type": "integer", "bounds": [12, 60]},
+                {"name": "gain", "type": "integer", "bounds": [0, 100000], "transform": "log1p", "nullable": True},
+                {"name": "score", "type": "numeric", "bounds": [-2.0, 3.0]},
+                {"name": "flag", "type": "categorical", "categories": ["no", "yes"]},
+            ],
+        }
+    )
 
 
 def toy_frame(n: int, seed: int = 0) -> pl.DataFrame:
     g = np.random.default_rng(seed)
-    colors = np.array(["red", "green", "blue", None], dtype=object)[g.choice(4, n, p=[.5, .3, .15, .05])]
+    colors = np.array(["red", "green", "blue", None], dtype=object)[g.choice(4, n, p=[0.5, 0.3, 0.15, 0.05])]
     gain = np.where(g.random(n) < 0.8, 0, g.integers(0, 100001, n))
-    return pl.DataFrame({
-        "color": pl.Series(colors.tolist(), dtype=pl.String),
-        "term": g.choice([12, 24, 36, 48, 60], n, p=[.1, .2, .4, .2, .1]),
-        "gain": pl.Series([None if z else int(v) for v, z in zip(gain, g.random(n) < 0.05, strict=True)],
-                          dtype=pl.Int64),
-        "score": g.normal(0.5, 1.0, n),
-        "flag": g.choice(["no", "yes"], n),
-    })
+    return pl.DataFrame(
+        {
+            "color": pl.Series(colors.tolist(), dtype=pl.String),
+            "term": g.choice([12, 24, 36, 48, 60], n, p=[0.1, 0.2, 0.4, 0.2, 0.1]),
+            "gain": pl.Series(
+                [None if z else int(v) for v, z in zip(gain, g.random(n) < 0.05, strict=True)], dtype=pl.Int64
+            ),
+            "score": g.normal(0.5, 1.0, n),
+            "flag": g.choice(["no", "yes"], n),
+        }
+    )
 
 
 def extreme_rows(schema: Schema) -> list[pl.DataFrame]:
@@ -71,8 +76,12 @@ def extreme_rows(schema: Schema) -> list[pl.DataFrame]:
         {"color": "red", "term": 10**6, "gain": -50, "score": 1e12, "flag": "yes"},
         {"color": "green", "term": -(10**6), "gain": 10**9, "score": -math.inf, "flag": "no"},
     ]
-    return [pl.DataFrame([r], schema={"color": pl.String, "term": pl.Int64, "gain": pl.Int64,
-                                      "score": pl.Float64, "flag": pl.String}) for r in rows]
+    return [
+        pl.DataFrame(
+            [r], schema={"color": pl.String, "term": pl.Int64, "gain": pl.Int64, "score": pl.Float64, "flag": pl.String}
+        )
+        for r in rows
+    ]
 
 
 # ---------------------------------------------------------------------------- sensitivity
@@ -129,8 +138,12 @@ def test_event_is_no_stronger_than_opendp_certifies(eps: float) -> None:
     offset = 0
     for j, c in enumerate(cells):
         count = dp.t.make_count_by_categories(
-            dp.vector_domain(dp.atom_domain(T=int)), dp.symmetric_distance(),
-            categories=list(range(c.n_cells)), null_category=False, MO=dp.L2Distance[float], TOA=float,
+            dp.vector_domain(dp.atom_domain(T=int)),
+            dp.symmetric_distance(),
+            categories=list(range(c.n_cells)),
+            null_category=False,
+            MO=dp.L2Distance[float],
+            TOA=float,
         )
         assert count.map(1) <= 1.0
         assert np.array_equal(count([int(x) for x in codes[:, j]]), ours[offset : offset + c.n_cells])
@@ -161,10 +174,15 @@ def test_release_calls_the_exact_gaussian_at_the_stated_sensitivity(monkeypatch:
 
 
 def test_noise_law_and_scale() -> None:
-    schema = Schema.model_validate({"dataset": {"name": "s"}, "columns": [
-        {"name": "a", "type": "categorical", "categories": list("abcdefgh")},
-        {"name": "b", "type": "integer", "bounds": [0, 30], "nullable": True},
-    ]})
+    schema = Schema.model_validate(
+        {
+            "dataset": {"name": "s"},
+            "columns": [
+                {"name": "a", "type": "categorical", "categories": list("abcdefgh")},
+                {"name": "b", "type": "integer", "bounds": [0, 30], "nullable": True},
+            ],
+        }
+    )
     df = pl.DataFrame({"a": list("aabbbc"), "b": [1, 2, 3, None, 30, 7]})
     clean = marginal_counts(df, schema)
     nm = 1.3
