@@ -33,6 +33,7 @@ from prefect.runtime import flow_run
 
 from privflow.codec import Codec
 from privflow.config import RunConfig
+from privflow.copula import CopulaCodec
 from privflow.curator import curator_dir, write_json
 from privflow.errors import ValidationFailed
 from privflow.io import read_table
@@ -43,6 +44,7 @@ from privflow.privacy.mechanisms import validation_gate
 from privflow.privacy.plan import PrivacyPlan
 from privflow.schema import Schema
 from privflow.tasks import mlflow_store as store_ml
+from privflow.tasks.dp_marginals import dp_marginal_codec
 from privflow.tasks.encode import encode_rows
 from privflow.tasks.evaluate import evaluate_run
 from privflow.tasks.fit import FitResult, Spend, fit
@@ -253,6 +255,7 @@ def _register(
             "chosen_checkpoint_steps": json.dumps(fitted.chosen_steps),
         },
         config.promotion,
+        fitted.codec.marginals.to_dict() if isinstance(fitted.codec, CopulaCodec) else None,
     )
 
 
@@ -319,6 +322,10 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
             torch.manual_seed(secrets.randbits(63))
             store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
             df, decision = _read_and_gate(config, schema, plan, curator, spend)
+            if plan.has("dp_marginals"):
+                spend.start()
+                codec = dp_marginal_codec(df, schema, plan.stage("dp_marginals"), config.marginals.grid_bins)
+                spend.add(plan.stage("dp_marginals").event)
             x_train, x_val = encode_rows(df, codec, config.select.validation_fraction, config.train.seed)
             fitted = fit(
                 config,

@@ -12,7 +12,7 @@ import math
 from privflow.config import RunConfig
 from privflow.errors import ConfigError
 from privflow.privacy.events import Event
-from privflow.privacy.mechanisms import dp_mog, dp_stats, report_noisy_max, validation_gate
+from privflow.privacy.mechanisms import dp_marginals, dp_mog, dp_stats, report_noisy_max, validation_gate
 from privflow.privacy.plan import PrivacyPlan, SGDShape, make_plan
 from privflow.schema import Schema
 
@@ -53,6 +53,11 @@ def run_plan(config: RunConfig, schema: Schema) -> PrivacyPlan:
         return report_noisy_max.rnm_event(eps / k, k)
 
     stages: dict[str, tuple[float, object]] = {"validate": (p.gate_share, gate_event)}
+    if config.marginals.enabled:
+        stages["dp_marginals"] = (
+            config.marginals.share,
+            lambda eps: dp_marginals.dp_marginals_event(dp_marginals.noise_for_epsilon(eps, delta)),
+        )
     stages["dp_stats"] = (p.stats_share, stats_event)
     if config.model.prior == "mog":
         stages["dp_prior"] = (p.prior_share, prior_event)

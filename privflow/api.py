@@ -23,8 +23,8 @@ import polars as pl
 import torch
 
 from privflow import env
-from privflow.codec import Codec
 from privflow.config import RunConfig
+from privflow.copula import release_codec
 from privflow.privacy.mechanisms.promotion import mixture_loglik
 from privflow.schema import Schema
 
@@ -39,10 +39,11 @@ class Synthesizer:
     schema: Schema
     flows: list[Any]
     summary: RunSummary | None = None
-    codec: Codec = field(init=False)
+    marginals: dict[str, Any] | None = None
+    codec: Any = field(init=False)
 
     def __post_init__(self) -> None:
-        self.codec = Codec.from_schema(self.schema)
+        self.codec = release_codec(self.schema, self.marginals)
 
     @property
     def epsilon(self) -> float | None:
@@ -78,7 +79,7 @@ class Synthesizer:
 
         mlflow_store.tracking(Path(store).resolve())
         loaded = mlflow_store.load_version(model_name, version)
-        return cls(loaded.schema, loaded.flows)
+        return cls(loaded.schema, loaded.flows, marginals=loaded.marginals)
 
 
 def _schema_path(schema: str | Path | Schema | dict[str, Any], tmp: Path) -> Path:

@@ -292,6 +292,11 @@ class CopulaCodec:
     def dim(self) -> int:
         return len(self.cells)
 
+    @property
+    def cardinalities(self) -> list[int | None]:
+        """Every copula coordinate is continuous (categories are dequantized inside their cell)."""
+        return [None] * self.dim
+
     # ------------------------------------------------------------------ encode
 
     def encode(self, df: pl.DataFrame, generator: np.random.Generator) -> np.ndarray:
@@ -392,3 +397,13 @@ __all__ = [
     "marginal_of",
     "schema_cells",
 ]
+
+
+def release_codec(schema: Schema, marginals: Mapping[str, Any] | None) -> Any:
+    """The codec a released model was trained in: the schema-only Codec, or the copula codec
+    built from the DP marginals stored beside the weights (`Marginals.to_dict()`)."""
+    from privflow.codec import Codec
+
+    if marginals is None:
+        return Codec.from_schema(schema)
+    return CopulaCodec.from_marginals(schema, Marginals.from_dict(marginals))

@@ -25,13 +25,13 @@ class FlowSampler(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         import torch
 
-        from privflow.codec import Codec
+        from privflow.copula import release_codec
         from privflow.models import build_flow
         from privflow.schema import Schema
 
         meta = json.loads(Path(context.artifacts["meta"]).read_text())
         self.schema = Schema.model_validate(meta["schema"])
-        self.codec = Codec.from_schema(self.schema)
+        self.codec = release_codec(self.schema, meta.get("marginals"))
         self.flows = []
         for key in meta["checkpoints"]:
             flow = build_flow(meta["model"]["name"], self.codec.cardinalities, **meta["model"]["config"])

@@ -29,8 +29,8 @@ from prefect import task
 
 import privflow
 from privflow import models
-from privflow.codec import Codec
 from privflow.config import RunConfig
+from privflow.copula import release_codec
 from privflow.errors import ModelNotFound
 from privflow.models import build_flow
 from privflow.privacy.events import Event, events_to_json
@@ -39,7 +39,7 @@ from privflow.schema import Schema
 
 _REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
 # The parts of privflow/ the sampler imports; bundled without the demo data or the CLI.
-_SAMPLER_MODULES = ("__init__.py", "codec.py", "errors.py", "sampler.py", "sampler_model.py", "schema.py")
+_SAMPLER_MODULES = ("__init__.py", "codec.py", "copula.py", "errors.py", "sampler.py", "sampler_model.py", "schema.py")
 PROMOTION_TAG = "privflow.promotion"
 
 # -- tracking ---------------------------------------------------------------------------------
@@ -168,7 +168,14 @@ def alias_holder(client: MlflowClient, name: str, alias: str) -> str | None:
         return None
 
 
-def _log_generator(name: str, schema: Schema, model_name: str, model_config: dict[str, Any], states: list[dict]) -> str:
+def _log_generator(
+    name: str,
+    schema: Schema,
+    model_name: str,
+    model_config: dict[str, Any],
+    states: list[dict],
+    marginals: dict[str, Any] | None = None,
+) -> str:
     """Log the checkpoints as a pyfunc sampler ("models from code") and register a version."""
     with tempfile.TemporaryDirectory() as tmp:
         artifacts: dict[str, str] = {}
@@ -181,6 +188,8 @@ def _log_generator(name: str, schema: Schema, model_name: str, model_config: dic
             "model": {"name": model_name, "config": model_config},
             "checkpoints": list(artifacts),
         }
+        if marginals is not None:  # the DP marginals' output (privacy/mechanisms/dp_marginals.py)
+            meta["marginals"] = marginals
         (Path(tmp) / "meta.json").write_text(json.dumps(meta))
         artifacts["meta"] = str(Path(tmp) / "meta.json")
         info = mlflow.pyfunc.log_model(
@@ -205,6 +214,7 @@ def register_model(
     states: list[dict],
     tags: dict[str, str],
     promotion: str = "if_better",
+    marginals: dict[str, Any] | None = None,
 ) -> Registered:
     """Log the selected checkpoint(s) as a pyfunc sampler, register a version, maybe set the alias.
 
@@ -212,7 +222,7 @@ def register_model(
     public schema, so a retry spends no privacy. `if_better` sets the alias here only when no
     version holds it (no comparison, no cost); otherwise the flow runs the DP comparison.
     """
-    version = _log_generator(name, schema, model_name, model_config, states)
+    version = _log_generator(name, schema, model_name, model_config, states, marginals)
     client = MlflowClient()
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
@@ -265,6 +275,7 @@ class LoadedVersion:
     version: str
     schema: Schema
     flows: list[torch.nn.Module]
+    marginals: dict[str, Any] | None = None  # DP marginals the version was trained through, if any
 
 
 def load_version(name: str, version: str) -> LoadedVersion:
@@ -278,13 +289,13 @@ def load_version(name: str, version: str) -> LoadedVersion:
         art = root / "artifacts"
         meta = json.loads((art / "meta.json").read_text())
         schema = Schema.model_validate(meta["schema"])
-        codec = Codec.from_schema(schema)
+        codec = release_codec(schema, meta.get("marginals"))
         flows = []
         for key in meta["checkpoints"]:
             flow = build_flow(meta["model"]["name"], codec.cardinalities, **meta["model"]["config"])
             flow.load_state_dict(torch.load(art / f"{key}.pt", map_location="cpu", weights_only=True))
             flows.append(flow.eval())
-    return LoadedVersion(version, schema, flows)
+    return LoadedVersion(version, schema, flows, meta.get("marginals"))
 
 
 def model_uri(spec: str) -> str:

@@ -27,6 +27,7 @@ from prefect.runtime import task_run
 
 from privflow.codec import Codec
 from privflow.config import RunConfig
+from privflow.copula import release_codec
 from privflow.curator import curator_dir
 from privflow.errors import BudgetExceeded
 from privflow.io import read_table
@@ -137,7 +138,8 @@ def _noisy_margin(
     df, _ = validate(
         read_table(config.data), schema, config.policy, run_dir / "promote_quarantine.csv", gate=lambda _failing: False
     )
-    _, x_val = encode_rows.fn(df, Codec.from_schema(schema), config.select.validation_fraction, config.train.seed)
+    codec = release_codec(schema, new.marginals)  # both versions share it (checked by the caller)
+    _, x_val = encode_rows.fn(df, codec, config.select.validation_fraction, config.train.seed)
     lo, hi = config.select.score_low, config.select.score_high
     statistic, sensitivity = margin_statistic(
         version_loglik(new.flows, x_val), version_loglik(old.flows, x_val), lo, hi
@@ -174,8 +176,10 @@ def promote_if_better(
 
     schema = Schema.from_yaml(config.schema_path)
     new, old = load_version(model_name, candidate_version), load_version(model_name, champion)
-    if not (comparable(new.schema, schema) and comparable(old.schema, schema)):
-        reason = f"version {champion} encodes rows differently (schema changed): not compared, '{alias}' kept"
+    if not (comparable(new.schema, schema) and comparable(old.schema, schema)) or new.marginals != old.marginals:
+        reason = (
+            f"version {champion} encodes rows differently (schema or DP marginals differ): not compared, '{alias}' kept"
+        )
         return record(client, PromotionDecision(False, reason, **base))
 
     return _compare(config, schema, new, old, settings, ledger_path, promotion_id, base)

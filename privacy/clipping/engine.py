@@ -163,48 +163,6 @@ def _nonfinite_rows(calls: Sequence[Sequence[Call]], n: int, device: torch.devic
     return bad
 
 
-def _nonfinite_rows(calls: Sequence[Sequence[Call]], n: int, device: torch.device) -> Tensor:
-    """[n] mask of examples with a non-finite entry in any recorded per-example tensor
-    (activations, keyword inputs, output gradients: first dimension n)."""
-    bad = torch.zeros(n, dtype=torch.bool, device=device)
-    tensors: list[Tensor] = []
-
-    def collect(v: object) -> None:
-        if isinstance(v, Tensor):
-            if v.dim() > 0 and v.shape[0] == n and v.is_floating_point() and v.numel():
-                tensors.append(v)
-        elif isinstance(v, (list, tuple)):
-            for item in v:
-                collect(item)
-
-    for layer_calls in calls:
-        for call in layer_calls:
-            collect(call.activations)
-            collect(list(call.kwargs.values()))
-            collect(call.backprops)
-    # Fast screen: a tensor's sum is finite whenever all its entries are (one reduction each,
-    # no per-row masks); only a non-finite sum (a non-finite entry, or an overflow) is
-    # looked at row by row.
-    sums = torch.stack([t.sum(dtype=torch.float64) for t in tensors]) if tensors else None
-    if sums is None or bool(torch.isfinite(sums).all()):
-        return bad
-
-    def visit(v: object) -> None:
-        if isinstance(v, Tensor):
-            if v.dim() > 0 and v.shape[0] == n and v.is_floating_point() and v.numel():
-                bad.logical_or_(~torch.isfinite(v.reshape(n, -1)).all(1).to(device))
-        elif isinstance(v, (list, tuple)):
-            for item in v:
-                visit(item)
-
-    for layer_calls in calls:
-        for call in layer_calls:
-            visit(call.activations)
-            visit(list(call.kwargs.values()))
-            visit(call.backprops)
-    return bad
-
-
 def _clipped_pass(
     model: nn.Module,
     x: Tensor,
