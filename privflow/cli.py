@@ -264,7 +264,8 @@ def _print_summary(summary: object) -> None:
     ):
         if key in metrics:
             table.add_row(f"{key} (not DP)", f"{metrics[key]:.4f}")
-    table.add_row("rows quarantined (not DP)", str(get("rows_quarantined", 0)))
+    # The gate's released DP count; exact counts are in the curator-only validation report.
+    table.add_row("rows failing validation (DP count)", f"about {get('failing_rows_dp', 0.0):.0f}")
     table.add_row("wall time", f"{get('wall_seconds', 0.0):.1f} s")
     out.print(table)
     alias = get("alias") or "champion"
