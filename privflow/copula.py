@@ -292,6 +292,23 @@ class CopulaCodec:
     def dim(self) -> int:
         return len(self.cells)
 
+    def uniformize(self, u: np.ndarray, jitter: np.ndarray) -> np.ndarray:
+        """Randomised probability integral transform of one sampled batch, per column:
+        (rank - 1 + V) / m with V ~ U(0, 1) from the sampling generator.
+
+        The flow learns the dependence but its coordinates are only approximately uniform;
+        this makes each column of the batch exactly uniform (for any m, m = 1 included) while
+        keeping the flow's ranks, so the decoded columns follow the released DP marginals by
+        construction. Post-processing of released samples: no private value is involved.
+        """
+        u = np.asarray(u, dtype=np.float64)
+        if u.ndim != 2 or u.shape[1] != self.dim or np.shape(jitter) != u.shape:
+            raise ValueError(f"expected u and jitter of shape [m, {self.dim}], got {u.shape} and {np.shape(jitter)}")
+        ranks = np.argsort(np.argsort(u, axis=0, kind="stable"), axis=0, kind="stable")
+        out = (ranks + np.asarray(jitter, dtype=np.float64)) / u.shape[0]
+        out = np.clip(out, U_MARGIN, 1 - U_MARGIN)
+        return special.ndtri(out) if self.space == "gaussian" else out
+
     @property
     def cardinalities(self) -> list[int | None]:
         """Every copula coordinate is continuous (categories are dequantized inside their cell)."""

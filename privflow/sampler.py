@@ -73,12 +73,24 @@ def _draw(flow: Any, m: int, generator: Any) -> tuple[Any, bool]:
     return flow.sample(m, generator, batch_size=m), False
 
 
-def _rows(flow: Any, codec: Any, t: Any, mapped: bool) -> Any:
+def _jitter(codec: Any, m: int, generator: Any) -> Any:
+    """The uniform offsets of the copula codec's randomised rank transform (None for other
+    codecs), drawn on the calling thread from the one sampling generator."""
+    import torch
+
+    if not hasattr(codec, "uniformize"):
+        return None
+    return torch.rand(m, codec.dim, generator=generator, dtype=torch.float64).numpy()
+
+
+def _rows(flow: Any, codec: Any, t: Any, mapped: bool, jitter: Any = None) -> Any:
     import torch
 
     with torch.no_grad():
-        v = flow.from_base(t) if mapped else t
-        return codec.decode(v.cpu().numpy())
+        v = (flow.from_base(t) if mapped else t).cpu().numpy()
+    if jitter is not None:
+        v = codec.uniformize(v, jitter)
+    return codec.decode(v)
 
 
 def iter_samples(
@@ -126,7 +138,7 @@ def iter_samples(
         for flow, m in jobs:
             with torch.no_grad():
                 t, mapped = _draw(flow, m, generator)
-            pending.append(pool.submit(_rows, flow, codec, t, mapped))
+            pending.append(pool.submit(_rows, flow, codec, t, mapped, _jitter(codec, m, generator)))
             if len(pending) > workers:
                 yield pending.popleft().result()
         while pending:
