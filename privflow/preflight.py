@@ -266,10 +266,34 @@ def resolve_device(choice: str) -> str:
     return "cuda"
 
 
+def _recorded_budget(config: RunConfig, schema: Schema) -> tuple[float, float]:
+    """The dataset's (total, spent) epsilon: the ledger's record when there is one (it keeps its own)."""
+    from privflow.privacy.ledger import Ledger
+
+    path = config.store / "ledger.db"
+    if path.exists():
+        for record in Ledger(path).datasets():
+            if record.name == schema.dataset.name:
+                return record.budget_epsilon, record.spent_epsilon
+    return schema.dataset.budget.epsilon, 0.0
+
+
 def _check_budget(config: RunConfig, schema: Schema) -> object:
+    from privflow.errors import BudgetExceeded
     from privflow.privacy.ledger import check_budget_at
     from privflow.privacy.run_plan import run_plan
 
+    # Fast refusal before planning (which takes seconds at large epsilon): the plan composes to
+    # within 1% under the target, and composing with earlier runs never lowers epsilon, so a
+    # target above the whole budget can never fit.
+    total, spent = _recorded_budget(config, schema)
+    if config.privacy.epsilon * 0.99 > total:
+        raise BudgetExceeded(
+            f"This run was refused before reading any row: it asks for epsilon={config.privacy.epsilon:g}, more "
+            f"than the whole budget of dataset '{schema.dataset.name}' (epsilon={total:g}; spent so far "
+            f"epsilon={spent:.4g}, leaving {max(0.0, total - spent):.4g}). Lower --epsilon, or raise the "
+            "dataset's budget deliberately (Ledger.set_budget) if the data owner agrees."
+        )
     plan = run_plan(config, schema)
     budget = schema.dataset.budget
     check_budget_at(config.store / "ledger.db", schema.dataset.name, plan.events, (budget.epsilon, budget.delta))
