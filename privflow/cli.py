@@ -393,6 +393,58 @@ def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> Non
     Console().print(Ledger(path).describe(dataset), highlight=False, soft_wrap=True, markup=False)
 
 
+@app.command()
+def audit(
+    data: Annotated[Path, typer.Option("--data", help="Input table (.csv or .parquet).")],
+    schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML).")],
+    epsilon: Annotated[float, typer.Option("--epsilon", help="Total epsilon of the audited configuration.")],
+    config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML).")] = None,
+    canaries: Annotated[int, typer.Option("--canaries", help="Number of gradient canaries m.", min=2)] = 1000,
+    mutate: Annotated[str, typer.Option("--mutate", help="none | noise/10 | no-clip (a check of the check).")] = "none",
+    store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """Empirical privacy audit in one training run (Steinke, Nasr & Jagielski 2023): a lower
+    bound on epsilon beside the claimed one. No ledger spend, nothing in MLflow; the report
+    goes to <store>/audits/<id>.json."""
+    _guarded(verbose, lambda: _audit(data, schema, epsilon, config, canaries, mutate, store, verbose))
+
+
+def _audit(
+    data: Path,
+    schema: Path,
+    epsilon: float,
+    config: Path | None,
+    canaries: int,
+    mutate: str,
+    store: Path,
+    verbose: bool,
+) -> None:
+    from privflow import env
+    from privflow.errors import ConfigError
+
+    env.set_verbosity(verbose)
+    if mutate not in ("none", "noise/10", "no-clip"):
+        raise ConfigError(f"--mutate must be none, noise/10 or no-clip, not '{mutate}'.")
+    overrides = {"data": data, "schema_path": schema, "store": store, "privacy": {"epsilon": epsilon}}
+    cfg = _load_config(config, overrides, None)
+    env.configure(cfg.store, verbose=verbose)
+    from privflow.flows.audit import audit_pipeline
+
+    env.quiet_imported(verbose)
+    r = audit_pipeline(cfg, canaries=canaries, mutation=mutate)
+    verdict = "PASS (lower bound <= claimed)" if r.passed else "FAIL (lower bound > claimed epsilon)"
+    Console().print(
+        f"audit {r.audit_id} ({r.mutation}): {r.canaries} canaries ({r.included} included), {r.correct}/{r.guesses} "
+        f"guesses correct -> epsilon >= {r.epsilon_lower_bound:.3f} at {r.confidence:.0%} confidence (delta "
+        f"{r.delta:g}); claimed DP-SGD epsilon {r.claimed_epsilon:.3f} (run total {r.run_epsilon:g}). {verdict}. "
+        f"Report: {r.report_path}",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
+
+
 def main() -> None:
     """Entry point: friendly errors, no tracebacks for user mistakes; 130 on Ctrl-C."""
     try:
