@@ -1,0 +1,134 @@
+"""score: per-row log-likelihood of a user's table under a released model, and an anomaly flag.
+
+Scoring rows under the released model is post-processing of that release: it spends
+nothing, whoever's rows they are (the rows the user brings are theirs to look at; if they
+are themselves private, the counts printed are for the operator only).
+
+The threshold is either a public number, or the DP q-quantile of a REFERENCE table's
+log-likelihoods (privacy/mechanisms/dp_quantile.py, pure epsilon-DP). The reference rows are
+charged to the schema's dataset in the ledger exactly as tasks/promote.py does it: the
+mechanism's event is reserved under its own id before any reference row is read (refused,
+BudgetExceeded, when the budget cannot hold it), settled after the one release, abandoned
+(still counted) if anything fails after rows were read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from privflow.copula import release_codec
+from privflow.curator import curator_dir
+from privflow.errors import DataError, ModelNotFound
+from privflow.io import read_table
+from privflow.privacy.ledger import Ledger
+from privflow.privacy.mechanisms.dp_quantile import DPQuantile
+from privflow.schema import Schema
+from privflow.tasks.mlflow_store import LoadedVersion, load_version, model_uri, tracking
+from privflow.tasks.promote import version_loglik
+from privflow.validation import validate
+
+LOGLIK, ANOMALY = "loglik", "anomaly"
+
+
+@dataclass(frozen=True)
+class DPThreshold:
+    """A released DP threshold and what it cost."""
+
+    threshold: float
+    epsilon: float
+    dataset: str
+    ledger_run_id: str
+
+
+def load_model(spec: str, store: Path) -> tuple[str, LoadedVersion]:
+    """NAME@ALIAS or NAME/VERSION -> (name, the loaded version); ModelNotFound otherwise."""
+    uri = model_uri(spec)  # raises ModelNotFound on a malformed reference
+    ref = uri.removeprefix("models:/")
+    db = store.resolve() / "mlflow.db"
+    if not db.exists():
+        raise ModelNotFound(
+            f"No MLflow store at '{db}': run `privflow run` (or `privflow demo`) first, or pass --store."
+        )
+    tracking(store)
+    client = MlflowClient()
+    try:
+        if "@" in ref:
+            name, alias = ref.split("@", 1)
+            version = str(client.get_model_version_by_alias(name, alias).version)
+        else:
+            name, version = ref.rsplit("/", 1)
+            client.get_model_version(name, version)
+    except MlflowException as exc:
+        raise ModelNotFound(f"Model '{spec}' was not found in the registry ({exc.message.splitlines()[0]}).") from None
+    return name, load_version(name, version)
+
+
+def score_rows(model: LoadedVersion, df: pl.DataFrame) -> np.ndarray:
+    """Per-row log-likelihood (nats, encoded space) of validated rows under the released model:
+    the equal-weight mixture of its checkpoints, as `Synthesizer.score` computes it."""
+    if df.height == 0:
+        return np.empty(0)
+    codec = release_codec(model.schema, model.marginals)
+    x = codec.encode(df.select(model.schema.names), np.random.default_rng())
+    return version_loglik(model.flows, x)
+
+
+def score_table(model: LoadedVersion, path: Path, threshold: float) -> pl.DataFrame:
+    """The user's table with `loglik` and `anomaly` (loglik < threshold) appended, in file order.
+
+    Rows must pass the schema's checks (strict): a row the model cannot encode has no score.
+    """
+    raw = read_table(path)
+    clash = [c for c in (LOGLIK, ANOMALY) if c in raw.columns]
+    if clash:
+        raise DataError(f"Data file '{path}' already has column(s) {clash}; rename them, score writes its own.")
+    typed, _ = validate(raw, model.schema, "strict")
+    ll = score_rows(model, typed)
+    return raw.with_columns(pl.Series(LOGLIK, ll, dtype=pl.Float64), pl.Series(ANOMALY, ll < threshold))
+
+
+def dp_threshold(model: LoadedVersion, reference: Path, mechanism: DPQuantile, store: Path) -> DPThreshold:
+    """The DP q-quantile of the reference rows' log-likelihoods, charged to the schema's dataset.
+
+    Reserve before reading any reference row (BudgetExceeded refuses with nothing recorded);
+    rows failing the schema's checks are dropped (a per-row filter: the count-based
+    sensitivity holds); release once; settle. Any failure after the reservation abandons it
+    (it stays counted: rows may have been read).
+    """
+    schema: Schema = model.schema
+    dataset = schema.dataset.name
+    ledger = Ledger(store / "ledger.db")
+    ledger.ensure_dataset(dataset, schema.dataset.budget.epsilon, schema.dataset.budget.delta)
+    event = mechanism.event()
+    lid = f"score-quantile-{uuid.uuid4()}"
+    ledger.reserve(
+        dataset,
+        lid,
+        [event],
+        {"score": f"dp_quantile q={mechanism.q:g} epsilon={mechanism.epsilon:g} grid={mechanism.grid_points}"},
+    )
+    try:
+        run_dir = curator_dir(store.resolve(), lid)
+        df, _ = validate(
+            read_table(reference),
+            schema,
+            "quarantine",
+            run_dir / "reference_quarantine.csv",
+            gate=lambda _failing: False,
+        )
+        threshold = mechanism.release(score_rows(model, df))
+    except BaseException:
+        ledger.abandon(lid)
+        raise
+    ledger.settle(lid, [event])
+    return DPThreshold(threshold, float(mechanism.epsilon), dataset, lid)
+
+
+__all__ = ["ANOMALY", "LOGLIK", "DPThreshold", "dp_threshold", "load_model", "score_rows", "score_table"]

@@ -1,0 +1,65 @@
+"""The DP quantile mechanism of `privflow score --fpr`: sensitivity, certificate, accuracy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from privflow.privacy.events import PureDPEvent
+from privflow.privacy.mechanisms.dp_quantile import DPQuantile, clip_scores, quantile_utility
+
+
+@pytest.mark.parametrize("q", [0.01, 0.1, 0.5, 0.9])
+def test_utility_leave_one_out_sensitivity_is_at_most_one(q: float) -> None:
+    rng = np.random.default_rng(0)
+    scores = np.concatenate([rng.normal(-5, 3, 300), [-20.0, 10.0, -7.0]])  # some on grid points
+    grid = DPQuantile(q, 1.0).grid()
+    full = quantile_utility(scores, grid, q)
+    worst = 0.0
+    for i in range(len(scores)):
+        loo = quantile_utility(np.delete(scores, i), grid, q)
+        worst = max(worst, float(np.max(np.abs(full - loo))))
+    assert worst <= 1.0 + 1e-12
+    assert worst >= max(q, 1 - q) - 1e-12  # the bound max(q, 1-q) is reached, not vacuous
+
+
+@pytest.mark.parametrize("q", [0.01, 0.5, 0.99])
+@pytest.mark.parametrize("epsilon", [0.01, 0.3, 2.0])
+def test_opendp_certificate_is_within_our_event(q: float, epsilon: float) -> None:
+    mech = DPQuantile(q, epsilon)
+    assert mech.event() == PureDPEvent(epsilon)
+    certified = mech.measurement().map(1)  # add/remove one row
+    assert certified <= epsilon
+    assert certified >= epsilon * (1 - 1e-6)  # calibrated, not needlessly noisy
+
+
+@pytest.mark.parametrize("q", [0.01, 0.05, 0.5])
+def test_accuracy_at_large_epsilon_within_a_grid_step(q: float) -> None:
+    rng = np.random.default_rng(1)
+    scores = rng.normal(-6.0, 2.5, 4000)
+    mech = DPQuantile(q, 1000.0)
+    t = mech.release(scores)
+    assert t in set(mech.grid().tolist())
+    assert abs(t - np.quantile(scores, q)) <= mech.step + 1e-9
+
+
+def test_clipping_and_infinite_scores() -> None:
+    v = clip_scores(np.array([np.nan, -np.inf, np.inf, 3.0, -50.0]), -20.0, 10.0)
+    assert v.tolist() == [-20.0, -20.0, 10.0, 3.0, -20.0]
+    # all mass at the lower clip: the 10% quantile is the bottom of the grid region
+    t = DPQuantile(0.1, 1000.0).release(np.full(500, -np.inf))
+    assert t <= -20.0 + DPQuantile(0.1, 1.0).step
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(q=0.0, epsilon=1.0),
+        dict(q=1.0, epsilon=1.0),
+        dict(q=0.1, epsilon=0.0),
+        dict(q=0.1, epsilon=1.0, low=1.0, high=0.0),
+    ],
+)
+def test_bad_settings_are_refused(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        DPQuantile(**kwargs)

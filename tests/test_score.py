@@ -1,0 +1,130 @@
+"""`privflow score`: per-row log-likelihoods under a released model, anomaly flags, and the
+ledger charged exactly the DP quantile's epsilon (nothing for a public threshold)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from privflow.cli import app
+from privflow.privacy.events import PureDPEvent
+from privflow.privacy.ledger import Ledger
+
+MODEL = "privflow-adult-scoretest"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, demo_dir: Path, prefect_server):
+    from privflow.api import fit
+
+    tmp = tmp_path_factory.mktemp("score")
+    train = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=2000)
+    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
+    doc["dataset"]["expected_rows"] = 2000
+    schema = tmp / "adult.yaml"
+    schema.write_text(yaml.safe_dump(doc))
+    store = tmp / "store"
+    fit(
+        train,
+        schema,
+        epsilon=2.0,
+        delta=1e-5,
+        store=store,
+        model_name=MODEL,
+        model={"name": "maf", "blocks": 1, "hidden": 8},
+        train={"epochs": 1, "batch_size": 256},
+        evaluate={"fidelity": False, "utility": False, "likelihood": False, "privacy_risk": False, "report": False},
+    )
+    new = tmp / "new.csv"
+    pl.read_csv(demo_dir / "adult_test.csv", infer_schema=False, n_rows=300).write_csv(new)
+    ref = tmp / "ref.csv"
+    train.slice(0, 800).write_csv(ref)
+    return {"store": store, "new": new, "ref": ref, "tmp": tmp, "dataset": doc["dataset"]["name"]}
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def _runs(store: Path, dataset: str) -> list:
+    return Ledger(store / "ledger.db").runs(dataset)
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_public_threshold_scores_every_row_and_spends_nothing(trained) -> None:
+    store, out = trained["store"], trained["tmp"] / "scored.csv"
+    before = _runs(store, trained["dataset"])
+    res = _invoke(
+        "score", "--model", f"{MODEL}@champion", "--data", str(trained["new"]), "-o", str(out),
+        "--threshold", "-12", "--store", str(store),
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    scored = pl.read_csv(out)
+    source = pl.read_csv(trained["new"], infer_schema=False)
+    assert scored.columns == [*source.columns, "loglik", "anomaly"]
+    assert scored.height == source.height
+    assert scored["loglik"].is_finite().all()
+    assert (scored["anomaly"] == (scored["loglik"] < -12.0)).all()
+    assert "epsilon spent 0" in res.output and "flagged" in res.output
+    assert _runs(store, trained["dataset"]) == before
+
+
+def test_fpr_threshold_is_dp_and_charged_exactly_epsilon(trained) -> None:
+    store, out = trained["store"], trained["tmp"] / "scored_dp.csv"
+    before = {r.run_id for r in _runs(store, trained["dataset"])}
+    res = _invoke(
+        "score", "--model", f"{MODEL}@champion", "--data", str(trained["new"]), "-o", str(out),
+        "--fpr", "0.05", "--reference", str(trained["ref"]), "--epsilon", "0.25", "--store", str(store),
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    new_runs = [r for r in _runs(store, trained["dataset"]) if r.run_id not in before]
+    assert len(new_runs) == 1
+    assert new_runs[0].status == "settled" and list(new_runs[0].events) == [PureDPEvent(0.25)]
+    assert "epsilon spent 0.25" in res.output
+    scored = pl.read_csv(out)
+    threshold = float(res.output.split("DP threshold:")[1].split()[0])
+    assert -20.0 <= threshold <= 10.0
+    assert (scored["anomaly"] == (scored["loglik"] < threshold)).all()
+
+
+def test_fpr_refused_when_the_budget_cannot_hold_it(trained) -> None:
+    store = trained["store"]
+    before = _runs(store, trained["dataset"])
+    res = _invoke(
+        "score", "--model", f"{MODEL}@champion", "--data", str(trained["new"]), "-o",
+        str(trained["tmp"] / "never.csv"), "--fpr", "0.05", "--reference", str(trained["ref"]),
+        "--epsilon", "50", "--store", str(store),
+    )  # fmt: skip
+    assert res.exit_code == 2 and "refused" in res.output and "Traceback" not in res.output
+    assert _runs(store, trained["dataset"]) == before
+    assert not (trained["tmp"] / "never.csv").exists()
+
+
+@pytest.mark.parametrize("case", ["missing_model", "wrong_header", "no_threshold", "both", "huge_epsilon"])
+def test_bad_inputs_exit_2_without_traceback(trained, case: str) -> None:
+    store, tmp = trained["store"], trained["tmp"]
+    data, model = str(trained["new"]), f"{MODEL}@champion"
+    extra = ["--threshold", "-10"]
+    if case == "missing_model":
+        model = "no-such-model@champion"
+    elif case == "wrong_header":
+        bad = tmp / "bad.csv"
+        pl.read_csv(trained["new"], infer_schema=False).rename({"age": "Age"}).write_csv(bad)
+        data = str(bad)
+    elif case == "no_threshold":
+        extra = []
+    elif case == "both":
+        extra += ["--fpr", "0.1"]
+    else:
+        extra = ["--fpr", "0.1", "--reference", data, "--epsilon", "1000"]
+    res = _invoke("score", "--model", model, "--data", data, "-o", str(tmp / "x.csv"), "--store", str(store), *extra)
+    assert res.exit_code == 2, res.output
+    assert "error:" in res.output and "Traceback" not in res.output
+    if case == "wrong_header":
+        assert "'Age' for 'age'" in res.output
