@@ -33,6 +33,9 @@ from privflow.privacy.events import (
 MAX_PLD_POINTS = 20_000_000
 
 
+_MAX_PURE_EPSILON = 500.0
+
+
 class PLDTooLarge(ValueError):
     """An event's privacy-loss distribution would need more than MAX_PLD_POINTS grid points."""
 
@@ -92,6 +95,11 @@ def _pld_of(event: Event, h: float):  # noqa: ANN202 - dp-accounting's own type
     if isinstance(event, PoissonGaussianEvent):
         return _poisson_pld(event, h)
     if isinstance(event, PureDPEvent):
+        if event.epsilon > _MAX_PURE_EPSILON:  # exp(epsilon) overflows a double past ~709
+            raise PLDTooLarge(
+                f"A pure-DP event of epsilon={event.epsilon:g} is beyond what can be accounted for "
+                f"(limit {_MAX_PURE_EPSILON:g}); no run may spend that much on one release."
+            )
         params = common.DifferentialPrivacyParameters(event.epsilon, 0.0)
         return pld.from_privacy_parameters(params, value_discretization_interval=h)
     raise TypeError(f"PLD accountant cannot compose {event!r}")

@@ -165,3 +165,12 @@ def test_reported_epsilon_is_pld() -> None:
     events = [GaussianEvent(5.0), LaplaceEvent(2.0)]
     assert reported_epsilon(events, DELTA) == PLDAccountant().epsilon(events, DELTA)
     assert reported_epsilon(events, DELTA) < RDPAccountant().epsilon(events, DELTA)
+
+
+def test_pld_refuses_a_pure_epsilon_it_cannot_represent() -> None:
+    """exp(epsilon) overflows past ~709: a clear PLDTooLarge, never an OverflowError."""
+    from privflow.privacy.accountant import PLDAccountant, PLDTooLarge
+    from privflow.privacy.events import PureDPEvent
+
+    with pytest.raises(PLDTooLarge):
+        PLDAccountant().epsilon([PureDPEvent(1000.0)], 1e-5)
