@@ -535,9 +535,11 @@ def audit(
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
 ) -> None:
-    """Empirical privacy audit in one training run (Steinke, Nasr & Jagielski 2023): a lower
-    bound on epsilon beside the claimed one. No ledger spend, nothing in MLflow; the report
-    goes to <store>/audits/<id>.json."""
+    """Empirical lower bound on epsilon from one canary training run, beside the claimed one.
+
+    One-run auditing (Steinke, Nasr & Jagielski 2023). No ledger spend, nothing in MLflow;
+    the report goes to <store>/audits/<id>.json.
+    """
     _guarded(verbose, lambda: _audit(data, schema, epsilon, config, canaries, mutate, store, verbose))
 
 
