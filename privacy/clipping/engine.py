@@ -147,19 +147,8 @@ def _nonfinite_rows(calls: Sequence[Sequence[Call]], n: int, device: torch.devic
     if sums is None or bool(torch.isfinite(sums).all()):
         return bad
 
-    def visit(v: object) -> None:
-        if isinstance(v, Tensor):
-            if v.dim() > 0 and v.shape[0] == n and v.is_floating_point() and v.numel():
-                bad.logical_or_(~torch.isfinite(v.reshape(n, -1)).all(1).to(device))
-        elif isinstance(v, (list, tuple)):
-            for item in v:
-                visit(item)
-
-    for layer_calls in calls:
-        for call in layer_calls:
-            visit(call.activations)
-            visit(list(call.kwargs.values()))
-            visit(call.backprops)
+    for t in tensors:  # the tensors `collect` found: every per-example one
+        bad.logical_or_(~torch.isfinite(t.reshape(n, -1)).all(1).to(device))
     return bad
 
 
