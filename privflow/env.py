@@ -67,6 +67,18 @@ def quiet_imported(verbose: bool) -> None:
         disable_logging()
 
 
+# MLFLOW_TRACKING_URI as the operator left it when privflow was first imported. mlflow's own
+# `set_tracking_uri` writes the variable too, so reading it later cannot tell an operator's
+# tracking server from the store a previous run in this process pointed MLflow at (which would
+# send every later run, whatever its --store, into the first store).
+_OPERATOR_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
+def operator_tracking_uri() -> str | None:
+    """The tracking server an operator configured (MLFLOW_TRACKING_URI at start-up), or None."""
+    return _OPERATOR_TRACKING_URI
+
+
 def configure(home: Path | str | None = None, verbose: bool | None = None) -> Path:
     """Point every library at a project-local home and switch telemetry off.
 

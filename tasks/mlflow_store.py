@@ -9,7 +9,6 @@ tasks call these functions; nothing else in privflow imports mlflow.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -28,7 +27,7 @@ from mlflow.types import Schema as MLSchema
 from prefect import task
 
 import privflow
-from privflow import models
+from privflow import env, models
 from privflow.config import RunConfig
 from privflow.copula import release_codec
 from privflow.errors import ModelNotFound
@@ -49,7 +48,7 @@ def tracking(store: Path) -> str:
     """Point MLflow at the SQLite store under `store` (or at MLFLOW_TRACKING_URI when an
     operator set one, e.g. a real tracking server); returns the URI."""
     store.mkdir(parents=True, exist_ok=True)
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{store.resolve() / 'mlflow.db'}"
+    uri = env.operator_tracking_uri() or f"sqlite:///{store.resolve() / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return uri
@@ -317,7 +316,7 @@ def load_generator(spec: str, store: Path) -> Any:
     """Load the registered pyfunc sampler from the store's MLflow registry."""
     uri = model_uri(spec)
     db = store.resolve() / "mlflow.db"
-    if "MLFLOW_TRACKING_URI" not in os.environ:
+    if env.operator_tracking_uri() is None:
         if not db.exists():
             raise ModelNotFound(f"No MLflow store at '{db}': run `privflow run` (or `privflow demo`) first.")
         mlflow.set_tracking_uri(f"sqlite:///{db}")

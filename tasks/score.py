@@ -23,6 +23,7 @@ import polars as pl
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from privflow import env
 from privflow.copula import release_codec
 from privflow.curator import curator_dir
 from privflow.errors import DataError, ModelNotFound
@@ -52,7 +53,7 @@ def load_model(spec: str, store: Path) -> tuple[str, LoadedVersion]:
     uri = model_uri(spec)  # raises ModelNotFound on a malformed reference
     ref = uri.removeprefix("models:/")
     db = store.resolve() / "mlflow.db"
-    if not db.exists():
+    if env.operator_tracking_uri() is None and not db.exists():
         raise ModelNotFound(
             f"No MLflow store at '{db}': run `privflow run` (or `privflow demo`) first, or pass --store."
         )
