@@ -18,7 +18,6 @@ from __future__ import annotations
 import codecs
 import csv
 import gzip
-import hashlib
 import io
 import zlib
 from dataclasses import dataclass
@@ -398,15 +397,3 @@ def write_table(df: pl.DataFrame, path: str | Path) -> Path:
     else:
         df.write_parquet(p)
     return p
-
-
-def fingerprint(path: str | Path) -> str:
-    """SHA-256 (hex) of the file's bytes: the dataset content fingerprint the ledger records."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"Data file '{p}' does not exist, so it cannot be fingerprinted.")
-    h = hashlib.sha256()
-    with p.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

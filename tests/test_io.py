@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 from pathlib import Path
 
 import polars as pl
 import pytest
 
 from privflow.errors import DataError
-from privflow.io import count_rows, fingerprint, read_header, read_table, sniff, write_table
+from privflow.io import count_rows, read_header, read_table, sniff, write_table
 
 DEMO = Path(__file__).resolve().parents[1] / "privflow" / "demo"
 
@@ -176,16 +175,3 @@ def test_csv_write_then_read(tmp_path: Path) -> None:
     assert back.to_dicts() == [{"a": "1", "b": "x,y"}, {"a": None, "b": "z"}]
     with pytest.raises(DataError, match="suffix"):
         write_table(df, tmp_path / "o.xlsx")
-
-
-def test_fingerprint_is_sha256_of_bytes(tmp_path: Path) -> None:
-    src = DEMO / "adult_test.csv"
-    assert fingerprint(src) == hashlib.sha256(src.read_bytes()).hexdigest()
-    a = _write(tmp_path / "a.csv", "a,b\n1,2\n")
-    b = _write(tmp_path / "b.csv", "a,b\n1,3\n")
-    c = _write(tmp_path / "c.csv", "a,b\n1,2\n")
-    assert fingerprint(a) != fingerprint(b)
-    assert fingerprint(a) == fingerprint(c)
-    assert len(fingerprint(a)) == 64
-    with pytest.raises(DataError):
-        fingerprint(tmp_path / "missing.csv")
