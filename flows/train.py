@@ -44,10 +44,8 @@ from privflow.privacy.mechanisms import validation_gate
 from privflow.privacy.plan import PrivacyPlan
 from privflow.schema import Schema
 from privflow.tasks import mlflow_store as store_ml
-from privflow.tasks.dp_marginals import dp_marginal_codec
-from privflow.tasks.encode import encode_rows
 from privflow.tasks.evaluate import evaluate_run
-from privflow.tasks.fit import FitResult, Spend, fit
+from privflow.tasks.fit import FitResult, Spend, fit, prepare
 from privflow.tasks.mlflow_store import Registered, register_model
 from privflow.tasks.plan import plan_privacy
 from privflow.tasks.promote import PromotionSettings, promote_if_better
@@ -127,7 +125,7 @@ def _read_and_gate(
 def _diagnose(
     config: RunConfig,
     schema: Schema,
-    codec: Codec,
+    codec: Codec | CopulaCodec,
     flow: torch.nn.Module,
     df: pl.DataFrame,
     x_train: np.ndarray,
@@ -311,7 +309,6 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
             schema.dataset.name, budget.epsilon, budget.delta, keyed_fingerprint(config.data, store_key(store))
         )
         curator = curator_dir(store, run_id)
-        codec = Codec.from_schema(schema)
         # fork_rng + a CSPRNG seed: whatever global draw happens after rows are read is
         # neither derivable from public values nor left behind in the caller's RNG.
         with (
@@ -322,11 +319,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
             torch.manual_seed(secrets.randbits(63))
             store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
             df, decision = _read_and_gate(config, schema, plan, curator, spend)
-            if plan.has("dp_marginals"):
-                spend.start()
-                codec = dp_marginal_codec(df, schema, plan.stage("dp_marginals"), config.marginals.grid_bins)
-                spend.add(plan.stage("dp_marginals").event)
-            x_train, x_val = encode_rows(df, codec, config.select.validation_fraction, config.train.seed)
+            codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=True)
             fitted = fit(
                 config,
                 schema,

@@ -22,6 +22,7 @@ import torch
 
 from privflow.codec import Codec
 from privflow.config import RunConfig
+from privflow.copula import CopulaCodec, Marginals, marginal_of, schema_cells
 from privflow.models import build_flow
 from privflow.privacy.accountant import PLDAccountant
 from privflow.privacy.dp_sgd import TrainResult, TrainSettings
@@ -31,8 +32,10 @@ from privflow.privacy.plan import PrivacyPlan
 from privflow.privacy.run_plan import run_plan, sgd_shape
 from privflow.sampler import sample_rows
 from privflow.schema import Schema
+from privflow.tasks.dp_marginals import dp_marginal_codec
 from privflow.tasks.dp_prior import PRIOR_CLIP, dp_prior
 from privflow.tasks.dp_stats import STATS_CLIP, dp_statistics
+from privflow.tasks.encode import encode_rows
 from privflow.tasks.select import loglik_matrix, per_pick_epsilon, select_checkpoints
 from privflow.tasks.train import settings_for, train_flow_model
 
@@ -167,6 +170,41 @@ def initialise(
     return mean, std
 
 
+def exact_marginal_codec(schema: Schema, df: pl.DataFrame, grid_bins: int) -> CopulaCodec:
+    """Non-private only (the benchmark's reference): the copula codec of the rows' own marginals."""
+    cells = schema_cells(schema, grid_bins=grid_bins)
+    return CopulaCodec.from_marginals(
+        schema, Marginals({c.column: marginal_of(df, c) for c in cells}, grid_bins=grid_bins)
+    )
+
+
+def prepare(
+    config: RunConfig,
+    schema: Schema,
+    df: pl.DataFrame,
+    plan: PrivacyPlan | None,
+    spend: Spend,
+    as_tasks: bool = False,
+) -> tuple[Codec | CopulaCodec, np.ndarray, np.ndarray]:
+    """The codec rows are trained in, and the encoded training / selection rows.
+
+    With marginals enabled, the planned DP marginals stage runs first (its event goes to
+    `spend`) and rows are encoded through the DP CDFs; otherwise the schema-only codec.
+    `plan=None` is the non-private reference (exact marginals).
+    """
+    codec: Codec | CopulaCodec = Codec.from_schema(schema)
+    if plan is not None and plan.has("dp_marginals"):
+        spend.start()
+        release = dp_marginal_codec if as_tasks else dp_marginal_codec.fn
+        codec = release(df, schema, plan.stage("dp_marginals"), config.marginals.grid_bins)
+        spend.add(plan.stage("dp_marginals").event)
+    elif plan is None and config.marginals.enabled:
+        codec = exact_marginal_codec(schema, df, config.marginals.grid_bins)
+    encode = encode_rows if as_tasks else encode_rows.fn
+    x_train, x_val = encode(df, codec, config.select.validation_fraction, config.train.seed)
+    return codec, x_train, x_val
+
+
 def nonprivate_settings(config: RunConfig, schema: Schema) -> TrainSettings:
     """The planned shape (sample rate, steps) with no clipping and no noise."""
     return settings_for(config.train, None, sgd_shape(config, schema))
@@ -251,4 +289,5 @@ __all__ = [
     "initialise",
     "model_factory",
     "nonprivate_settings",
+    "prepare",
 ]
