@@ -12,6 +12,8 @@ Each step (Abadi et al. 2016; DP-NF, Waites & Cummings 2021, section 3; DP-HFlow
 3. Gaussian noise with std sigma * C is added to the sum, which is divided by the PUBLIC
    expected batch size (a configured constant, never the number of private rows).
 4. The optimizer (Adam or SGD) steps on that noisy gradient: post-processing.
+5. With ``ema_decay > 0`` the checkpoints hold the exponential moving average of the
+   iterates (``privacy.averaging``), also post-processing; 0 keeps the raw iterates.
 
 The privacy event of the whole run is ``PoissonGaussianEvent(q, sigma, steps)``
 (``dp_sgd_event``). ``private=False`` trains the non-private baseline on the same sampling
@@ -51,6 +53,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from privflow.privacy.averaging import ParameterAverage
 from privflow.privacy.clipping import CLIPPINGS, clipped_gradient_sum, model_layers
 from privflow.privacy.events import PoissonGaussianEvent
 from privflow.privacy.noise import dequantization_noise, independent_seeds, log_prob_with
@@ -69,6 +72,7 @@ class TrainSettings:
     optimizer: Literal["adam", "sgd"] = "adam"
     lr: float = 1e-3
     checkpoint_every: int = 50
+    ema_decay: float = 0.0  # 0: checkpoints are the raw iterates
     expected_batch_size: float = 512.0  # PUBLIC constant from the config, never len(data)
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", or "auto"
     seed: int = 0  # the config's public seed (model initialisation, done by the caller); train() draws nothing from it
@@ -93,6 +97,8 @@ class TrainSettings:
             raise ValueError(f"sparsity must lie in [0, 1), got {self.sparsity}")
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"optimizer must be 'adam' or 'sgd', got {self.optimizer!r}")
+        if not 0 <= self.ema_decay < 1:
+            raise ValueError(f"ema_decay must lie in [0, 1), got {self.ema_decay}")
         if not self.lr > 0 or self.checkpoint_every < 1 or not self.expected_batch_size > 0:
             raise ValueError("lr and expected_batch_size must be > 0 and checkpoint_every >= 1")
 
@@ -169,6 +175,7 @@ def train(
     sparsify_gen = torch.Generator(device=device).manual_seed(s_sparsify)
     deq_gen = torch.Generator().manual_seed(s_deq)  # the models draw dequantization noise on CPU
     fork = [device.index or 0] if device.type == "cuda" else []
+    average = ParameterAverage(model, settings.ema_decay) if settings.ema_decay > 0 else None
     checked = False
     with torch.random.fork_rng(devices=fork, device_type=device.type if device.type != "cpu" else "cuda"):
         torch.manual_seed(s_global)  # anything a model still draws implicitly: secret, not the public seed
@@ -211,10 +218,13 @@ def train(
                 loss = float(batch_loss.detach())
             else:
                 loss = math.nan
+            if average is not None:
+                average.update()
             result.losses.append(loss)
             result.steps = step
             if on_step is not None:
                 on_step(step, loss)
             if step % settings.checkpoint_every == 0 or step == settings.steps:
-                result.checkpoints.append((step, _state_copy(model)))
+                state = average.state_dict() if average is not None else _state_copy(model)
+                result.checkpoints.append((step, state))
     return result

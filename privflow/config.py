@@ -61,6 +61,13 @@ class TrainConfig(_Section):
     clipping: Literal["flat", "per_layer", "per_unit", "sparsify"] = "per_layer"
     sparsity: float = Field(0.5, ge=0, lt=1)
     checkpoint_every: int = Field(50, ge=1)
+    ema_decay: float = Field(
+        0.99,
+        ge=0,
+        lt=1,
+        description="checkpoints hold the exponential moving average of the DP iterates "
+        "(privacy/averaging.py; post-processing, free); 0 keeps the raw iterates",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
     threads: int = Field(
@@ -107,6 +114,12 @@ class SelectConfig(_Section):
 
     top_k: int = Field(1, ge=1)
     validation_fraction: float = Field(0.1, gt=0, lt=0.5)
+    score: Literal["relative", "absolute"] = Field(
+        "relative",
+        description="relative: each row's log-likelihood minus its median over checkpoints, clipped to "
+        "+-relative_clip (sensitivity relative_clip); absolute: clipped to [score_low, score_high]",
+    )
+    relative_clip: float = Field(1.0, gt=0, description="nats; the relative score's per-row bound")
     score_low: float = Field(-20.0, description="per-row log-likelihood clipped below here (nats)")
     score_high: float = Field(10.0, description="per-row log-likelihood clipped above here (nats)")
 

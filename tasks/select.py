@@ -1,8 +1,11 @@
-"""select: Report-Noisy-Max over checkpoints on the clipped validation log-likelihood.
+"""select: Report-Noisy-Max over checkpoints on the held-out log-likelihood.
 
 DP-GAN note, section 4: score every checkpoint on held-out private rows and pick the
-best k with the exponential mechanism; the score is a sum of per-row log-likelihoods
-clipped to public bounds, so one row moves each score by at most (high - low).
+best k with the exponential mechanism. The default score is each row's log-likelihood
+relative to its median over the checkpoints, clipped to +-relative_clip (sensitivity
+relative_clip; `report_noisy_max.relative_loglik_scores`); the older absolute score clips
+log-likelihoods to [score_low, score_high] (sensitivity high - low, about 30 nats, whose
+noise hides the differences between checkpoints).
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ def select_checkpoints(
     """
     k = min(cfg.top_k, len(checkpoints))
     loglik = loglik_matrix(make_model, [s for _, s in checkpoints], x_val)
-    scores, sensitivity = report_noisy_max.clipped_loglik_scores(loglik, cfg.score_low, cfg.score_high)
-    # the clipped, shifted sums are monotone: adding a row raises every score
-    return report_noisy_max.report_noisy_max(scores, sensitivity, per_pick_epsilon(stage), k=k, monotone=True)
+    if cfg.score == "relative":
+        scores, sensitivity = report_noisy_max.relative_loglik_scores(loglik, cfg.relative_clip)
+        monotone = False
+    else:
+        scores, sensitivity = report_noisy_max.clipped_loglik_scores(loglik, cfg.score_low, cfg.score_high)
+        monotone = True  # the clipped, shifted sums only grow when a row is added
+    return report_noisy_max.report_noisy_max(scores, sensitivity, per_pick_epsilon(stage), k=k, monotone=monotone)

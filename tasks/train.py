@@ -48,6 +48,7 @@ def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | No
         optimizer=cfg.optimizer,
         lr=cfg.lr,
         checkpoint_every=cfg.checkpoint_every,
+        ema_decay=cfg.ema_decay,
         expected_batch_size=float(cfg.batch_size),
         device=resolve_device(cfg.device),
         seed=cfg.seed,

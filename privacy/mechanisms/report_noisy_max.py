@@ -19,6 +19,7 @@ accountant composes (exactly what OpenDP certifies per pick, k times).
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -83,4 +84,33 @@ def clipped_loglik_scores(loglik: np.ndarray, low: float, high: float) -> tuple[
     return clipped.sum(axis=1), float(high - low)
 
 
-__all__ = ["clipped_loglik_scores", "report_noisy_max", "rnm_event"]
+def relative_loglik_scores(loglik: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
+    """Per-checkpoint score = sum over rows of clip(loglik[t, i] - ref_i, -clip, clip), where
+    ref_i is the median of row i's log-likelihoods over the checkpoints.
+
+    Why: checkpoints of one run differ by a few hundredths of a nat per row while a row's
+    absolute log-likelihood spans tens of nats, so `clipped_loglik_scores` needs a sensitivity
+    of (high - low) ~ 30 and its noise swamps every difference. What differs between
+    checkpoints is each row's log-likelihood relative to the others' on the same row; clipped
+    to +-clip it has sensitivity `clip` (DP-GAN note, section 4: score what tells candidates
+    apart, with a tight bound). Adding or removing row i adds or removes the one term
+    clip(loglik[t, i] - ref_i) in [-clip, clip] to every score t, because ref_i is a function
+    of row i's own column only: L-infinity sensitivity `clip`. The terms may have either sign,
+    so the scores are not monotone (pass monotone=False). A NaN log-likelihood counts as -clip.
+    """
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip must be a finite positive number, got {clip!r}")
+    ll = np.asarray(loglik, dtype=np.float64)
+    if ll.ndim != 2:
+        raise ValueError(f"loglik must be [checkpoints, rows], got shape {ll.shape}")
+    finite = np.where(np.isfinite(ll), ll, np.nan)
+    if ll.shape[1] == 0:
+        return np.zeros(ll.shape[0]), float(clip)
+    with warnings.catch_warnings():  # a row that is NaN in every checkpoint: ref 0, every term -clip
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = np.nan_to_num(np.nanmedian(finite, axis=0), nan=0.0)
+    diff = np.clip(np.nan_to_num(finite - ref[None, :], nan=-clip), -clip, clip)
+    return diff.sum(axis=1), float(clip)
+
+
+__all__ = ["clipped_loglik_scores", "relative_loglik_scores", "report_noisy_max", "rnm_event"]

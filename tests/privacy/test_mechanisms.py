@@ -31,7 +31,12 @@ from privflow.privacy.mechanisms.dp_stats import (
 )
 from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
 from privflow.privacy.mechanisms.laplace import laplace_event, laplace_mechanism
-from privflow.privacy.mechanisms.report_noisy_max import clipped_loglik_scores, report_noisy_max, rnm_event
+from privflow.privacy.mechanisms.report_noisy_max import (
+    clipped_loglik_scores,
+    relative_loglik_scores,
+    report_noisy_max,
+    rnm_event,
+)
 
 DELTA = 1e-5
 
@@ -295,6 +300,40 @@ def test_clipped_loglik_scores_sensitivity_under_add_remove() -> None:
     # The bound is attained: a row at `high` in every checkpoint moves every score by exactly sens.
     added, _ = clipped_loglik_scores(np.hstack([loglik, np.full((6, 1), high)]), low, high)
     assert added - scores == pytest.approx(np.full(6, sens))
+
+
+def test_relative_loglik_scores_sensitivity_under_add_remove() -> None:
+    g = rng(17)
+    clip = 0.75
+    loglik = g.normal(-5, 8, size=(5, 1)) + g.normal(0, 0.6, size=(5, 400))
+    scores, sens = relative_loglik_scores(loglik, clip)
+    assert sens == clip
+    ref = np.median(loglik, axis=0)
+    assert scores == pytest.approx(np.clip(loglik - ref, -clip, clip).sum(axis=1))
+    columns = [g.normal(-5, 30, size=5) for _ in range(20)]
+    columns += [np.full(5, np.inf), np.full(5, np.nan), np.array([1e9, -1e9, 0, np.nan, 5]), np.array([0, 0, 9, -9, 0])]
+    for col in columns:  # add one row: every score moves by at most clip, either way
+        added, _ = relative_loglik_scores(np.hstack([loglik, col[:, None]]), clip)
+        assert np.all(np.abs(added - scores) <= sens + 1e-9)
+    for i in (0, 200, 399):  # remove one row
+        removed, _ = relative_loglik_scores(np.delete(loglik, i, axis=1), clip)
+        assert np.all(np.abs(scores - removed) <= sens + 1e-9)
+    # The bound is attained in both directions, so the scores are not monotone.
+    added, _ = relative_loglik_scores(np.hstack([loglik, np.array([[9.0], [-9.0], [0.0], [0.0], [0.0]])]), clip)
+    assert (added - scores)[:2] == pytest.approx([clip, -clip])
+
+
+def test_relative_scores_separate_checkpoints_that_absolute_scores_cannot() -> None:
+    """Two checkpoints 0.05 nats/row apart on 3,000 rows, selection epsilon 0.03: the relative
+    score (sensitivity 1) picks the better one far more often than the absolute one (30)."""
+    g = rng(18)
+    base = g.normal(-8, 4, size=3000)
+    loglik = np.stack([base, base + 0.05 + g.normal(0, 0.1, size=3000)])
+    rel, rel_sens = relative_loglik_scores(loglik, 1.0)
+    ab, ab_sens = clipped_loglik_scores(loglik, -20.0, 10.0)
+    wins_rel = sum(report_noisy_max(rel, rel_sens, 0.03) == [1] for _ in range(200))
+    wins_abs = sum(report_noisy_max(ab, ab_sens, 0.03, monotone=True) == [1] for _ in range(200))
+    assert wins_rel >= 170 and wins_abs <= 150
 
 
 # ---------------------------------------------------------------------------- DP mean / std
