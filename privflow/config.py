@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from privflow.errors import ConfigError
 
@@ -106,7 +106,18 @@ class MarginalsConfig(_Section):
 
     enabled: bool = False
     share: float = Field(0.1, gt=0, lt=1)
-    grid_bins: int = Field(512, ge=8, le=4096)
+    grid_bins: int | Literal["auto"] = Field(
+        "auto",
+        description="cells of a numeric column's grid; auto: from expected_rows and the planned noise "
+        "(privacy/mechanisms/dp_marginals.py: auto_grid_bins)",
+    )
+
+    @field_validator("grid_bins")
+    @classmethod
+    def _grid(cls, v: int | str) -> int | str:
+        if v != "auto" and not 8 <= int(v) <= 4096:
+            raise ValueError("grid_bins must be 'auto' or an integer in [8, 4096]")
+        return v
 
 
 class SelectConfig(_Section):

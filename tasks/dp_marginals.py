@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import polars as pl
 from prefect import task
 
@@ -12,12 +14,24 @@ from privflow.schema import Schema
 from privflow.tasks._options import PRIVATE
 
 
+def planned_grid_bins(schema: Schema, stage: StagePlan, grid_bins: int | Literal["auto"]) -> int:
+    """The configured grid, or with "auto" the rule of `mechanism.auto_grid_bins` from the
+    schema's public expected_rows and the planned noise (public: no row is read)."""
+    if grid_bins != "auto":
+        return int(grid_bins)
+    sigma = stage.event.noise_multiplier * mechanism.marginals_sensitivity(len(schema.columns))  # type: ignore[attr-defined]
+    return mechanism.auto_grid_bins(schema.dataset.expected_rows, sigma)
+
+
 @task(name="dp_marginals", **PRIVATE)
-def dp_marginal_codec(df: pl.DataFrame, schema: Schema, stage: StagePlan, grid_bins: int) -> CopulaCodec:
+def dp_marginal_codec(
+    df: pl.DataFrame, schema: Schema, stage: StagePlan, grid_bins: int | Literal["auto"]
+) -> CopulaCodec:
     """Release every column's histogram once (the planned Gaussian event) and return the codec
     that encodes rows through those DP CDFs; everything after it is post-processing."""
-    marginals = mechanism.dp_marginals(df, schema, stage.event.noise_multiplier, grid_bins=grid_bins)  # type: ignore[attr-defined]
+    grid = planned_grid_bins(schema, stage, grid_bins)
+    marginals = mechanism.dp_marginals(df, schema, stage.event.noise_multiplier, grid_bins=grid)  # type: ignore[attr-defined]
     return CopulaCodec.from_marginals(schema, marginals)
 
 
-__all__ = ["dp_marginal_codec"]
+__all__ = ["dp_marginal_codec", "planned_grid_bins"]

@@ -22,7 +22,7 @@ import torch
 
 from privflow.codec import Codec
 from privflow.config import RunConfig
-from privflow.copula import CopulaCodec, Marginals, marginal_of, schema_cells
+from privflow.copula import DEFAULT_GRID_BINS, CopulaCodec, Marginals, marginal_of, schema_cells
 from privflow.models import build_flow
 from privflow.privacy.accountant import PLDAccountant
 from privflow.privacy.dp_sgd import TrainResult, TrainSettings
@@ -170,8 +170,10 @@ def initialise(
     return mean, std
 
 
-def exact_marginal_codec(schema: Schema, df: pl.DataFrame, grid_bins: int) -> CopulaCodec:
-    """Non-private only (the benchmark's reference): the copula codec of the rows' own marginals."""
+def exact_marginal_codec(schema: Schema, df: pl.DataFrame, grid_bins: int | str = DEFAULT_GRID_BINS) -> CopulaCodec:
+    """Non-private only (the benchmark's reference): the copula codec of the rows' own marginals
+    ("auto" has no noise to size the grid by, so it takes the default grid)."""
+    grid_bins = DEFAULT_GRID_BINS if grid_bins == "auto" else int(grid_bins)
     cells = schema_cells(schema, grid_bins=grid_bins)
     return CopulaCodec.from_marginals(
         schema, Marginals({c.column: marginal_of(df, c) for c in cells}, grid_bins=grid_bins)

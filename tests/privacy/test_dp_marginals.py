@@ -281,3 +281,26 @@ def test_large_epsilon_converges_to_the_empirical_marginals(adult: tuple[pl.Data
     assert out.columns == schema.names and out.schema == df.schema
     sex = schema_cells(schema)[schema.names.index("sex")]
     assert marginal_of(out, sex) == pytest.approx(marginal_of(df, sex), abs=0.01)
+
+
+def test_auto_grid_follows_rows_over_noise_within_bounds() -> None:
+    from privflow.privacy.mechanisms.dp_marginals import auto_grid_bins
+
+    assert auto_grid_bins(32_561, 27.2) == 128  # 32561 / (8 * 27.2) = 150 -> 128
+    assert auto_grid_bins(1_000, 27.2) == 16  # floor
+    assert auto_grid_bins(10_000_000, 5.0) == 512  # ceiling
+    assert auto_grid_bins(None, 5.0) == mod.DEFAULT_GRID_BINS  # nothing public to size it by
+    grids = [auto_grid_bins(n, 20.0) for n in (500, 5_000, 50_000, 500_000)]
+    assert grids == sorted(grids) and all(g & (g - 1) == 0 for g in grids)  # more rows, finer; powers of 2
+    assert auto_grid_bins(50_000, 5.0) >= auto_grid_bins(50_000, 50.0)  # more noise, coarser
+
+
+def test_planned_grid_reads_only_the_plan_and_the_schema(adult: tuple[pl.DataFrame, Schema]) -> None:
+    from privflow.privacy.plan import StagePlan
+    from privflow.tasks.dp_marginals import planned_grid_bins
+
+    _, schema = adult
+    stage = StagePlan("dp_marginals", 0.5, 0.5, dp_marginals_event(7.0))
+    sigma = 7.0 * math.sqrt(len(schema.columns))
+    assert planned_grid_bins(schema, stage, "auto") == mod.auto_grid_bins(schema.dataset.expected_rows, sigma)
+    assert planned_grid_bins(schema, stage, 64) == 64
