@@ -93,6 +93,68 @@ def retrain_trigger(site: Site) -> Any:
     )
 
 
+# -- scoring each new file (issue 14): a third deployment when PRIVFLOW_SCORE_DIR is set --------
+
+SCORE_DEPLOYMENT = "score-new-file"
+
+
+@dataclass(frozen=True)
+class ScoreSite:
+    """Where files to score land (a folder of its own, apart from the retraining folder), the
+    released model that scores them and its public threshold in nats (flows/score.py)."""
+
+    folder: Path
+    model: str
+    threshold: float
+
+    @classmethod
+    def from_env(cls) -> ScoreSite | None:
+        """PRIVFLOW_SCORE_DIR, PRIVFLOW_SCORE_THRESHOLD (needed with it) and PRIVFLOW_SCORE_MODEL
+        (default privflow-adult@champion); None when no scoring folder is set."""
+        env = os.environ
+        if not env.get("PRIVFLOW_SCORE_DIR"):
+            return None
+        if not env.get("PRIVFLOW_SCORE_THRESHOLD"):
+            raise ValueError("PRIVFLOW_SCORE_DIR is set without PRIVFLOW_SCORE_THRESHOLD (a public threshold, nats).")
+        folder = Path(env["PRIVFLOW_SCORE_DIR"]).expanduser().resolve()
+        model = env.get("PRIVFLOW_SCORE_MODEL", "privflow-adult@champion")
+        return cls(folder, model, float(env["PRIVFLOW_SCORE_THRESHOLD"]))
+
+
+def score_trigger(scoring: ScoreSite) -> Any:
+    """`privflow.data.arrived` from the scoring folder -> one scoring run per file."""
+    from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+
+    return DeploymentEventTrigger(
+        name=f"privflow-score-arrived:{scoring.folder}",
+        description="A file to score landed in the scoring folder (python -m privflow.flows.watch).",
+        expect={EVENT},
+        match={FOLDER_LABEL: str(scoring.folder)},
+        for_each={"prefect.resource.id"},
+        parameters={"data_path": "{{ event.resource.id }}"},
+    )
+
+
+def score_deployments(site: Site, common: dict[str, Any], scoring: ScoreSite | None = None) -> list[Any]:
+    """The scoring deployment (flows/score.py) when a scoring folder is configured, else none."""
+    scoring = scoring if scoring is not None else ScoreSite.from_env()
+    if scoring is None:
+        return []
+    if scoring.folder == site.watch_folder:
+        raise ValueError(f"The scoring folder {scoring.folder} is the retraining folder: give scoring its own folder.")
+    from privflow.flows.score import score_new_file
+
+    return [
+        score_new_file.to_deployment(
+            name=SCORE_DEPLOYMENT,
+            parameters={"model": scoring.model, "threshold": scoring.threshold, "store": str(site.store)},
+            triggers=[score_trigger(scoring)],
+            description="Score each new file under the released model (public threshold: no privacy spent).",
+            **common,
+        )
+    ]
+
+
 def training_config(site: Site) -> dict[str, Any]:
     """The scheduled run's RunConfig as JSON parameters (validated now, not at 03:00)."""
     from privflow.config import RunConfig
@@ -134,7 +196,7 @@ def deployments(site: Site, work_pool: str | None = None, job_variables: dict[st
         description="Retrain, register and (by a DP comparison) promote when a new file arrives.",
         **common,
     )
-    return [train, retrain]
+    return [train, retrain, *score_deployments(site, common)]
 
 
 def serve(site: Site) -> None:

@@ -1,0 +1,152 @@
+"""Scoring each new file: the flow a `privflow.data.arrived` event starts (infra/deployments.py,
+`privflow-score/score-new-file`), the likelihood thresholding of DP-NF section 5.
+
+    header check (no row read) -> log-likelihood of every row under the released model
+    -> anomaly = loglik < a PUBLIC threshold -> <folder>/scored/<name>.scored.<ext> -> counts to MLflow
+
+Privacy: scoring under a registered (released) model is post-processing of that release, and a
+public threshold is public: the flow spends nothing and writes nothing to the ledger (the
+`privflow score` logic, tasks/score.py). A DP threshold is a release of its own: buy it once
+with `privflow score --fpr q --reference REF.csv --epsilon E` (charged then, once) and pass the
+printed value here; every file after that is free.
+
+The scored file goes to a `scored/` folder beside the input, not into the watched folder
+itself: the watcher does not descend into folders, so the output is never announced as new
+data (which would score it again, forever). The MLflow run (experiment `privflow-scoring`, never
+a dataset's experiment and never behind a registered model) holds the model version, the
+threshold, the file's name and the rows scored and flagged: counts of the operator's file, not
+differentially private, so a file of private rows makes that run curator-side, not a release
+(it is tagged so).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param
+from prefect import flow, get_run_logger
+
+from privflow.errors import ConfigError
+from privflow.flows.retrain import check_new_file
+from privflow.io import write_table
+from privflow.tasks import mlflow_store
+from privflow.tasks.score import ANOMALY, load_model, score_table
+
+EXPERIMENT = "privflow-scoring"
+SCORED_FOLDER = "scored"
+NOT_DP = (
+    "counts of the scored file's own rows under a public threshold; not differentially private: "
+    "curator-side when the file holds private rows"
+)
+
+
+@dataclass(frozen=True)
+class ScoredFile:
+    """What one run scored and where it went."""
+
+    data_path: str
+    output_path: str
+    model: str
+    version: str
+    threshold: float
+    rows: int
+    flagged: int
+    mlflow_run_id: str
+
+
+def scored_path(data_path: Path, out_dir: Path | None = None) -> Path:
+    """`<folder>/scored/<stem>.scored.csv` (or `.parquet` for a Parquet input)."""
+    suffix = ".csv" if data_path.suffix.lower() == ".csv" else ".parquet"
+    folder = out_dir if out_dir is not None else data_path.parent / SCORED_FOLDER
+    return folder / f"{data_path.stem}.scored{suffix}"
+
+
+def _log() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except Exception:  # noqa: BLE001 - called as a plain function (tests, scripts): no flow run
+        return logging.getLogger(__name__)
+
+
+def log_scoring_run(store: Path, result: ScoredFile, dataset: str) -> str:
+    """One MLflow run in `privflow-scoring` with the run's parameters and counts (no artifact:
+    the scored rows stay in the operator's folder)."""
+    mlflow_store.tracking(store)
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    if exp is None:
+        remote = mlflow.get_tracking_uri().startswith(("http://", "https://"))
+        location = None if remote else (store.resolve() / "artifacts").as_uri()
+        exp_id = client.create_experiment(EXPERIMENT, artifact_location=location)
+    else:
+        exp_id = exp.experiment_id
+    run = client.create_run(
+        exp_id,
+        run_name=f"score {Path(result.data_path).name}",
+        tags={"privflow.kind": "scoring", "privflow.dataset": dataset, "privflow.not_dp": NOT_DP},
+    )
+    rid = run.info.run_id
+    params = {
+        "model": result.model,
+        "model_version": result.version,
+        "threshold": f"{result.threshold:g}",
+        "data_file": Path(result.data_path).name,
+        "output_path": result.output_path,
+    }
+    metrics = {
+        "rows_scored": float(result.rows),
+        "rows_flagged": float(result.flagged),
+        "flagged_share": result.flagged / result.rows if result.rows else 0.0,
+    }
+    client.log_batch(
+        rid,
+        metrics=[Metric(k, v, 0, 0) for k, v in metrics.items()],
+        params=[Param(k, v) for k, v in params.items()],
+    )
+    client.set_terminated(rid)
+    return rid
+
+
+@flow(name="privflow-score")
+def score_new_file(
+    data_path: str, model: str, threshold: float, store: str = ".privflow", out_dir: str | None = None
+) -> dict[str, Any]:
+    """Score one new file under a released model with a public threshold; write it beside the
+    input (`scored/`), log the counts to MLflow. Spends no privacy (DP-NF section 5: likelihood
+    thresholding is post-processing of the DP model)."""
+    log = _log()
+    try:
+        t = float(threshold)
+    except (TypeError, ValueError):
+        raise ConfigError(f"The scoring threshold must be a number (nats), got {threshold!r}.") from None
+    if t != t or t in (float("inf"), float("-inf")):
+        raise ConfigError(f"The scoring threshold must be a finite number (nats), got {threshold!r}.")
+    root = Path(store).expanduser().resolve()
+    name, loaded = load_model(model, root)
+    path = Path(check_new_file.fn(data_path, loaded.schema))  # header only: a wrong file reads no row
+    table = score_table(loaded, path, t)
+    out = scored_path(path, Path(out_dir).expanduser().resolve() if out_dir else None)
+    write_table(table, out)
+    flagged = int(table[ANOMALY].sum())
+    result = ScoredFile(str(path), str(out), name, str(loaded.version), t, table.height, flagged, "")
+    rid = log_scoring_run(root, result, loaded.schema.dataset.name)
+    result = ScoredFile(**{**asdict(result), "mlflow_run_id": rid})
+    log.info(
+        "scored %d rows of %s under %s v%s: %d flagged (loglik < %g); wrote %s; no privacy spent",
+        result.rows,
+        path.name,
+        name,
+        loaded.version,
+        flagged,
+        t,
+        out,
+    )
+    return asdict(result)
+
+
+__all__ = ["EXPERIMENT", "SCORED_FOLDER", "ScoredFile", "log_scoring_run", "score_new_file", "scored_path"]
