@@ -131,6 +131,12 @@ class SelectConfig(_Section):
         "+-relative_clip (sensitivity relative_clip); absolute: clipped to [score_low, score_high]",
     )
     relative_clip: float = Field(1.0, gt=0, description="nats; the relative score's per-row bound")
+    include_start: bool = Field(
+        True,
+        description="the flow before DP-SGD (DP statistics only: independent columns; with DP marginals, "
+        "exactly the independent copula) is a candidate, so selection falls back to it when training "
+        "did not help (small tables); the report says so",
+    )
     score_low: float = Field(-20.0, description="per-row log-likelihood clipped below here (nats)")
     score_high: float = Field(10.0, description="per-row log-likelihood clipped above here (nats)")
 
@@ -175,6 +181,12 @@ class RunConfig(_Section):
         description="when the alias moves to the new version: if_better (default) gives it to the first "
         "version at no cost and afterwards moves it only when a DP comparison with the holder says the new "
         "version is better (tasks/promote.py, its own small epsilon in the ledger); always; or never",
+    )
+    init_from: str | None = Field(
+        None,
+        description="warm start: NAME@ALIAS or NAME/VERSION of a registered model whose weights DP training starts "
+        "from (tasks/warm_start.py says which parents are allowed and what they cost); the plan then has no DP "
+        "statistics or DP prior stage (privacy/run_plan.py)",
     )
     privacy: PrivacyConfig = PrivacyConfig()
     gate: GateConfig = GateConfig()

@@ -77,6 +77,13 @@ class FitResult:
     def chosen_steps(self) -> list[int]:
         return [self.train.checkpoints[i][0] for i in self.chosen]
 
+    @property
+    def fell_back(self) -> bool:
+        """Selection chose the flow before DP-SGD (`select.include_start`): training did not beat
+        independent columns on held-out rows, so the release is the DP marginals (or DP statistics)
+        with independent columns. Public: a function of the DP selection's output."""
+        return self.chosen_steps == [0]
+
     def sample(self, n: int, seed: int | None = None) -> pl.DataFrame:
         """`n` synthetic rows in equal shares from the chosen flows (post-processing; explicit generator)."""
         return sample_rows(self.flows, self.codec, n, seed=seed)
@@ -104,12 +111,21 @@ def model_factory(config: RunConfig, codec: Codec) -> Callable[[dict | None], to
     return make
 
 
-def initial_model(config: RunConfig, codec: Codec) -> torch.nn.Module:
+def initial_model(config: RunConfig, codec: Codec, state: dict | None = None) -> torch.nn.Module:
     """The untrained flow, its weights drawn from the config's public seed (the global RNG is
-    left as it was)."""
+    left as it was); with `state`, a warm start: the parent's released weights, in train mode."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.train.seed)
-        return model_factory(config, codec)(None)
+        model = model_factory(config, codec)(None)
+    if state is not None:
+        model.load_state_dict(state)
+    return model
+
+
+def _actnorm_statistics(model: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The (mean, std) a warm-started flow's first actnorm already holds (its parent's)."""
+    act = model.first_actnorm()
+    return act.loc.detach().cpu().numpy().copy(), torch.exp(act.log_scale).detach().cpu().numpy().copy()
 
 
 def _preprocessed(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
@@ -151,7 +167,13 @@ def initialise(
     spend: Spend,
     as_tasks: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """DP statistics (actnorm) and, when planned, the DP prior; exact ones when `plan` is None."""
+    """DP statistics (actnorm) and, when planned, the DP prior; exact ones when `plan` is None.
+
+    A warm start (`config.init_from`) keeps the parent's actnorm and prior and spends nothing
+    here: its plan has no such stages (privacy/run_plan.py, `without_initialisation`).
+    """
+    if config.init_from is not None:
+        return _actnorm_statistics(model)
     if plan is None:
         mean, std = exact_statistics(model, x_train)
         if config.model.prior == "mog":
@@ -245,20 +267,26 @@ def fit(
     spend: Spend | None = None,
     show_progress: bool = False,
     as_tasks: bool = False,
+    init_state: dict | None = None,
 ) -> FitResult:
     """Train the configured flow on encoded rows and choose its checkpoint(s).
 
     `plan` defaults to the configuration's plan (privacy/run_plan.py); the train flow passes
     the plan its ledger reserved. `as_tasks` runs the steps as Prefect tasks (inside a flow).
+    `init_state`: a warm start's parent weights (tasks/warm_start.py); it comes with
+    `config.init_from`, which is what shapes the plan, so the two must be given together.
     """
+    if (init_state is None) != (config.init_from is None):
+        raise ValueError("a warm start needs both config.init_from (it shapes the plan) and init_state (the weights)")
     spend = spend if spend is not None else Spend()
     plan = (plan or run_plan(config, schema)) if private else None
     make = model_factory(config, codec)
-    model = initial_model(config, codec)
+    model = initial_model(config, codec, init_state)
     mean, std = initialise(model, config, plan, x_train, spend, as_tasks)
     settings = (
         settings_for(config.train, plan.stage("train")) if plan is not None else nonprivate_settings(config, schema)
     )
+    start = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     trainer = train_flow_model if as_tasks else train_flow_model.fn
     spend.start()
     result = trainer(model, x_train, settings, show_progress)
@@ -270,6 +298,8 @@ def fit(
         assert result.event is not None
         points = cumulative_epsilon(spend.events, result.event, [s for s, _ in result.checkpoints], plan.delta)
         spend.add(result.event)
+        if config.select.include_start:
+            result.checkpoints.insert(0, (0, start))
         stage = plan.stage("select")
         spend.start()
         chosen = (select_checkpoints if as_tasks else select_checkpoints.fn)(

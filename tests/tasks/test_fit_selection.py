@@ -1,0 +1,96 @@
+"""fit's candidate set: the flow before DP-SGD is one of the checkpoints selection sees, so a
+run whose training did not help falls back to it (independent columns; with DP marginals the
+independent copula)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from privflow.config import RunConfig
+from privflow.privacy.run_plan import run_plan
+from privflow.schema import Schema
+from privflow.tasks.fit import Spend, fit, prepare
+
+torch.set_num_threads(1)
+
+
+def table(n: int = 600, seed: int = 0) -> tuple[pl.DataFrame, Schema]:
+    g = np.random.default_rng(seed)
+    a = g.normal(0, 1, n)
+    df = pl.DataFrame({"a": np.clip(a, -3, 3), "b": np.clip(a + g.normal(0, 0.3, n), -4, 4)})
+    schema = Schema.model_validate(
+        {
+            "dataset": {"name": "toy", "expected_rows": n, "budget": {"epsilon": 10.0, "delta": 1e-5}},
+            "columns": [
+                {"name": "a", "type": "numeric", "bounds": [-3, 3]},
+                {"name": "b", "type": "numeric", "bounds": [-4, 4]},
+            ],
+        }
+    )
+    return df, schema
+
+
+def config(**train: object) -> RunConfig:
+    return RunConfig.build(
+        data=Path("toy.csv"),
+        schema_path=Path("toy.yaml"),
+        privacy={"epsilon": 5.0, "delta": 1e-5, "select_share": 0.3},
+        model={"name": "maf", "blocks": 1, "hidden": 8},
+        train={"epochs": 1, "batch_size": 100, "checkpoint_every": 2, "device": "cpu", **train},
+        marginals={"enabled": True, "share": 0.2},
+    )
+
+
+def run(cfg: RunConfig) -> object:
+    df, schema = table()
+    spend = Spend()
+    plan = run_plan(cfg, schema)
+    codec, x_train, x_val = prepare(cfg, schema, df, plan, spend)
+    return fit(cfg, schema, codec, x_train, x_val, plan=plan, spend=spend)
+
+
+def test_the_untrained_flow_is_the_first_candidate() -> None:
+    fitted = run(config())
+    steps = [s for s, _ in fitted.train.checkpoints]  # type: ignore[attr-defined]
+    assert steps[0] == 0 and steps[1:] == sorted(steps[1:]) and steps[-1] == fitted.train.steps  # type: ignore[attr-defined]
+    start = fitted.train.checkpoints[0][1]  # type: ignore[attr-defined]
+    last = fitted.train.checkpoints[-1][1]  # type: ignore[attr-defined]
+    assert any(not torch.equal(start[k], last[k]) for k in start)
+    # the cumulative-epsilon curve covers the DP-SGD checkpoints only
+    assert [t for t, _ in fitted.cumulative_epsilon] == steps[1:]  # type: ignore[attr-defined]
+
+
+def test_without_include_start_only_trained_checkpoints_compete() -> None:
+    cfg = config()
+    cfg = cfg.model_copy(update={"select": cfg.select.model_copy(update={"include_start": False})})
+    fitted = run(cfg)
+    assert fitted.train.checkpoints[0][0] > 0  # type: ignore[attr-defined]
+
+
+def test_selection_falls_back_to_the_start_when_training_breaks_the_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    import privflow.tasks.fit as fit_module
+
+    real = fit_module.train_flow_model.fn
+
+    def broken(model: torch.nn.Module, x: np.ndarray, settings: object, show: bool = False) -> object:
+        result = real(model, x, settings, show)
+        for _, state in result.checkpoints:  # every trained checkpoint scrambled: far worse than the start
+            for k, v in state.items():
+                if v.is_floating_point() and "weight" in k:
+                    v.mul_(-25.0)
+        return result
+
+    monkeypatch.setattr(fit_module.train_flow_model, "fn", broken)
+    fitted = run(config())
+    assert fitted.chosen_steps == [0]  # type: ignore[attr-defined]
+    assert fitted.fell_back  # type: ignore[attr-defined]
+
+
+def test_a_run_that_learns_moves_off_the_start() -> None:
+    fitted = run(config(epochs=6))
+    assert fitted.chosen_steps != [0] and not fitted.fell_back  # type: ignore[attr-defined]
