@@ -51,6 +51,7 @@ from privflow.tasks.plan import plan_privacy
 from privflow.tasks.promote import PromotionSettings, promote_if_better
 from privflow.tasks.train import cpu_threads
 from privflow.tasks.validate import validate_data
+from privflow.tasks.warm_start import resolve_parent
 from privflow.validation import validate
 
 
@@ -76,6 +77,7 @@ class RunSummary:
     metrics: dict[str, float]
     failing_rows_dp: float
     wall_seconds: float
+    init_from: str | None = None  # a warm start's parent version, NAME/VERSION
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,15 +183,19 @@ def _compare_with_holder(
     )
 
 
-def _reserve(config: RunConfig, schema: Schema, store: Path, run_id: str) -> tuple[PrivacyPlan, Ledger]:
-    """Plan and reserve: public inputs only, before any row is read."""
+def _reserve(
+    config: RunConfig, schema: Schema, store: Path, run_id: str, lineage: str | None = None
+) -> tuple[PrivacyPlan, Ledger]:
+    """Plan and reserve: public inputs only, before any row is read. A warm start's ledger
+    entry names its parent (`lineage`)."""
     plan = plan_privacy(config, schema)
     ledger = Ledger(store / "ledger.db")
     budget = schema.dataset.budget
     ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
-    ledger.reserve(
-        schema.dataset.name, run_id, plan.events, {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages}
-    )
+    stages = {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages}
+    if lineage is not None:
+        stages["init_from"] = lineage
+    ledger.reserve(schema.dataset.name, run_id, plan.events, stages)
     return plan, ledger
 
 
@@ -299,10 +305,15 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
     store_ml.tracking(store)
     store_ml.experiment_for(schema.dataset.name, store)
     model_name = config.model_name or f"privflow-{schema.dataset.name}"
+    # A warm start's parent, checked (tasks/warm_start.py) before anything is reserved or read,
+    # and pinned to its version so that the params and the ledger name exactly the weights used.
+    parent = resolve_parent(config, schema)
+    if parent is not None:
+        config = config.model_copy(update={"init_from": parent.spec})
     # One ledger entry per attempt: a retried flow run that reruns the mechanisms spends
     # again and is counted again; an attempt that read nothing releases its reservation.
     run_id = f"{flow_run.id or uuid.uuid4()}-attempt{flow_run.run_count or 1}"
-    plan, ledger = _reserve(config, schema, store, run_id)
+    plan, ledger = _reserve(config, schema, store, run_id, parent.lineage() if parent is not None else None)
     budget, spend = schema.dataset.budget, Spend()
     try:
         ledger.ensure_dataset(
@@ -330,6 +341,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
                 spend=spend,
                 show_progress=show_progress,
                 as_tasks=True,
+                init_state=parent.state if parent is not None else None,
             )
             figures = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
             synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
@@ -341,7 +353,12 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
         _settle_failure(ledger, run_id, spend)
         raise
     registered = _compare_with_holder(config, model_name, registered, store, run_id)
-    outputs = {"synthetic_path": str(synthetic_path), "curator_dir": str(curator), "report_path": report_path}
+    outputs = {
+        "synthetic_path": str(synthetic_path),
+        "curator_dir": str(curator),
+        "report_path": report_path,
+        "init_from": config.init_from,
+    }
     return _summary(
         config, plan, run_id, active.info.run_id, model_name, registered, figures, outputs, metrics, decision, started
     )

@@ -11,6 +11,7 @@ import math
 
 from privflow.config import RunConfig
 from privflow.errors import ConfigError
+from privflow.privacy.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.events import Event
 from privflow.privacy.mechanisms import dp_marginals, dp_mog, dp_stats, report_noisy_max, validation_gate
 from privflow.privacy.plan import PrivacyPlan, SGDShape, make_plan
@@ -35,7 +36,8 @@ def run_plan(config: RunConfig, schema: Schema) -> PrivacyPlan:
 
     Stages, in the order they spend: the validation gate (a DP count of failing rows,
     ``privacy/mechanisms/validation_gate.py``), DP statistics, the optional DP prior,
-    DP-SGD (the remainder), Report-Noisy-Max selection.
+    DP-SGD (the remainder), Report-Noisy-Max selection. A warm start (`config.init_from`)
+    gets the same plan without the initialisation stages (`without_initialisation`).
     """
     p, delta = config.privacy, config.privacy.delta
     k, iters = config.select.top_k, config.model.mog_iterations
@@ -62,7 +64,33 @@ def run_plan(config: RunConfig, schema: Schema) -> PrivacyPlan:
     if config.model.prior == "mog":
         stages["dp_prior"] = (p.prior_share, prior_event)
     stages["select"] = (p.select_share, select_event)
-    return make_plan(p.epsilon, delta, stages, sgd_shape(config, schema))
+    plan = make_plan(p.epsilon, delta, stages, sgd_shape(config, schema))
+    return plan if config.init_from is None else without_initialisation(plan)
 
 
-__all__ = ["run_plan", "sgd_shape"]
+# The stages that only initialise a fresh flow: DP statistics set the first actnorm, DP-EM fits
+# the prior to the preprocessed rows as seen by a flow at its identity start.
+INITIALISATION_STAGES = ("dp_stats", "dp_prior")
+
+
+def without_initialisation(plan: PrivacyPlan) -> PrivacyPlan:
+    """The plan of a warm start: the from-scratch plan minus its initialisation stages.
+
+    A warm-started flow keeps its parent's actnorm and prior (a refit of the prior on the rows
+    would not match a flow that no longer starts at the identity), so those stages would buy
+    nothing. Dropping them keeps every other stage's noise, DP-SGD's included, exactly as the
+    from-scratch run calibrates it; the run is charged that much less, and the saving stays in
+    the dataset's budget.
+    """
+    kept = tuple(s for s in plan.stages if s.name not in INITIALISATION_STAGES)
+    events = [s.event for s in kept]
+    return PrivacyPlan(
+        plan.target_epsilon,
+        plan.delta,
+        kept,
+        PLDAccountant().epsilon(events, plan.delta),
+        RDPAccountant().epsilon(events, plan.delta),
+    )
+
+
+__all__ = ["INITIALISATION_STAGES", "run_plan", "sgd_shape", "without_initialisation"]

@@ -132,6 +132,14 @@ def run(
     model_name: Annotated[str | None, typer.Option("--model-name", help="Registered model name.")] = None,
     alias: Annotated[str | None, typer.Option("--alias", help="Registry alias for the new version.")] = None,
     promote: PromoteOpt = None,
+    init_from: Annotated[
+        str | None,
+        typer.Option(
+            "--init-from",
+            help="Warm start: NAME@ALIAS or NAME/VERSION of a registered model (public pretraining, or a DP "
+            "release of this dataset) whose weights DP training starts from.",
+        ),
+    ] = None,
     store: StoreOpt = Path(".privflow"),
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     verbose: VerboseOpt = False,
@@ -144,6 +152,7 @@ def run(
         "store": store,
         "model_name": model_name,
         "alias": alias,
+        "init_from": init_from,
         "privacy": {"epsilon": epsilon, "delta": delta},
         "model": {"name": model},
         "train": {"epochs": epochs, "device": device},
@@ -224,11 +233,13 @@ def _run_body(config_path: Path | None, overrides: dict, quiet: bool, verbose: b
     cfg = _load_config(config_path, overrides, promote)
     # Everything checkable up front, before any library starts a server or the ledger reserves.
     checked = preflight(cfg)
+    cfg = checked.config  # a warm start's parent pinned to the version pre-flight checked
     env.configure(cfg.store, verbose=verbose)
     console.print(
         f"[bold]privflow[/] pre-flight passed in {checked.seconds:.1f} s ({checked.data_format}; device "
         f"{checked.device}). Training on [cyan]{cfg.data}[/] at epsilon={cfg.privacy.epsilon:g}, "
-        f"delta={cfg.privacy.delta:g}; store {cfg.store.resolve()}",
+        f"delta={cfg.privacy.delta:g}; store {cfg.store.resolve()}"
+        + (f"; warm start from {cfg.init_from} (no DP statistics stage)" if cfg.init_from else ""),
         highlight=False,
         soft_wrap=True,
     )
@@ -272,6 +283,8 @@ def _print_summary(summary: object) -> None:
     alias_version = get("alias_version", None)
     promotion = get("promotion", None)
     lines = [f"registered model {s.model_name} v{s.model_version}"]
+    if get("init_from"):
+        lines.append(f"warm-started from {get('init_from')} (lineage in the MLflow params and the ledger entry)")
     if alias_version is None and promotion is None:
         alias_line = f"alias @{alias} -> v{s.model_version}"  # before RunSummary gained the fields
     elif alias_version is None:
@@ -292,6 +305,66 @@ def _print_summary(summary: object) -> None:
         lines.append(f"ledger run: {s.run_id}")
     for line in lines:
         out.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+@app.command()
+def pretrain(
+    data: Annotated[Path, typer.Option("--data", help="A PUBLIC table (.csv or .parquet): trained on without DP.")],
+    schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML) of the private runs to warm-start.")],
+    config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML): model, train.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="dphflow | maf.")] = None,
+    epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over the public table.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")] = None,
+    model_name: Annotated[
+        str | None, typer.Option("--model-name", help="Registered model name (default privflow-DATASET-public).")
+    ] = None,
+    alias: Annotated[str, typer.Option("--alias", help="Alias the new version takes.")] = "pretrained",
+    store: StoreOpt = Path(".privflow"),
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Train the configured flow NON-privately on a table you declare public and register it as a
+    warm-start parent for `privflow run --init-from` (no ledger charge: nothing private is read)."""
+    overrides = {
+        "data": data,
+        "schema_path": schema,
+        "store": store,
+        "model_name": model_name,
+        "alias": alias,
+        "model": {"name": model},
+        "train": {"epochs": epochs, "device": device},
+    }
+    _guarded(verbose, lambda: _pretrain(config, overrides, quiet, verbose))
+
+
+def _pretrain(config_path: Path | None, overrides: dict, quiet: bool, verbose: bool) -> None:
+    from privflow import env
+
+    env.set_verbosity(verbose)
+    from privflow.preflight import preflight_pretrain
+
+    checked = preflight_pretrain(_load_config(config_path, overrides, None))
+    cfg = checked.config
+    env.configure(cfg.store, verbose=verbose)
+    console.print(
+        f"[bold]privflow[/] pretraining (NOT differentially private: {cfg.data} is declared public) on "
+        f"{checked.rows} rows ({checked.data_format}; device {checked.device}); store {cfg.store.resolve()}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    from privflow.flows.pretrain import pretrain_pipeline
+
+    env.quiet_imported(verbose)
+    s = pretrain_pipeline(cfg, show_progress=not quiet)
+    Console(soft_wrap=True).print(
+        f"registered {s.model_name} v{s.model_version} (@{s.alias}) from {s.rows} public rows"
+        + (f" ({s.quarantined_rows} set aside by validation)" if s.quarantined_rows else "")
+        + f", {s.steps} steps, checkpoint of step {s.chosen_step}, validation {s.validation_nats_per_row:.3f} "
+        f"nats/row, {s.wall_seconds:.1f} s. Tagged privflow.pretrained=public; no privacy was spent. Warm-start a "
+        f"DP run with: privflow run ... --init-from {s.model_name}/{s.model_version}  (MLflow run {s.mlflow_run_id})",
+        highlight=False,
+        markup=False,
+    )
 
 
 @app.command()

@@ -19,7 +19,16 @@ imported (this module imports none of them) and before the ledger reserves anyth
 - the device is available (`auto` is resolved);
 - the test-data file, if given, exists and has the same header;
 - the dataset has budget left for the run's plan (`privacy.run_plan.run_plan`), checked
-  against the ledger without reserving (`privacy.ledger.check_budget_at`).
+  against the ledger without reserving (`privacy.ledger.check_budget_at`);
+- a warm start's parent (`--init-from`, `check_init_from`): it exists in the store's
+  registry and fits the run (tasks/warm_start.py: identical schema columns, the same flow
+  and codec space, a public pretraining or a private release of this dataset whose ledger
+  run is in this store's ledger). The registry is MLflow's, so this one check imports
+  MLflow (and Prefect, through the tasks package) after `env.configure`, and only when
+  `--init-from` is given; it reads no row and reserves nothing.
+
+`preflight_pretrain` is the same kind of check for `privflow pretrain` (public data: no plan,
+no budget; a file the ledger knows as private is refused).
 
 The public facts it returns (format, row count, resolved device, the plan) are for the
 CLI's messages; the row count of the private file is never logged or released.
@@ -300,6 +309,31 @@ def _check_budget(config: RunConfig, schema: Schema) -> object:
     return plan
 
 
+def check_init_from(config: RunConfig, schema: Schema) -> str:
+    """The warm start's parent exists and fits this run; returns it as NAME/VERSION, so the
+    run uses exactly the version checked here even if an alias moves meanwhile."""
+    from privflow import env
+    from privflow.errors import ModelNotFound
+
+    assert config.init_from is not None
+    db = Path(config.store) / "mlflow.db"
+    if env.operator_tracking_uri() is None and not db.is_file():
+        raise ModelNotFound(
+            f"--init-from {config.init_from}: there is no model registry in the store '{config.store}' (no "
+            f"'{db.name}'), so there is nothing to warm-start from. Register a parent first (`privflow pretrain` on "
+            "public data, or `privflow run`) with the same --store."
+        )
+    env.configure(config.store)  # offline, quiet settings before mlflow and prefect are imported
+    from privflow.tasks import mlflow_store
+    from privflow.tasks.warm_start import resolve_parent
+
+    env.quiet_imported(False)
+    mlflow_store.tracking(Path(config.store))
+    parent = resolve_parent(config, schema)
+    assert parent is not None
+    return parent.spec
+
+
 def preflight(config: RunConfig) -> Preflight:
     """Run every check in order, cheapest first; raise the first problem as a PrivflowError."""
     timings: dict[str, float] = {}
@@ -320,8 +354,32 @@ def preflight(config: RunConfig) -> Preflight:
         test_fmt, _ = timed("test data", check_table, Path(config.evaluate.test_data), schema, "Test data file", 1)
     timed("store", check_store, config.store)
     device = timed("device", resolve_device, config.train.device)
+    if config.init_from is not None:
+        config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
     plan = timed("plan and budget", _check_budget, config, schema)
+    # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
     return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings)
+
+
+def preflight_pretrain(config: RunConfig) -> Preflight:
+    """`privflow pretrain`'s checks: the schema, the public table's header and rows, the store,
+    the device, and that the ledger does not know the file as private data. No plan (nothing
+    is private), so `plan` is None."""
+    from privflow.tasks.warm_start import check_public_file
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if config.init_from is not None:
+        raise ConfigError(
+            "Pretraining starts from the config's random initialisation; remove 'init_from' from --config."
+        )
+    schema = _check_schema(config)
+    fmt, rows = check_table(Path(config.data), schema, "Public data file", min_rows(config))
+    check_store(config.store)
+    device = resolve_device(config.train.device)
+    check_public_file(Path(config.data), Path(config.store))
+    timings["checks"] = time.perf_counter() - t0
+    return Preflight(config, schema, None, fmt, rows, device, None, timings)
 
 
 __all__ = [
@@ -330,7 +388,9 @@ __all__ = [
     "check_privacy_parameters",
     "check_store",
     "check_table",
+    "check_init_from",
     "min_rows",
     "preflight",
+    "preflight_pretrain",
     "resolve_device",
 ]

@@ -275,6 +275,7 @@ class LoadedVersion:
     schema: Schema
     flows: list[torch.nn.Module]
     marginals: dict[str, Any] | None = None  # DP marginals the version was trained through, if any
+    model: dict[str, Any] | None = None  # the flow family and shape it was built with: {"name", "config"}
 
 
 def load_version(name: str, version: str) -> LoadedVersion:
@@ -294,7 +295,26 @@ def load_version(name: str, version: str) -> LoadedVersion:
             flow = build_flow(meta["model"]["name"], codec.cardinalities, **meta["model"]["config"])
             flow.load_state_dict(torch.load(art / f"{key}.pt", map_location="cpu", weights_only=True))
             flows.append(flow.eval())
-    return LoadedVersion(version, schema, flows, meta.get("marginals"))
+    return LoadedVersion(version, schema, flows, meta.get("marginals"), meta["model"])
+
+
+def resolve_version(spec: str) -> tuple[str, str, dict[str, str]]:
+    """NAME@ALIAS or NAME/VERSION -> (name, version, the version's tags) in the current
+    registry; ModelNotFound (a user error) when the model, alias or version does not exist."""
+    model_uri(spec)  # the form of the reference
+    client = MlflowClient()
+    by_alias = "@" in spec
+    name, key = spec.split("@", 1) if by_alias else spec.rsplit("/", 1)
+    try:
+        mv = client.get_model_version_by_alias(name, key) if by_alias else client.get_model_version(name, key)
+    except MlflowException:
+        known = [m.name for m in client.search_registered_models(max_results=20)]
+        raise ModelNotFound(
+            f"Model '{spec}' is not in the registry (registered models here: {', '.join(known) or 'none'}). "
+            "Pass NAME@ALIAS or NAME/VERSION of a registered version (`privflow pretrain` registers one from "
+            "public data)."
+        ) from None
+    return name, str(mv.version), dict(mv.tags or {})
 
 
 def model_uri(spec: str) -> str:
@@ -344,6 +364,7 @@ __all__ = [
     "model_uri",
     "record_promotion",
     "register_model",
+    "resolve_version",
     "signature_for",
     "tracking",
 ]

@@ -1,0 +1,203 @@
+"""Warm starts refused up front (issue 14): `privflow run --init-from` with a missing model, a
+parent under another schema, another flow or codec space, a private release of another
+dataset, or a private parent the ledger does not hold exits 2 with one paragraph, before any
+reservation, and leaves the ledger as it was. Plus the plan of a warm start: the from-scratch
+plan minus its initialisation stages, DP-SGD unchanged.
+
+Parents are registered directly (`register_model.fn`, as the pipeline logs them), so no
+Prefect server is needed; the end-to-end runs are in tests/flows/test_warm_start.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import polars as pl
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from privflow.cli import app
+from privflow.codec import Codec
+from privflow.config import RunConfig
+from privflow.privacy.events import GaussianEvent, event_to_dict
+from privflow.privacy.ledger import Ledger
+from privflow.privacy.run_plan import run_plan
+from privflow.schema import Schema
+
+runner = CliRunner()
+MODEL = {"name": "maf", "blocks": 1, "hidden": 8}
+PARENT_RUN = "parent-run-attempt1"
+
+
+def _schema_file(path: Path, demo_dir: Path, name: str = "adult", age_high: float | None = None) -> Path:
+    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
+    doc["dataset"]["name"] = name
+    doc["dataset"]["expected_rows"] = 400
+    if age_high is not None:
+        for col in doc["columns"]:
+            if col["name"] == "age":
+                col["bounds"] = [col["bounds"][0], age_high]
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _register(store: Path, name: str, schema: Path, tags: dict[str, str], model: dict | None = None) -> str:
+    """A version logged like the pipeline logs one, with the full model section in meta.json."""
+    from privflow.tasks.fit import initial_model
+    from privflow.tasks.mlflow_store import experiment_for, register_model, tracking
+
+    cfg = RunConfig.build(data="x.csv", schema_path=schema, model=model or MODEL)
+    sch = Schema.from_yaml(schema)
+    tracking(store)
+    experiment_for("warm-start-test", store)
+    state = initial_model(cfg, Codec.from_schema(sch)).state_dict()
+    with mlflow.start_run():
+        return register_model.fn(
+            name, "champion", sch, cfg.model.name, cfg.model.model_dump(exclude={"name"}), [state], tags
+        ).version
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
+    tmp = tmp_path_factory.mktemp("warm")
+    store = tmp / "store"
+    data = tmp / "adult.csv"
+    pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=400).write_csv(data)
+    schema = _schema_file(tmp / "adult.yaml", demo_dir)
+    other_bounds = _schema_file(tmp / "adult-age.yaml", demo_dir, age_high=120)
+    other_name = _schema_file(tmp / "census.yaml", demo_dir, name="census")
+    # one charged run of 'adult', the private parent's
+    ledger = Ledger(store / "ledger.db")
+    ledger.ensure_dataset("adult", 10.0, 1e-5)
+    ledger.reserve("adult", PARENT_RUN, [GaussianEvent(5.0)])
+    ledger.settle(PARENT_RUN, [GaussianEvent(5.0)])
+    public = {"privflow.pretrained": "public", "privflow.data": "public"}
+    versions = {
+        "public": _register(store, "parents", schema, public),
+        "other-bounds": _register(store, "parents", other_bounds, public),
+        "other-flow": _register(store, "parents", schema, public, {**MODEL, "hidden": 16}),
+        "other-dataset": _register(store, "parents", other_name, {"dataset": "census", "privflow_run_id": "c-1"}),
+        "not-in-ledger": _register(store, "parents", schema, {"dataset": "adult", "privflow_run_id": "elsewhere"}),
+        "same-dataset": _register(store, "parents", schema, {"dataset": "adult", "privflow_run_id": PARENT_RUN}),
+        "untagged": _register(store, "parents", schema, {}),
+    }
+    config = tmp / "run.yaml"
+    config.write_text(yaml.safe_dump({"model": MODEL, "train": {"epochs": 1, "batch_size": 128}}))
+    return {"store": store, "data": data, "schema": schema, "config": config, "v": versions, "tmp": tmp}
+
+
+def _ledger_state(store: Path) -> tuple:
+    ledger = Ledger(store / "ledger.db")
+    return tuple(ledger.runs()), tuple((d.name, d.spent_epsilon, d.runs) for d in ledger.datasets())
+
+
+def _run(setup: dict, init_from: str, *extra: str):
+    return runner.invoke(
+        app,
+        [
+            "run",
+            "--data",
+            str(setup["data"]),
+            "--schema",
+            str(setup["schema"]),
+            "--config",
+            str(setup["config"]),
+            "--store",
+            str(setup["store"]),
+            "--epsilon",
+            "1",
+            "--quiet",
+            "--init-from",
+            init_from,
+            *extra,
+        ],
+    )
+
+
+def _refused(setup: dict, init_from: str, *needles: str, extra: tuple[str, ...] = ()) -> str:
+    before = _ledger_state(setup["store"])
+    result = _run(setup, init_from, *extra)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "pre-flight passed" not in result.output
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output  # one paragraph
+    for needle in needles:
+        assert needle.lower() in lines[0].lower(), lines[0]
+    assert _ledger_state(setup["store"]) == before  # nothing reserved, nothing charged
+    return lines[0]
+
+
+def test_missing_model_is_refused(setup: dict) -> None:
+    _refused(setup, "no-such-model@champion", "not in the registry", "privflow pretrain")
+    _refused(setup, f"parents/{int(setup['v']['untagged']) + 50}", "not in the registry")
+
+
+def test_missing_registry_is_refused(setup: dict) -> None:
+    empty = dict(setup, store=setup["tmp"] / "empty-store")
+    Ledger(empty["store"] / "ledger.db").ensure_dataset("adult", 10.0, 1e-5)
+    _refused(empty, "parents/1", "no model registry")
+
+
+def test_schema_mismatch_is_refused(setup: dict) -> None:
+    message = _refused(setup, f"parents/{setup['v']['other-bounds']}", "another schema", "column 'age'", "bounds")
+    assert "120" in message
+
+
+def test_other_flow_or_codec_is_refused(setup: dict) -> None:
+    _refused(setup, f"parents/{setup['v']['other-flow']}", "different flow", "model.hidden")
+    marginals = setup["tmp"] / "marginals.yaml"
+    marginals.write_text(yaml.safe_dump({"model": MODEL, "marginals": {"enabled": True}}))
+    _refused(setup, f"parents/{setup['v']['public']}", "codec", "marginals.enabled", extra=("--config", str(marginals)))
+
+
+def test_private_release_of_another_dataset_is_refused(setup: dict) -> None:
+    # its schema differs only in the dataset's name: the columns match, the dataset does not
+    _refused(
+        setup,
+        f"parents/{setup['v']['other-dataset']}",
+        "trained privately on dataset 'census'",
+        "public output",
+        "share people",
+        "privflow generate",
+        "privflow pretrain",
+    )
+
+
+def test_private_parent_missing_from_the_ledger_or_untagged_is_refused(setup: dict) -> None:
+    _refused(setup, f"parents/{setup['v']['not-in-ledger']}", "ledger run elsewhere", "does not hold")
+    _refused(setup, f"parents/{setup['v']['untagged']}", "neither a public pretraining")
+
+
+def test_allowed_parents_pass_preflight_pinned_to_their_version(setup: dict) -> None:
+    from privflow.preflight import preflight
+
+    for kind in ("public", "same-dataset"):
+        cfg = RunConfig.build(
+            data=setup["data"],
+            schema_path=setup["schema"],
+            store=setup["store"],
+            # the first version registered (the public one) holds @champion
+            init_from="parents@champion" if kind == "public" else f"parents/{setup['v'][kind]}",
+            model=MODEL,
+            train={"epochs": 1, "batch_size": 128},
+        )
+        checked = preflight(cfg)
+        assert checked.config.init_from == f"parents/{setup['v'][kind]}"
+        assert {s.name for s in checked.plan.stages} == {"validate", "train", "select"}  # type: ignore[attr-defined]
+
+
+def test_warm_start_plan_is_the_scratch_plan_minus_initialisation(setup: dict) -> None:
+    base = {"data": "x.csv", "schema_path": setup["schema"], "model": {**MODEL, "prior": "mog"}}
+    schema = Schema.from_yaml(setup["schema"])
+    scratch = run_plan(RunConfig.build(**base), schema)
+    warm = run_plan(RunConfig.build(**base, init_from="parents/1"), schema)
+    assert [s.name for s in scratch.stages] == ["validate", "dp_stats", "dp_prior", "select", "train"]
+    assert [s.name for s in warm.stages] == ["validate", "select", "train"]
+    for s in warm.stages:  # every kept stage, DP-SGD included, keeps its noise
+        assert event_to_dict(s.event) == event_to_dict(scratch.stage(s.name).event)
+    from privflow.privacy.accountant import PLDAccountant
+
+    assert warm.epsilon == pytest.approx(PLDAccountant().epsilon(warm.events, warm.delta))
+    assert warm.epsilon < scratch.epsilon <= 1.0 and warm.target_epsilon == scratch.target_epsilon
