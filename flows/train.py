@@ -78,6 +78,7 @@ class RunSummary:
     failing_rows_dp: float
     wall_seconds: float
     init_from: str | None = None  # a warm start's parent version, NAME/VERSION
+    release_note: str | None = None  # why the release is not a trained flow (FitResult.release_note)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -257,6 +258,7 @@ def _register(
             "dataset_epsilon_cumulative": f"{figures['dataset_epsilon']:.6g}",
             "privflow_run_id": run_id,
             "chosen_checkpoint_steps": json.dumps(fitted.chosen_steps),
+            "release": "independent-copula" if fitted.release_note else "flow",
         },
         config.promotion,
         fitted.codec.marginals.to_dict() if isinstance(fitted.codec, CopulaCodec) else None,
@@ -358,6 +360,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
         "curator_dir": str(curator),
         "report_path": report_path,
         "init_from": config.init_from,
+        "release_note": fitted.release_note,
     }
     return _summary(
         config, plan, run_id, active.info.run_id, model_name, registered, figures, outputs, metrics, decision, started

@@ -295,6 +295,8 @@ def _print_summary(summary: object) -> None:
         alias_line += f" ({_paragraph(promotion)})"
     lines.append(alias_line)
     lines.append(f"synthetic table: {s.synthetic_path}")
+    if get("release_note"):
+        lines.append(f"note: {get('release_note')}")
     if get("report_path"):
         lines.append(f"diagnostics report (not DP, curator only): {s.report_path}")
     if get("curator_dir"):

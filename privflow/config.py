@@ -61,6 +61,13 @@ class TrainConfig(_Section):
     clipping: Literal["flat", "per_layer", "per_unit", "sparsify"] = "per_layer"
     sparsity: float = Field(0.5, ge=0, lt=1)
     checkpoint_every: int = Field(50, ge=1)
+    min_effective_batch: float = Field(
+        100.0,
+        ge=0,
+        description="with DP marginals, train the flow only when batch / noise multiplier reaches this "
+        "(privacy/run_plan.py: flow_can_learn); below it the marginals take the flow's budget and the "
+        "release is their independent copula; 0 always trains",
+    )
     ema_decay: float = Field(
         0.99,
         ge=0,

@@ -13,7 +13,7 @@ SGD, argmax selection): the benchmark's non-private reference, never a release.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -68,6 +68,25 @@ class FitResult:
     cumulative_epsilon: list[tuple[int, float]]
     mean: np.ndarray
     std: np.ndarray
+    copula_only: bool = False
+
+    @property
+    def release_note(self) -> str | None:
+        """What the user must know about the release when it is not a trained flow (public: a
+        function of the plan and of the DP selection's output), else None."""
+        if self.copula_only:
+            return (
+                "No flow was trained: at this epsilon the table is too small for DP-SGD to learn "
+                "(train.min_effective_batch), so the DP marginals took the flow's budget and the synthetic "
+                "columns are drawn independently from them (the independent copula)."
+            )
+        if self.fell_back:
+            return (
+                "Selection chose the flow before DP-SGD: on held-out rows no trained checkpoint beat "
+                "independent columns, so the synthetic columns are drawn independently"
+                + (" from the DP marginals." if isinstance(self.codec, CopulaCodec) else ".")
+            )
+        return None
 
     @property
     def states(self) -> list[dict]:
@@ -255,6 +274,28 @@ def _argmax_checkpoint(
     return [int(np.argmax(ll.sum(axis=1)))]
 
 
+def copula_only(
+    config: RunConfig,
+    schema: Schema,
+    codec: Codec | CopulaCodec,
+    make: Callable[[dict | None], torch.nn.Module],
+    spend: Spend,
+) -> FitResult:
+    """The small-data release (`privacy.run_plan.copula_only_plan`): no flow is trained; the
+    released flow is the untrained one at its public initial weights, whose samples
+    `CopulaCodec.uniformize` turns into exactly independent uniform columns, decoded through the
+    DP marginals. Reads no row."""
+    model = initial_model(config, codec)
+    start = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    d = len(codec.cardinalities)
+    shape = sgd_shape(config, schema)
+    settings = replace(settings_for(config.train, None, shape), steps=0)  # nothing trained
+    result = TrainResult(checkpoints=[(0, start)], steps=0)
+    return FitResult(
+        codec, result, settings, [0], [make(start)], list(spend.events), [], np.zeros(d), np.ones(d), copula_only=True
+    )
+
+
 def fit(
     config: RunConfig,
     schema: Schema,
@@ -281,6 +322,8 @@ def fit(
     spend = spend if spend is not None else Spend()
     plan = (plan or run_plan(config, schema)) if private else None
     make = model_factory(config, codec)
+    if plan is not None and not plan.has("train"):
+        return copula_only(config, schema, codec, make, spend)
     model = initial_model(config, codec, init_state)
     mean, std = initialise(model, config, plan, x_train, spend, as_tasks)
     settings = (
@@ -313,6 +356,7 @@ def fit(
 __all__ = [
     "FitResult",
     "Spend",
+    "copula_only",
     "cumulative_epsilon",
     "exact_mog_prior",
     "exact_statistics",

@@ -46,6 +46,7 @@ VERSION_TAGS: dict[str, str] = {
     "dataset_epsilon_cumulative": "ledger: the dataset's total spend",
     "privflow_run_id": "public: the run's id in the ledger",
     "chosen_checkpoint_steps": "mechanism: the steps Report-Noisy-Max picked",
+    "release": "public: 'flow', or 'independent-copula' when the plan trained no flow or selection chose the start",
     "promoted": "registry decision: an alias set by policy or by the DP comparison",
     "privflow.promotion*": "mechanism: the DP promotion comparison (tasks/promote.py), its noisy margin and cost",
     "mlflow.*": "MLflow's own bookkeeping",

@@ -213,3 +213,37 @@ def test_dp_marginals_are_planned_spent_released_and_decoded_through(tmp_path: P
         pl.DataFrame({"n": [30]}).to_pandas()
     )
     assert len(frame) == 30 and frame["age"].between(17, 100).all()
+
+
+def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: Path, demo_dir: Path) -> None:
+    """With DP marginals, a plan whose DP-SGD would get too small an effective batch trains no
+    flow: the marginals take its budget, the release is the independent copula, and the summary,
+    the CLI and the registered version say so."""
+    from privflow.flows.train import train_pipeline
+    from privflow.privacy.events import GaussianEvent, LaplaceEvent
+
+    data, schema = _adult_slice(tmp_path, demo_dir, 1500)
+    cfg = RunConfig.build(
+        data=data,
+        schema_path=schema,
+        store=tmp_path / "store",
+        model_name="privflow-adult-small",
+        privacy={"epsilon": 1.0, "delta": 1e-5},
+        marginals={"enabled": True},
+        model={"name": "maf", "blocks": 1, "hidden": 8},
+        train={"batch_size": 64, "min_effective_batch": 1e6},
+        evaluate={"synthetic_rows": 600, "utility": False, "privacy_risk": False, "report": False},
+    )
+    summary = train_pipeline(cfg, show_progress=False)
+    assert list(summary.stages) == ["validate", "dp_marginals"]
+    assert 0.98 <= summary.epsilon <= 1.0  # the marginals took what the gate left
+    events = events_from_json(
+        Path(MlflowClient().download_artifacts(summary.mlflow_run_id, "privacy/events.json")).read_text()
+    )
+    assert [type(e) for e in events] == [LaplaceEvent, GaussianEvent]
+    assert summary.release_note and "No flow was trained" in summary.release_note
+    version = MlflowClient().get_model_version(summary.model_name, summary.model_version)
+    assert version.tags["release"] == "independent-copula"
+    synthetic = pl.read_csv(summary.synthetic_path, infer_schema=False)
+    clean, _ = validate(synthetic, Schema.from_yaml(schema), policy="strict", quarantine_path=None)
+    assert clean.height == 600

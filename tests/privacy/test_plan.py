@@ -72,3 +72,43 @@ def test_a_tiny_noise_stage_is_refused_not_a_memory_blowup() -> None:
         PLDAccountant().epsilon([GaussianEvent(1e-4)], 1e-5)
     with pytest.raises(PrivacyPlanError, match="cannot be computed"):
         make_plan(50.0, 1e-5, {"dp_stats": (0.5, lambda eps: GaussianEvent(1e-4))}, SGDShape(0.02, 30))
+
+
+# ---------------------------------------------------------------------------- small tables
+
+
+def _demo_plan(name: str, epsilon: float, **sections: dict) -> tuple[object, object, object]:
+    from pathlib import Path
+
+    import privflow
+    from privflow.config import RunConfig
+    from privflow.privacy.run_plan import run_plan
+    from privflow.schema import Schema
+
+    path = Path(privflow.__file__).parent / "demo" / f"{name}.yaml"
+    schema = Schema.from_yaml(path)
+    cfg = RunConfig.build(data=Path("x.csv"), schema_path=path, privacy={"epsilon": epsilon}, **sections)
+    return cfg, schema, run_plan(cfg, schema)
+
+
+def test_small_table_gives_the_flow_budget_to_the_marginals() -> None:
+    from privflow.privacy.run_plan import effective_batch, flow_can_learn, run_plan, sgd_shape
+
+    cfg, schema, plan = _demo_plan("german", 1.0, marginals={"enabled": True})
+    assert [s.name for s in plan.stages] == ["validate", "dp_marginals"]  # type: ignore[attr-defined]
+    assert 0.99 * 1.0 <= plan.epsilon <= 1.0  # type: ignore[attr-defined]
+    # the decision is the public effective batch of the plan it replaced
+    cfg_off = cfg.model_copy(update={"train": cfg.train.model_copy(update={"min_effective_batch": 0.0})})  # type: ignore[attr-defined]
+    trained = run_plan(cfg_off, schema)  # type: ignore[arg-type]
+    assert trained.has("train") and not flow_can_learn(cfg, schema, trained)  # type: ignore[arg-type]
+    assert effective_batch(cfg, schema, trained) < cfg.train.min_effective_batch  # type: ignore[arg-type, attr-defined]
+    assert sgd_shape(cfg, schema).sample_rate > 0  # type: ignore[arg-type]
+
+
+def test_adult_and_runs_without_marginals_keep_the_flow() -> None:
+    _, _, adult = _demo_plan("adult", 1.0, marginals={"enabled": True})
+    assert adult.has("train") and adult.has("dp_marginals")  # type: ignore[attr-defined]
+    _, _, german_plain = _demo_plan("german", 1.0, marginals={"enabled": False})
+    assert german_plain.has("train") and not german_plain.has("dp_marginals")  # type: ignore[attr-defined]
+    _, _, german_big_eps = _demo_plan("german", 50.0, marginals={"enabled": True})
+    assert german_big_eps.has("train")  # type: ignore[attr-defined]
