@@ -657,8 +657,7 @@ def _audit(
 
 dpad_app = typer.Typer(
     no_args_is_help=True,
-    help="DP anomaly detection by sample-and-aggregate: an ensemble of non-private flows on disjoint parts of "
-    "the data (curator-only), queried through a noisy vote; every query is charged (DP-NF section 5).",
+    help="DP anomaly detection by sample-and-aggregate (DP-NF section 5); every query is charged.",
 )
 app.add_typer(dpad_app, name="dpad")
 
@@ -688,8 +687,10 @@ def dpad_fit(
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
 ) -> None:
-    """Train the DP-AD ensemble into the curator store (nothing released, nothing charged) and register it
-    against the schema's dataset in the ledger, which charges every later query."""
+    """Train the DP-AD ensemble (curator-only, charges nothing); register it in the ledger.
+
+    k non-private flows on disjoint parts of the rows (a salted hash per row), each with its own
+    threshold; every later query is charged to the schema's dataset (DP-NF section 5, Algorithm 2)."""
     _guarded(
         verbose,
         lambda: _dpad_fit(
@@ -804,8 +805,10 @@ def dpad_score(
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
 ) -> None:
-    """Answer, for every row, whether the ensemble's noisy vote calls it anomalous; charged per query
-    (or per flag with --svt) to the ensemble's dataset, reserved before any vote is counted."""
+    """A DP anomalous/normal answer per row, charged per row (per flag with --svt).
+
+    The ensemble's votes go through Report-Noisy-Max (or the sparse vector technique); the call is
+    reserved in the ledger before any vote is counted and refused when the budget cannot hold it."""
     _guarded(verbose, lambda: _dpad_score(ensemble, data, out, svt, max_flags, svt_threshold, store, verbose))
 
 
