@@ -40,7 +40,7 @@ import torch
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.curator import curator_dir, write_json
-from privflow.errors import ConfigError, DataError, ModelNotFound, PrivacyPlanError
+from privflow.errors import DataError, ModelNotFound, PrivacyPlanError
 from privflow.io import read_table
 from privflow.models import build_flow
 from privflow.privacy.events import Event
@@ -123,13 +123,13 @@ def partition_schema(schema: Schema, settings: EnsembleSettings) -> Schema:
     return Schema.model_validate(doc)
 
 
-def check_config(config: RunConfig) -> None:
-    """What a part's flow cannot use: DP marginals (the parts share the schema's codec)."""
-    if config.marginals.enabled:
-        raise ConfigError(
-            "dpad trains each part's flow in the schema's codec; marginals.enabled is not supported here. "
-            "Remove the 'marginals' section from --config."
-        )
+def part_config(config: RunConfig) -> RunConfig:
+    """The configuration each part trains with: the run's model and training settings in the
+    schema's codec. DP marginals (`marginals`) do not apply: a part's flow is not released and
+    needs no DP statistic, and all parts share one codec so that their votes are comparable."""
+    if not config.marginals.enabled:
+        return config
+    return config.model_copy(update={"marginals": config.marginals.model_copy(update={"enabled": False})})
 
 
 def train_partitions(
@@ -146,7 +146,7 @@ def train_partitions(
     Every output of part i is a function of part i's rows (and public settings and
     data-independent randomness) only: the aggregation's one-vote sensitivity rests on this.
     """
-    check_config(config)
+    config = part_config(config)
     k = int(settings.partitions)
     part = partition_of(df, k, salts[0])
     held = holdout_coins(df, settings.holdout_fraction, salts[1])
@@ -279,7 +279,7 @@ def fit_ensemble(
     released, so nothing is charged. The fit never stops on the data (failing rows are set aside,
     a part that cannot train votes "normal"), so whether it succeeds reveals nothing about it.
     """
-    check_config(config)
+    config = part_config(config)
     store = Path(store).resolve()
     dataset = schema.dataset.name
     ledger = Ledger(store / "ledger.db")
@@ -489,12 +489,12 @@ __all__ = [
     "Ensemble",
     "EnsembleSettings",
     "PartitionModels",
-    "check_config",
     "check_registered",
     "ensemble_loglik",
     "ensemble_votes",
     "fit_ensemble",
     "load_ensemble",
+    "part_config",
     "partition_schema",
     "read_queries",
     "score_queries",

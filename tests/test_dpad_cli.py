@@ -124,7 +124,7 @@ def test_score_user_errors_exit_2(cli: dict, case: str) -> None:
     assert _runs(cli["store"]) == before
 
 
-@pytest.mark.parametrize("case", ["epsilon", "one_partition", "both_thresholds", "wrong_header", "marginals"])
+@pytest.mark.parametrize("case", ["epsilon", "one_partition", "both_thresholds", "wrong_header", "bad_config"])
 def test_fit_user_errors_exit_2_before_reading(cli: dict, case: str) -> None:
     args = {"--partitions": "3", "--epsilon-per-query": "0.1"}
     data, extra, config = cli["train"], [], cli["config"]
@@ -138,8 +138,8 @@ def test_fit_user_errors_exit_2_before_reading(cli: dict, case: str) -> None:
         data = cli["tmp"] / "bad_train.csv"
         pl.read_csv(cli["train"], infer_schema=False).drop("age").write_csv(data)
     else:
-        config = cli["tmp"] / "marginals.yaml"
-        config.write_text(yaml.safe_dump({"marginals": {"enabled": True}}))
+        config = cli["tmp"] / "bad_config.yaml"
+        config.write_text(yaml.safe_dump({"train": {"epochs": -1}}))
     store = cli["tmp"] / f"store-{case}"
     flat = [x for kv in args.items() for x in kv]
     res = _invoke("dpad", "fit", "--data", data, "--schema", cli["schema"], *flat, "--config", config, *extra,

@@ -199,3 +199,10 @@ def test_parts_vote_anomalous_far_from_the_data(tmp_path: Path) -> None:
     queries = pl.DataFrame({"x": [0.0, 0.3, -0.2, 5.0, -5.5], "y": [0.0, -0.4, 0.5, 5.0, 4.0]})
     votes = dpad.ensemble_votes(models, dpad.Codec.from_schema(schema), queries)
     assert votes[:3].max() <= 1 and votes[3:].min() == 5
+
+
+def test_parts_train_in_the_schema_codec_whatever_the_marginals_setting(tmp_path: Path) -> None:
+    on = RunConfig.build(data=tmp_path / "u.csv", schema_path=tmp_path / "u.yaml", marginals={"enabled": True}, **TINY)
+    off = dpad.part_config(on)
+    assert on.marginals.enabled and not off.marginals.enabled
+    assert off.model == on.model and off.train == on.train
