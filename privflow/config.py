@@ -106,13 +106,19 @@ class MarginalsConfig(_Section):
     When enabled, `share` of epsilon buys one Gaussian release of every column's histogram over
     public cells; rows are encoded through those DP CDFs (a uniform copula), the flow learns
     the dependence, and sampled rows decode through the inverse, so synthetic marginals match
-    the DP ones by construction. Off by default until the benchmark shows it ahead on every
-    axis; versions trained with it are compared for promotion only with versions that share
-    their marginals.
+    the DP ones by construction. Versions trained with it are compared for promotion only with
+    versions that share their marginals.
+
+    On by default, with half of epsilon: on Adult at (1, 1e-5) over 3 seeds the mean marginal
+    TVD falls from 0.087 (flow alone) to 0.0063 and the Kendall-tau RMSE from 0.051 to 0.036,
+    with AUROC unchanged (0.826 against 0.824); a share of 0.3 leaves the TVD at 0.0097, and on
+    German credit the TVD falls from 0.57 to 0.09 (3 seeds each; benchmarks/results/peers.md
+    has the benchmark's figures). Small tables get the whole budget for the marginals instead
+    (`TrainConfig.min_effective_batch`).
     """
 
-    enabled: bool = False
-    share: float = Field(0.1, gt=0, lt=1)
+    enabled: bool = True
+    share: float = Field(0.5, gt=0, lt=1)
     grid_bins: int | Literal["auto"] = Field(
         "auto",
         description="cells of a numeric column's grid; auto: from expected_rows and the planned noise "
