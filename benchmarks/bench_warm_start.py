@@ -83,12 +83,15 @@ def tables(work: str) -> dict[str, Any]:
     }
 
 
-def run_config(seed: int, epsilon: float, config: dict[str, Any], init_from: str | None = None) -> Any:
+def run_config(
+    seed: int, epsilon: float, config: dict[str, Any], init_from: str | None = None, lr_factor: float = 1.0
+) -> Any:
     """The project's defaults (or --config's sections) with the cell's seed and epsilon."""
-    from privflow.config import RunConfig
+    from privflow.config import RunConfig, TrainConfig
 
     sections = {k: dict(v) for k, v in config.items()}
-    sections.setdefault("train", {}).update(seed=seed, device="cpu", threads=1)
+    lr = lr_factor * float(sections.get("train", {}).get("lr", TrainConfig.model_fields["lr"].default))
+    sections.setdefault("train", {}).update(seed=seed, device="cpu", threads=1, lr=lr)
     sections.setdefault("privacy", {}).update(epsilon=epsilon, delta=DELTA)
     return RunConfig.build(
         data=Path("benchmark:adult"), schema_path=Path("benchmark:adult"), init_from=init_from, **sections
@@ -134,17 +137,22 @@ def pretrain_cell(seed: int, config: dict[str, Any], work: str) -> dict[str, Any
     return {"record": record, "state": state}
 
 
-def dp_cell(seed: int, epsilon: float, state: dict | None, config: dict[str, Any], work: str) -> dict[str, Any]:
-    """One DP fit on the private split, from scratch (`state` None) or warm-started from `state`."""
+def dp_cell(
+    seed: int, epsilon: float, state: dict | None, lr_factor: float, config: dict[str, Any], work: str
+) -> list[dict[str, Any]]:
+    """One DP fit on the private split, from scratch (`state` None) or warm-started from `state`:
+    the release Report-Noisy-Max selects, and (to see what DP training itself produced, e.g.
+    when selection falls back to the start) the last checkpoint, a DP output too."""
     import torch
 
     from privflow.privacy.accountant import PLDAccountant
     from privflow.privacy.run_plan import run_plan
-    from privflow.tasks.fit import Spend, fit, prepare
+    from privflow.sampler import sample_rows
+    from privflow.tasks.fit import Spend, fit, model_factory, prepare
 
     torch.set_num_threads(1)
     t = tables(work)
-    cfg = run_config(seed, epsilon, config, None if state is None else "public-pretraining")
+    cfg = run_config(seed, epsilon, config, None if state is None else "public-pretraining", lr_factor)
     started = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -152,18 +160,29 @@ def dp_cell(seed: int, epsilon: float, state: dict | None, config: dict[str, Any
         codec, x_train, x_val = prepare(cfg, t["schema"], t["private"], plan, spend)
         fitted = fit(cfg, t["schema"], codec, x_train, x_val, plan=plan, spend=spend, init_state=state)
     seconds = time.perf_counter() - started
+    model = "from scratch" if state is None else "warm start" + (f", lr x {lr_factor:g}" if lr_factor != 1 else "")
     record = {
-        "model": "warm start" if state is not None else "from scratch",
+        "model": model,
         "epsilon": epsilon,
         "seed": seed,
         "eps_spent": PLDAccountant().epsilon(fitted.events, DELTA),
         "noise_multiplier": fitted.settings.noise_multiplier,
+        "lr": cfg.train.lr,
         "steps": fitted.train.steps,
-        "chosen_step": fitted.chosen_steps[0],
         "seconds": seconds,
     }
-    record.update(evaluate(fitted.sample(t["private"].height, seed=seed), t, seed))  # the private split's size
-    return record
+    n = t["private"].height  # the synthetic table's size: the private split's (public) size
+    last_step, last_state = fitted.train.checkpoints[-1]
+    last = sample_rows([model_factory(cfg, codec)(last_state)], codec, n, seed=seed)
+    return [
+        {
+            **record,
+            "release": "selected",
+            "chosen_step": fitted.chosen_steps[0],
+            **evaluate(fitted.sample(n, seed), t, seed),
+        },
+        {**record, "release": "last checkpoint", "chosen_step": last_step, **evaluate(last, t, seed)},
+    ]
 
 
 def real_cell(seed: int, work: str) -> dict[str, Any]:
@@ -207,14 +226,24 @@ def _git_commit() -> str:
     return head + (" (with uncommitted changes to the code it runs)" if dirty else "")
 
 
+def _group(records: list[dict[str, Any]], model: str, eps: float | None, release: str | None) -> list[dict]:
+    return [r for r in records if r["model"] == model and r["epsilon"] == eps and r.get("release") == release]
+
+
 def report(
     records: list[dict[str, Any]], command: str, wall: float, workers: int, t: dict[str, Any], config: dict[str, Any]
 ) -> str:
-    rows = ["model", "epsilon"] + [label for _, label in METRICS] + ["eps spent (PLD)", "seconds"]
-    order = [("real private rows", None), ("public pretraining only", None)]
-    order += sorted(
-        {(r["model"], r["epsilon"]) for r in records if r["epsilon"] is not None}, key=lambda k: (k[1], k[0])
+    head = ["model", "epsilon", "release"] + [label for _, label in METRICS] + ["eps spent (PLD)", "seconds"]
+    dp_models = sorted(
+        {r["model"] for r in records if r["epsilon"] is not None}, key=lambda m: (m != "from scratch", m)
     )
+    warm_models = [m for m in dp_models if m != "from scratch"]
+    epsilons = sorted({r["epsilon"] for r in records if r["epsilon"] is not None})
+    order: list[tuple[str, float | None, str | None]] = [
+        ("real private rows", None, None),
+        ("public pretraining only", None, None),
+    ]
+    order += [(m, e, rel) for e in epsilons for m in dp_models for rel in ("selected", "last checkpoint")]
     lines = [
         "# Warm starts on Adult: public pretraining, then DP fine-tuning",
         "",
@@ -233,11 +262,15 @@ def report(
         f"- Seeds: {', '.join(str(s) for s in sorted({r['seed'] for r in records}))} (model initialisation, "
         "selection split, sampling and classifiers; the pretraining of seed s warm-starts the runs of seed s). "
         f"delta = {DELTA:g}. Cells: mean ± sample std over seeds.",
-        "- Settings: the project's defaults (DP-HFlow, 4 blocks, 64 hidden, batch 512, 8 epochs, DP-Adam, "
-        "per-layer clipping C = 1, Report-Noisy-Max with the start competing)"
+        "- Settings: the project's defaults (DP-HFlow, 4 blocks, 64 hidden, batch 512, 8 epochs, DP-Adam lr 3e-3, "
+        "per-layer clipping C = 1, Report-Noisy-Max over the checkpoints with the start competing)"
         + (f", with these sections overridden by --config: `{config}`" if config else "")
-        + ", the same for every run; the pretraining runs the same model, batch size and epochs without clipping "
-        "or noise, selecting its checkpoint by argmax (`privflow pretrain`).",
+        + ", the same for every run; `warm start, lr x f` is the warm start with the learning rate times f "
+        "(a fine-tuning variant declared before the run, not tuned). The pretraining runs the same model, batch "
+        "size and epochs without clipping or noise, selecting its checkpoint by argmax (`privflow pretrain`).",
+        "- Release: `selected` is what `privflow run` releases (the checkpoint Report-Noisy-Max picks; step 0 is "
+        "the starting weights: for a warm start, the public model itself); `last checkpoint` is the DP-SGD "
+        "iterate average at the last step, also a DP output, shown to tell what DP training itself produced.",
         "- Budget: a warm start's plan is the from-scratch plan minus the DP statistics stage (the parent's "
         "actnorm is kept; privacy/run_plan.py), so DP-SGD has exactly the same noise and the run spends a little "
         "less (`eps spent`). The public pretraining costs nothing.",
@@ -246,34 +279,36 @@ def report(
         "of the total-variation distance between synthetic and held-out marginals (lower is better). "
         "Diagnostics on real rows: not differentially private.",
         "",
-        "| " + " | ".join(rows) + " |",
-        "|" + "---|" * len(rows),
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
     ]
-    for model, eps in order:
-        cell = [r for r in records if r["model"] == model and r["epsilon"] == eps]
+    for model, eps, release in order:
+        cell = _group(records, model, eps, release)
         if not cell:
             continue
-        spent = _stats([r.get("eps_spent") for r in cell]) if model not in ("real private rows",) else "—"
+        spent = "—" if model == "real private rows" else _stats([r.get("eps_spent") for r in cell])
         values = [_stats([r[k] for r in cell]) for k, _ in METRICS]
+        seconds = f"{sum(r['seconds'] for r in cell) / len(cell):.0f}"
         label = "—" if eps is None else f"{eps:g}"
-        lines.append(
-            "| "
-            + " | ".join([model, label, *values, spent, f"{sum(r['seconds'] for r in cell) / len(cell):.0f}"])
-            + " |"
-        )
+        lines.append("| " + " | ".join([model, label, release or "—", *values, spent, seconds]) + " |")
     lines += [
         "",
-        "Paired by seed (warm start minus from scratch; positive is better for F1/AUROC/AP, negative for TVD):",
+        "Paired by seed, released models (`selected`): warm start minus from scratch; positive is better for "
+        "F1/AUROC/AP, negative for TVD.",
         "",
+        "| warm start | epsilon | " + " | ".join(label for _, label in METRICS) + " | picks of step 0 |",
+        "|" + "---|" * (len(METRICS) + 3),
     ]
-    lines += ["| epsilon | " + " | ".join(label for _, label in METRICS) + " |", "|" + "---|" * (len(METRICS) + 1)]
-    for eps in sorted({r["epsilon"] for r in records if r["epsilon"] is not None}):
-        by = {(r["model"], r["seed"]): r for r in records if r["epsilon"] == eps}
-        seeds = sorted(s for m, s in by if m == "warm start" and ("from scratch", s) in by)
-        diffs = [_stats([by[("warm start", s)][k] - by[("from scratch", s)][k] for s in seeds]) for k, _ in METRICS]
-        lines.append(f"| {eps:g} | " + " | ".join(diffs) + " |")
-    detail = ["model", "epsilon", "seed", "macro_f1", "auroc", "ap", "tvd", "eps_spent", "noise_multiplier", "steps"]
-    detail += ["chosen_step", "seconds"]
+    for model in warm_models:
+        for eps in epsilons:
+            warm = {r["seed"]: r for r in _group(records, model, eps, "selected")}
+            scratch = {r["seed"]: r for r in _group(records, "from scratch", eps, "selected")}
+            seeds = sorted(set(warm) & set(scratch))
+            diffs = [_stats([warm[s][k] - scratch[s][k] for s in seeds]) for k, _ in METRICS]
+            fallbacks = f"{sum(warm[s]['chosen_step'] == 0 for s in seeds)} of {len(seeds)}"
+            lines.append(f"| {model} | {eps:g} | " + " | ".join(diffs) + f" | {fallbacks} |")
+    detail = ["model", "epsilon", "release", "seed", "macro_f1", "auroc", "ap", "tvd", "eps_spent"]
+    detail += ["noise_multiplier", "lr", "steps", "chosen_step", "seconds"]
     lines += [
         "",
         "<details><summary>Every cell</summary>",
@@ -281,11 +316,9 @@ def report(
         "| " + " | ".join(detail) + " |",
         "|" + "---|" * len(detail),
     ]
-    for r in sorted(records, key=lambda r: (r["model"], r["epsilon"] or 0, r["seed"])):
-        cells = []
-        for k in detail:
-            v = r.get(k)
-            cells.append("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
+    key = lambda r: (r["model"], r["epsilon"] or 0, r.get("release") or "", r["seed"])  # noqa: E731
+    for r in sorted(records, key=key):
+        cells = ["" if r.get(k) is None else f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in detail]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "</details>", ""]
     return "\n".join(lines)
@@ -296,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epsilons", default="0.5,1")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--warm-lr-factors", default="1,0.1", help="warm starts with the learning rate times each")
     parser.add_argument("--config", type=Path, default=None, help="RunConfig sections (YAML) for every run")
     parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "privflow-benchmark"))
     parser.add_argument("--out", type=Path, default=OUT)
@@ -307,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     env.configure(verbose=False)  # offline, quiet settings before prefect and mlflow are imported (by the workers too)
     epsilons = [float(e) for e in args.epsilons.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
+    factors = [float(f) for f in args.warm_lr_factors.split(",")]
     config = yaml.safe_load(args.config.read_text()) if args.config else {}
     command = "python benchmarks/bench_warm_start.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     started = time.perf_counter()
@@ -314,15 +349,18 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
         pretrained = {s: pool.submit(pretrain_cell, s, config, args.work_dir) for s in seeds}
         jobs = [pool.submit(real_cell, s, args.work_dir) for s in seeds]
-        jobs += [pool.submit(dp_cell, s, e, None, config, args.work_dir) for s in seeds for e in epsilons]
+        jobs += [pool.submit(dp_cell, s, e, None, 1.0, config, args.work_dir) for s in seeds for e in epsilons]
         for s in seeds:
             done = pretrained[s].result()
             records.append(done["record"])
             print(f"pretrained seed {s}: {done['record']}", flush=True)
-            jobs += [pool.submit(dp_cell, s, e, done["state"], config, args.work_dir) for e in epsilons]
+            jobs += [
+                pool.submit(dp_cell, s, e, done["state"], f, config, args.work_dir) for e in epsilons for f in factors
+            ]
         for job in jobs:
-            records.append(job.result())
-            print(records[-1], flush=True)
+            done = job.result()
+            records.extend(done if isinstance(done, list) else [done])
+            print(done, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         report(records, command.strip(), time.perf_counter() - started, args.workers, tables(args.work_dir), config)

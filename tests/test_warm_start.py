@@ -29,6 +29,7 @@ from privflow.schema import Schema
 runner = CliRunner()
 MODEL = {"name": "maf", "blocks": 1, "hidden": 8}
 PARENT_RUN = "parent-run-attempt1"
+SCHEMA_CODEC = {"enabled": False}  # parents and runs here use the schema codec (DP marginals are on by default)
 
 
 def _schema_file(path: Path, demo_dir: Path, name: str = "adult", age_high: float | None = None) -> Path:
@@ -48,7 +49,7 @@ def _register(store: Path, name: str, schema: Path, tags: dict[str, str], model:
     from privflow.tasks.fit import initial_model
     from privflow.tasks.mlflow_store import experiment_for, register_model, tracking
 
-    cfg = RunConfig.build(data="x.csv", schema_path=schema, model=model or MODEL)
+    cfg = RunConfig.build(data="x.csv", schema_path=schema, model=model or MODEL, marginals=SCHEMA_CODEC)
     sch = Schema.from_yaml(schema)
     tracking(store)
     experiment_for("warm-start-test", store)
@@ -84,7 +85,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
         "untagged": _register(store, "parents", schema, {}),
     }
     config = tmp / "run.yaml"
-    config.write_text(yaml.safe_dump({"model": MODEL, "train": {"epochs": 1, "batch_size": 128}}))
+    config.write_text(
+        yaml.safe_dump({"model": MODEL, "marginals": SCHEMA_CODEC, "train": {"epochs": 1, "batch_size": 128}})
+    )
     return {"store": store, "data": data, "schema": schema, "config": config, "v": versions, "tmp": tmp}
 
 
@@ -181,6 +184,7 @@ def test_allowed_parents_pass_preflight_pinned_to_their_version(setup: dict) -> 
             # the first version registered (the public one) holds @champion
             init_from="parents@champion" if kind == "public" else f"parents/{setup['v'][kind]}",
             model=MODEL,
+            marginals=SCHEMA_CODEC,
             train={"epochs": 1, "batch_size": 128},
         )
         checked = preflight(cfg)
@@ -189,7 +193,12 @@ def test_allowed_parents_pass_preflight_pinned_to_their_version(setup: dict) -> 
 
 
 def test_warm_start_plan_is_the_scratch_plan_minus_initialisation(setup: dict) -> None:
-    base = {"data": "x.csv", "schema_path": setup["schema"], "model": {**MODEL, "prior": "mog"}}
+    base = {
+        "data": "x.csv",
+        "schema_path": setup["schema"],
+        "model": {**MODEL, "prior": "mog"},
+        "marginals": SCHEMA_CODEC,
+    }
     schema = Schema.from_yaml(setup["schema"])
     scratch = run_plan(RunConfig.build(**base), schema)
     warm = run_plan(RunConfig.build(**base, init_from="parents/1"), schema)
@@ -201,3 +210,9 @@ def test_warm_start_plan_is_the_scratch_plan_minus_initialisation(setup: dict) -
 
     assert warm.epsilon == pytest.approx(PLDAccountant().epsilon(warm.events, warm.delta))
     assert warm.epsilon < scratch.epsilon <= 1.0 and warm.target_epsilon == scratch.target_epsilon
+
+
+def test_help_names_the_warm_start_commands() -> None:
+    pretrain = runner.invoke(app, ["pretrain", "--help"])
+    assert pretrain.exit_code == 0 and "public" in pretrain.output.lower()
+    assert "--init-from" in runner.invoke(app, ["run", "--help"]).output

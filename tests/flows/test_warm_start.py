@@ -35,6 +35,7 @@ TINY = {
     "model": {"name": "maf", "blocks": 2, "hidden": 16},
     "train": {"epochs": 2, "batch_size": 256, "checkpoint_every": 8},
     "evaluate": {"synthetic_rows": 300, "utility": False, "privacy_risk": False, "report": False},
+    "marginals": {"enabled": False},  # the schema codec; the DP-marginals case sets it on
     "promotion": "never",
 }
 
