@@ -7,6 +7,7 @@ import polars as pl
 from prefect import task
 
 from privflow.codec import Codec
+from privflow.row_hash import unit_hash
 from privflow.tasks._options import PRIVATE
 
 
@@ -14,8 +15,7 @@ def selection_coins(df: pl.DataFrame, validation_fraction: float, seed: int) -> 
     """True for the rows of the selection split: each row's coin is a salted hash of the row
     itself, so adding or removing one row changes one split by that row and nothing else
     (a coin per position would shift every later row). Uses no statistic of the data."""
-    h = df.hash_rows(seed=seed).to_numpy()
-    return (h >> np.uint64(11)).astype(np.float64) / float(2**53) < validation_fraction
+    return unit_hash(df, seed) < validation_fraction
 
 
 @task(name="encode", **PRIVATE)

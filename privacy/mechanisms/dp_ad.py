@@ -76,6 +76,7 @@ import polars as pl
 
 from privflow.privacy.events import Event, PureDPEvent, RepeatedEvent
 from privflow.privacy.noise import _calibrated, _dp, noisy_max_measurement
+from privflow.row_hash import unit_hash
 
 MAX_PARTITIONS = 1000
 IN, OUT = 0, 1  # candidate indices of the aggregation: in-distribution, anomalous
@@ -95,28 +96,11 @@ def _check_partitions(k: int) -> None:
 # -- partitions (one row affects one part) -----------------------------------------------------
 
 
-def _mix64(h: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser (Steele, Lea & Flood 2014), a bijection of 64-bit words with full
-    avalanche: polars' multi-column row hash is not uniform in its top bits (measured: one
-    tenth of [0, 1) held 14.6% of 20,000 distinct rows), so its words are mixed before use."""
-    z = np.asarray(h, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def _unit_hash(df: pl.DataFrame, salt: int) -> np.ndarray:
-    """A uniform number in [0, 1) per row from the top 53 bits of its salted, mixed 64-bit hash."""
-    with np.errstate(over="ignore"):
-        h = _mix64(df.hash_rows(seed=int(salt)).to_numpy())
-    return (h >> np.uint64(11)).astype(np.float64) / float(2**53)
-
-
 def partition_of(df: pl.DataFrame, k: int, salt: int) -> np.ndarray:
     """The part (0..k-1) of every row: a salted hash of the row itself, so adding or removing a
     row changes only that row's part (DP-NF Algorithm 2, line 2: disjoint partitions)."""
     _check_partitions(k)
-    return np.minimum((_unit_hash(df, salt) * int(k)).astype(np.int64), int(k) - 1)
+    return np.minimum((unit_hash(df, salt) * int(k)).astype(np.int64), int(k) - 1)
 
 
 def holdout_coins(df: pl.DataFrame, fraction: float, salt: int) -> np.ndarray:
@@ -124,7 +108,7 @@ def holdout_coins(df: pl.DataFrame, fraction: float, salt: int) -> np.ndarray:
     (another salt than the partition's): inside one part, so covered by its sensitivity."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"the held-out fraction must lie in [0, 1), got {fraction!r}")
-    return _unit_hash(df, salt) < float(fraction)
+    return unit_hash(df, salt) < float(fraction)
 
 
 def partition_threshold(holdout_loglik: np.ndarray, fpr: float) -> float:
