@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -372,6 +373,11 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
     if config.init_from is not None:
         raise ConfigError(
             "Pretraining starts from the config's random initialisation; remove 'init_from' from --config."
+        )
+    if config.alias.lower() == "latest" or re.fullmatch(r"v\d+", config.alias, re.IGNORECASE):
+        raise ConfigError(
+            f"--alias '{config.alias}' is reserved by the MLflow registry ('latest' and v<number> name versions); "
+            "pick another alias, e.g. the default 'pretrained'."
         )
     schema = _check_schema(config)
     fmt, rows = check_table(Path(config.data), schema, "Public data file", min_rows(config))

@@ -216,3 +216,22 @@ def test_help_names_the_warm_start_commands() -> None:
     pretrain = runner.invoke(app, ["pretrain", "--help"])
     assert pretrain.exit_code == 0 and "public" in pretrain.output.lower()
     assert "--init-from" in runner.invoke(app, ["run", "--help"]).output
+
+
+def test_pretrain_refuses_a_reserved_alias_before_training(setup: dict, demo_dir: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "pretrain",
+            "--data",
+            str(demo_dir / "adult_test.csv"),
+            "--schema",
+            str(setup["schema"]),
+            "--store",
+            str(setup["tmp"] / "pretrain-store"),
+            "--alias",
+            "latest",
+        ],
+    )
+    assert result.exit_code == 2 and "reserved by the MLflow registry" in " ".join(result.output.split())
+    assert not (setup["tmp"] / "pretrain-store").exists()  # refused before anything was created
