@@ -680,15 +680,15 @@ def git_commit() -> str:
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--", *CODE_PATHS, ":(exclude)benchmarks/results"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS, ":(exclude)benchmarks/results"],
             cwd=REPO,
             capture_output=True,
             text=True,
             check=True,
-        ).stdout.strip()
+        ).stdout  # not stripped: each line starts with its two status columns
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
-    dirty = [line[3:] for line in status.splitlines() if not line[3:].endswith((".md", ".png"))]
+    dirty = [line[3:] for line in status.splitlines() if line[3:] and not line[3:].endswith((".md", ".png"))]
     return head + (f" (with uncommitted changes in {', '.join(dirty[:8])})" if dirty else "")
 
 
