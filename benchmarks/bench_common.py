@@ -1,0 +1,121 @@
+"""What every speed benchmark of issue 15 writes above its table: commit, command, machine, load.
+
+Imported by the bench_*.py scripts of this folder when they run as scripts (``python
+benchmarks/bench_x.py`` puts this folder first on sys.path). The machine is shared by other
+work, so each results file records the load average before and after its run: its rates are
+comparable within one run only.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE_PATHS = ("privflow", "models", "privacy", "tasks", "flows", "benchmarks", "pyproject.toml")
+
+
+def git_commit() -> str:
+    """HEAD's hash, with the code files that differ from it: a figure is tied to the code that made it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", *CODE_PATHS, ":(exclude)benchmarks/results"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    dirty = [line[3:] for line in status.splitlines() if line[3:].endswith(".py") or line[3:].endswith(".toml")]
+    more = f" and {len(dirty) - 8} more" if len(dirty) > 8 else ""
+    return head + (f" (uncommitted changes in {', '.join(dirty[:8])}{more})" if dirty else "")
+
+
+def machine() -> str:
+    """Architecture, CPU model, cores and memory in words."""
+    cpu, mem = platform.processor() or "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        kb = next(int(x.split()[1]) for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal"))
+        mem = f", {kb / 2**20:.0f} GiB RAM"
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    return f"{platform.machine()}{', ' + cpu if cpu else ''}, {os.cpu_count()} CPU cores{mem}"
+
+
+def load_average() -> str:
+    """The 1-minute load average: how busy the shared machine was (2 cores: above 2 is contention)."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"
+
+
+def command() -> str:
+    """The command line that reproduces the file, relative to the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(ROOT)
+    except ValueError:
+        pass
+    return shlex.join([".venv/bin/python", str(script), *sys.argv[1:]])
+
+
+def header(title: str, started: datetime, load_before: str, notes: list[str]) -> list[str]:
+    """The Markdown lines above a results table: title, command, commit, machine, load, notes."""
+    versions = f"Python {platform.python_version()}"
+    try:
+        import torch
+
+        versions += f", torch {torch.__version__}"
+    except ImportError:
+        pass
+    minutes = (datetime.now(UTC) - started).total_seconds() / 60
+    return [
+        f"# {title}",
+        "",
+        "```bash",
+        command(),
+        "```",
+        "",
+        f"- Commit: `{git_commit()}`",
+        f"- Date (UTC): {started:%Y-%m-%d %H:%M}; the run took {minutes:.1f} min",
+        f"- Machine: {machine()}; {versions}",
+        f"- Load average (1 min) before / after: {load_before} / {load_average()}. The machine is shared with "
+        "other work (tests, other benchmarks): compare figures within this file, not with other runs.",
+        *[f"- {n}" for n in notes],
+        "",
+    ]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set (MB): VmHWM from /proc, else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process, all threads (a figure less sensitive to a shared machine)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
