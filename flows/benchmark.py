@@ -1032,7 +1032,26 @@ def default_out(preset: str | None, quick: bool) -> Path:
     return REPO / "benchmarks" / "results" / f"{preset}{'-quick' if quick else ''}.md"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """The sweep from the command line: explicit options, else the preset's, else the defaults."""
+    values = {"datasets": "adult,pinwheel,half-moons,8-gaussians", "models": "dphflow,maf,dpmog"}
+    values.update(epsilons="0.5,1,2,5,inf", seeds="0,1,2", targets="issue 5")
+    values.update(PRESETS[args.preset] if args.preset else {})
+    values.update({k: v for k, v in vars(args).items() if k in values and v is not None})
+    items = {
+        k: [x.strip() for x in values[k].split(",") if x.strip()] for k in ("datasets", "models", "epsilons", "seeds")
+    }
+    return {
+        "datasets": items["datasets"],
+        "models": items["models"],
+        "epsilons": [parse_epsilon(e) for e in items["epsilons"]],
+        "seeds": [int(x) for x in items["seeds"]],
+        "targets": values["targets"],
+    }
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (`python -m privflow.flows.benchmark --help`)."""
     p = argparse.ArgumentParser(prog="python -m privflow.flows.benchmark", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a named comparison (its own results file)")
     p.add_argument("--datasets", default=None, help="default: adult,pinwheel,half-moons,8-gaussians")
@@ -1044,19 +1063,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dask-address", default=None, help="an existing Dask scheduler (else $PRIVFLOW_DASK_ADDRESS)")
     p.add_argument("--workers", type=int, default=2, help="local worker processes")
     p.add_argument("--quick", action="store_true", help="tiny data and steps (a smoke test, not a result)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     _env.configure()
-    preset = PRESETS.get(args.preset, {}) if args.preset else {}
-    defaults = {"datasets": "adult,pinwheel,half-moons,8-gaussians", "models": "dphflow,maf,dpmog"}
-    defaults.update(epsilons="0.5,1,2,5,inf", seeds="0,1,2", **preset)
-    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else defaults[name]  # noqa: E731
-    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    picked = resolve(args)
     out = Path(args.out) if args.out else default_out(args.preset, args.quick)
     records = benchmark(
-        datasets=split(pick("datasets")),
-        models=split(pick("models")),
-        epsilons=[parse_epsilon(e) for e in split(pick("epsilons"))],
-        seeds=[int(s) for s in split(pick("seeds"))],
+        datasets=picked["datasets"],
+        models=picked["models"],
+        epsilons=picked["epsilons"],
+        seeds=picked["seeds"],
         out=out,
         task_runner=args.task_runner,
         dask_address=args.dask_address,
@@ -1064,7 +1083,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers=args.workers,
         command="python -m privflow.flows.benchmark "
         + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
-        target_set=preset.get("targets", "issue 5"),
+        target_set=picked["targets"],
     )
     bad = [r for r in records if r.get("status") != "ok"]
     print(f"{len(records) - len(bad)}/{len(records)} cells ok; results in {out}")

@@ -24,7 +24,9 @@ from privflow.flows.benchmark import (
     build_cells,
     copula_cell,
     default_out,
+    parser,
     peers_module,
+    resolve,
     run_config,
     worst_seed,
     write_results,
@@ -219,6 +221,22 @@ def test_targets_are_judged_on_the_worst_seed_and_against_mst(tmp_path) -> None:
     assert "**met**" in line("| german | tv_mean | < mst (0.1000) |", "copula")
     assert not any("| mst" in x and "> mst" in x for x in text.splitlines())
     assert "Worst seed:" in text and "min macro-F1" in text and "Commit:" in text and "machine:" in text
+
+
+def test_command_line_resolves_presets_and_explicit_options() -> None:
+    peers_run = resolve(parser().parse_args(["--preset", "peers"]))
+    assert peers_run == {
+        "datasets": ["adult", "german"],
+        "models": ["dphflow", "flow-nomarg", "flow-marg", "copula", "mst", "aim"],
+        "epsilons": [1.0],
+        "seeds": [0, 1, 2],
+        "targets": "issue 13",
+    }
+    narrowed = resolve(parser().parse_args(["--preset", "peers", "--datasets", "german", "--seeds", "0"]))
+    assert narrowed["datasets"] == ["german"] and narrowed["seeds"] == [0] and narrowed["models"] == peers_run["models"]
+    plain = resolve(parser().parse_args([]))
+    assert plain["models"] == ["dphflow", "maf", "dpmog"] and plain["epsilons"][-1] is None
+    assert plain["targets"] == "issue 5"
 
 
 def test_presets_write_their_own_file() -> None:
