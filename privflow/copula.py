@@ -309,6 +309,25 @@ class CopulaCodec:
         out = np.clip(out, U_MARGIN, 1 - U_MARGIN)
         return special.ndtri(out) if self.space == "gaussian" else out
 
+    def log_mass(self, df: pl.DataFrame) -> np.ndarray:
+        """[n] sum over columns of log p(cell of the row): with the flow's log-density of the
+        encoded row, the row's log-likelihood against counting measure on cells x Lebesgue on
+        the position inside them (du = p_k dr), a reference shared by every copula codec with the
+        same cells, so versions trained through different DP marginals can be compared (-inf
+        where a cell has no released mass)."""
+        idx = cell_index(df, self.cells)
+        with np.errstate(divide="ignore"):
+            return np.sum([np.log(self.probs[j][idx[:, j]]) for j in range(self.dim)], axis=0)
+
+    def same_cells(self, other: CopulaCodec) -> bool:
+        """Both codecs split every column into the same public cells (schema, max_atoms, grid_bins)."""
+        return (
+            self.schema.names == other.schema.names
+            and (self.marginals.max_atoms, self.marginals.grid_bins)
+            == (other.marginals.max_atoms, other.marginals.grid_bins)
+            and all(a.n_cells == b.n_cells for a, b in zip(self.cells, other.cells, strict=True))
+        )
+
     @property
     def cardinalities(self) -> list[int | None]:
         """Every copula coordinate is continuous (categories are dequantized inside their cell)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import torch
 from mlflow import MlflowClient
 from prefect import task
@@ -27,16 +28,22 @@ from prefect.runtime import task_run
 
 from privflow.codec import Codec
 from privflow.config import RunConfig
-from privflow.copula import release_codec
+from privflow.copula import CopulaCodec, release_codec
 from privflow.curator import curator_dir
 from privflow.errors import BudgetExceeded
 from privflow.io import read_table
 from privflow.privacy.ledger import Ledger
-from privflow.privacy.mechanisms.promotion import PromotionMechanism, margin_statistic, mixture_loglik, release_margin
-from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator
+from privflow.privacy.mechanisms.promotion import (
+    PromotionMechanism,
+    difference_statistic,
+    margin_statistic,
+    mixture_loglik,
+    release_margin,
+)
+from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator, secret_seed
 from privflow.schema import Schema
 from privflow.tasks._options import PRIVATE
-from privflow.tasks.encode import encode_rows
+from privflow.tasks.encode import encode_rows, selection_coins
 from privflow.tasks.mlflow_store import PROMOTION_TAG, LoadedVersion, alias_holder, load_version
 from privflow.tasks.mlflow_store import record_promotion as record
 from privflow.validation import validate
@@ -138,13 +145,38 @@ def _noisy_margin(
     df, _ = validate(
         read_table(config.data), schema, config.policy, run_dir / "promote_quarantine.csv", gate=lambda _failing: False
     )
-    codec = release_codec(schema, new.marginals)  # both versions share it (checked by the caller)
-    _, x_val = encode_rows.fn(df, codec, config.select.validation_fraction, config.train.seed)
-    lo, hi = config.select.score_low, config.select.score_high
-    statistic, sensitivity = margin_statistic(
-        version_loglik(new.flows, x_val), version_loglik(old.flows, x_val), lo, hi
-    )
+    if new.marginals == old.marginals:  # one codec: the clipped log-likelihoods, as before
+        codec = release_codec(schema, new.marginals)
+        _, x_val = encode_rows.fn(df, codec, config.select.validation_fraction, config.train.seed)
+        lo, hi = config.select.score_low, config.select.score_high
+        statistic, sensitivity = margin_statistic(
+            version_loglik(new.flows, x_val), version_loglik(old.flows, x_val), lo, hi
+        )
+    else:  # two DP marginals over the same cells: each version in its own codec, same draws
+        val = df.filter(pl.Series(selection_coins(df, config.select.validation_fraction, config.train.seed)))
+        seed = secret_seed()
+        ll_new, ll_old = (copula_loglik(v, schema, val, seed) for v in (new, old))
+        statistic, sensitivity = difference_statistic(ll_new, ll_old, config.select.relative_clip)
     return release_margin(statistic, sensitivity, settings), sensitivity  # exact sampler, OS entropy
+
+
+def copula_loglik(version: LoadedVersion, schema: Schema, rows: pl.DataFrame, seed: int) -> np.ndarray:
+    """A version's per-row log-likelihood in the copula reference (`CopulaCodec.log_mass`): its
+    flows on the rows encoded through its own marginals, plus the rows' log cell masses. The
+    encoding draws (positions inside atoms) come from `seed`, the same for both versions."""
+    codec = release_codec(schema, version.marginals)
+    x = codec.encode(rows, np.random.default_rng(seed))
+    return version_loglik(version.flows, x) + codec.log_mass(rows)
+
+
+def codecs_comparable(new: LoadedVersion, old: LoadedVersion, schema: Schema) -> bool:
+    """Same marginals (or none), or DP marginals over the same public cells."""
+    if new.marginals == old.marginals:
+        return True
+    if new.marginals is None or old.marginals is None:
+        return False
+    a, b = release_codec(schema, new.marginals), release_codec(schema, old.marginals)
+    return isinstance(a, CopulaCodec) and isinstance(b, CopulaCodec) and a.same_cells(b)
 
 
 @task(name="promote", retries=1, retry_delay_seconds=2, **PRIVATE)
@@ -176,9 +208,12 @@ def promote_if_better(
 
     schema = Schema.from_yaml(config.schema_path)
     new, old = load_version(model_name, candidate_version), load_version(model_name, champion)
-    if not (comparable(new.schema, schema) and comparable(old.schema, schema)) or new.marginals != old.marginals:
+    if not (comparable(new.schema, schema) and comparable(old.schema, schema)) or not codecs_comparable(
+        new, old, schema
+    ):
         reason = (
-            f"version {champion} encodes rows differently (schema or DP marginals differ): not compared, '{alias}' kept"
+            f"version {champion} encodes rows differently (schema, or the cells of the DP marginals, differ): "
+            f"not compared, '{alias}' kept"
         )
         return record(client, PromotionDecision(False, reason, **base))
 

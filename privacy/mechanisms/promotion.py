@@ -10,6 +10,12 @@ and each term lies in [-(high - low), high - low]: adding or removing one row mo
 most high - low, which is both its L1 and its L2 sensitivity. S is released once with the
 Laplace (pure epsilon) or the Gaussian mechanism; its event is `PromotionMechanism.event`.
 It is a SUM, not a mean: dividing by the private row count would leak it.
+
+Versions trained through different DP marginals (privflow/copula.py) encode rows differently,
+so their log-likelihoods include each version's own log cell masses (tens of nats per row);
+they are compared by `difference_statistic`, S(D) = sum_i clip(log p_new(x_i) - log
+p_champion(x_i), -c, c): one row moves S by at most c (the selection stage's relative score,
+`report_noisy_max.relative_loglik_scores`, bounds its terms the same way).
 """
 
 from __future__ import annotations
@@ -89,6 +95,26 @@ def margin_statistic(ll_new: np.ndarray, ll_old: np.ndarray, low: float, high: f
         return np.clip(np.nan_to_num(v, nan=low, posinf=high, neginf=low), low, high)
 
     return float(np.sum(clip(a) - clip(b))), float(high - low)
+
+
+def difference_statistic(ll_new: np.ndarray, ll_old: np.ndarray, clip: float) -> tuple[float, float]:
+    """(S, sensitivity): S = sum_i clip(ll_new_i - ll_old_i, -clip, clip); sensitivity `clip`.
+
+    A row both versions give no mass adds 0; one only the champion covers adds -clip (and the
+    reverse +clip), so a broken model cannot raise the sensitivity.
+    """
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip must be a finite positive number, got {clip!r}")
+    a = np.nan_to_num(np.asarray(ll_new, dtype=np.float64), nan=-np.inf)
+    b = np.nan_to_num(np.asarray(ll_old, dtype=np.float64), nan=-np.inf)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"need two 1-d arrays of equal length, got {a.shape} and {b.shape}")
+    with np.errstate(invalid="ignore"):
+        d = a - b
+    d = np.where(np.isneginf(a) & np.isneginf(b), 0.0, d)
+    d = np.where(np.isposinf(a) & np.isposinf(b), 0.0, d)
+    d = np.clip(np.nan_to_num(d, nan=0.0, posinf=clip, neginf=-clip), -clip, clip)
+    return float(np.sum(d)), float(clip)
 
 
 def release_margin(statistic: float, sensitivity: float, mechanism: PromotionMechanism) -> float:

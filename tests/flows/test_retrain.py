@@ -15,6 +15,7 @@ from privflow.privacy.ledger import Ledger
 from privflow.tasks.promote import (
     PromotionDecision,
     PromotionSettings,
+    difference_statistic,
     ledger_id,
     margin_statistic,
     mixture_loglik,
@@ -48,6 +49,56 @@ def test_margin_statistic_sensitivity_by_brute_force() -> None:
     assert worst - s == pytest.approx(sens)
     with pytest.raises(ValueError):
         margin_statistic(a, b[:-1], low, high)
+
+
+def test_difference_statistic_sensitivity_by_brute_force() -> None:
+    """Versions in different copula codecs: each row's difference clipped to +-c, so adding or
+    removing one row moves S by at most c; rows neither version covers add 0."""
+    rng = np.random.default_rng(2)
+    c = 1.0
+    a = rng.normal(-25, 3, 80)
+    b = a + rng.normal(0.1, 0.8, 80)
+    a[3], b[7], a[9], b[9], a[11] = np.nan, -np.inf, -np.inf, -np.inf, np.inf
+    s, sens = difference_statistic(a, b, c)
+    assert sens == c
+    ref = np.clip(np.nan_to_num(a, nan=-np.inf) - b, -c, c)
+    ref[9] = 0.0
+    assert s == pytest.approx(float(np.nansum(np.nan_to_num(ref, nan=0.0))))
+    for i in range(len(a)):
+        s_minus, _ = difference_statistic(np.delete(a, i), np.delete(b, i), c)
+        assert abs(s - s_minus) <= sens + 1e-9
+    for extra in ((1e9, -1e9), (-np.inf, 0.0), (np.nan, np.nan), (np.inf, -np.inf)):
+        s_plus, _ = difference_statistic(np.append(a, extra[0]), np.append(b, extra[1]), c)
+        assert abs(s_plus - s) <= sens + 1e-9
+    with pytest.raises(ValueError):
+        difference_statistic(a, b[:-1], c)
+
+
+def test_copula_log_mass_is_the_cell_log_probability() -> None:
+    """With the independent (uniform) copula the row's likelihood is the product of its cells'
+    released masses; codecs over the same cells are comparable, others are not."""
+    import polars as pl
+
+    from privflow.copula import CopulaCodec, Marginals
+    from privflow.schema import Schema
+
+    schema = Schema.model_validate(
+        {
+            "dataset": {"name": "t", "expected_rows": 10, "budget": {"epsilon": 1.0, "delta": 1e-6}},
+            "columns": [
+                {"name": "c", "type": "categorical", "categories": ["a", "b", "z"]},
+                {"name": "k", "type": "integer", "bounds": [0, 3]},
+            ],
+        }
+    )
+    m1 = Marginals({"c": np.array([0.5, 0.3, 0.2]), "k": np.array([0.1, 0.2, 0.3, 0.4])})
+    m2 = Marginals({"c": np.array([0.2, 0.0, 0.8]), "k": np.array([0.25, 0.25, 0.25, 0.25])})
+    m3 = Marginals({"c": np.array([0.2, 0.0, 0.8]), "k": np.array([0.5, 0.5])}, max_atoms=2, grid_bins=2)
+    df = pl.DataFrame({"c": ["a", "b", "z"], "k": [0, 3, 1]})
+    one, two = CopulaCodec(schema, m1), CopulaCodec(schema, m2)
+    assert one.log_mass(df) == pytest.approx(np.log([0.5 * 0.1, 0.3 * 0.4, 0.2 * 0.2]))
+    assert two.log_mass(df)[1] == -np.inf and np.isfinite(two.log_mass(df)[[0, 2]]).all()
+    assert one.same_cells(two) and not one.same_cells(CopulaCodec(schema, m3))
 
 
 def test_mixture_loglik_is_the_equal_weight_mixture() -> None:

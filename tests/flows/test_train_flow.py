@@ -76,7 +76,7 @@ def test_reported_epsilon_is_the_composition_of_recorded_events(run) -> None:
     assert PLDAccountant().epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=1e-9)
     assert PRVAccountant().epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=0.01)
     plan = json.loads(Path(client.download_artifacts(summary.mlflow_run_id, "privacy/plan.json")).read_text())
-    assert {s["name"] for s in plan["stages"]} == {"validate", "dp_stats", "train", "select"}
+    assert {s["name"] for s in plan["stages"]} == {"validate", "dp_marginals", "dp_stats", "train", "select"}
 
 
 def test_cumulative_epsilon_per_step_ends_under_target(run) -> None:
@@ -166,7 +166,7 @@ def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, dem
         evaluate={"synthetic_rows": 200, "utility": False, "privacy_risk": False, "report": False, "fidelity": False},
     )
     summary = train_pipeline(cfg, show_progress=False)
-    assert set(summary.stages) == {"validate", "dp_stats", "dp_prior", "train", "select"}
+    assert set(summary.stages) == {"validate", "dp_marginals", "dp_stats", "dp_prior", "train", "select"}
     assert summary.epsilon <= 3.0
     events = events_from_json(
         Path(MlflowClient().download_artifacts(summary.mlflow_run_id, "privacy/events.json")).read_text()

@@ -41,7 +41,14 @@ def config(**train: object) -> RunConfig:
         schema_path=Path("toy.yaml"),
         privacy={"epsilon": 5.0, "delta": 1e-5, "select_share": 0.3},
         model={"name": "maf", "blocks": 1, "hidden": 8},
-        train={"epochs": 1, "batch_size": 100, "checkpoint_every": 2, "device": "cpu", **train},
+        train={
+            "epochs": 1,
+            "batch_size": 100,
+            "checkpoint_every": 2,
+            "device": "cpu",
+            "min_effective_batch": 0,
+            **train,
+        },
         marginals={"enabled": True, "share": 0.2},
     )
 
