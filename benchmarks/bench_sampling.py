@@ -1,124 +1,333 @@
-"""Sampling throughput and memory: rows/s (marginal) and peak RSS writing N rows to a file.
+"""Sampling throughput and memory: rows/s (marginal) and peak RSS writing N rows to a file, and
+where the time of one batch goes (issue 15: >= 200k rows/s, 10M rows under 2 GB, 2 cores).
 
-The default DP-HFlow (``build_flow("dphflow", ...)`` defaults) on the Adult schema
-(``privflow/demo/adult.yaml``) with random weights (sampling speed does not depend on
-training), streamed by ``privflow.sampler.write_samples``. Each size runs in a fresh
-subprocess, so start-up (imports, model build) is the same for all and peak memory
-(VmHWM from /proc/self/status, else ru_maxrss) is per size. Marginal rows/s =
-(n_large - n_small) / (t_large - t_small) on the write time of each child (start-up excluded;
-the difference also removes any fixed per-call cost). Prints a Markdown table.
+The default released model: DP-HFlow with ``build_flow("dphflow", ...)`` defaults on the Adult
+schema, random weights (sampling speed does not depend on training), and, by default, the
+copula codec of DP marginals (``--codec copula``: DP marginals are on by default, so a default
+release samples through ``CopulaCodec.uniformize`` and ``decode``). The marginals are one
+release of the default plan's DP-marginals stage at epsilon 1 on the bundled demo table, made
+once by the parent and loaded by each child with ``privflow.copula.release_codec``, as a
+registered model's loader does. ``--codec schema`` samples through the schema codec instead.
 
-    .venv/bin/python benchmarks/bench_sampling.py [--sizes 100000 1000000 10000000] [--workers 2] [--threads 1] \
-        [--format csv|parquet]
+Each size runs in a fresh subprocess streaming with ``privflow.sampler.write_samples``, so
+start-up (imports, model build) is the same for all and peak memory (VmHWM) is per size.
+Marginal rows/s = (n_large - n_small) / (t_large - t_small) on each child's write time (the
+difference removes any fixed cost); the same on CPU seconds (all threads) gives rows per
+CPU-second, which depends less on other work sharing the machine. ``--profile`` adds one child
+that times each stage of a batch on one thread, and two probes of changes proposed for files
+this benchmark does not own (their outputs are checked against the current code).
+
+    .venv/bin/python benchmarks/bench_sampling.py [--sizes 100000 1000000 10000000] [--workers 2] \
+        [--threads 1] [--format csv|parquet] [--codec copula|schema] [--profile] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = ROOT / "privflow" / "demo" / "adult.yaml"
+TARGET_RATE, TARGET_RSS_MB = 200_000, 2048
 
 
-def peak_rss_mb() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def release_marginals(path: Path) -> None:
+    """The DP marginals a default run on the demo table releases (epsilon 1, delta 1e-5), as
+    `Marginals.to_dict()` JSON: the codec a default registered model samples through."""
+    from privflow import env
+
+    env.configure(Path(tempfile.gettempdir()) / "privflow-bench-sampling", verbose=False)
+    from privflow.config import RunConfig
+    from privflow.io import read_table
+    from privflow.privacy.run_plan import run_plan
+    from privflow.schema import Schema
+    from privflow.tasks.dp_marginals import dp_marginal_codec
+    from privflow.validation import validate
+
+    data = ROOT / "privflow" / "demo" / "adult_train.csv"
+    schema = Schema.from_yaml(SCHEMA)
+    config = RunConfig.build(data=data, schema_path=SCHEMA)
+    stage = run_plan(config, schema).stage("dp_marginals")
+    df, _ = validate(read_table(data), schema, "quarantine", path.with_suffix(".quarantine.csv"))
+    codec = dp_marginal_codec.fn(df, schema, stage, config.marginals.grid_bins)
+    path.write_text(json.dumps(codec.marginals.to_dict()))
 
 
-def child(n: int, path: str, threads: int, batch: int, workers: int) -> None:
+def model(marginals: str | None) -> tuple[Any, Any]:
+    """(flow, codec): the default DP-HFlow with random, non-identity weights, in the release codec."""
     import torch
 
-    torch.set_num_threads(threads)
-    from privflow.codec import Codec
+    from privflow.copula import release_codec
     from privflow.models import build_flow
-    from privflow.sampler import write_samples
     from privflow.schema import Schema
 
-    codec = Codec.from_schema(Schema.from_yaml(ROOT / "privflow" / "demo" / "adult.yaml"))
+    codec = release_codec(Schema.from_yaml(SCHEMA), json.loads(Path(marginals).read_text()) if marginals else None)
     torch.manual_seed(0)
     flow = build_flow("dphflow", codec.cardinalities).eval()
-    with torch.no_grad():  # random, non-identity weights: every layer does real work
+    with torch.no_grad():  # every layer does real work
         for p in flow.parameters():
             p.normal_(0.0, 0.1)
-    start_rss = peak_rss_mb()
-    t0 = time.perf_counter()
-    write_samples([flow], codec, n, path, seed=0, batch=batch, workers=workers)
-    dt = time.perf_counter() - t0
-    print(
-        json.dumps(
-            {
-                "n": n,
-                "seconds": dt,
-                "peak_rss_mb": peak_rss_mb(),
-                "startup_rss_mb": start_rss,
-                "bytes": os.path.getsize(path),
-            }
+    return flow, codec
+
+
+def child(n: int, path: str, args: argparse.Namespace) -> None:
+    """One size: stream n rows to `path`; print seconds, CPU seconds and memory as JSON."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from privflow.sampler import write_samples
+
+    flow, codec = model(args.marginals)
+    start_rss = common.peak_rss_mb()
+    t0, c0 = time.perf_counter(), common.cpu_seconds()
+    write_samples([flow], codec, n, path, seed=0, batch=args.batch, workers=args.workers)
+    dt, dc = time.perf_counter() - t0, common.cpu_seconds() - c0
+    out = {"n": n, "seconds": dt, "cpu": dc, "peak_rss_mb": common.peak_rss_mb(), "startup_rss_mb": start_rss}
+    print(json.dumps({**out, "bytes": os.path.getsize(path)}))
+
+
+def _cpu_ms(fn: Any, repeats: int, clock: Any = time.thread_time) -> float:
+    """Median CPU milliseconds of `fn` over `repeats` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        c = clock()
+        fn()
+        times.append(clock() - c)
+    return 1e3 * statistics.median(times)
+
+
+def uniformize_one_sort(u: Any, jitter: Any, margin: float) -> Any:
+    """Proposal for CopulaCodec.uniformize (privflow/copula.py): the ranks from ONE stable argsort
+    per column (the inverse permutation), not two; the same ranks, so the same output."""
+    import numpy as np
+
+    m = u.shape[0]
+    order = np.argsort(np.asarray(u, dtype=np.float64), axis=0, kind="stable")
+    ranks = np.empty(order.shape, dtype=np.float64)
+    np.put_along_axis(ranks, order, np.arange(m, dtype=np.float64)[:, None], axis=0)
+    return np.clip((ranks + jitter) / m, margin, 1 - margin)
+
+
+def profile(args: argparse.Namespace) -> None:
+    """CPU ms per stage of one batch on one thread (torch, numpy) and of the writers (polars'
+    threads included); then the probes of proposed changes. Prints JSON."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+
+    from privflow.models.spline import rq_spline_inverse_t
+
+    torch.set_num_threads(1)
+    flow, codec = model(args.marginals)
+    m, r = args.batch, args.repeats
+    g = torch.Generator().manual_seed(0)
+    stages: dict[str, float] = {}
+    with torch.no_grad():
+        z = flow.prior.sample(m, g, dtype=torch.float32)
+        stages["base draws (prior.sample)"] = _cpu_ms(lambda: flow.prior.sample(m, g, dtype=torch.float32), r)
+        stages["flow inverse (from_base)"] = _cpu_ms(lambda: flow.from_base(z), r)
+        v = flow.from_base(z).numpy()
+    copula = hasattr(codec, "uniformize")
+    jitter = torch.rand(m, codec.dim, generator=g, dtype=torch.float64).numpy()
+    if copula:
+        stages["rank jitter draws"] = _cpu_ms(lambda: torch.rand(m, codec.dim, generator=g, dtype=torch.float64), r)
+        stages["CopulaCodec.uniformize"] = _cpu_ms(lambda: codec.uniformize(v, jitter), r)
+        u = codec.uniformize(v, jitter)
+    else:
+        u = v
+    stages["decode"] = _cpu_ms(lambda: codec.decode(u), r)
+    frame = codec.decode(u)
+    stages["CSV chunk (polars write_csv)"] = _cpu_ms(lambda: frame.write_csv(io.BytesIO()), r, time.process_time)
+
+    def parquet() -> None:
+        table = frame.to_arrow()
+        writer = pq.ParquetWriter(io.BytesIO(), table.schema)
+        writer.write_table(table)
+        writer.close()
+
+    stages["Parquet row group (pyarrow)"] = _cpu_ms(parquet, r, time.process_time)
+    probes: dict[str, Any] = {}
+    if copula:
+        from privflow.copula import U_MARGIN
+
+        probes["uniformize_one_sort_ms"] = _cpu_ms(lambda: uniformize_one_sort(v, jitter, U_MARGIN), r)
+        probes["uniformize_one_sort_identical"] = bool(
+            np.array_equal(uniformize_one_sort(v, jitter, U_MARGIN), codec.uniformize(v, jitter))
         )
+    # the spline inverse alone, on one feature's parameters of this batch (60 calls per batch)
+    bins = flow.spline.bins
+    x = z[:, 0].contiguous()
+    p = torch.randn(3 * bins - 1, m, generator=g) * 0.3
+    w, h, d = p[:bins], p[bins : 2 * bins], p[2 * bins :]
+    with torch.no_grad():
+        probes["spline_inverse_eager_ms"] = _cpu_ms(lambda: rq_spline_inverse_t(x, w, h, d), r)
+        try:
+            t0 = time.perf_counter()
+            compiled = torch.compile(rq_spline_inverse_t, dynamic=False)
+            want, got = rq_spline_inverse_t(x, w, h, d), compiled(x, w, h, d)
+            probes["spline_inverse_compile_s"] = time.perf_counter() - t0
+            probes["spline_inverse_compiled_ms"] = _cpu_ms(lambda: compiled(x, w, h, d), r)
+            probes["spline_inverse_compiled_max_abs_diff"] = float((got - want).abs().max())
+        except Exception as exc:  # noqa: BLE001 - a probe: report why it could not run
+            probes["spline_inverse_compile_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    print(json.dumps({"batch": m, "stages": stages, "probes": probes}))
+
+
+def _run_child(extra: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--threads", str(args.threads), "--batch", str(args.batch)]
+    cmd += ["--workers", str(args.workers), "--repeats", str(args.repeats)]
+    if args.marginals:
+        cmd += ["--marginals", args.marginals]
+    res = subprocess.run([*cmd, *extra], capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def render(
+    args: argparse.Namespace, rows: list[dict[str, Any]], prof: dict | None, started: datetime, load: str
+) -> str:
+    """The results file: the size table, the marginal rates, the profile and the verdict."""
+    codec = (
+        "copula codec of the demo's DP marginals (the default release)" if args.codec == "copula" else "schema codec"
     )
+    notes = [
+        f"Default DP-HFlow, Adult schema, random weights, {codec}; {args.format}, batch {args.batch:,}, "
+        f"{args.workers} worker threads x {args.threads} torch thread; one subprocess per size; "
+        "`privflow.sampler.write_samples` with seed 0.",
+        "Write s / CPU s: the child's `write_samples` call (start-up excluded); CPU counts every thread. Peak RSS: "
+        "the child's VmHWM (the interpreter with torch, polars and the model included).",
+    ]
+    lines = common.header("Sampling rate and memory", started, load, notes)
+    lines += [
+        "| rows | write s | rows/s (average) | CPU s | rows per CPU-s | peak RSS MB | RSS after start-up MB "
+        "| file MB |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['n']:,} | {r['seconds']:.1f} | {r['n'] / r['seconds']:,.0f} | {r['cpu']:.1f} "
+            f"| {r['n'] / r['cpu']:,.0f} | {r['peak_rss_mb']:.0f} | {r['startup_rss_mb']:.0f} "
+            f"| {r['bytes'] / 2**20:.0f} |"
+        )
+    a, b = rows[0], rows[-1]
+    rate = (b["n"] - a["n"]) / (b["seconds"] - a["seconds"])
+    per_cpu = (b["n"] - a["n"]) / (b["cpu"] - a["cpu"])
+    cores = os.cpu_count() or 1
+    lines += [
+        "",
+        f"- Marginal rate ({a['n']:,} -> {b['n']:,} rows): **{rate:,.0f} rows/s** on the clock; "
+        f"{per_cpu:,.0f} rows per CPU-second, so at most {cores * per_cpu:,.0f} rows/s with all {cores} cores "
+        "free and perfectly shared (an upper bound, not a measurement).",
+    ]
+    big = max(rows, key=lambda r: r["n"])
+    lines.append(f"- Peak RSS at {big['n']:,} rows: {big['peak_rss_mb']:.0f} MB.")
+    if prof is not None:
+        stages = prof["stages"]
+        writer = "CSV chunk (polars write_csv)" if args.format == "csv" else "Parquet row group (pyarrow)"
+        path_ms = sum(v for k, v in stages.items() if "CSV" not in k and "Parquet" not in k) + stages[writer]
+        lines += [
+            "",
+            f"## Where one batch of {prof['batch']:,} rows goes (CPU ms, median, one thread; writers include "
+            "polars'/Arrow's own threads)",
+            "",
+            f"| stage | CPU ms | share of the {args.format.upper()} path | us per row |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for k, v in stages.items():
+            share = f"{100 * v / path_ms:.0f}%" if ("CSV" not in k and "Parquet" not in k) or k == writer else "-"
+            lines.append(f"| {k} | {v:.1f} | {share} | {1e3 * v / prof['batch']:.2f} |")
+        lines.append(
+            f"| **sum on the {args.format.upper()} path** | **{path_ms:.1f}** | 100% "
+            f"| **{1e3 * path_ms / prof['batch']:.2f}** |"
+        )
+        p = prof["probes"]
+        lines += ["", "Probes of proposed changes (files this benchmark does not own; measured here):", ""]
+        if "uniformize_one_sort_ms" in p:
+            lines.append(
+                f"- `CopulaCodec.uniformize` with one stable argsort per column and its inverse permutation "
+                f"(privflow/copula.py): {p['uniformize_one_sort_ms']:.1f} ms against "
+                f"{stages['CopulaCodec.uniformize']:.1f} ms; identical output: {p['uniformize_one_sort_identical']}."
+            )
+        if "spline_inverse_compiled_ms" in p:
+            lines.append(
+                f"- The spline inverse `rq_spline_inverse_t` (models/spline.py; 4 blocks x 15 features = 60 calls "
+                f"per batch) fused by `torch.compile`: {p['spline_inverse_compiled_ms']:.2f} ms per call against "
+                f"{p['spline_inverse_eager_ms']:.2f} ms eager, after {p['spline_inverse_compile_s']:.0f} s of "
+                f"compilation; largest difference {p['spline_inverse_compiled_max_abs_diff']:.1e} (rounding: not "
+                "bit-identical to eager)."
+            )
+        elif "spline_inverse_compile_error" in p:
+            lines.append(
+                f"- `torch.compile` of the spline inverse could not run here: {p['spline_inverse_compile_error']}."
+            )
+    lines += ["", "## Verdict", ""]
+    lines.append(
+        f"- >= {TARGET_RATE:,} rows/s marginal: **{'met' if rate >= TARGET_RATE else 'not met'}** ({rate:,.0f} "
+        f"rows/s measured; {cores * per_cpu:,.0f} rows/s is the ceiling of this code on {cores} free cores)."
+    )
+    big10 = [r for r in rows if r["n"] >= 10_000_000]
+    if big10:
+        ok = big10[0]["peak_rss_mb"] < TARGET_RSS_MB
+        lines.append(
+            f"- 10M rows under 2 GB peak: **{'met' if ok else 'not met'}** ({big10[0]['peak_rss_mb']:.0f} MB)."
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parent: the marginals, one child per size, the optional profile, the Markdown file."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads in each child")
     ap.add_argument("--workers", type=int, default=2, help="write_samples worker threads (the machine has 2 cores)")
     ap.add_argument("--batch", type=int, default=16384)
     ap.add_argument("--format", default="csv", choices=["csv", "parquet"])
+    ap.add_argument("--codec", default="copula", choices=["copula", "schema"])
+    ap.add_argument("--profile", action="store_true", help="add the per-stage profile and the probes")
+    ap.add_argument("--repeats", type=int, default=7, help="profile: calls per stage")
+    ap.add_argument("--out", type=Path, default=None, help="Markdown file (default: print only)")
+    ap.add_argument("--marginals", help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=2, metavar=("N", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--profile-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(int(args.child[0]), args.child[1], args.threads, args.batch, args.workers)
+        child(int(args.child[0]), args.child[1], args)
         return 0
+    if args.profile_child:
+        profile(args)
+        return 0
+    started, load = datetime.now(UTC), common.load_average()
     rows = []
+    prof = None
     with tempfile.TemporaryDirectory() as tmp:
+        if args.codec == "copula":
+            args.marginals = str(Path(tmp) / "marginals.json")
+            release_marginals(Path(args.marginals))
         for n in sorted(args.sizes):
             path = str(Path(tmp) / f"s{n}.{args.format}")
-            res = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--threads",
-                    str(args.threads),
-                    "--batch",
-                    str(args.batch),
-                    "--workers",
-                    str(args.workers),
-                    "--child",
-                    str(n),
-                    path,
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+            rows.append(_run_child(["--child", str(n), path], args))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             os.unlink(path)
-    print(
-        f"\nDP-HFlow (defaults), Adult schema, random weights, {args.format}, batch {args.batch}, "
-        f"workers {args.workers}, torch threads {args.threads}, one subprocess per size\n"
-    )
-    print("| rows | write s | rows/s (average) | peak RSS MB | RSS after start-up MB | file MB |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(
-            f"| {r['n']:,} | {r['seconds']:.1f} | {r['n'] / r['seconds']:,.0f} | {r['peak_rss_mb']:.0f} "
-            f"| {r['startup_rss_mb']:.0f} | {r['bytes'] / 2**20:.0f} |"
-        )
-    if len(rows) >= 2:
-        a, b = rows[0], rows[-1]
-        print(f"\nmarginal rows/s ({a['n']:,} -> {b['n']:,}): {(b['n'] - a['n']) / (b['seconds'] - a['seconds']):,.0f}")
+        if args.profile:
+            prof = _run_child(["--profile-child"], args)
+    text = render(args, rows, prof, started, load)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(text)
     return 0
 
 
