@@ -283,10 +283,9 @@ def breakdown(
             "MLflow registration (model, version, alias)": span("_register") - task_overhead.get("register_model", 0),
             "summary print": span("print_summary"),
             "exit (Prefect server shutdown, atexit handlers)": last[k] - m["main_returned"][k],
-            "Prefect server process over the whole run (CPU only: it runs beside the child)": 0.0
-            if k == 0
-            else run_cpu - last[1],
-            "interpreter teardown": exited - last[0] if k == 0 else 0.0,
+            "interpreter teardown (wall) / Prefect server process over the whole run and teardown (CPU)": (
+                exited - last[0] if k == 0 else run_cpu - last[1]
+            ),
         }
         overhead["other (flow bookkeeping, state changes)"] = total - sum(work.values()) - sum(overhead.values())
         for group, values in (("work", work), ("overhead", overhead), ("task_overhead", task_overhead)):
@@ -321,11 +320,14 @@ def _children_cpu() -> float:
 
 def _timed_process(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, float, int, str]:
     """(spawned, exited) on the monotonic clock, the CPU seconds of the process tree, the exit
-    status and the output's tail."""
-    c0, spawned = _children_cpu(), time.monotonic()
-    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    exited, cpu = time.monotonic(), _children_cpu() - c0
-    return spawned, exited, cpu, out.returncode, (out.stderr.strip() or out.stdout.strip())[-600:]
+    status and the output's tail. Output goes to a file, not a pipe, so `exited` is when the
+    process ends (what a shell waits for), not when the last holder of a pipe closes it."""
+    log = cwd / "process-output.txt"
+    with log.open("w") as out:
+        c0, spawned = _children_cpu(), time.monotonic()
+        code = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT).wait()
+        exited, cpu = time.monotonic(), _children_cpu() - c0
+    return spawned, exited, cpu, code, log.read_text().strip()[-600:]
 
 
 def _env_for(store: Path) -> dict[str, str]:
@@ -412,9 +414,11 @@ def render(
         + "`.",
         "Run 1 uses a new store (MLflow and Prefect create their databases); later runs reuse it. Every run is a "
         "fresh process, as a CLI call is.",
-        "Wall: seconds on the clock. CPU: seconds of CPU used by the run's process (all threads) and, in its own "
-        "row, by Prefect's temporary server process. On a busy machine wall exceeds CPU by the time spent "
-        "waiting for a core; CPU is the better guide to what an idle machine would show.",
+        "Wall: seconds on the clock. CPU: seconds of CPU used by the run's process (all threads); the teardown "
+        "row's CPU adds Prefect's temporary server process over the whole run (it runs beside the CLI). On a busy "
+        "machine wall exceeds CPU by the time spent waiting for a core; CPU is the better guide to what an idle "
+        "machine would show. Interpreter teardown is the wall time after the last atexit handler (Prefect's "
+        "server already stopped) until the process ends: freeing the imported modules, no Python frame running.",
         f"`python -c pass` takes {python_start:.2f} s wall here (median of 3).",
     ]
     lines = common.header("Fixed overhead of privflow run, and the time to an early error", started, load_before, notes)
