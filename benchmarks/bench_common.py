@@ -73,8 +73,9 @@ def command() -> str:
     return shlex.join([".venv/bin/python", str(script), *sys.argv[1:]])
 
 
-def header(title: str, started: datetime, load_before: str, notes: list[str]) -> list[str]:
-    """The Markdown lines above a results table: title, command, commit, machine, load, notes."""
+def header(title: str, started: datetime, load_before: str, notes: list[str], commit: str) -> list[str]:
+    """The Markdown lines above a results table: title, command, commit, machine, load, notes.
+    `commit` is `git_commit()` taken when the run started: others may commit while it runs."""
     versions = f"Python {platform.python_version()}"
     try:
         import torch
@@ -90,7 +91,7 @@ def header(title: str, started: datetime, load_before: str, notes: list[str]) ->
         command(),
         "```",
         "",
-        f"- Commit: `{git_commit()}`",
+        f"- Commit (when the run started): `{commit}`",
         f"- Date (UTC): {started:%Y-%m-%d %H:%M}; the run took {minutes:.1f} min",
         f"- Machine: {machine()}; {versions}",
         f"- Load average (1 min) before / after: {load_before} / {load_average()}. The machine is shared with "

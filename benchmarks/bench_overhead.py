@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.child:
         return child(args.child[0], args.child[1:])
-    started, load_before = datetime.now(UTC), common.load_average()
+    started, load_before, commit = datetime.now(UTC), common.load_average(), common.git_commit()
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         data, schema, config = _write_inputs(tmp, args.rows)
@@ -382,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(3):
             spawned, exited, _, _, _ = _timed_process([sys.executable, "-c", "pass"], tmp, env)
             baseline.append(exited - spawned)
-    text = render(args, runs, unwrapped, errors, sorted(messages), statistics.median(baseline), started, load_before)
+    text = render(
+        args, runs, unwrapped, errors, sorted(messages), statistics.median(baseline), (started, load_before, commit)
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
@@ -401,8 +403,7 @@ def render(
     errors: list[tuple[float, float, int]],
     messages: list[str],
     python_start: float,
-    started: datetime,
-    load_before: str,
+    when: tuple[datetime, str, str],
 ) -> str:
     """The results file: wall and CPU seconds per item for every run, and the verdicts."""
     notes = [
@@ -421,7 +422,7 @@ def render(
         "server already stopped) until the process ends: freeing the imported modules, no Python frame running.",
         f"`python -c pass` takes {python_start:.2f} s wall here (median of 3).",
     ]
-    lines = common.header("Fixed overhead of privflow run, and the time to an early error", started, load_before, notes)
+    lines = common.header("Fixed overhead of privflow run, and the time to an early error", *when[:2], notes, when[2])
     heads = " | ".join(f"run {k + 1}{' (new store)' if k == 0 else ''} wall | CPU" for k in range(len(runs)))
     lines += [f"| seconds | {heads} |", "| --- | " + " | ".join("---: | ---:" for _ in runs) + " |"]
     lines.append("| **end to end** | " + " | ".join(_pair(r["total"], True) for r in runs) + " |")

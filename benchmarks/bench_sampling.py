@@ -197,7 +197,12 @@ def _run_child(extra: list[str], args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(
-    args: argparse.Namespace, rows: list[dict[str, Any]], prof: dict | None, started: datetime, load: str
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    prof: dict | None,
+    started: datetime,
+    load: str,
+    commit: str,
 ) -> str:
     """The results file: the size table, the marginal rates, the profile and the verdict."""
     codec = (
@@ -210,7 +215,7 @@ def render(
         "Write s / CPU s: the child's `write_samples` call (start-up excluded); CPU counts every thread. Peak RSS: "
         "the child's VmHWM (the interpreter with torch, polars and the model included).",
     ]
-    lines = common.header("Sampling rate and memory", started, load, notes)
+    lines = common.header("Sampling rate and memory", started, load, notes, commit)
     lines += [
         "| rows | write s | rows/s (average) | CPU s | rows per CPU-s | peak RSS MB | RSS after start-up MB "
         "| file MB |",
@@ -309,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile_child:
         profile(args)
         return 0
-    started, load = datetime.now(UTC), common.load_average()
+    started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
     rows = []
     prof = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             os.unlink(path)
         if args.profile:
             prof = _run_child(["--profile-child"], args)
-    text = render(args, rows, prof, started, load)
+    text = render(args, rows, prof, started, load, commit)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)

@@ -124,13 +124,31 @@ def _emit(**record: Any) -> None:
     print(json.dumps(record), flush=True)
 
 
+_PEAK = {"mb": 0.0}  # the process's peak RSS, kept across the per-phase resets of VmHWM
+
+
+def _reset_peak() -> None:
+    """Fold the peak so far into _PEAK, then reset the kernel's VmHWM to the current RSS
+    (/proc/self/clear_refs, value 5), so the next reading is the peak of what runs next."""
+    _PEAK["mb"] = max(_PEAK["mb"], common.peak_rss_mb())
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def _timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` reporting its wall seconds, CPU seconds and own peak RSS as a phase line."""
+
     def run(*args: Any, **kwargs: Any) -> Any:
+        _reset_peak()
         t0, c0 = time.perf_counter(), common.cpu_seconds()
         try:
             return fn(*args, **kwargs)
         finally:
-            _emit(phase=name, seconds=time.perf_counter() - t0, cpu=common.cpu_seconds() - c0)
+            peak = common.peak_rss_mb()
+            _PEAK["mb"] = max(_PEAK["mb"], peak)
+            _emit(phase=name, seconds=time.perf_counter() - t0, cpu=common.cpu_seconds() - c0, peak_mb=peak)
 
     return run
 
@@ -179,7 +197,7 @@ def child(rows: int, path: str, epochs: float) -> None:
         checkpoints=len(result.train.checkpoints),
         fit_seconds=time.perf_counter() - t0,
         fit_cpu=common.cpu_seconds() - c0,
-        peak_rss_mb=common.peak_rss_mb(),
+        peak_rss_mb=max(_PEAK["mb"], common.peak_rss_mb()),
         copula_only=bool(result.copula_only),
     )
 
@@ -187,7 +205,7 @@ def child(rows: int, path: str, epochs: float) -> None:
 def run_size(rows: int, path: Path, epochs: float, timeout: float) -> dict[str, Any]:
     """Run one size's child; collect its JSON lines (phases, then the totals)."""
     cmd = [sys.executable, __file__, "--epochs", str(epochs), "--child", str(rows), str(path)]
-    record: dict[str, Any] = {"rows": rows, "phases": {}, "phase_cpu": {}}
+    record: dict[str, Any] = {"rows": rows, "phases": {}, "phase_cpu": {}, "phase_peak": {}}
     started = time.perf_counter()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -207,6 +225,7 @@ def run_size(rows: int, path: Path, epochs: float, timeout: float) -> dict[str, 
         if "phase" in item:
             record["phases"][item["phase"]] = record["phases"].get(item["phase"], 0.0) + item["seconds"]
             record["phase_cpu"][item["phase"]] = record["phase_cpu"].get(item["phase"], 0.0) + item["cpu"]
+            record["phase_peak"][item["phase"]] = max(record["phase_peak"].get(item["phase"], 0.0), item["peak_mb"])
         else:
             record.update(item)
     return record
@@ -215,7 +234,7 @@ def run_size(rows: int, path: Path, epochs: float, timeout: float) -> dict[str, 
 PHASE_ORDER = ("dp_marginals", "encode", "dp_stats", "dp_prior", "train", "epsilon_curve", "select")
 
 
-def render(results: list[dict[str, Any]], epochs: float, started: datetime, load_before: str) -> str:
+def render(results: list[dict[str, Any]], epochs: float, started: datetime, load_before: str, commit: str) -> str:
     """The results file: header, the size table, the phase table, and the verdicts."""
     notes = [
         f"Adult training table (32,561 validated rows) replicated with a fixed-seed perturbation (seed {SEED}: "
@@ -229,7 +248,7 @@ def render(results: list[dict[str, Any]], epochs: float, started: datetime, load
         "fit); RSS before fit is after reading the table.",
         "CPU s counts every thread of the child: less sensitive to other work on the machine than wall seconds.",
     ]
-    lines = common.header("Training time and memory against rows", started, load_before, notes)
+    lines = common.header("Training time and memory against rows", started, load_before, notes, commit)
     base = next((r for r in results if "fit_seconds" in r), None)
     lines += [
         "| rows | steps | checkpoints | fit s | s per 1k rows | fit s ratio | fit CPU s | CPU ratio | rows ratio "
@@ -260,6 +279,18 @@ def render(results: list[dict[str, Any]], epochs: float, started: datetime, load
     ]
     for r in results:
         cells = [f"{r['phases'][p]:.1f}" if p in r["phases"] else "-" for p in PHASE_ORDER]
+        lines.append(f"| {r['rows']:,} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Peak RSS (MB) while each phase ran (the kernel's high-water mark reset at each phase's start, "
+        "`/proc/self/clear_refs`; it includes what was already resident, about the 'RSS before fit' column plus "
+        "the encoded rows):",
+        "",
+        "| rows | " + " | ".join(PHASE_ORDER) + " |",
+        "| ---: | " + " | ".join("---:" for _ in PHASE_ORDER) + " |",
+    ]
+    for r in results:
+        cells = [f"{r['phase_peak'][p]:.0f}" if p in r["phase_peak"] else "-" for p in PHASE_ORDER]
         lines.append(f"| {r['rows']:,} | " + " | ".join(cells) + " |")
     lines += ["", "## Verdict", ""]
     done = [r for r in results if "fit_seconds" in r]
@@ -302,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     from privflow import env
 
     env.configure(Path(tempfile.gettempdir()) / "privflow-bench-scaling", verbose=False)
-    started, load_before = datetime.now(UTC), common.load_average()
+    started, load_before, commit = datetime.now(UTC), common.load_average(), common.git_commit()
     data = datasets_module().load("adult")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -312,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(run_size(rows, path, args.epochs, args.timeout))
             path.unlink()
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    text = render(results, args.epochs, started, load_before)
+    text = render(results, args.epochs, started, load_before, commit)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)
