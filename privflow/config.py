@@ -144,6 +144,9 @@ class SelectConfig(_Section):
         "+-relative_clip (sensitivity relative_clip); absolute: clipped to [score_low, score_high]",
     )
     relative_clip: float = Field(1.0, gt=0, description="nats; the relative score's per-row bound")
+    max_candidates: int = Field(
+        16, ge=1, description="checkpoints scored by selection: evenly spaced, the last always among them"
+    )
     include_start: bool = Field(
         True,
         description="the flow before DP-SGD (DP statistics only: independent columns; with DP marginals, "

@@ -101,3 +101,15 @@ def test_selection_falls_back_to_the_start_when_training_breaks_the_flow(monkeyp
 def test_a_run_that_learns_moves_off_the_start() -> None:
     fitted = run(config(epochs=6))
     assert fitted.chosen_steps != [0] and not fitted.fell_back  # type: ignore[attr-defined]
+
+
+def test_thinned_keeps_evenly_spaced_checkpoints_and_the_last() -> None:
+    from privflow.tasks.fit import thinned
+
+    cps = [(50 * (i + 1), {"i": i}) for i in range(126)]
+    kept = thinned(cps, 16)
+    steps = [s for s, _ in kept]
+    assert len(kept) == 16 and steps[-1] == cps[-1][0] and steps == sorted(steps)
+    gaps = np.diff(steps)
+    assert gaps.max() - gaps.min() <= 50  # evenly spaced up to rounding
+    assert thinned(cps[:5], 16) == cps[:5]
