@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -171,7 +172,10 @@ def test_gate_stop_is_charged_and_speaks_in_dp_counts(tmp_path: Path, demo_dir: 
     with pytest.raises(ValidationFailed) as info:
         train_pipeline(cfg, show_progress=False)
     message = str(info.value)
-    assert "600" not in message and "2000" not in message  # no exact count
+    # the DP count is printed rounded, so it equals the exact 600 about 2% of the time: strip it
+    assert re.search(r"about \d+ rows fail", message)
+    rest = re.sub(r"about \d+ rows fail", "", message)
+    assert not re.search(r"\b(600|2000)\b", rest)  # no exact count anywhere else
     assert "DP count" in message and "curator-only" in message
     ledger = Ledger(cfg.store.resolve() / "ledger.db")
     [charged] = ledger.runs("adult")
