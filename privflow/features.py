@@ -1,4 +1,5 @@
-"""Schema-only encodings shared by the diagnostics (privacy rule 2: nothing is fitted on rows).
+"""Schema-only encodings shared by the diagnostics and the target head (privacy rule 2:
+nothing is fitted on rows).
 
 Numeric columns are mapped to [0, 1] by their PUBLIC bounds after the schema's transform
 (the same map as privflow/codec.py), categoricals are one-hot over the PUBLIC category list.

@@ -11,7 +11,7 @@ Discretisation, from the PUBLIC schema only (privacy rule 2; nothing is fitted o
 - integer whose bounds hold at most `bins` integers: one code per integer (exact);
 - other integer and numeric columns: `bins` (20) equal-width bins of [t(lo), t(hi)] on the
   schema's transform scale t (identity or log1p), values outside the bounds clipped into the
-  end bins: the bins of the benchmark's marginal TV (tasks/evaluation/encoding.py);
+  end bins: the bins of the benchmark's marginal TV (privflow/features.py);
 - a nullable column has one more code, last, for null.
 
 Decoding (post-processing, explicit generator seeded by the public sampling seed): a
@@ -48,7 +48,7 @@ REPO = HERE.parent.parent
 SETUP = HERE / "setup.sh"
 RUNNER = HERE / "run_peer.py"
 METHODS: tuple[str, ...] = ("mst", "aim")
-BINS = 20  # the benchmark's marginal-TV bins (tasks/evaluation/encoding.N_BINS)
+BINS = 20  # the benchmark's marginal-TV bins (privflow/features.N_BINS)
 AIM_ROUNDS = 48  # issue 13: AIM with 48 rounds
 
 

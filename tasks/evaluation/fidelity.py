@@ -16,7 +16,7 @@ import polars as pl
 from scipy.stats import kendalltau
 
 from privflow.schema import Schema
-from privflow.tasks.evaluation.encoding import N_BINS, binned_counts, category_codes, check_columns, numeric_values
+from privflow.features import N_BINS, binned_counts, category_codes, check_columns, numeric_values
 
 
 def tv_distance(p_counts: np.ndarray, q_counts: np.ndarray) -> float:

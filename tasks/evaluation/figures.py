@@ -20,7 +20,7 @@ from matplotlib.ticker import NullFormatter
 from sklearn.decomposition import PCA
 
 from privflow.schema import Column, Schema
-from privflow.tasks.evaluation.encoding import binned_counts, feature_matrix, numeric_bin_edges
+from privflow.features import binned_counts, feature_matrix, numeric_bin_edges
 
 REAL = "#1f77b4"
 SYN = "#ff7f0e"

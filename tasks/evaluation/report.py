@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 from privflow.config import EvaluateConfig
 from privflow.schema import Schema
 from privflow.tasks.evaluation import figures as figs
-from privflow.tasks.evaluation.encoding import check_columns
+from privflow.features import check_columns
 from privflow.tasks.evaluation.fidelity import FidelityResult, fidelity
 from privflow.tasks.evaluation.risk import DCRResult, MIAResult, dcr, likelihood_mia
 from privflow.tasks.evaluation.utility import UtilityResult, utility

@@ -33,7 +33,7 @@ from threadpoolctl import threadpool_limits
 
 from privflow.errors import DataError
 from privflow.schema import Schema
-from privflow.tasks.evaluation.encoding import category_codes, check_columns, feature_matrix
+from privflow.features import category_codes, check_columns, feature_matrix
 
 CLASSIFIERS: tuple[str, ...] = (
     "LogisticRegression",

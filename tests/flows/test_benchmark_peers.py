@@ -33,7 +33,7 @@ from privflow.flows.benchmark import (
 )
 from privflow.privacy.accountant import PLDAccountant
 from privflow.schema import Schema
-from privflow.tasks.evaluation.encoding import binned_counts, numeric_bin_edges
+from privflow.features import binned_counts, numeric_bin_edges
 
 peers = peers_module()
 HAVE_PEERS = peers.peers_python() is not None

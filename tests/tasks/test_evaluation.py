@@ -17,7 +17,7 @@ from privflow.config import EvaluateConfig
 from privflow.errors import DataError
 from privflow.schema import Schema
 from privflow.tasks.evaluation import BANNER, evaluate
-from privflow.tasks.evaluation.encoding import feature_matrix
+from privflow.features import feature_matrix
 from privflow.tasks.evaluation.fidelity import (
     cramers_matrix,
     cramers_v,
