@@ -83,6 +83,12 @@ class TrainConfig(_Section):
         description="torch intra-op threads for CPU training; these layers are small, and on a shared "
         "2-core CPU one thread measured 99 ms per step against 1432 ms with two",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        description="data-parallel DP-SGD processes under torchrun (privacy/distributed.py; gloo on CPU, "
+        "NCCL with one GPU each); the same steps, noise and privacy event as one process",
+    )
 
 
 class GateConfig(_Section):
