@@ -15,8 +15,18 @@ Each step (Abadi et al. 2016; DP-NF, Waites & Cummings 2021, section 3; DP-HFlow
 5. With ``ema_decay > 0`` the checkpoints hold the exponential moving average of the
    iterates (``privacy.averaging``), also post-processing; 0 keeps the raw iterates.
 
+Data-parallel (``Replica``; launched by ``privacy.distributed`` under torchrun): the SAME
+step split over W processes. Every rank draws the same n coins (the seeds are broadcast from
+rank 0) and keeps its own rows' (i mod W == rank), so the union of the local batches is one
+Poisson sample of the whole table; the dequantization noise of the whole batch is drawn on
+every rank and each keeps its rows' share; each rank computes its clipped sum with the same
+clipping code; rank 0 alone adds the Gaussian noise, before one all-reduce of the sums; every
+rank takes the same optimizer step. With the same seeds the W-process run equals the
+single-process run up to the order of float additions (sparsify: equal in distribution, each
+rank has its own mask stream). W = 1 is the single-process run.
+
 The privacy event of the whole run is ``PoissonGaussianEvent(q, sigma, steps)``
-(``dp_sgd_event``). ``private=False`` trains the non-private baseline on the same sampling
+(``dp_sgd_event``), whatever W. ``private=False`` trains the non-private baseline on the same sampling
 (no clipping, no noise, mean loss over the actual batch) and records no event.
 
 Randomness (ARCHITECTURE.md, privacy rule 6): the Poisson sampler, the Gaussian noise, the
@@ -51,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from privflow.privacy.averaging import ParameterAverage
@@ -77,6 +88,7 @@ class TrainSettings:
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", or "auto"
     seed: int = 0  # the config's public seed (model initialisation, done by the caller); train() draws nothing from it
     private: bool = True
+    workers: int = 1  # data-parallel processes (privacy.distributed launches them when > 1)
     # TEST ONLY. None (the default) seeds the sampler, the noise, the sparsifier and the
     # dequantization noise independently from OS entropy: a seed anyone can read (e.g. from
     # the config) would let them regenerate and subtract the noise, voiding the guarantee.
@@ -101,6 +113,8 @@ class TrainSettings:
             raise ValueError(f"ema_decay must lie in [0, 1), got {self.ema_decay}")
         if not self.lr > 0 or self.checkpoint_every < 1 or not self.expected_batch_size > 0:
             raise ValueError("lr and expected_batch_size must be > 0 and checkpoint_every >= 1")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
 
 
 @dataclass
@@ -120,6 +134,42 @@ def dp_sgd_event(settings: TrainSettings) -> PoissonGaussianEvent | None:
     if not settings.private:
         return None
     return PoissonGaussianEvent(settings.sample_rate, settings.noise_multiplier, settings.steps)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """This process's place in a data-parallel run; the default (0, 1) is the single process.
+
+    Rank r keeps the rows i with i mod world_size == r; rank 0 alone adds the noise. With
+    world_size > 1 the caller has initialised ``torch.distributed`` (privacy.distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def of_process_group(cls) -> Replica:
+        """The initialised default process group's rank and size."""
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    def keeps(self, rows: Tensor) -> Tensor | None:
+        """Mask of `rows` (global indices) this rank keeps; None: all of them (one process)."""
+        return None if self.world_size == 1 else rows % self.world_size == self.rank
+
+    def total(self, tensors: list[Tensor]) -> list[Tensor]:
+        """The element-wise sums over the ranks, in one all-reduce (one process: unchanged)."""
+        if self.world_size == 1:
+            return tensors
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat)
+        return [part.view_as(t) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors, strict=True)]
+
+    def shared_seeds(self, seeds: list[int], device: torch.device) -> list[int]:
+        """Rank 0's seeds on every rank (the coins and the dequantization noise must agree)."""
+        if self.world_size == 1:
+            return seeds
+        value = torch.tensor(seeds, dtype=torch.int64, device=device)
+        dist.broadcast(value, 0)
+        return [int(v) for v in value.tolist()]
 
 
 def poisson_sample(n: int, sample_rate: float, generator: torch.Generator) -> Tensor:
@@ -149,6 +199,7 @@ def train(
     data: Tensor,
     settings: TrainSettings,
     on_step: Callable[[int, float], None] | None = None,
+    replica: Replica | None = None,
 ) -> TrainResult:
     """Train ``model`` (a TabularFlow: ``log_prob(x) -> [n]``) on encoded rows ``data`` [n, d].
 
@@ -157,7 +208,18 @@ def train(
     privacy event. Deterministic only when ``noise_seed`` is set (tests); otherwise every
     generator is seeded from OS entropy. The global RNG is forked (and reseeded secretly
     inside) so that nothing the model might draw from it depends on a public seed.
+
+    ``replica``: this process's place in a data-parallel run (module docstring); every rank
+    passes the whole table and the same settings. Only rank 0 calls ``on_step`` and keeps
+    checkpoints; every rank ends with the same weights.
     """
+    replica = replica or Replica()
+    if replica.world_size != settings.workers:
+        raise ValueError(
+            f"settings ask for {settings.workers} workers but this is a run of {replica.world_size} process(es); "
+            "start data-parallel runs through privflow.privacy.distributed"
+        )
+    lead = replica.rank == 0
     device = resolve_device(settings.device)
     model.to(device)
     model.train()
@@ -169,62 +231,78 @@ def train(
     layers = model_layers(model)
     result = TrainResult(event=dp_sgd_event(settings))
     n = int(data.shape[0])
-    s_sample, s_noise, s_sparsify, s_deq, s_global = independent_seeds(5, settings.noise_seed)
+    seeds = replica.shared_seeds(independent_seeds(5, settings.noise_seed), device)
+    s_sample, s_noise, s_sparsify, s_deq, s_global = seeds
+    if replica.world_size > 1:  # each rank's sparsification masks: its own stream
+        s_sparsify = independent_seeds(replica.world_size, s_sparsify)[replica.rank]
     sampler = torch.Generator().manual_seed(s_sample)
     noise_gen = torch.Generator(device=device).manual_seed(s_noise)
     sparsify_gen = torch.Generator(device=device).manual_seed(s_sparsify)
     deq_gen = torch.Generator().manual_seed(s_deq)  # the models draw dequantization noise on CPU
     fork = [device.index or 0] if device.type == "cuda" else []
     average = ParameterAverage(model, settings.ema_decay) if settings.ema_decay > 0 else None
+    dtype = params[0].dtype if params else data.dtype
     checked = False
     with torch.random.fork_rng(devices=fork, device_type=device.type if device.type != "cpu" else "cuda"):
         torch.manual_seed(s_global)  # anything a model still draws implicitly: secret, not the public seed
         if fork:
             torch.cuda.manual_seed(s_global)
         for step in range(1, settings.steps + 1):
-            idx = poisson_sample(n, settings.sample_rate, sampler)
-            batch = data[idx].to(device=device, dtype=params[0].dtype if params else data.dtype)
-            deq = dequantization_noise(model, len(idx), batch, deq_gen) if len(idx) > 0 else None
+            rows = poisson_sample(n, settings.sample_rate, sampler)  # the same coins on every rank
+            mine = replica.keeps(rows)
+            idx = rows if mine is None else rows[mine]
+            batch = data[idx].to(device=device, dtype=dtype)
+            deq = dequantization_noise(model, len(rows), batch, deq_gen) if len(rows) > 0 else None
+            if deq is not None and mine is not None:
+                deq = deq[mine.to(deq.device)]
             opt.zero_grad(set_to_none=True)
-            if settings.private:
-                if len(idx) > 0:
-                    res = clipped_gradient_sum(
-                        model,
-                        batch,
-                        clipping=settings.clipping,
-                        max_grad_norm=settings.max_grad_norm,
-                        sparsity=settings.sparsity,
-                        generator=sparsify_gen,
-                        method="fast",
-                        check=not checked,
-                        layers=layers,
-                        noise=deq,
-                    )
-                    checked = True
-                    result.nonfinite_examples += res.nonfinite_examples
-                    finite = res.losses[~res.nonfinite] if res.nonfinite is not None else res.losses
-                    loss = float(finite.mean()) if finite.numel() else math.nan
-                    sums = res.grads
-                else:
-                    loss = math.nan
-                    sums = {p: torch.zeros_like(p) for p in params}
-                for p in params:
-                    p.grad = noisy_gradient(sums[p], settings, noise_gen)
-                opt.step()
-            elif len(idx) > 0:
-                batch_loss = -log_prob_with(model, batch, deq).mean()
-                batch_loss.backward()
-                opt.step()
-                loss = float(batch_loss.detach())
+            # this rank's gradient sums, and [loss sum, finite examples, non-finite examples]
+            stats = torch.zeros(3, device=device, dtype=dtype)
+            if settings.private and len(idx) > 0:
+                res = clipped_gradient_sum(
+                    model,
+                    batch,
+                    clipping=settings.clipping,
+                    max_grad_norm=settings.max_grad_norm,
+                    sparsity=settings.sparsity,
+                    generator=sparsify_gen,
+                    method="fast",
+                    check=not checked,
+                    layers=layers,
+                    noise=deq,
+                )
+                checked = True
+                finite = res.losses[~res.nonfinite] if res.nonfinite is not None else res.losses
+                stats[0], stats[1], stats[2] = finite.sum(), finite.numel(), res.nonfinite_examples
+                sums = [res.grads[p] for p in params]
+            elif len(idx) > 0:  # the non-private baseline: the plain gradient of the summed loss
+                loss_sum = -log_prob_with(model, batch, deq).sum()
+                loss_sum.backward()
+                stats[0], stats[1] = loss_sum.detach(), float(len(idx))
+                sums = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             else:
-                loss = math.nan
+                sums = [torch.zeros_like(p) for p in params]
+            if settings.private:  # noise ONCE per step: rank 0 adds it before the sums are reduced
+                scaled = [
+                    noisy_gradient(g, settings, noise_gen) if lead else g / settings.expected_batch_size for g in sums
+                ]
+                *grads, stats = replica.total([*scaled, stats])
+            else:
+                *grads, stats = replica.total([*sums, stats])
+                grads = [g / stats[1] for g in grads]  # mean over the actual global batch
+            result.nonfinite_examples += int(stats[2])
+            loss = float(stats[0] / stats[1]) if stats[1] > 0 else math.nan
+            if settings.private or stats[1] > 0:  # a private step always moves (noise only on an empty batch)
+                for p, g in zip(params, grads, strict=True):
+                    p.grad = g
+                opt.step()
             if average is not None:
                 average.update()
             result.losses.append(loss)
             result.steps = step
-            if on_step is not None:
+            if lead and on_step is not None:
                 on_step(step, loss)
-            if step % settings.checkpoint_every == 0 or step == settings.steps:
+            if lead and (step % settings.checkpoint_every == 0 or step == settings.steps):
                 state = average.state_dict() if average is not None else _state_copy(model)
                 result.checkpoints.append((step, state))
     return result

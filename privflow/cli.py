@@ -129,6 +129,14 @@ def run(
     model: Annotated[str | None, typer.Option("--model", help="dphflow | maf.")] = None,
     epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over the data (public row count).")] = None,
     device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            help="Data-parallel DP-SGD processes (torchrun: gloo on CPU, one GPU each with NCCL); same noise and "
+            "epsilon as one process. Default 1.",
+        ),
+    ] = None,
     model_name: Annotated[str | None, typer.Option("--model-name", help="Registered model name.")] = None,
     alias: Annotated[str | None, typer.Option("--alias", help="Registry alias for the new version.")] = None,
     promote: PromoteOpt = None,
@@ -155,7 +163,7 @@ def run(
         "init_from": init_from,
         "privacy": {"epsilon": epsilon, "delta": delta},
         "model": {"name": model},
-        "train": {"epochs": epochs, "device": device},
+        "train": {"epochs": epochs, "device": device, "workers": workers},
         "evaluate": {"test_data": test_data},
     }
     _run(config, overrides, quiet, verbose, promote)

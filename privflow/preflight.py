@@ -16,7 +16,7 @@ imported (this module imports none of them) and before the ledger reserves anyth
   types, nulls) are not looked at: that is the validation gate's job, a DP decision made
   inside the flow;
 - the store folder can be created and written;
-- the device is available (`auto` is resolved);
+- the device is available (`auto` is resolved); `--workers N` fits it (`check_workers`);
 - the test-data file, if given, exists and has the same header;
 - the dataset has budget left for the run's plan (`privacy.run_plan.run_plan`), checked
   against the ledger without reserving (`privacy.ledger.check_budget_at`);
@@ -276,6 +276,34 @@ def resolve_device(choice: str) -> str:
     return "cuda"
 
 
+def check_workers(workers: int, device: str) -> None:
+    """`--workers N` can run here: one GPU per worker on CUDA (NCCL refuses two ranks on one
+    device), at most one worker per usable CPU otherwise (more only queue for the same cores),
+    and torch.distributed present. Imports torch only when N > 1."""
+    if workers < 1:
+        raise ConfigError(f"--workers must be at least 1, got {workers}.")
+    if workers == 1:
+        return
+    import torch.distributed
+
+    if not torch.distributed.is_available():
+        raise ConfigError("--workers above 1 needs torch.distributed, which this torch build lacks; use --workers 1.")
+    if device == "cuda":
+        gpus = torch.cuda.device_count()
+        if workers > gpus:
+            raise ConfigError(
+                f"--workers {workers} on --device cuda needs one GPU per worker, and this machine has {gpus}. "
+                f"Use --workers {gpus} or fewer, or --device cpu."
+            )
+        return
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if workers > cpus:
+        raise ConfigError(
+            f"--workers {workers} on the CPU needs one core per worker, and this process may use {cpus}. "
+            f"Use --workers {cpus} or fewer (each worker runs train.threads torch threads)."
+        )
+
+
 def _recorded_budget(config: RunConfig, schema: Schema) -> tuple[float, float]:
     """The dataset's (total, spent) epsilon: the ledger's record when there is one (it keeps its own)."""
     from privflow.privacy.ledger import Ledger
@@ -355,6 +383,7 @@ def preflight(config: RunConfig) -> Preflight:
         test_fmt, _ = timed("test data", check_table, Path(config.evaluate.test_data), schema, "Test data file", 1)
     timed("store", check_store, config.store)
     device = timed("device", resolve_device, config.train.device)
+    timed("workers", check_workers, config.train.workers, device)
     if config.init_from is not None:
         config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
     plan = timed("plan and budget", _check_budget, config, schema)
@@ -383,6 +412,7 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
     fmt, rows = check_table(Path(config.data), schema, "Public data file", min_rows(config))
     check_store(config.store)
     device = resolve_device(config.train.device)
+    check_workers(config.train.workers, device)
     check_public_file(Path(config.data), Path(config.store))
     timings["checks"] = time.perf_counter() - t0
     return Preflight(config, schema, None, fmt, rows, device, None, timings)
@@ -395,6 +425,7 @@ __all__ = [
     "check_store",
     "check_table",
     "check_init_from",
+    "check_workers",
     "min_rows",
     "preflight",
     "preflight_pretrain",

@@ -1,4 +1,6 @@
-"""train: DP-SGD / DP-Adam with Poisson sampling on the flow, with a progress bar."""
+"""train: DP-SGD / DP-Adam with Poisson sampling on the flow, with a progress bar; in one process,
+or data-parallel over `train.workers` processes under torchrun (privacy/distributed.py), the same
+trainer and the same privacy event either way."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from privflow.config import TrainConfig
 from privflow.errors import ConfigError
+from privflow.privacy.distributed import train_data_parallel
 from privflow.privacy.dp_sgd import TrainResult, TrainSettings, train
 from privflow.privacy.events import PoissonGaussianEvent
 from privflow.privacy.plan import SGDShape, StagePlan
@@ -53,6 +56,7 @@ def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | No
         device=resolve_device(cfg.device),
         seed=cfg.seed,
         private=private,
+        workers=cfg.workers,
     )
 
 
@@ -60,7 +64,9 @@ def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | No
 def train_flow_model(
     model: torch.nn.Module, x: np.ndarray, settings: TrainSettings, show_progress: bool = True
 ) -> TrainResult:
-    """Run exactly the planned number of DP steps; checkpoints every k steps."""
+    """Run exactly the planned number of DP steps; checkpoints every k steps. With
+    ``settings.workers > 1`` the steps run data-parallel in worker processes (the rows pass
+    through an owner-only temporary folder that is removed afterwards)."""
     data = torch.as_tensor(x, dtype=torch.float32)
     columns = [
         TextColumn("[bold]DP training"),
@@ -76,6 +82,8 @@ def train_flow_model(
         def on_step(step: int, loss: float) -> None:
             progress.update(bar, completed=step, loss=loss)
 
+        if settings.workers > 1:
+            return train_data_parallel(model, data, settings, on_step)
         return train(model, data, settings, on_step=on_step)
 
 

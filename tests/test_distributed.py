@@ -1,257 +1,297 @@
-"""DPDDP training over two CPU processes (gloo, launched with torchrun) against one process.
+"""The one DP-SGD trainer run data-parallel: two CPU processes (gloo, torchrun) against one.
 
-Checks that the accountant counts the global batch once (q = global expected batch /
-public rows, one event for the run, on rank 0 only), that the local batches add up to the
-single-process Poisson batches, and that the two-process model matches the one-process
-model trained with the same seeds (test-only seeded noise and sampling); the first step is
-also checked against an independent torch.func reference. The launcher reserves in the
-ledger before spawning, settles with rank 0's event, abandons after a started failure and
-releases when nothing started. gloo under load can fail to rendezvous: each torchrun has a
-timeout and one retry under a fresh run id and folder.
+With the same test-only seeds, two processes give the single-process run's weights,
+checkpoints and losses up to float summation order (per-layer clipping with Adam and EMA;
+the non-private baseline), and the first step of a sparsified run; the event is the
+single-process one (one event, global q, steps counted once). The noise is added once: with
+a huge noise multiplier and production seeding (no test seed: rank 0's OS entropy, shared
+by broadcast), the update's spread is one Gaussian draw, not two and not none. The rows
+pass through an owner-only folder that is gone afterwards; a failing or hanging torchrun
+becomes WorkersFailed and leaves no folder behind. Pre-flight refuses an impossible
+--workers before anything starts.
+
+Not flaky by construction: every torchrun has a timeout, its rendezvous takes a free port
+from the OS (``--standalone``: localhost:0), and all seeded comparisons are deterministic.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
-import subprocess
+import stat
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from privflow.errors import BudgetExceeded
-from privflow.privacy.accountant import PLDAccountant
-from privflow.privacy.distributed import (
-    DistributedSettings,
-    WorkersFailed,
-    fresh_seed,
-    global_poisson_mask,
-    launch,
-    per_example_gradients,
-    planned_event,
-    write_job,
-)
-from privflow.privacy.events import PoissonGaussianEvent, event_from_dict
-from privflow.privacy.ledger import Ledger
+from privflow.cli import app
+from privflow.errors import ConfigError
+from privflow.models import build_flow
+from privflow.preflight import check_workers
+from privflow.privacy.distributed import PROGRESS, WorkersFailed, train_data_parallel
+from privflow.privacy.dp_sgd import Replica, TrainResult, TrainSettings, dp_sgd_event, train
+from privflow.privacy.events import PoissonGaussianEvent
 
-ROOT = Path(__file__).resolve().parents[1]
-CARD = [None, None, None, None]
-MODEL = {"name": "maf", "config": {"blocks": 1, "hidden": 8}}
-PUBLIC_ROWS = 200
+CARD = [None, 3, None, 4]  # categorical columns: the dequantization noise is split across ranks too
+ROWS = 240
+TIMEOUT = 240.0
 
 
-DATASET = "toy"
+def table(n: int = ROWS) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.stack(
+        [
+            torch.rand(n, generator=g),
+            torch.randint(0, 3, (n,), generator=g).float(),
+            torch.rand(n, generator=g),
+            torch.randint(0, 4, (n,), generator=g).float(),
+        ],
+        1,
+    )
 
 
-def _job(tmp: Path, name: str, settings: DistributedSettings, data: Path) -> Path:
-    job = {"data": str(data), "cardinalities": CARD, "model": MODEL, "settings": settings, "out": str(tmp / name)}
-    return write_job(tmp / f"{name}.json", job)
+def flow() -> torch.nn.Module:
+    torch.manual_seed(3)
+    return build_flow("dphflow", CARD, blocks=1, hidden=8)
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def settings(**kw: object) -> TrainSettings:
+    base: dict = dict(
+        sample_rate=0.2,
+        steps=6,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        clipping="per_layer",
+        checkpoint_every=3,
+        ema_decay=0.9,
+        expected_batch_size=48.0,
+        lr=2e-2,
+        noise_seed=7,
+    )
+    base.update(kw)
+    return TrainSettings(**base)
 
 
-def _ledger(tmp: Path, budget: float = 1e6) -> Path:
-    path = tmp / "ledger.sqlite"
-    Ledger(path).ensure_dataset(DATASET, budget, 1e-5)
-    return path
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-def _torchrun(tmp: Path, name: str, settings: DistributedSettings, data: Path, nproc: int) -> Path:
-    """Launch through the ledger; one retry (fresh folder and run id) if gloo fails under load."""
-    ledger = _ledger(tmp)
-    last: Exception | None = None
-    for attempt in range(2):
-        folder = f"{name}" if attempt == 0 else f"{name}_retry"
-        job = _job(tmp, folder, settings, data)
-        try:
-            launch(job, nproc, ledger_path=ledger, dataset=DATASET, run_id=f"{folder}", timeout=240, env=_env())
-            return tmp / folder
-        except (WorkersFailed, subprocess.TimeoutExpired) as exc:
-            last = exc
-    raise AssertionError(f"torchrun failed twice: {last}")
+def weights(model: torch.nn.Module) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _outputs(folder: Path, world: int) -> tuple[dict, list[dict]]:
-    result = torch.load(folder / "result.pt", weights_only=False)
-    ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]
-    return result, ranks
+def in_folder(folder: Path) -> list[tuple[str, int]]:
+    """(name, permission bits) of the launcher's folder and its files, while workers run."""
+    found = []
+    for sub in folder.iterdir():
+        found.append((sub.name, stat.S_IMODE(sub.stat().st_mode)))
+        found += [(f"{sub.name}/{f.name}", stat.S_IMODE(f.stat().st_mode)) for f in sub.iterdir()]
+    return found
+
+
+def two_and_one(tmp: Path, name: str, s: TrainSettings) -> dict:
+    """The same settings in one process and in two (torchrun); the two-process run's folder
+    is looked at from its progress callback, while the workers run."""
+    one_model, two_model = flow(), flow()
+    start = weights(two_model)
+    one = train(one_model, table(), s)
+    seen: list[tuple[int, float]] = []
+    folder = tmp / name
+    folder.mkdir()
+    modes: list[list[tuple[str, int]]] = []
+
+    def on_step(step: int, loss: float) -> None:
+        seen.append((step, loss))
+        modes.append(in_folder(folder))
+
+    two = train_data_parallel(two_model, table(), replace(s, workers=2), on_step, timeout=TIMEOUT, folder=folder)
+    return {
+        "one": one,
+        "two": two,
+        "one_model": weights(one_model),
+        "two_model": weights(two_model),
+        "start": start,
+        "seen": seen,
+        "modes": modes,
+        "folder": folder,
+    }
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    tmp = tmp_path_factory.mktemp("ddp")
-    rng = np.random.default_rng(0)
-    x = rng.beta(2.0, 3.0, size=(PUBLIC_ROWS, len(CARD))).astype(np.float32)
-    data = tmp / "x.npy"
-    np.save(data, x)
-    common = dict(
-        steps=6,
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-        lr=5e-2,
-        optimizer="adam",
-        checkpoint_every=3,
-        seed=3,
-        sampling_seed=11,
+    tmp = tmp_path_factory.mktemp("workers")
+    torch.set_num_threads(1)
+    huge = settings(
+        steps=1,
+        optimizer="sgd",
+        lr=1.0,
+        ema_decay=0.0,
+        clipping="per_unit",
+        noise_multiplier=1e6,
+        expected_batch_size=10.0,
+        noise_seed=None,
     )
-    settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, noise_seed=5, **common)
-    sgd_one_step = DistributedSettings.for_rows(
-        PUBLIC_ROWS, 40, noise_seed=5, **{**common, "steps": 1, "optimizer": "sgd"}
-    )
-    folders = {
-        "two": _torchrun(tmp, "two", settings, data, 2),
-        "one": _torchrun(tmp, "one", settings, data, 1),
-        "two_sgd": _torchrun(tmp, "two_sgd", sgd_one_step, data, 2),
+    model = flow()
+    trained = [name for name, p in model.named_parameters() if p.requires_grad]
+    start = weights(model)
+    noisy = train_data_parallel(model, table(), replace(huge, workers=2), timeout=TIMEOUT)
+    return {
+        "per_layer": two_and_one(tmp, "per_layer", settings()),
+        "nonprivate": two_and_one(tmp, "nonprivate", settings(private=False, noise_multiplier=0.0, steps=4)),
+        "sparsify": two_and_one(tmp, "sparsify", settings(clipping="sparsify", steps=3)),
+        "huge": {"settings": huge, "start": start, "end": weights(model), "trained": trained, "result": noisy},
     }
-    return {"tmp": tmp, "x": x, "settings": settings, "sgd": sgd_one_step, "folders": folders, "data": data}
 
 
 @pytest.mark.slow
-def test_accountant_counts_the_global_batch_once(runs: dict) -> None:
-    settings: DistributedSettings = runs["settings"]
-    result, ranks = _outputs(runs["folders"]["two"], 2)
-    assert settings.sample_rate == pytest.approx(40 / PUBLIC_ROWS)
-    event = event_from_dict(result["event"])
-    assert event == PoissonGaussianEvent(40 / PUBLIC_ROWS, 1.0, 6)  # global q, one event, 6 steps (not 12)
-    assert ranks[0]["accountant_history"] == [[1.0, 40 / PUBLIC_ROWS, 6]]
-    assert ranks[1]["accountant_history"] == [] and ranks[1]["event"] is None
-    # the run costs what a single process with the same (q, sigma, steps) costs
-    single = event_from_dict(_outputs(runs["folders"]["one"], 1)[0]["event"])
-    assert single == event
-    assert PLDAccountant().epsilon([event], 1e-5) == pytest.approx(PLDAccountant().epsilon([single], 1e-5))
+@pytest.mark.parametrize("case", ["per_layer", "nonprivate"])
+def test_two_processes_equal_one_process(runs: dict, case: str) -> None:
+    run = runs[case]
+    one, two = run["one"], run["two"]
+    assert isinstance(two, TrainResult) and two.steps == one.steps
+    assert max_diff(run["two_model"], run["one_model"]) < 1e-5  # the caller's model holds the final weights
+    assert max_diff(run["two_model"], run["start"]) > 1e-3  # and it trained
+    assert [s for s, _ in two.checkpoints] == [s for s, _ in one.checkpoints]
+    for (_, a), (_, b) in zip(two.checkpoints, one.checkpoints, strict=True):
+        assert max_diff(a, b) < 1e-5  # EMA checkpoints too
+    assert two.losses == pytest.approx(one.losses, rel=1e-5)
+    assert run["seen"] == list(enumerate(two.losses, start=1))  # the caller's progress callback, every step
+    assert two.nonfinite_examples == one.nonfinite_examples == 0
 
 
 @pytest.mark.slow
-def test_local_batches_partition_the_global_poisson_batch(runs: dict) -> None:
-    _, two = _outputs(runs["folders"]["two"], 2)
-    _, one = _outputs(runs["folders"]["one"], 1)
-    per_step = [a + b for a, b in zip(two[0]["local_batch_sizes"], two[1]["local_batch_sizes"], strict=True)]
-    assert per_step == one[0]["local_batch_sizes"]
-    gen = torch.Generator().manual_seed(11)
-    expected = [int(global_poisson_mask(PUBLIC_ROWS, 40 / PUBLIC_ROWS, gen).sum()) for _ in range(6)]
-    assert per_step == expected
-    assert all(r["replica_max_abs_diff"] == 0.0 for r in two)  # replicas stay identical
+def test_one_event_with_the_global_rate_and_steps_counted_once(runs: dict) -> None:
+    s = settings()
+    event = runs["per_layer"]["two"].event
+    assert event == runs["per_layer"]["one"].event == dp_sgd_event(s) == PoissonGaussianEvent(0.2, 1.0, 6)
+    assert runs["nonprivate"]["two"].event is None  # the non-private baseline spends nothing
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_process(runs: dict) -> None:
-    two, _ = _outputs(runs["folders"]["two"], 2)
-    one, _ = _outputs(runs["folders"]["one"], 1)
-    assert two["state"].keys() == one["state"].keys()
-    diff = max(float((two["state"][k] - one["state"][k]).abs().max()) for k in two["state"])
-    assert diff < 1e-4
-    assert [s for s, _ in two["checkpoints"]] == [3, 6]
+def test_sparsified_run_shares_the_batch_and_trains(runs: dict) -> None:
+    """Each rank draws its own sparsification masks, so the runs agree in distribution only;
+    the first step's loss is computed before any mask (same weights, same coins, same rows)."""
+    one, two = runs["sparsify"]["one"], runs["sparsify"]["two"]
+    assert two.losses[0] == pytest.approx(one.losses[0], rel=1e-6)
+    assert all(math.isfinite(v) for v in two.losses) and two.event == one.event
 
 
 @pytest.mark.slow
-def test_first_step_matches_an_independent_reference(runs: dict) -> None:
-    """One SGD step recomputed here: torch.func per-example grads, flat clipping, opacus' noise draw."""
-    from torch.func import functional_call, grad, vmap
+def test_noise_is_added_once_per_step(runs: dict) -> None:
+    """SGD, lr 1, one step, sigma = 1e6: the update is -(clipped sum + noise) / B with the
+    clipped sum (at most |batch| C) negligible, so update / (sigma C / B) is one standard
+    normal draw per coordinate: spread 1 (noise on rank 0 only), not sqrt(2) (on both), not 0."""
+    huge = runs["huge"]
+    s: TrainSettings = huge["settings"]
+    start, end = huge["start"], huge["end"]
+    update = torch.cat([(end[k].double() - start[k].double()).flatten() for k in huge["trained"]])
+    assert update.numel() > 300
+    ratio = float(update.std()) / (s.noise_multiplier * s.max_grad_norm / s.expected_batch_size)
+    assert 0.85 < ratio < 1.15, ratio
+    assert huge["result"].event == PoissonGaussianEvent(s.sample_rate, 1e6, 1)
 
-    from privflow.models import build_flow
 
-    settings: DistributedSettings = runs["sgd"]
-    torch.manual_seed(settings.seed)
-    model = build_flow(MODEL["name"], CARD, **MODEL["config"])
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    x = torch.as_tensor(runs["x"])
-    coins = global_poisson_mask(PUBLIC_ROWS, settings.sample_rate, torch.Generator().manual_seed(11))
-    batch = x[coins]
+@pytest.mark.slow
+def test_rows_pass_through_an_owner_only_folder_that_is_removed(runs: dict) -> None:
+    run = runs["per_layer"]
+    seen = run["modes"][0]
+    (job, job_mode), *files = seen
+    assert job.startswith("privflow-workers-") and job_mode == 0o700
+    assert {name.split("/")[1] for name, _ in files} >= {"rows.npy", "job.pt"}
+    assert all(mode == 0o600 for _, mode in files)
+    assert list(run["folder"].iterdir()) == []  # gone after the run
 
-    def loss(p: dict, row: torch.Tensor) -> torch.Tensor:
-        return -functional_call(model, p, (row.unsqueeze(0),), {}, strict=False, tie_weights=True).sum()
 
-    model.forward = model.log_prob  # functional_call drives forward
-    per = vmap(grad(loss), in_dims=(None, 0))(params, batch)
-    norms = torch.stack([per[n].reshape(len(batch), -1).norm(dim=1) for n in names], dim=1).norm(dim=1)
-    factor = (settings.max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
-    noise_gen = torch.Generator().manual_seed(5)
-    expected = {}
-    for n in names:  # opacus draws noise parameter by parameter, in the optimizer's order
-        total = torch.einsum("i,i...", factor, per[n])
-        noise = torch.normal(
-            0.0, settings.noise_multiplier * settings.max_grad_norm, params[n].shape, generator=noise_gen
+def fake_python(tmp: Path, body: str) -> str:
+    """An executable standing in for the interpreter torchrun would start."""
+    path = tmp / "python"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o700)
+    return str(path)
+
+
+def test_failing_workers_raise_and_leave_no_rows(tmp_path: Path) -> None:
+    python = fake_python(tmp_path, f'echo "{PROGRESS} 1 2.5"; echo "worker exploded" >&2; exit 3')
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    seen: list[tuple[int, float]] = []
+    with pytest.raises(WorkersFailed, match="worker exploded"):
+        train_data_parallel(
+            flow(),
+            table(),
+            settings(workers=2),
+            lambda s, v: seen.append((s, v)),
+            python=python,
+            folder=folder,
+            timeout=60,
         )
-        expected[n] = params[n] - settings.lr * (total + noise) / settings.expected_batch_size
-    got, _ = _outputs(runs["folders"]["two_sgd"], 2)
-    for n in names:
-        assert torch.allclose(got["state"][n], expected[n], atol=1e-5), n
-    # the noise is in the update: without it the weights land elsewhere
-    noiseless = {
-        n: params[n] - settings.lr * torch.einsum("i,i...", factor, per[n]) / settings.expected_batch_size
-        for n in names
-    }
-    assert max(float((got["state"][n] - noiseless[n]).abs().max()) for n in names) > 1e-3
+    assert seen == [(1, 2.5)] and list(folder.iterdir()) == []
 
 
-def test_per_example_gradients_sum_to_the_batch_gradient() -> None:
-    from privflow.models import build_flow
-
-    torch.manual_seed(0)
-    model = build_flow(MODEL["name"], CARD, **MODEL["config"])
-    x = torch.rand(7, len(CARD))
-    per = per_example_gradients(model, x)
-    model.zero_grad()
-    (-model.log_prob(x).sum()).backward()
-    for p in model.parameters():
-        assert per[p].shape == (7, *p.shape)
-        assert torch.allclose(per[p].sum(0), p.grad, atol=1e-5)
-    empty = per_example_gradients(model, x[:0])
-    assert all(g.shape == (0, *p.shape) for p, g in empty.items())
+def test_hanging_workers_are_stopped_at_the_timeout(tmp_path: Path) -> None:
+    python = fake_python(tmp_path, "sleep 60")
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    with pytest.raises(WorkersFailed, match="timeout"):
+        train_data_parallel(flow(), table(), settings(workers=2), python=python, folder=folder, timeout=1.0)
+    assert list(folder.iterdir()) == []
 
 
-def test_settings_take_the_public_row_count_and_fresh_entropy() -> None:
-    s = DistributedSettings.for_rows(32561, 512, steps=10, noise_multiplier=1.1, max_grad_norm=1.0)
-    assert s.sample_rate == pytest.approx(512 / 32561) and s.expected_batch_size == 512.0
-    assert s.noise_seed is None and s.sampling_seed is None
-    assert len({fresh_seed() for _ in range(8)}) == 8
+def test_the_trainer_refuses_workers_it_was_not_launched_with() -> None:
+    with pytest.raises(ValueError, match="workers"):
+        train(flow(), table(), settings(workers=2))
+    with pytest.raises(ValueError, match="workers >= 2"):
+        train_data_parallel(flow(), table(), settings())
     with pytest.raises(ValueError):
-        DistributedSettings(sample_rate=0.0, steps=1, noise_multiplier=1.0, max_grad_norm=1.0, expected_batch_size=1.0)
+        settings(workers=0)
 
 
-@pytest.mark.slow
-def test_launch_settles_the_ledger_with_rank_zeros_event(runs: dict) -> None:
-    ledger = Ledger(runs["tmp"] / "ledger.sqlite")
-    records = {r.run_id: r for r in ledger.runs(DATASET)}
-    two = records[runs["folders"]["two"].name]
-    assert two.status == "settled"
-    assert list(two.events) == [PoissonGaussianEvent(40 / PUBLIC_ROWS, 1.0, 6)] == [planned_event(runs["settings"])]
-    assert all(r.status in ("settled", "failed") for r in records.values())  # a retried attempt stays counted
+def test_ranks_keep_disjoint_rows_that_cover_the_sample() -> None:
+    rows = torch.tensor([0, 3, 4, 7, 8, 9, 15])
+    kept = [rows[Replica(r, 3).keeps(rows)] for r in range(3)]
+    assert sorted(torch.cat(kept).tolist()) == rows.tolist()
+    assert all(set(a.tolist()).isdisjoint(b.tolist()) for i, a in enumerate(kept) for b in kept[i + 1 :])
+    assert Replica().keeps(rows) is None  # one process keeps the whole sample
 
 
-def test_launch_refuses_over_budget_before_spawning(tmp_path: Path) -> None:
-    settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, steps=50, noise_multiplier=0.5, max_grad_norm=1.0)
-    ledger = _ledger(tmp_path, budget=0.01)
-    job = _job(tmp_path, "refused", settings, tmp_path / "x.npy")
-    with pytest.raises(BudgetExceeded):
-        launch(job, 2, ledger_path=ledger, dataset=DATASET, run_id="r1", python="/nonexistent/python")
-    assert not (tmp_path / "refused").exists()  # no worker was started
-    assert Ledger(ledger).runs(DATASET) == []
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def test_launch_releases_when_no_worker_started(tmp_path: Path) -> None:
-    settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, steps=2, noise_multiplier=1.0, max_grad_norm=1.0)
-    ledger = _ledger(tmp_path)
-    job = _job(tmp_path, "nostart", settings, tmp_path / "x.npy")
-    with pytest.raises(OSError):
-        launch(job, 2, ledger_path=ledger, dataset=DATASET, run_id="r2", python=str(tmp_path / "no-python"))
-    [record] = Ledger(ledger).runs(DATASET)
-    assert record.status == "released" and Ledger(ledger).spent(DATASET)[0] == 0.0
+def test_preflight_checks_the_number_of_workers() -> None:
+    check_workers(1, "cpu")
+    check_workers(min(2, _usable_cpus()), "cpu")
+    with pytest.raises(ConfigError, match="one core per worker"):
+        check_workers(_usable_cpus() + 1, "cpu")
+    with pytest.raises(ConfigError, match="one GPU per worker"):
+        check_workers(max(2, torch.cuda.device_count() + 1), "cuda")
+    with pytest.raises(ConfigError, match="at least 1"):
+        check_workers(0, "cpu")
 
 
-@pytest.mark.slow
-def test_launch_abandons_when_workers_fail_after_starting(tmp_path: Path) -> None:
-    """The worker writes its marker, then fails to read the (missing) rows: the run stays counted."""
-    settings = DistributedSettings.for_rows(PUBLIC_ROWS, 40, steps=2, noise_multiplier=1.0, max_grad_norm=1.0)
-    ledger = _ledger(tmp_path)
-    job = _job(tmp_path, "broken", settings, tmp_path / "missing.npy")
-    with pytest.raises(WorkersFailed):
-        launch(job, 1, ledger_path=ledger, dataset=DATASET, run_id="r3", timeout=240, env=_env())
-    [record] = Ledger(ledger).runs(DATASET)
-    assert record.status == "failed" and list(record.events) == [planned_event(settings)]
-    assert Ledger(ledger).spent(DATASET)[0] > 0
+@pytest.mark.parametrize("workers", ["0", "many"])
+def test_run_refuses_impossible_workers_before_anything_starts(tmp_path: Path, demo_dir: Path, workers: str) -> None:
+    count = str(_usable_cpus() + 1) if workers == "many" else workers
+    store = tmp_path / "store"
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--data",
+            str(demo_dir / "adult_train.csv"),
+            "--schema",
+            str(demo_dir / "adult.yaml"),
+            "--workers",
+            count,
+            "--device",
+            "cpu",
+            "--store",
+            str(store),
+        ],
+    )
+    assert result.exit_code == 2, result.output
+    assert "workers" in result.output and "Traceback" not in result.output
+    assert not (store / "ledger.db").exists()  # nothing reserved
