@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from privflow.models.base import TabularFlow
 from privflow.models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear
 from privflow.models.made import MADE, IncrementalMADE
-from privflow.models.spline import rational_quadratic_spline, rq_spline_inverse_t, spline_params_per_feature
+from privflow.models.spline import SplineInverseTable, rational_quadratic_spline, spline_params_per_feature
 
 
 class ConditionalSplineAutoregressive(nn.Module):
@@ -58,27 +58,41 @@ class ConditionalSplineAutoregressive(nn.Module):
 
     def inverse(self, z: Tensor, block: int) -> Tensor:
         """Sequential inversion: d passes of the MADE, dimension i fixed at pass i."""
-        context = self._context(block, z[:1])  # one row: the context is the same for every example
         if torch.is_grad_enabled():  # keep the plain form where gradients are needed (tests, autograd)
+            context = self._context(block, z[:1]).expand(z.shape[0], -1)  # the same for every example
             x = torch.zeros_like(z)
-            context = context.expand(z.shape[0], -1)
             for i in range(self.d):
                 p = self.made(x, context)[:, i]
                 out, _ = self._spline(z[:, i], p, inverse=True)
                 x = x.clone()
                 x[:, i] = out
             return x
-        # Sampling: incremental MADE (each hidden unit computed once, models.made.IncrementalMADE)
-        # Transposed layout (features first): every pass reads and writes contiguous rows.
-        inc = IncrementalMADE(self.made, context)
-        z_t = z.T.contiguous()
-        x_t = torch.zeros_like(z_t)
-        hs = inc.start(z.shape[0], z)
-        k = self.bins
+        return SplineSampler(self, z.shape[0], z).invert(z.T.contiguous(), block)[1:].T
+
+
+class SplineSampler:
+    """The spline's inverse for sampling n examples, transposed (features first, examples last).
+
+    The shared MADE is inverted incrementally (``IncrementalMADE``: each hidden unit computed
+    once per block) and writes each pass's raw spline parameters straight into the table that
+    ``SplineInverseTable`` inverts from; the buffers are allocated once and reused by every pass
+    of every block. Built from the current weights.
+    """
+
+    def __init__(self, spline: ConditionalSplineAutoregressive, n: int, like: Tensor) -> None:
+        self.d = spline.d
+        self.table = SplineInverseTable(spline.bins, n, like, bound=spline.bound)
+        rows = SplineInverseTable.raw_order(spline.bins)
+        self.made = IncrementalMADE(spline.made, spline.embedding.weight.to(like), rows)
+        self.x_a, self.hidden = self.made.start(n, like)
+
+    def invert(self, z_t: Tensor, block: int) -> Tensor:
+        """z_t [d, n] -> x_a [1 + d, n]: row 0 ones, rows 1 .. d the inverse (a buffer the next
+        call overwrites)."""
         for i in range(self.d):
-            p = inc.step(i, x_t, hs)  # [3K - 1, n]: bins-first, for rq_spline_inverse_t
-            x_t[i] = rq_spline_inverse_t(z_t[i], p[:k], p[k : 2 * k], p[2 * k :], bound=self.bound)
-        return x_t.T
+            self.made.step(i, self.x_a, self.hidden, self.table.raw, context=block)
+            self.table(z_t[i], out=self.x_a[1 + i])
+        return self.x_a
 
 
 class DPHFlow(TabularFlow):
@@ -151,9 +165,30 @@ class DPHFlow(TabularFlow):
         return h, logdet
 
     def body_inverse(self, z: Tensor) -> Tensor:
+        if not torch.is_grad_enabled():
+            return self._sample_inverse(z)
         h = z
         for j in reversed(range(self.blocks)):
             h = self.spline.inverse(h.flip(1), j)
             if self.linears is not None:
                 h = self.linears[j].inverse(h)
         return self.actnorm.inverse(h)
+
+    def _after_spline_inverse(self, j: int, like: Tensor) -> Tensor:
+        """M [d, 1 + d] with M @ [1; x] = what block j's inverse does after its spline: the linear
+        flow's inverse, then the reversal (j > 0) or the first ActNorm's inverse (j = 0). All of it
+        is affine, so M is read off the map at 0 and at the unit vectors."""
+        probe = torch.cat([torch.zeros(1, self.d, dtype=like.dtype, device=like.device), torch.eye(self.d).to(like)])
+        h = self.linears[j].inverse(probe) if self.linears is not None else probe
+        h = self.actnorm.inverse(h) if j == 0 else h.flip(1)
+        return torch.cat([h[:1].T, (h[1:] - h[:1]).T], dim=1)
+
+    def _sample_inverse(self, z: Tensor) -> Tensor:
+        """``body_inverse`` for sampling, features first: each block is the spline's incremental
+        inverse (``SplineSampler``), then one product for the linear flow, the reversal and, last,
+        the ActNorm."""
+        sampler = SplineSampler(self.spline, z.shape[0], z)
+        u = z.flip(1).T.contiguous()
+        for j in reversed(range(self.blocks)):
+            torch.mm(self._after_spline_inverse(j, z), sampler.invert(u, j), out=u)
+        return u.T

@@ -9,8 +9,11 @@ grad sampler.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from privflow.models.layers import MaskedLinear
 
@@ -82,6 +85,19 @@ class MADE(nn.Module):
         return out.reshape(x.shape[0], self.features, self.out_per_feature)
 
 
+def _in_place(act: nn.Module | None) -> Callable[[Tensor], Tensor]:
+    """The activation applied in place (the hidden states live in preallocated buffers)."""
+    if act is None:
+        return lambda t: t
+    if isinstance(act, nn.ReLU):
+        return torch.relu_
+    if isinstance(act, nn.Tanh):
+        return torch.tanh_
+    if isinstance(act, nn.ELU):
+        return lambda t: F.elu_(t, act.alpha)
+    return lambda t: t.copy_(act(t))
+
+
 class IncrementalMADE:
     """Autoregressive inversion of a MADE at the cost of about one forward pass.
 
@@ -89,17 +105,27 @@ class IncrementalMADE:
     hidden units of degree <= i, which see inputs x[:i] only. A hidden unit of degree m is
     therefore final once x[:m] is known: pass i computes just the units of degree i (every
     hidden layer) and output block i, instead of the whole network (d full passes). Hidden
-    units are reordered by degree so that each pass writes one contiguous slice. Same masked
-    weights, so the result equals ``made(x, context)[:, i]`` up to float rounding. Built from
+    units are reordered by degree so that each pass writes one contiguous slice.
+
+    Everything is transposed (features / units first, examples last: each pass reads and writes
+    contiguous rows, and every product is [k, m] @ [m, n], n large) and augmented by a leading
+    row of ones, so that each layer of a pass is one matrix product written straight into its
+    buffer with the bias as the first weight column (no bias broadcast, no temporary). Same
+    masked weights, so outputs equal ``made(x, context)[:, i]`` up to float rounding. Built from
     the current weights: make a new one after the weights change.
+
+    ``contexts`` [c, context_features]: one first-layer bias per context row (DP-HFlow's block
+    embeddings), picked by ``step(..., context=j)``. ``out_rows``: the rows of a pass's output,
+    each the index of the output unit of the block it holds or -1 for a row of zeros (default:
+    the block's units in order).
     """
 
-    def __init__(self, made: MADE, context: Tensor | None = None) -> None:
+    def __init__(self, made: MADE, contexts: Tensor | None = None, out_rows: Sequence[int] | None = None) -> None:
         linears = [m for m in made.net if isinstance(m, MaskedLinear)]
         acts = [m for m in made.net if not isinstance(m, MaskedLinear)]
         d = self.d = made.features
-        self.p = made.out_per_feature
-        self.act = acts[0] if acts else (lambda t: t)
+        p = made.out_per_feature
+        self.act = _in_place(acts[0] if acts else None)
         # degree of each hidden unit, read back from the first mask (inputs it sees)
         deg = linears[0].mask[:, :d].sum(1).long()
         order = torch.argsort(deg, stable=True)
@@ -116,32 +142,39 @@ class IncrementalMADE:
         ]
         b = [bk[order] if k < len(b) - 1 else bk for k, bk in enumerate(b)]
         self.hidden = w[0].shape[0]
-        # Everything is kept transposed (features / units first, examples last): each pass
-        # then reads and writes contiguous rows, and every product is [k, m] @ [m, n], n large.
-        self.w_in = w[0][:, :d].contiguous()  # [hidden, d]
-        if context is not None and made.context_features:
-            self.base = (context[:1] @ w[0][:, d:].T + b[0]).T.contiguous()  # [hidden, 1]
+        if made.context_features:
+            if contexts is None:
+                raise ValueError("this MADE needs a context input")
+            first_bias = contexts.detach() @ w[0][:, d:].T + b[0]  # [c, hidden]
         else:
-            self.base = b[0].reshape(-1, 1)
-        self.w_mid = [wk.contiguous() for wk in w[1:-1]]  # [hidden, hidden]
-        self.b_mid = [bk.reshape(-1, 1) for bk in b[1:-1]]
-        self.w_out = [w[-1][i * self.p : (i + 1) * self.p].contiguous() for i in range(d)]  # [P, hidden]
-        self.b_out = [b[-1][i * self.p : (i + 1) * self.p, None] for i in range(d)]  # [P, 1]
+            first_bias = b[0][None]
+        self.w_in = [torch.cat([fb[:, None], w[0][:, :d]], dim=1) for fb in first_bias]  # [hidden, 1 + d]
+        self.w_mid = [torch.cat([bk[:, None], wk], dim=1) for wk, bk in zip(w[1:-1], b[1:-1], strict=True)]
+        rows = list(range(p)) if out_rows is None else list(out_rows)
+        self.out_size = len(rows)
+        w_out = torch.cat([b[-1][:, None], w[-1]], dim=1)  # [d * p, 1 + hidden]
+        zero = torch.zeros_like(w_out[0])
+        self.w_out = [torch.stack([w_out[i * p + r] if r >= 0 else zero for r in rows]) for i in range(d)]
 
-    def start(self, n: int, like: Tensor) -> list[Tensor]:
-        """Hidden states, transposed (one [hidden, n] per hidden layer), filled pass by pass."""
-        return [torch.zeros(self.hidden, n, dtype=like.dtype, device=like.device) for _ in range(1 + len(self.w_mid))]
+    def start(self, n: int, like: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """Buffers of one inversion: the inputs x_a [1 + d, n] and the hidden states, one
+        [1 + hidden, n] per hidden layer, each with row 0 = 1 and the rest filled pass by pass."""
+        bufs = [
+            torch.empty(1 + size, n, dtype=like.dtype, device=like.device)
+            for size in [self.d] + [self.hidden] * (1 + len(self.w_mid))
+        ]
+        for t in bufs:
+            t[0] = 1.0
+        return bufs[0], bufs[1:]
 
-    def step(self, i: int, x_t: Tensor, hs: list[Tensor]) -> Tensor:
-        """Output block i as [out_per_feature, n], given the inputs transposed, x_t [d, n], with
-        rows :i final (rows i: are ignored). The context is the same for every example."""
+    def step(self, i: int, x_a: Tensor, hs: list[Tensor], out: Tensor, context: int = 0) -> Tensor:
+        """Output block i into out [len(out_rows), n], given x_a [1 + d, n] whose rows 1 .. i are
+        final (the rest are not read)."""
         lo, hi = self.bounds[i], self.bounds[i + 1]
         if hi > lo:
-            base = self.base[lo:hi]
-            pre = torch.addmm(base, self.w_in[lo:hi, :i], x_t[:i]) if i else base.expand(-1, x_t.shape[1])
-            hs[0][lo:hi] = self.act(pre)
-            for k, (wk, bk) in enumerate(zip(self.w_mid, self.b_mid, strict=True)):
-                # units of degree i see units of degree <= i only (the rest of the row is masked)
-                hs[k + 1][lo:hi] = self.act(torch.addmm(bk[lo:hi], wk[lo:hi, :hi], hs[k][:hi]))
-        h = self.bounds[i + 1]  # output block i sees hidden units of degree <= i only
-        return torch.addmm(self.b_out[i], self.w_out[i][:, :h], hs[-1][:h])
+            # units of degree i see inputs x[:i], then units of degree <= i only
+            self.act(torch.mm(self.w_in[context][lo:hi, : 1 + i], x_a[: 1 + i], out=hs[0][1 + lo : 1 + hi]))
+            for k, wk in enumerate(self.w_mid):
+                self.act(torch.mm(wk[lo:hi, : 1 + hi], hs[k][: 1 + hi], out=hs[k + 1][1 + lo : 1 + hi]))
+        # output block i sees hidden units of degree <= i only
+        return torch.mm(self.w_out[i][:, : 1 + hi], hs[-1][: 1 + hi], out=out)

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 DEFAULT_MIN_BIN_WIDTH = 1e-3
 DEFAULT_MIN_BIN_HEIGHT = 1e-3
 DEFAULT_MIN_DERIVATIVE = 1e-3
+_LOG2E = 1.0 / math.log(2.0)  # e^v = 2^(v log2 e)
 
 
 def _identity_shift(min_derivative: float) -> float:
@@ -116,56 +117,93 @@ def rational_quadratic_spline(
     return out, logdet
 
 
-def _knots_t(unnormalized: Tensor, bound: float, min_size: float) -> Tensor:
-    """``_knots`` for parameters laid out [K, n] (bins first): [K+1, n]. Reductions over the K
-    rows are then elementwise operations on length-n rows (vectorised over the examples)."""
-    bins = unnormalized.shape[0]
-    if min_size * bins > 1.0:
-        raise ValueError("minimal bin size too large for the number of bins")
-    e = torch.exp(unnormalized - unnormalized.amax(dim=0, keepdim=True))
-    sizes = min_size + (1.0 - min_size * bins) * (e / e.sum(dim=0, keepdim=True))
-    cum = torch.cumsum(sizes, dim=0)
-    edge = torch.zeros_like(cum[:1])
-    cum = torch.cat([edge, cum[:-1], edge + 1.0], dim=0)
-    return 2.0 * bound * cum - bound
+class SplineInverseTable:
+    """The inverse of ``rational_quadratic_spline`` for sampling, one feature of n examples at a
+    time, read from a table that the MADE's last layer writes into (models.made.IncrementalMADE).
 
+    Same formulas as the reference inverse, arranged for few, cheap kernels (on CPU a kernel
+    launch costs about as much as the arithmetic on a row of n): one softmax pass over widths and
+    heights together (exp2 of the scaled logits: 3x faster than exp here), the cumulative sums
+    as K row additions, the bin found by counting knots in float, the bin's six values in one
+    flat ``index_select`` (2-3x faster than a gather across rows), and everything after that on
+    rows of n. The bin's knots are normalised after the selection. No log-determinant.
 
-def rq_spline_inverse_t(
-    x: Tensor,
-    widths_t: Tensor,
-    heights_t: Tensor,
-    derivatives_t: Tensor,
-    bound: float = 4.0,
-    min_bin_width: float = DEFAULT_MIN_BIN_WIDTH,
-    min_bin_height: float = DEFAULT_MIN_BIN_HEIGHT,
-    min_derivative: float = DEFAULT_MIN_DERIVATIVE,
-) -> Tensor:
-    """The inverse of ``rational_quadratic_spline`` for one feature (x [n]) with its raw
-    parameters laid out bins-first (widths/heights [K, n], derivatives [K-1, n]): the same
-    formulas, for sampling, where it runs once per feature and block. The bins-first layout
-    turns softmax, cumsum and the bin search over K ~ 8 into operations on rows of length n
-    (several times faster on CPU than reductions over a last axis of 8). No log-determinant."""
-    inside = (x >= -bound) & (x <= bound)
-    xc = x.clamp(-bound, bound)
-    bins = widths_t.shape[0]
-    cumwidths = _knots_t(widths_t, bound, min_bin_width)
-    cumheights = _knots_t(heights_t, bound, min_bin_height)
-    # searchsorted(right=True) - 1, clamped: knot 0 is exactly -B <= xc, so count the others
-    idx = (cumheights[1:] <= xc).sum(0).clamp_(max=bins - 1)[None]
-    x_k, x_k1 = cumwidths.gather(0, idx)[0], cumwidths.gather(0, idx + 1)[0]
-    y_k, y_k1 = cumheights.gather(0, idx)[0], cumheights.gather(0, idx + 1)[0]
-    w_k, h_k = x_k1 - x_k, y_k1 - y_k
-    edge = torch.zeros_like(derivatives_t[:1])
-    raw = torch.cat([edge, derivatives_t, edge], dim=0)
-    shift = _identity_shift(min_derivative)
-    d_k = min_derivative + F.softplus(raw.gather(0, idx)[0] + shift)
-    d_k1 = min_derivative + F.softplus(raw.gather(0, idx + 1)[0] + shift)
-    s_k = h_k / w_k
-    curv = d_k + d_k1 - 2.0 * s_k
-    dy = xc - y_k
-    a = h_k * (s_k - d_k) + dy * curv
-    b = h_k * d_k - dy * curv
-    c = -s_k * dy
-    disc = (b.pow(2) - 4.0 * a * c).clamp_min(0.0)
-    xi = (2.0 * c / (-b - torch.sqrt(disc))).clamp(0.0, 1.0)
-    return torch.where(inside, xi * w_k + x_k, x)
+    Rows of ``table`` [5K + 3, n], K bins (``raw`` is what the MADE writes, in ``raw_order``):
+
+    - 0 .. K, K+1 .. 2K+1: cumulative exp-widths and exp-heights (0 first, the sum last), scratch;
+    - 2K+2: 0 (the raw derivative at -B); 2K+3 .. 3K+1: the K-1 raw interior derivatives;
+      3K+2: 0 (the raw derivative at +B: a zero row of the MADE's output);
+    - 3K+3 .. 4K+2, 4K+3 .. 5K+2: raw widths, raw heights (overwritten by their exponentials).
+    """
+
+    def __init__(
+        self,
+        bins: int,
+        n: int,
+        like: Tensor,
+        bound: float = 4.0,
+        min_bin_width: float = DEFAULT_MIN_BIN_WIDTH,
+        min_bin_height: float = DEFAULT_MIN_BIN_HEIGHT,
+        min_derivative: float = DEFAULT_MIN_DERIVATIVE,
+    ) -> None:
+        k = self.bins = bins
+        if max(min_bin_width, min_bin_height) * bins > 1.0:
+            raise ValueError("minimal bin size too large for the number of bins")
+        self.bound, self.min_derivative = bound, min_derivative
+        self.shift = _identity_shift(min_derivative)
+        kw = {"dtype": like.dtype, "device": like.device}
+        self.table = torch.empty(5 * k + 3, n, **kw)
+        for row in (0, k + 1, 2 * k + 2):
+            self.table[row].zero_()
+        self.raw = self.table[2 * k + 3 :]
+        self.below = torch.empty(k - 1, n, **kw)
+        mins = torch.tensor([min_bin_width, min_bin_height], **kw)
+        # knot r = -B + 2B (min r + (1 - min K) C_r / C_K): the per-example part is C_r * scale / C_K
+        self.scale = (2.0 * bound * (1.0 - mins * k))[:, None]
+        self.knot_step = (2.0 * bound * mins)[:, None, None]  # [2, 1, 1]: times the bin index
+        self.knot_base = -bound + self.knot_step * torch.tensor([0.0, 1.0], **kw)[None, :, None]  # [2, 2, 1]
+        self.interior_heights = -bound + 2.0 * bound * min_bin_height * torch.arange(1, k, **kw)[:, None]
+        # flat positions of x_k, x_k+1, y_k, y_k+1, raw d_k, raw d_k+1 at bin index 0
+        rows = torch.tensor([0, 1, k + 1, k + 2, 2 * k + 2, 2 * k + 3], device=like.device)
+        positions = rows[:, None] * n + torch.arange(n, device=like.device)  # [6, n]
+        # int32 index arithmetic is ~4x faster than int64; int64 where the table outgrows it
+        self.index_dtype = torch.int32 if self.table.numel() < 2**31 else torch.int64
+        self.flat = positions.to(self.index_dtype)
+
+    @staticmethod
+    def raw_order(bins: int) -> list[int]:
+        """For each row of ``raw``: the index of the raw parameter it holds in the reference layout
+        (K widths, K heights, K - 1 derivatives), or -1 for a row that must be 0."""
+        k = bins
+        return [*range(2 * k, 3 * k - 1), -1, *range(2 * k)]
+
+    def __call__(self, x: Tensor, out: Tensor) -> Tensor:
+        """x [n] -> out [n]: the inverse at the parameters in ``raw`` (which it overwrites)."""
+        k, bound, t = self.bins, self.bound, self.table
+        n = x.shape[0]
+        e = t[3 * k + 3 :].view(2, k, n)
+        e.sub_(e.amax(1, keepdim=True)).mul_(_LOG2E).exp2_()
+        cum = t[: 2 * k + 2].view(2, k + 1, n)
+        for j in range(k):
+            torch.add(cum[:, j], e[:, j], out=cum[:, j + 1])
+        r = torch.div(self.scale, cum[:, k])  # [2, n]: scale / sum, widths and heights
+        xc = x.clamp(-bound, bound)
+        # the bin: how many interior height knots are <= xc (knot 0 = -B always is)
+        below = torch.le(torch.addcmul(self.interior_heights, cum[1, 1:k], r[1]), xc, out=self.below)
+        idx = below.sum(0)
+        g = t.view(-1).index_select(0, torch.add(self.flat, idx.to(self.index_dtype), alpha=n).view(-1)).view(6, n)
+        knots = torch.addcmul(self.knot_base, idx, self.knot_step)  # [2, 2, n]
+        knots.addcmul_(g[:4].view(2, 2, n), r[:, None])  # (x_k, x_k+1), (y_k, y_k+1)
+        x_k, y_k = knots[0, 0], knots[1, 0]
+        size = knots[:, 1] - knots[:, 0]
+        w_k, h_k = size[0], size[1]
+        d = F.softplus(g[4:] + self.shift).add_(self.min_derivative)  # d_k, d_k+1
+        s_k = h_k / w_k
+        curv = torch.add(d.sum(0), s_k, alpha=-2.0)
+        dy = xc - y_k
+        a = torch.sub(s_k, d[0]).mul_(h_k).addcmul_(dy, curv)
+        b = torch.mul(h_k, d[0]).addcmul_(dy, curv, value=-1.0)
+        q = s_k * dy  # c = -q in a xi^2 + b xi + c = 0; the stable root 2c / (-b - sqrt(b^2 - 4ac))
+        root = torch.mul(b, b).addcmul_(a, q, value=4.0).clamp_min_(0.0).sqrt_().add_(b)
+        xi = torch.div(q, root).mul_(2.0).clamp_(0.0, 1.0)
+        return torch.where(x.abs() <= bound, torch.addcmul(x_k, xi, w_k), x, out=out)
