@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -68,10 +70,38 @@ class Accountant(ABC):
         pairs = [(e, n) for e, n in pairs if not (isinstance(e, PoissonGaussianEvent) and e.steps == 0)]
         if not pairs:
             return 0.0
-        return float(self._epsilon(pairs, delta))
+        key = (type(self), self._settings(), tuple(pairs), float(delta))
+        try:
+            hash(key)
+        except TypeError:  # an event that is not a frozen value: compute, do not remember
+            return float(self._epsilon(pairs, delta))
+        with _COMPOSED_LOCK:
+            cached = _COMPOSED.get(key)
+            if cached is not None:
+                _COMPOSED.move_to_end(key)
+                return cached
+        value = float(self._epsilon(pairs, delta))
+        with _COMPOSED_LOCK:
+            _COMPOSED[key] = value
+            if len(_COMPOSED) > _COMPOSED_MAX:
+                _COMPOSED.popitem(last=False)
+        return value
+
+    def _settings(self) -> tuple[object, ...]:
+        """What besides the events and delta decides this accountant's answer (the cache key)."""
+        return ()
 
     @abstractmethod
     def _epsilon(self, pairs: list[tuple[Event, int]], delta: float) -> float: ...
+
+
+# Composed epsilons by (accountant, its settings, events, delta). An accountant's answer is a
+# deterministic function of these, and events are frozen values, so a repeat is looked up:
+# the plan is made in pre-flight and again in the flow, and its calibration composes the same
+# lists several times (the final check, the plan's total). Floats only: a few KB at most.
+_COMPOSED: OrderedDict[tuple[object, ...], float] = OrderedDict()
+_COMPOSED_MAX = 1024
+_COMPOSED_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=32)
@@ -122,6 +152,9 @@ class PLDAccountant(Accountant):
 
     def __init__(self, discretization: float = 1e-4) -> None:
         self.discretization = discretization
+
+    def _settings(self) -> tuple[object, ...]:
+        return (float(self.discretization),)
 
     def _pld(self, event: Event):  # noqa: ANN202 - dp-accounting's own type
         return _pld_of(event, self.discretization)
@@ -181,6 +214,9 @@ class PRVAccountant(Accountant):
     def __init__(self, eps_error: float = 0.001, delta_error: float = 1e-10) -> None:
         self.eps_error = eps_error
         self.delta_error = delta_error
+
+    def _settings(self) -> tuple[object, ...]:
+        return (float(self.eps_error), float(self.delta_error))
 
     def _epsilon(self, pairs: list[tuple[Event, int]], delta: float) -> float:
         import prv_accountant as prv
