@@ -5,6 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from privflow.privacy.grad_samplers._common import row_view
+
+__all__ = ["factor", "flat_view", "row_view"]
+
 
 def factor(norm: Tensor, threshold: Tensor | float) -> Tensor:
     """min(1, threshold / norm), with 1 where norm is 0: the clip_C of Abadi et al. (2016)."""
@@ -15,12 +19,3 @@ def factor(norm: Tensor, threshold: Tensor | float) -> Tensor:
 def flat_view(g: Tensor) -> Tensor:
     """[n, *shape] -> [n, numel]."""
     return g.reshape(g.shape[0], -1)
-
-
-def row_view(g: Tensor) -> Tensor:
-    """[n, *shape] -> [n, rows, rest]: the units of a parameter are the rows of its first axis."""
-    if g.dim() == 1:
-        return g.reshape(g.shape[0], 1, 1)
-    if g.dim() == 2:
-        return g.reshape(g.shape[0], g.shape[1], 1)
-    return g.reshape(g.shape[0], g.shape[1], -1)

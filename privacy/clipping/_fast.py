@@ -128,29 +128,26 @@ def sparsify_layer(
     layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, thr: float, sparsity: float, gamma: Tensor
 ) -> dict[nn.Parameter, Tensor]:
     """sum_i clip_{C_l}(T(g_i)) for one layer, in chunks of examples. Structurally zero
-    entries (a MADE mask) are left out of the selection: they are 0 and stay 0 under T, and
-    the k-th largest entry is the same with or without them (k <= free entries)."""
+    entries (a MADE mask, the fixed triangles of LU) are left out of the selection: they are 0
+    and stay 0 under T, and the k-th largest entry is the same with or without them
+    (k <= free entries)."""
     ops = ghost_ops(layer, calls, method)
-    cols = ops.free_columns(layer.module) if ops is not None else {}  # type: ignore[attr-defined]
+    index = ops.free_index(layer.module) if ops is not None else {}  # type: ignore[attr-defined]
     k = sparsify_k(layer.complexity, sparsity)
     total: Tensor | None = None
     for sl in chunks(n, layer):
         if ops is not None:
-            g = ops.materialise(layer.module, calls, sl, apply_mask=False)  # type: ignore[attr-defined]
+            g = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
         else:
-            g = materialise(layer.module, calls, sl)
-        parts = []
-        for p in layer.params:
-            v = g[p].reshape(g[p].shape[0], -1)
-            idx = cols.get(p)
-            parts.append(v if idx is None else torch.index_select(v, 1, idx))
+            g = {p: v.reshape(v.shape[0], -1) for p, v in materialise(layer.module, calls, sl).items()}
+        parts = [g[p] for p in layer.params]
         part = sparsify_clipped_sum(torch.cat(parts, 1) if len(parts) > 1 else parts[0], k, gamma[sl], thr)
         total = part if total is None else total + part
     out, start = {}, 0
     assert total is not None
-    for p in layer.params:
-        idx = cols.get(p)
-        size = p.numel() if idx is None else idx.numel()
+    for p, v in zip(layer.params, parts, strict=True):
+        idx = index.get(p)
+        size = v.shape[1]
         piece = total[start : start + size]
         if idx is not None:
             piece = torch.zeros(p.numel(), dtype=piece.dtype, device=piece.device).index_copy_(0, idx, piece)

@@ -17,12 +17,7 @@ import torch
 from torch import Tensor
 
 from privflow.privacy.clipping._base import factor, row_view
-
-
-def row_stats(g: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-example, per-row (L1 norm, squared L2 norm), each [n, rows]."""
-    r = row_view(g)
-    return r.abs().sum(2), r.pow(2).sum(2)
+from privflow.privacy.grad_samplers._common import row_stats
 
 
 def unit_thresholds(l1: Tensor, layer_threshold: float) -> Tensor:

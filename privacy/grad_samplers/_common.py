@@ -10,7 +10,8 @@ that is exact only when the log-determinant does not reach the loss).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any
 
 import torch
@@ -45,3 +46,53 @@ def accepts_tuple(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Mark a grad sampler that understands ``(dL/dz, dL/dlogdet)`` backprops."""
     fn._pf_accepts_tuple = True  # type: ignore[attr-defined]
     return fn
+
+
+def single_tensor_calls(calls: Sequence[Any]) -> bool:
+    """Every call took one 2-D tensor input [n, in] and gave a 2-D output gradient [n, out],
+    with the same n: the form the fast clipping ops of linear layers read."""
+    sizes = set()
+    for c in calls:
+        if len(c.activations) != 1 or not isinstance(c.activations[0], Tensor) or c.kwargs:
+            return False
+        a = c.activations[0]
+        g, _ = split_backprops(c.backprops)
+        if a.dim() != 2 or g.dim() != 2 or a.shape[0] != g.shape[0]:
+            return False
+        sizes.add(a.shape[0])
+    return len(sizes) == 1
+
+
+@cache
+def _pairs(j: int) -> tuple[Tensor, Tensor]:
+    iu, iv = torch.triu_indices(j, j)
+    return iu, iv
+
+
+def call_pairs(j: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """Pairs u <= v of J calls and their weights (1 on the diagonal, 2 off it): a Gram sum
+    sum_{u,v} f(u, v) of a symmetric f is sum over these pairs of weight * f(u, v)."""
+    iu, iv = _pairs(j)
+    w = torch.where(iu == iv, 1.0, 2.0).to(device=device, dtype=dtype)
+    return iu.to(device), iv.to(device), w
+
+
+def row_view(g: Tensor) -> Tensor:
+    """[n, *shape] -> [n, rows, rest]: the units of a parameter are the rows of its first axis."""
+    if g.dim() == 1:
+        return g.reshape(g.shape[0], 1, 1)
+    if g.dim() == 2:
+        return g.reshape(g.shape[0], g.shape[1], 1)
+    return g.reshape(g.shape[0], g.shape[1], -1)
+
+
+def row_stats(g: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-example, per-row (L1 norm, squared L2 norm), each [n, rows] (DP-HFlow per-unit clipping)."""
+    r = row_view(g)
+    return r.abs().sum(2), r.pow(2).sum(2)
+
+
+def flat_select(v: Tensor, idx: Tensor | None) -> Tensor:
+    """Per-example gradients [n, *shape] as [n, numel], restricted to flat indices ``idx`` (None: all)."""
+    flat = v.reshape(v.shape[0], -1)
+    return flat if idx is None else flat.index_select(1, idx)

@@ -7,173 +7,289 @@ all DP-HFlow blocks): G_n = (sum_u g_{u,n} a_{u,n}^T) * M. Its squared norm neve
     ||G_n||^2 = sum_{u,v} (g_u * g_v)^T M (a_u * a_v)        (elementwise products, per n)
 
 which for M = 1 is sum_{u,v} (a_u . a_v)(g_u . g_v). A MADE mask has few distinct rows
-(one per degree), so M (a_u * a_v) is computed on the distinct rows only and scattered back.
-The clipped sum sum_n w_n G_n is one matrix product (sum_u (w * g_u)^T a_u) * M.
+(one per degree), so M (a_u * a_v) is computed on the distinct rows only, and g_u * g_v is
+summed within each group of equal rows (a reshape when the groups are runs of rows, as in
+MADE's feature-major output layer). The clipped sum sum_n w_n G_n is one matrix product
+(sum_u (w * g_u)^T a_u) * M.
+
+Per-row L1 norms (per-unit clipping) of a layer called several times, and the entries that
+stochastic sparsification selects from, need G_n itself. A MADE mask's distinct rows are
+nested (a unit of degree m sees every input of degree < m), so with the columns in a
+"staircase" order every group of rows sees a prefix of them: G_n is formed group by group
+on that prefix only, one batched product per group (about half of the dense entries).
 nn.Linear's grad sampler is opacus' own; MaskedLinear's is in ``masked_linear.py``.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from privflow.privacy.grad_samplers._common import split_backprops
+from privflow.privacy.grad_samplers._common import call_pairs, flat_select, single_tensor_calls, split_backprops
 from privflow.privacy.grad_samplers.registry import Call, register_ghost
 
 _CHUNK_ELEMENTS = 1 << 20  # per-example gradient entries per chunk: small chunks stay in cache and
 # reuse freed memory (a fresh 40 MB tensor costs more in page faults than its arithmetic)
-_FREE: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, Tensor]] = weakref.WeakKeyDictionary()
-_GROUPS: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, Tensor, Tensor, Tensor]] = weakref.WeakKeyDictionary()
+_STAIRCASE_MIN_ROWS = 8  # rows per group of equal mask rows from which products go group by group
 
 
-def mask_groups(layer: nn.Module, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Distinct rows of the mask [k, in], each output row's group index [out] and the same as
-    a one-hot matrix [out, k] (cached per layer and mask)."""
-    cached = _GROUPS.get(layer)
-    if cached is not None and cached[0] is mask:
-        return cached[1], cached[2], cached[3]
-    rows, inverse = torch.unique(mask, dim=0, return_inverse=True)
-    onehot = torch.nn.functional.one_hot(inverse, rows.shape[0]).to(mask.dtype)
-    _GROUPS[layer] = (mask, rows, inverse, onehot)
-    return rows, inverse, onehot
+@dataclass(frozen=True, eq=False)
+class MaskLayout:
+    """A fixed mask [out, in] grouped by its distinct rows, and its staircase when they nest.
+
+    rows [k, in]: the distinct rows, in the order ``group_sum`` returns the groups;
+    inverse [out]: each output row's group; onehot [out, k] the same as a matrix;
+    run: s when the groups are consecutive runs of s output rows (else 0);
+    members: the output rows of each group; cols [in]: a column order in which every group
+    sees a prefix (None when the rows do not nest); lengths: each group's prefix length;
+    back [out]: puts per-row results back in row order from the groups' order (groups with an
+    empty prefix last).
+    """
+
+    rows: Tensor
+    inverse: Tensor
+    onehot: Tensor
+    run: int
+    members: tuple[Tensor, ...]
+    cols: Tensor | None
+    lengths: tuple[int, ...]
+    back: Tensor | None
+
+    def group_sum(self, t: Tensor) -> Tensor:
+        """[n, out] -> [n, k]: t summed within each group of equal mask rows."""
+        if self.run:
+            return t.reshape(t.shape[0], -1, self.run).sum(2)
+        return t @ self.onehot.to(t.dtype)
+
+    def free_index(self) -> Tensor:
+        """Flat indices (into [out, in]) of the free entries, group by group, each group's rows
+        times its prefix of ``cols`` (row-major within the group)."""
+        assert self.cols is not None
+        n_in = self.rows.shape[1]
+        parts = [
+            (r[:, None] * n_in + self.cols[None, :m]).reshape(-1)
+            for r, m in zip(self.members, self.lengths, strict=True)
+        ]
+        return torch.cat(parts)
 
 
-def _free_index(layer: nn.Module, mask: Tensor) -> Tensor:
-    cached = _FREE.get(layer)
+_LAYOUTS: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, MaskLayout]] = weakref.WeakKeyDictionary()
+
+
+def _run_length(inverse: Tensor, k: int) -> int:
+    """s when output row i belongs to group i // s (after renumbering), else 0."""
+    out = inverse.numel()
+    if k == 0 or out % k:
+        return 0
+    runs = inverse.reshape(k, out // k)
+    same = bool((runs == runs[:, :1]).all()) and runs[:, 0].unique().numel() == k
+    return out // k if same else 0
+
+
+def _staircase(rows: Tensor) -> tuple[Tensor, tuple[int, ...]] | None:
+    """Column order (most-seen columns first) in which every distinct row is a prefix, and the
+    prefix lengths; None when the rows do not nest."""
+    cols = torch.argsort(rows.sum(0), descending=True, stable=True)
+    ordered = rows[:, cols]
+    lengths = ordered.sum(1).long()
+    prefix = torch.arange(rows.shape[1], device=rows.device)[None, :] < lengths[:, None]
+    if not bool((ordered == prefix.to(ordered.dtype)).all()):
+        return None
+    return cols, tuple(int(v) for v in lengths)
+
+
+def mask_layout(layer: nn.Module, mask: Tensor) -> MaskLayout:
+    """The layout of ``mask`` (cached per layer and mask)."""
+    cached = _LAYOUTS.get(layer)
     if cached is not None and cached[0] is mask:
         return cached[1]
-    idx = (mask.reshape(-1) != 0).nonzero().squeeze(1)
-    _FREE[layer] = (mask, idx)
-    return idx
+    rows, inverse = torch.unique(mask, dim=0, return_inverse=True)
+    k = rows.shape[0]
+    run = _run_length(inverse, k)
+    if run:  # number the groups in the order of their runs, so a reshape sums them
+        first = inverse[::run]
+        rows, inverse = rows[first], torch.arange(k, device=mask.device).repeat_interleave(run)
+    onehot = torch.nn.functional.one_hot(inverse, k).to(mask.dtype)
+    members = tuple((inverse == c).nonzero().squeeze(1) for c in range(k))
+    stair = _staircase(rows)
+    cols, lengths = stair if stair is not None else (None, ())
+    back = None
+    if stair is not None:
+        full = [m for m, length in zip(members, lengths, strict=True) if length]
+        empty = [m for m, length in zip(members, lengths, strict=True) if not length]
+        back = torch.argsort(torch.cat(full + empty))
+    layout = MaskLayout(rows, inverse, onehot, run, members, cols, lengths, back)
+    _LAYOUTS[layer] = (mask, layout)
+    return layout
 
 
 class LinearGhost:
     """Ghost norms / weighted sums for a linear layer; subclasses supply the mask."""
 
+    def __init__(self) -> None:
+        self._stacks: weakref.WeakKeyDictionary[nn.Module, tuple[list[Tensor], Tensor, Tensor]] = (
+            weakref.WeakKeyDictionary()
+        )
+
     def mask(self, layer: nn.Module) -> Tensor | None:
         return None
 
     def applicable(self, layer: nn.Module, calls: Sequence[Call]) -> bool:
-        sizes = set()
-        for c in calls:
-            if len(c.activations) != 1 or not isinstance(c.activations[0], Tensor) or c.kwargs:
-                return False
-            a = c.activations[0]
-            g, _ = split_backprops(c.backprops)
-            if a.dim() != 2 or g.dim() != 2 or a.shape[0] != g.shape[0]:
-                return False
-            sizes.add(a.shape[0])
-        return len(sizes) == 1
+        return single_tensor_calls(calls)
 
-    def _stack(self, calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
+    def _stack(self, layer: nn.Module, calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
         """Activations and output gradients of all calls stacked: [J, n, in], [J, n, out].
-        The last result is kept (keyed by the identity of the recorded tensors): a step asks
-        for it once for the norms and again for every chunk of examples."""
+        Kept per layer (keyed by the recorded tensors, which the cache holds): a step asks for
+        them for the norms and again for the clipped sum."""
         gs = [split_backprops(c.backprops)[0] for c in calls]
-        acts = [c.activations[0] for c in calls]
-        key = tuple(id(t) for t in acts) + tuple(id(t) for t in gs)
-        cached = getattr(self, "_cache", None)
-        if cached is not None and cached[0] == key and all(x is y for x, y in zip(cached[1], acts + gs, strict=False)):
-            return cached[2], cached[3]
-        a = torch.stack([t.to(gs[0].dtype) for t in acts])
+        key = [c.activations[0] for c in calls] + gs
+        cached = self._stacks.get(layer)
+        if (
+            cached is not None
+            and len(cached[0]) == len(key)
+            and all(x is y for x, y in zip(cached[0], key, strict=True))
+        ):
+            return cached[1], cached[2]
+        a = torch.stack([c.activations[0].to(gs[0].dtype) for c in calls])
         g = torch.stack(gs)
-        self._cache = (key, acts + gs, a, g)
+        self._stacks[layer] = (key, a, g)
         return a, g
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
-        a, g = self._stack(calls)
-        j = a.shape[0]
+        a, g = self._stack(layer, calls)
         out: dict[nn.Parameter, Tensor] = {}
         if layer.weight.requires_grad:
             mask = self.mask(layer)
             if mask is None:
-                if j == 1:
-                    s = (a[0] * a[0]).sum(1) * (g[0] * g[0]).sum(1)
-                else:
-                    ka = torch.einsum("uni,vni->nuv", a, a)
-                    kg = torch.einsum("uni,vni->nuv", g, g)
-                    s = (ka * kg).sum((1, 2))
+                ka = torch.einsum("uni,vni->nuv", a, a)
+                kg = torch.einsum("uni,vni->nuv", g, g)
+                out[layer.weight] = (ka * kg).sum((1, 2))
             else:
-                rows, _, onehot = mask_groups(layer, mask)
-                rt, oh = rows.to(a.dtype).T, onehot.to(a.dtype)
-                s = torch.zeros(a.shape[1], dtype=a.dtype, device=a.device)
-                for u in range(j):  # pairs u <= v of calls; views, no index copies
-                    for v in range(u, j):
-                        p = (a[u] * a[v]) @ rt  # [n, k]: M (a_u * a_v) on the distinct mask rows
-                        q = (g[u] * g[v]) @ oh  # [n, k]: g_u * g_v summed within each group of rows
-                        s += (1.0 if u == v else 2.0) * (p * q).sum(1)
-            out[layer.weight] = s
+                out[layer.weight] = _masked_gram(a, g, mask_layout(layer, mask))
         if layer.bias is not None and layer.bias.requires_grad:
             b = g.sum(0)
             out[layer.bias] = (b * b).sum(1)
         return out
 
     def materialise(
-        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None, apply_mask: bool = True
+        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None
     ) -> dict[nn.Parameter, Tensor]:
-        """Per-example gradients [c, *shape] summed over the calls: one batched product
-        sum_u g_u a_u^T (inner dimension = number of calls) instead of one per call.
-        ``apply_mask=False`` leaves the structurally zero entries unmasked (for callers that
-        read only the free entries, see ``free_columns``)."""
-        a, g = self._stack(calls)
+        """Per-example gradients [c, *shape] of examples ``sl``, summed over the calls."""
+        a, g = self._stack(layer, calls)
         if sl is not None:
             a, g = a[:, sl], g[:, sl]
         out: dict[nn.Parameter, Tensor] = {}
         if layer.weight.requires_grad:
-            w = torch.bmm(g.permute(1, 2, 0), a.transpose(0, 1))  # [c, out, J] @ [c, J, in]
-            mask = self.mask(layer)
-            out[layer.weight] = w.mul_(mask.to(w.dtype)) if mask is not None and apply_mask else w
+            out[layer.weight] = _outer_sum(a, g, self.mask(layer))
         if layer.bias is not None and layer.bias.requires_grad:
             out[layer.bias] = g.sum(0)
         return out
 
-    def free_columns(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
-        """Flat indices of the entries that can be non-zero (None: all of them)."""
+    def _layout(self, layer: nn.Module) -> MaskLayout | None:
+        """The staircase layout of the layer's mask when it pays: None without a mask, with rows
+        that do not nest, or with small groups of rows (one batched product per group costs
+        about as much as the dense one at a few rows per group)."""
         mask = self.mask(layer)
-        out: dict[nn.Parameter, Tensor | None] = {layer.weight: None if mask is None else _free_index(layer, mask)}
-        if layer.bias is not None:
+        if mask is None:
+            return None
+        layout = mask_layout(layer, mask)
+        if layout.cols is None or mask.shape[0] < _STAIRCASE_MIN_ROWS * len(layout.members):
+            return None
+        return layout
+
+    def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
+        """Flat indices of the entries ``free_entries`` returns (None: all, row-major)."""
+        out: dict[nn.Parameter, Tensor | None] = {}
+        if layer.weight.requires_grad:
+            mask, layout = self.mask(layer), self._layout(layer)
+            if layout is not None:
+                out[layer.weight] = layout.free_index()
+            elif mask is not None:
+                out[layer.weight] = (mask.reshape(-1) != 0).nonzero().squeeze(1)
+            else:
+                out[layer.weight] = None
+        if layer.bias is not None and layer.bias.requires_grad:
             out[layer.bias] = None
         return out
 
+    def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> dict[nn.Parameter, Tensor]:
+        """Per-example gradient entries that can be non-zero, [c, m] per parameter, in the order
+        of ``free_index``: group by group on the staircase, never forming the masked entries."""
+        layout = self._layout(layer)
+        if layout is None:
+            full = self.materialise(layer, calls, sl)
+            idx = self.free_index(layer)
+            return {p: flat_select(v, idx[p]) for p, v in full.items()}
+        a, g = self._stack(layer, calls)
+        a, g = a[:, sl], g[:, sl]
+        out: dict[nn.Parameter, Tensor] = {}
+        if layer.weight.requires_grad:
+            slabs = [w.reshape(w.shape[0], -1) for w in _staircase_slabs(a, g, layout)]
+            out[layer.weight] = torch.cat(slabs, 1)
+        if layer.bias is not None and layer.bias.requires_grad:
+            out[layer.bias] = g.sum(0)
+        return out
+
     def unit_stats(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
-        a, g = self._stack(calls)
+        a, g = self._stack(layer, calls)
         out: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
         if layer.weight.requires_grad:
             mask = self.mask(layer)
             if len(calls) > 1:
-                # Row L1 norms of a sum over calls need the per-example gradient: materialise
-                # it in chunks of examples, keeping only the per-row reductions.
-                n, (d_out, d_in) = a.shape[1], layer.weight.shape
-                size = max(1, _CHUNK_ELEMENTS // (d_out * d_in))
-                l1s, sqs = [], []
-                for i in range(0, n, size):
-                    w = self.materialise(layer, calls, slice(i, i + size))[layer.weight]
-                    l1s.append(w.abs_().sum(2))  # in place: far faster here than vector_norm
-                    sqs.append(w.square_().sum(2))
-                out[layer.weight] = (torch.cat(l1s), torch.cat(sqs))
+                out[layer.weight] = self._materialised_row_stats(layer, a, g)
             else:
                 a0, g0 = a[0], g[0]
                 if mask is None:
                     l1 = g0.abs() * a0.abs().sum(1, keepdim=True)
                     sq = g0 * g0 * (a0 * a0).sum(1, keepdim=True)
                 else:
-                    rows, inverse, _ = mask_groups(layer, mask)
-                    rt = rows.to(a0.dtype).T
-                    l1 = g0.abs() * torch.index_select(a0.abs() @ rt, 1, inverse)
-                    sq = g0 * g0 * torch.index_select((a0 * a0) @ rt, 1, inverse)
+                    layout = mask_layout(layer, mask)
+                    rt, oh = layout.rows.to(a0.dtype).T, layout.onehot.to(a0.dtype).T
+                    l1 = g0.abs() * ((a0.abs() @ rt) @ oh)
+                    sq = g0 * g0 * (((a0 * a0) @ rt) @ oh)
                 out[layer.weight] = (l1, sq)
         if layer.bias is not None and layer.bias.requires_grad:
             b = g.sum(0)
             out[layer.bias] = (b.abs(), b * b)
         return out
 
+    def _materialised_row_stats(self, layer: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+        """Row L1 norms and squared norms of a sum over calls: they need the per-example
+        gradient, formed in chunks of examples (group by group on the staircase), keeping only
+        the per-row reductions."""
+        n, rows = a.shape[1], g.shape[2]
+        layout = self._layout(layer)
+        if layout is None:
+            size = max(1, _CHUNK_ELEMENTS // layer.weight.numel())
+            l1s, sqs = [], []
+            for i in range(0, n, size):
+                w = _outer_sum(a[:, i : i + size], g[:, i : i + size], self.mask(layer))
+                l1s.append(w.abs_().sum(2))  # in place: far faster here than vector_norm
+                sqs.append(w.square_().sum(2))
+            return torch.cat(l1s), torch.cat(sqs)
+        assert layout.back is not None
+        largest = max(m.numel() * length for m, length in zip(layout.members, layout.lengths, strict=True))
+        size = max(1, _CHUNK_ELEMENTS // max(1, largest))  # slabs are reduced one at a time
+        l1s, sqs = [], []
+        for i in range(0, n, size):
+            parts_l1, parts_sq = [], []
+            for w in _staircase_slabs(a[:, i : i + size], g[:, i : i + size], layout):
+                w = w.abs_()
+                parts_l1.append(w.sum(2))
+                parts_sq.append(w.mul_(w).sum(2))
+            zeros = a.new_zeros(parts_l1[0].shape[0], rows - sum(t.shape[1] for t in parts_l1))  # rows seeing no input
+            l1s.append(torch.cat([*parts_l1, zeros], 1))
+            sqs.append(torch.cat([*parts_sq, zeros], 1))
+        return torch.cat(l1s)[:, layout.back], torch.cat(sqs)[:, layout.back]
+
     def weighted_sum(
         self, layer: nn.Module, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
     ) -> dict[nn.Parameter, Tensor]:
-        a, g = self._stack(calls)
+        a, g = self._stack(layer, calls)
         j, n, d_in = a.shape
         out: dict[nn.Parameter, Tensor] = {}
         if layer.weight.requires_grad:
@@ -188,6 +304,36 @@ class LinearGhost:
             w = w[:, None] if w.dim() == 1 else w
             out[layer.bias] = (g * w).sum((0, 1))
         return out
+
+
+def _outer_sum(a: Tensor, g: Tensor, mask: Tensor | None) -> Tensor:
+    """sum_u g_u a_u^T per example, masked: one batched product with inner dimension J
+    ([c, out, J] @ [c, J, in]) instead of one per call."""
+    w = torch.bmm(g.permute(1, 2, 0), a.transpose(0, 1))
+    return w.mul_(mask.to(w.dtype)) if mask is not None else w
+
+
+def _masked_gram(a: Tensor, g: Tensor, layout: MaskLayout) -> Tensor:
+    """sum_{u,v} (g_u * g_v)^T M (a_u * a_v) per example, on the mask's distinct rows."""
+    rt = layout.rows.to(a.dtype).T
+    iu, iv, w = call_pairs(a.shape[0], a.device, a.dtype)
+    s = torch.zeros(a.shape[1], dtype=a.dtype, device=a.device)
+    for u, v, wt in zip(iu.tolist(), iv.tolist(), w.tolist(), strict=True):  # views, no index copies
+        p = (a[u] * a[v]) @ rt  # [n, k]: M (a_u * a_v) on the distinct mask rows
+        q = layout.group_sum(g[u] * g[v])  # [n, k]: g_u * g_v summed within each group of rows
+        s += wt * (p * q).sum(1)
+    return s
+
+
+def _staircase_slabs(a: Tensor, g: Tensor, layout: MaskLayout) -> Iterator[Tensor]:
+    """Per group of rows with a non-empty prefix, the free block of sum_u g_u a_u^T on the
+    staircase columns, [c, rows, prefix]: one batched product per group."""
+    assert layout.cols is not None
+    a_s = a.index_select(2, layout.cols).permute(1, 0, 2)  # [c, J, in], staircase columns
+    g_t = g.permute(1, 2, 0).contiguous()  # [c, out, J]; contiguous, or every selection copies it whole
+    for members, length in zip(layout.members, layout.lengths, strict=True):
+        if length:  # bmm takes a slow path on strided operands: both contiguous
+            yield torch.bmm(g_t.index_select(1, members), a_s[:, :, :length].contiguous())
 
 
 register_ghost(nn.Linear)(LinearGhost)

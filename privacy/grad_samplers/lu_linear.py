@@ -4,10 +4,22 @@ With h = P^T g (the output gradient pulled back through the permutation) eq. (3)
 dL/dL = h (U x)^T and dL/dU = L^T h x^T, restricted to the free (strict) triangles. The
 diagonal of U is exp(log_diag), so dL/dlog_diag = diag(L^T h x^T) * exp(log_diag) plus the
 log-determinant's share: logdet = sum(log_diag), so each example adds its dL/dlogdet.
+
+Fast clipping ops (``LUGhost``): both triangles are masked outer products, so their norms
+need no per-example matrix (fast gradient clipping, Lee & Kifer 2021, which DP-HFlow's
+"Fast Per-example Gradient Computation" extends to eq. 3). For one call,
+
+    ||tril(h u^T, -1)||^2 = sum_i h_i^2 sum_{j<i} u_j^2,   ||triu(k x^T, 1)||^2 = sum_i k_i^2 sum_{j>i} x_j^2,
+
+an exclusive cumulative sum over the columns (O(d) per example, not O(d^2)); a layer called
+J times sums these over pairs of calls (the Gram trick of ``linear``). Row i's L1 norm is
+|h_i| sum_{j<i} |u_j| (and the same for the upper triangle), and the clipped sum is one
+masked product tril(sum_n w_n h_n u_n^T).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -15,8 +27,31 @@ from opacus.grad_sample import register_grad_sampler
 from torch import Tensor, nn
 
 from privflow.models.layers import LULinear
-from privflow.privacy.grad_samplers._common import accepts_tuple, logdet_term, split_backprops
-from privflow.privacy.grad_samplers.registry import register_free_numel
+from privflow.privacy.grad_samplers._common import (
+    accepts_tuple,
+    call_pairs,
+    flat_select,
+    logdet_term,
+    row_stats,
+    single_tensor_calls,
+    split_backprops,
+)
+from privflow.privacy.grad_samplers.registry import Call, register_free_numel, register_ghost
+
+
+def _terms(layer: LULinear, x: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(h, u, k) of eq. (3) for one call: h = P^T g, u = U x, k = L^T h, each [n, d]."""
+    lower = layer.lower_matrix().to(g.dtype)
+    upper = layer.upper_matrix().to(g.dtype)
+    h = g[:, layer.inv_perm.to(g.device)]  # y = L U x, z = y[:, perm]
+    return h, x @ upper.T, h @ lower
+
+
+def _diag(layer: LULinear, k: Tensor, x: Tensor, gld: Tensor | None) -> Tensor:
+    """dL/dlog_diag per example: k * x * exp(log_diag), plus dL/dlogdet."""
+    gd = k * x * torch.exp(layer.log_diag.to(k.dtype))
+    ld = logdet_term(gld, x.shape[0], k)
+    return gd + ld[:, None] if ld is not None else gd
 
 
 @register_grad_sampler(LULinear)
@@ -25,21 +60,15 @@ def lu_linear_grad_sample(layer: LULinear, activations: list[Any], backprops: An
     """Eq. (3) per example, plus the log-determinant term for log_diag."""
     g, gld = split_backprops(backprops)
     x = activations[0].to(g.dtype)
-    n = x.shape[0]
     with torch.no_grad():
-        lower = layer.lower_matrix().to(g.dtype)
-        upper = layer.upper_matrix().to(g.dtype)
-        h = g[:, layer.inv_perm]  # P^T g: y = L U x, z = y[:, perm]
-        k = h @ lower  # rows of (L^T h)^T
+        h, u, k = _terms(layer, x, g)
         out: dict[nn.Parameter, Tensor] = {}
         if layer.lower.requires_grad:
-            out[layer.lower] = torch.tril(torch.einsum("ni,nj->nij", h, x @ upper.T), -1)
+            out[layer.lower] = torch.tril(torch.einsum("ni,nj->nij", h, u), -1)
         if layer.upper.requires_grad:
             out[layer.upper] = torch.triu(torch.einsum("ni,nj->nij", k, x), 1)
         if layer.log_diag.requires_grad:
-            gd = k * x * torch.exp(layer.log_diag.to(g.dtype))
-            ld = logdet_term(gld, n, g)
-            out[layer.log_diag] = gd + ld[:, None] if ld is not None else gd
+            out[layer.log_diag] = _diag(layer, k, x, gld)
         if layer.bias.requires_grad:
             out[layer.bias] = g.clone()
     return out
@@ -50,3 +79,166 @@ def lu_linear_free_numel(layer: LULinear) -> dict[nn.Parameter, int]:
     tri = layer.d * (layer.d - 1) // 2
     sizes = {layer.lower: tri, layer.upper: tri, layer.log_diag: layer.d, layer.bias: layer.d}
     return {p: m for p, m in sizes.items() if p.requires_grad}
+
+
+def _exclusive_cumsum(t: Tensor) -> Tensor:
+    """sum_{j<i} t_j along the last axis."""
+    return torch.cumsum(t, -1) - t
+
+
+def _exclusive_revsum(t: Tensor) -> Tensor:
+    """sum_{j>i} t_j along the last axis."""
+    return t.sum(-1, keepdim=True) - torch.cumsum(t, -1)
+
+
+def _pair_sum(rows: Tensor, partial: Callable[[Tensor], Tensor], cols: Tensor) -> Tensor:
+    """sum_{u,v} sum_i rows_ui rows_vi partial(cols_u * cols_v)_i per example, from [J, n, d]
+    stacks: the squared norm of a triangle of sum_u rows_u cols_u^T (one call: no pairs)."""
+    if rows.shape[0] == 1:
+        return (rows[0] * rows[0] * partial(cols[0] * cols[0])).sum(1)
+    iu, iv, w = call_pairs(rows.shape[0], rows.device, rows.dtype)
+    return w @ (rows[iu] * rows[iv] * partial(cols[iu] * cols[iv])).sum(2)
+
+
+def _as_tuple(v: Any) -> tuple[Any, ...]:
+    return v if isinstance(v, tuple) else (v,)
+
+
+def _as_rows(w: Tensor) -> Tensor:
+    """A weight [n] (per example) or [n, rows] (per example and row) as [n, 1] or [n, rows]."""
+    return w[:, None] if w.dim() == 1 else w
+
+
+class LUGhost:
+    """Ghost norms, per-row statistics and weighted sums of LULinear, from each call's
+    (h, u = U x, k = L^T h, x) and the summed diagonal / bias gradients ([J, n, d] stacks)."""
+
+    def applicable(self, layer: nn.Module, calls: Sequence[Call]) -> bool:
+        return single_tensor_calls(calls)
+
+    def _stack(self, layer: LULinear, calls: Sequence[Call], sl: slice | None = None) -> tuple[Tensor, ...]:
+        """h, u, k, x stacked over the calls [J, c, d]; dL/dlog_diag and dL/db summed over calls [c, d].
+        The whole-batch result is kept (keyed by the recorded tensors): a step asks for it for
+        the norms and again for the clipped sum."""
+        key = [t for c in calls for t in (c.activations[0], *_as_tuple(c.backprops))]
+        cached = self.__dict__.get("_cache")
+        if sl is None and cached is not None and len(cached[0]) == len(key):
+            if all(a is b for a, b in zip(cached[0], key, strict=True)):
+                return cached[1]
+        hs, us, ks, xs, gds, gbs = [], [], [], [], [], []
+        for call in calls:
+            g, gld = split_backprops(call.backprops)
+            x = call.activations[0].to(g.dtype)
+            if sl is not None:
+                g, x, gld = g[sl], x[sl], None if gld is None else gld[sl]
+            h, u, k = _terms(layer, x, g)
+            hs.append(h), us.append(u), ks.append(k), xs.append(x)
+            gds.append(_diag(layer, k, x, gld)), gbs.append(g)
+        out = (
+            torch.stack(hs),
+            torch.stack(us),
+            torch.stack(ks),
+            torch.stack(xs),
+            gds[0] if len(gds) == 1 else torch.stack(gds).sum(0),
+            gbs[0] if len(gbs) == 1 else torch.stack(gbs).sum(0),
+        )
+        if sl is None:
+            self._cache = (key, out)
+        return out
+
+    def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
+        with torch.no_grad():
+            h, u, k, x, gd, gb = self._stack(layer, calls)  # type: ignore[arg-type]
+            out: dict[nn.Parameter, Tensor] = {}
+            if layer.lower.requires_grad:
+                out[layer.lower] = _pair_sum(h, _exclusive_cumsum, u)
+            if layer.upper.requires_grad:
+                out[layer.upper] = _pair_sum(k, _exclusive_revsum, x)
+            if layer.log_diag.requires_grad:
+                out[layer.log_diag] = (gd * gd).sum(1)
+            if layer.bias.requires_grad:
+                out[layer.bias] = (gb * gb).sum(1)
+        return out
+
+    def unit_stats(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, tuple[Tensor, Tensor]]:
+        """Per-row (L1, squared L2); a layer called several times is materialised (d x d per example)."""
+        with torch.no_grad():
+            if len(calls) > 1:
+                return {p: row_stats(g) for p, g in self.materialise(layer, calls).items()}
+            h, u, k, x, gd, gb = (t[0] if t.dim() == 3 else t for t in self._stack(layer, calls))  # type: ignore[arg-type]
+            out: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
+            if layer.lower.requires_grad:
+                out[layer.lower] = (h.abs() * _exclusive_cumsum(u.abs()), h * h * _exclusive_cumsum(u * u))
+            if layer.upper.requires_grad:
+                out[layer.upper] = (k.abs() * _exclusive_revsum(x.abs()), k * k * _exclusive_revsum(x * x))
+            if layer.log_diag.requires_grad:
+                out[layer.log_diag] = (gd.abs(), gd * gd)
+            if layer.bias.requires_grad:
+                out[layer.bias] = (gb.abs(), gb * gb)
+        return out
+
+    def weighted_sum(
+        self, layer: nn.Module, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
+    ) -> dict[nn.Parameter, Tensor]:
+        with torch.no_grad():
+            h, u, k, x, gd, gb = self._stack(layer, calls)  # type: ignore[arg-type]
+            d = h.shape[2]
+            out: dict[nn.Parameter, Tensor] = {}
+            if layer.lower.requires_grad:
+                hw = (h * _as_rows(weights[layer.lower])).reshape(-1, d)
+                out[layer.lower] = torch.tril(hw.T @ u.reshape(-1, d), -1)
+            if layer.upper.requires_grad:
+                kw = (k * _as_rows(weights[layer.upper])).reshape(-1, d)
+                out[layer.upper] = torch.triu(kw.T @ x.reshape(-1, d), 1)
+            if layer.log_diag.requires_grad:
+                out[layer.log_diag] = (gd * _as_rows(weights[layer.log_diag])).sum(0)
+            if layer.bias.requires_grad:
+                out[layer.bias] = (gb * _as_rows(weights[layer.bias])).sum(0)
+        return out
+
+    def materialise(
+        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None
+    ) -> dict[nn.Parameter, Tensor]:
+        """Per-example gradients [c, *shape] of examples ``sl``, summed over the calls."""
+        return self._blocks(layer, calls, sl, triangles=True)
+
+    def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> dict[nn.Parameter, Tensor]:
+        """The entries ``free_index`` names, [c, m] per parameter."""
+        full = self._blocks(layer, calls, sl, triangles=False)
+        idx = self.free_index(layer)
+        return {p: flat_select(v, idx[p]) for p, v in full.items()}
+
+    def _blocks(
+        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None, triangles: bool
+    ) -> dict[nn.Parameter, Tensor]:
+        """Per-example gradients; ``triangles=False`` leaves the fixed entries of L and U unzeroed."""
+        with torch.no_grad():
+            h, u, k, x, gd, gb = self._stack(layer, calls, sl)  # type: ignore[arg-type]
+            out: dict[nn.Parameter, Tensor] = {}
+            if layer.lower.requires_grad:
+                lo = torch.einsum("jni,jnk->nik", h, u)
+                out[layer.lower] = torch.tril(lo, -1) if triangles else lo
+            if layer.upper.requires_grad:
+                up = torch.einsum("jni,jnk->nik", k, x)
+                out[layer.upper] = torch.triu(up, 1) if triangles else up
+            if layer.log_diag.requires_grad:
+                out[layer.log_diag] = gd
+            if layer.bias.requires_grad:
+                out[layer.bias] = gb
+        return out
+
+    def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
+        """Flat indices of the strict triangles; the diagonal and the bias are free (None)."""
+        d, dev = layer.d, layer.lower.device  # type: ignore[union-attr]
+        rows, cols = torch.arange(d, device=dev)[:, None], torch.arange(d, device=dev)[None, :]
+        flat = torch.arange(d * d, device=dev).reshape(d, d)
+        out: dict[nn.Parameter, Tensor | None] = {
+            layer.lower: flat[rows > cols],  # type: ignore[dict-item]
+            layer.upper: flat[rows < cols],  # type: ignore[dict-item]
+            layer.log_diag: None,  # type: ignore[dict-item]
+            layer.bias: None,  # type: ignore[dict-item]
+        }
+        return {p: v for p, v in out.items() if p.requires_grad}
+
+
+register_ghost(LULinear)(LUGhost)

@@ -48,13 +48,18 @@ class GhostOps(Protocol):
         ...
 
     def materialise(
-        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None, apply_mask: bool = True
+        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None
     ) -> dict[nn.Parameter, Tensor]:
         """Per-example gradients [c, *shape] of examples ``sl``, summed over the calls."""
         ...
 
-    def free_columns(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
-        """Flat indices of each parameter's structurally free entries (None: all)."""
+    def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> dict[nn.Parameter, Tensor]:
+        """The per-example gradient entries that can be non-zero, [c, m] per parameter, in the
+        order of ``free_index`` (stochastic sparsification selects among them)."""
+        ...
+
+    def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
+        """Flat indices of the entries ``free_entries`` returns (None: all of them, in order)."""
         ...
 
 

@@ -188,6 +188,7 @@ def test_grad_sampler_matches_torch_func(kind: str, seed: int, uses: int) -> Non
         torch.testing.assert_close(stats[p][1], s2, atol=TOL, rtol=TOL)
         torch.testing.assert_close(whole[p], r, atol=TOL, rtol=TOL)
         torch.testing.assert_close(part[p], r[1:3], atol=TOL, rtol=TOL)
+    _check_free_entries(ops, layer, calls, ref, n)
     g = torch.Generator().manual_seed(seed)
     for per_row in (False, True):
         weights = {
@@ -199,6 +200,61 @@ def test_grad_sampler_matches_torch_func(kind: str, seed: int, uses: int) -> Non
             w = weights[p]
             expect = (r * w.reshape(w.shape + (1,) * (r.dim() - w.dim()))).sum(0)
             torch.testing.assert_close(ws[p], expect, atol=TOL, rtol=TOL)
+
+
+def _check_free_entries(ops, layer: nn.Module, calls, ref: dict[str, Tensor], n: int) -> None:
+    """free_entries, put back at free_index, is the whole per-example gradient: every entry it
+    leaves out is structurally zero."""
+    index = ops.free_index(layer)
+    free = ops.free_entries(layer, calls, slice(0, n))
+    for name, p in layer.named_parameters():
+        idx = index[p] if index[p] is not None else torch.arange(p.numel())
+        assert free[p].shape == (n, idx.numel())
+        full = torch.zeros(n, p.numel(), dtype=DT).index_copy_(1, idx, free[p])
+        torch.testing.assert_close(full.reshape(ref[f"layer.{name}"].shape), ref[f"layer.{name}"], atol=TOL, rtol=TOL)
+
+
+def _made_mask(d_in: int, groups: int, rows: int, runs: bool, g: torch.Generator) -> Tensor:
+    """A MADE-style mask (nested rows) whose groups of equal rows have `rows` rows each, as
+    consecutive runs (MADE's feature-major output layer) or interleaved (its hidden layers)."""
+    deg_in = torch.randint(0, groups, (d_in,), generator=g)
+    deg_out = torch.arange(groups).repeat_interleave(rows) if runs else torch.arange(groups).repeat(rows)
+    return (deg_out[:, None] >= deg_in[None, :]).float()
+
+
+@pytest.mark.parametrize("uses", [1, 3])
+@pytest.mark.parametrize("runs", [True, False])
+def test_masked_staircase_ops_match_torch_func(runs: bool, uses: int) -> None:
+    """Groups of >= 8 equal mask rows: per-row statistics and free entries are formed group by
+    group on the staircase columns (``linear._staircase_slabs``), group sums by reshape when
+    the groups are runs; all against torch.func."""
+    from privflow.privacy.grad_samplers.linear import _STAIRCASE_MIN_ROWS, mask_layout
+
+    g = torch.Generator().manual_seed(3)
+    d_in, groups, rows = 7, 4, _STAIRCASE_MIN_ROWS + 1
+    mask = _made_mask(d_in, groups, rows, runs, g)
+    layer = MaskedLinear(d_in, groups * rows, mask).to(DT)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=DT))
+    layout = mask_layout(layer, layer.mask)
+    assert layout.cols is not None and bool(layout.run) == runs
+    assert GHOST_OPS[MaskedLinear]._layout(layer) is layout  # the staircase path is the one tested
+    model = Harness(layer, uses, d_in, groups * rows, 3)
+    n = 6
+    x = torch.randn(n, d_in, dtype=DT, generator=g)
+    ref = func_per_example(model, x)
+    calls = tape_calls(model, layer, x)
+    ops = GHOST_OPS[MaskedLinear]
+    sq = ops.sq_norms(layer, calls)
+    stats = ops.unit_stats(layer, calls)
+    for name, p in layer.named_parameters():
+        r = ref[f"layer.{name}"]
+        torch.testing.assert_close(sq[p], r.reshape(n, -1).pow(2).sum(1), atol=TOL, rtol=TOL)
+        l1, s2 = row_stats(r)
+        torch.testing.assert_close(stats[p][0], l1, atol=TOL, rtol=TOL)
+        torch.testing.assert_close(stats[p][1], s2, atol=TOL, rtol=TOL)
+    _check_free_entries(ops, layer, calls, ref, n)
 
 
 @pytest.mark.parametrize("seed", range(3))
