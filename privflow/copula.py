@@ -414,21 +414,27 @@ class CopulaCodec:
             cdf, p = self.cdfs[j], self.probs[j]
             idx = np.searchsorted(cdf, ut[j], side="right") - 1
             np.clip(idx, 0, c.n_cells - 1, out=idx)
-            pk = p[idx]
-            r = np.clip((ut[j] - cdf[idx]) / np.where(pk > 0, pk, 1.0), 0.0, 1.0)
+            r = None
+            if not c.is_atomic:  # a category or a single integer is its cell: no position needed
+                pk = p[idx]
+                r = np.clip((ut[j] - cdf[idx]) / np.where(pk > 0, pk, 1.0), 0.0, 1.0)
             cols[c.column] = self._values(c, idx, r)
         return pl.DataFrame(cols)
 
     @staticmethod
-    def _values(c: Cells, idx: np.ndarray, r: np.ndarray) -> pl.Series:
-        isnull = idx >= c.n_values
-        k = np.minimum(idx, c.n_values - 1)
+    def _values(c: Cells, idx: np.ndarray, r: np.ndarray | None) -> pl.Series:
+        """The column's values from each row's cell and position inside it (r: None for atomic cells)."""
         if c.kind == "categorical":
             # gather from Enum labels: 3x faster than gathering strings and casting them
             return pl.Series(c.column, [*c.labels, None], dtype=pl.Enum(list(c.labels))).gather(idx)
+        isnull = idx >= c.n_values
+        k = np.minimum(idx, c.n_values - 1)
         if c.kind == "integer":
-            width = c.ends[k] - c.starts[k]
-            x = c.starts[k] + np.minimum(np.floor(r * width).astype(np.int64), width - 1)
+            if r is None:
+                x = c.starts[k]
+            else:
+                width = c.ends[k] - c.starts[k]
+                x = c.starts[k] + np.minimum(np.floor(r * width).astype(np.int64), width - 1)
             s = pl.Series(c.column, x, dtype=pl.Int64)
         else:
             e = c.edges
