@@ -140,16 +140,21 @@ def _nonfinite_rows(calls: Sequence[Sequence[Call]], n: int, device: torch.devic
             collect(call.activations)
             collect(list(call.kwargs.values()))
             collect(call.backprops)
-    # Fast screen: a tensor's sum is finite whenever all its entries are (one reduction each,
-    # no per-row masks); only a non-finite sum (a non-finite entry, or an overflow) is
-    # looked at row by row.
-    sums = torch.stack([t.sum(dtype=torch.float64) for t in tensors]) if tensors else None
-    if sums is None or bool(torch.isfinite(sums).all()):
+    if _all_finite(tensors):
         return bad
 
     for t in tensors:  # the tensors `collect` found: every per-example one
         bad.logical_or_(~torch.isfinite(t.reshape(n, -1)).all(1).to(device))
     return bad
+
+
+def _all_finite(tensors: Sequence[Tensor]) -> bool:
+    """Whether every entry is finite. Screened by one sum per tensor in its own dtype (a sum is
+    finite whenever all its entries are; no per-entry masks); only a non-finite sum -- a
+    non-finite entry, or an overflow of finite ones -- is checked entry by entry."""
+    if not tensors or bool(torch.isfinite(torch.stack([t.sum() for t in tensors])).all()):
+        return True
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _clipped_pass(
@@ -193,7 +198,7 @@ def _clipped_pass(
         if got is None:
             return None, losses, bad_rows if bad_rows is not None else torch.zeros(n, dtype=torch.bool)
         out = got
-    if not all(bool(torch.isfinite(g).all()) for g in out.values()):
+    if not _all_finite(list(out.values())):
         # finite inputs, yet a per-example gradient overflowed: find it from exact norms
         sq = sum(layer_sq(layer, c, n, "hooks")[0] for layer, c in active)
         bad = ~torch.isfinite(torch.as_tensor(sq))

@@ -161,6 +161,24 @@ def test_sparsify_operator_cases() -> None:
         sparsify_k(10, 1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, DT])
+def test_kth_largest_matches_a_sort(dtype: torch.dtype) -> None:
+    """tau of stochastic sparsification: the k-th largest |entry| per row, with rows of many
+    exact zeros (fewer positive entries than k gives 0), ties, and k from 1 to m."""
+    from privflow.privacy.clipping.sparsify import kth_largest
+
+    g = torch.Generator().manual_seed(0)
+    n, m = 12, 30
+    a = torch.rand(n, m, generator=g, dtype=dtype)
+    a[torch.rand(n, m, generator=g) < 0.5] = 0.0  # exact zeros
+    a[0] = 0.0  # a row with no positive entry
+    a[1, :10] = 0.25  # ties
+    a[2] = 1.0  # all equal
+    ref = torch.sort(a, dim=1, descending=True).values
+    for k in (1, 2, 7, 15, 16, 29, m):
+        torch.testing.assert_close(kth_largest(a, k), ref[:, k - 1 : k], atol=0, rtol=0)
+
+
 def test_sparsify_is_unbiased() -> None:
     """E[T_{tau,gamma}(v)] = v, over gamma ~ U[0,1] (fixed seed, 5 standard errors)."""
     g = torch.Generator().manual_seed(0)
@@ -408,3 +426,17 @@ def test_dphflow_fast_path_equals_torch_func_per_example_clipping(strategy: str)
     for layer, cl in zip(layers, clipped, strict=False):
         for p, gp in zip(layer.params, cl, strict=False):
             torch.testing.assert_close(fast.grads[p], gp.sum(0), atol=1e-6, rtol=1e-6)
+
+
+def test_finite_screen_tells_overflow_from_non_finite_entries() -> None:
+    """The engine screens recorded tensors and clipped sums by one sum each; finite entries
+    whose float32 sum overflows are still finite, an inf or a NaN entry is not."""
+    from privflow.privacy.clipping.engine import _all_finite
+
+    big = torch.full((4, 3), 3e38, dtype=torch.float32)  # finite entries, the sum overflows
+    assert _all_finite([big, torch.zeros(2)])
+    assert _all_finite([])
+    for bad in (math.inf, -math.inf, math.nan):
+        t = torch.zeros(4, 3)
+        t[2, 1] = bad
+        assert not _all_finite([torch.ones(3), t])
