@@ -82,8 +82,7 @@ class SplineSampler:
     def __init__(self, spline: ConditionalSplineAutoregressive, n: int, like: Tensor) -> None:
         self.d = spline.d
         self.table = SplineInverseTable(spline.bins, n, like, bound=spline.bound)
-        rows = SplineInverseTable.raw_order(spline.bins)
-        self.made = IncrementalMADE(spline.made, spline.embedding.weight.to(like), rows)
+        self.made = IncrementalMADE(spline.made, spline.embedding.weight.to(like), self.table.raw_rows())
         self.x_a, self.hidden = self.made.start(n, like)
 
     def invert(self, z_t: Tensor, block: int) -> Tensor:

@@ -116,11 +116,16 @@ class IncrementalMADE:
 
     ``contexts`` [c, context_features]: one first-layer bias per context row (DP-HFlow's block
     embeddings), picked by ``step(..., context=j)``. ``out_rows``: the rows of a pass's output,
-    each the index of the output unit of the block it holds or -1 for a row of zeros (default:
-    the block's units in order).
+    each (index of the block's output unit or -1 for none, scale, offset): row = scale * unit +
+    offset, folded into the last layer (default: the block's units in order, unscaled).
     """
 
-    def __init__(self, made: MADE, contexts: Tensor | None = None, out_rows: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        made: MADE,
+        contexts: Tensor | None = None,
+        out_rows: Sequence[tuple[int, float, float]] | None = None,
+    ) -> None:
         linears = [m for m in made.net if isinstance(m, MaskedLinear)]
         acts = [m for m in made.net if not isinstance(m, MaskedLinear)]
         d = self.d = made.features
@@ -150,11 +155,14 @@ class IncrementalMADE:
             first_bias = b[0][None]
         self.w_in = [torch.cat([fb[:, None], w[0][:, :d]], dim=1) for fb in first_bias]  # [hidden, 1 + d]
         self.w_mid = [torch.cat([bk[:, None], wk], dim=1) for wk, bk in zip(w[1:-1], b[1:-1], strict=True)]
-        rows = list(range(p)) if out_rows is None else list(out_rows)
-        self.out_size = len(rows)
+        rows = [(r, 1.0, 0.0) for r in range(p)] if out_rows is None else list(out_rows)
         w_out = torch.cat([b[-1][:, None], w[-1]], dim=1)  # [d * p, 1 + hidden]
-        zero = torch.zeros_like(w_out[0])
-        self.w_out = [torch.stack([w_out[i * p + r] if r >= 0 else zero for r in rows]) for i in range(d)]
+        offset = torch.zeros_like(w_out[0])
+        offset[0] = 1.0  # times the row of ones: the offset
+        self.w_out = [
+            torch.stack([(w_out[i * p + r] if r >= 0 else 0.0) * scale + offset * shift for r, scale, shift in rows])
+            for i in range(d)
+        ]
 
     def start(self, n: int, like: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Buffers of one inversion: the inputs x_a [1 + d, n] and the hidden states, one

@@ -128,12 +128,13 @@ class SplineInverseTable:
     flat ``index_select`` (2-3x faster than a gather across rows), and everything after that on
     rows of n. The bin's knots are normalised after the selection. No log-determinant.
 
-    Rows of ``table`` [5K + 3, n], K bins (``raw`` is what the MADE writes, in ``raw_order``):
+    Rows of ``table`` [5K + 3, n], K bins (``raw`` is what the MADE writes, see ``raw_rows``):
 
     - 0 .. K, K+1 .. 2K+1: cumulative exp-widths and exp-heights (0 first, the sum last), scratch;
-    - 2K+2: 0 (the raw derivative at -B); 2K+3 .. 3K+1: the K-1 raw interior derivatives;
-      3K+2: 0 (the raw derivative at +B: a zero row of the MADE's output);
-    - 3K+3 .. 4K+2, 4K+3 .. 5K+2: raw widths, raw heights (overwritten by their exponentials).
+    - 2K+2: c (the raw derivative at -B, 0, plus the identity shift c); 2K+3 .. 3K+1: the K-1 raw
+      interior derivatives + c; 3K+2: c (the derivative at +B: a constant row of the MADE's output);
+    - 3K+3 .. 4K+2, 4K+3 .. 5K+2: raw widths, raw heights, times log2 e (overwritten by their
+      exponentials).
     """
 
     def __init__(
@@ -153,8 +154,9 @@ class SplineInverseTable:
         self.shift = _identity_shift(min_derivative)
         kw = {"dtype": like.dtype, "device": like.device}
         self.table = torch.empty(5 * k + 3, n, **kw)
-        for row in (0, k + 1, 2 * k + 2):
-            self.table[row].zero_()
+        self.table[0].zero_()
+        self.table[k + 1].zero_()
+        self.table[2 * k + 2].fill_(self.shift)
         self.raw = self.table[2 * k + 3 :]
         self.below = torch.empty(k - 1, n, **kw)
         mins = torch.tensor([min_bin_width, min_bin_height], **kw)
@@ -170,19 +172,21 @@ class SplineInverseTable:
         self.index_dtype = torch.int32 if self.table.numel() < 2**31 else torch.int64
         self.flat = positions.to(self.index_dtype)
 
-    @staticmethod
-    def raw_order(bins: int) -> list[int]:
-        """For each row of ``raw``: the index of the raw parameter it holds in the reference layout
-        (K widths, K heights, K - 1 derivatives), or -1 for a row that must be 0."""
-        k = bins
-        return [*range(2 * k, 3 * k - 1), -1, *range(2 * k)]
+    def raw_rows(self) -> list[tuple[int, float, float]]:
+        """What each row of ``raw`` holds, as (index of the raw parameter in the reference layout
+        of K widths, K heights and K - 1 derivatives, or -1 for none; scale; offset): row = scale *
+        parameter + offset. Widths and heights come scaled by log2 e (the softmax is then an exp2),
+        derivatives shifted by the identity shift (both folded into the MADE's last layer)."""
+        k = self.bins
+        derivatives = [(2 * k + j, 1.0, self.shift) for j in range(k - 1)] + [(-1, 1.0, self.shift)]
+        return derivatives + [(j, _LOG2E, 0.0) for j in range(2 * k)]
 
     def __call__(self, x: Tensor, out: Tensor) -> Tensor:
         """x [n] -> out [n]: the inverse at the parameters in ``raw`` (which it overwrites)."""
         k, bound, t = self.bins, self.bound, self.table
         n = x.shape[0]
         e = t[3 * k + 3 :].view(2, k, n)
-        e.sub_(e.amax(1, keepdim=True)).mul_(_LOG2E).exp2_()
+        e.sub_(e.amax(1, keepdim=True)).exp2_()  # 2^(log2 e (raw - max)) = e^(raw - max)
         cum = t[: 2 * k + 2].view(2, k + 1, n)
         for j in range(k):
             torch.add(cum[:, j], e[:, j], out=cum[:, j + 1])
@@ -197,7 +201,7 @@ class SplineInverseTable:
         x_k, y_k = knots[0, 0], knots[1, 0]
         size = knots[:, 1] - knots[:, 0]
         w_k, h_k = size[0], size[1]
-        d = F.softplus(g[4:] + self.shift).add_(self.min_derivative)  # d_k, d_k+1
+        d = F.softplus(g[4:]).add_(self.min_derivative)  # d_k, d_k+1
         s_k = h_k / w_k
         curv = torch.add(d.sum(0), s_k, alpha=-2.0)
         dy = xc - y_k
