@@ -451,7 +451,10 @@ def make_task_runner(
     kind: Literal["process", "dask"] = "process", dask_address: str | None = None, workers: int = 2
 ) -> Any:
     """ProcessPoolTaskRunner (local processes), a local Dask cluster of processes, or the
-    Dask cluster at `dask_address` / $PRIVFLOW_DASK_ADDRESS when one is configured."""
+    Dask cluster at `dask_address` / $PRIVFLOW_DASK_ADDRESS when one is configured (the
+    sweep's cells then run on that cluster's workers, whatever `kind`)."""
+    if kind not in ("process", "dask"):  # checked first: a configured cluster must not hide a typo
+        raise ValueError(f"task_runner must be 'process' or 'dask', got {kind!r}")
     address = dask_address or os.environ.get("PRIVFLOW_DASK_ADDRESS")
     if address:
         from prefect_dask import DaskTaskRunner
@@ -470,9 +473,7 @@ def make_task_runner(
                 "dashboard_address": None,
             },
         )
-    if kind == "process":
-        return ProcessPoolTaskRunner(max_workers=workers)
-    raise ValueError(f"task_runner must be 'process' or 'dask', got {kind!r}")
+    return ProcessPoolTaskRunner(max_workers=workers)
 
 
 @contextmanager
