@@ -171,6 +171,14 @@ class SplineInverseTable:
         # int32 index arithmetic is ~4x faster than int64; int64 where the table outgrows it
         self.index_dtype = torch.int32 if self.table.numel() < 2**31 else torch.int64
         self.flat = positions.to(self.index_dtype)
+        # views of the table, made once: each costs about a microsecond per call otherwise
+        t = self.table
+        self.flat_table = t.view(-1)
+        self.exp = t[3 * k + 3 :].view(2, k, n)
+        cum = t[: 2 * k + 2].view(2, k + 1, n)
+        self.cumulate = [(cum[:, j], self.exp[:, j], cum[:, j + 1]) for j in range(k)]
+        self.sums = cum[:, k]
+        self.interior = cum[1, 1:k]
 
     def raw_rows(self) -> list[tuple[int, float, float]]:
         """What each row of ``raw`` holds, as (index of the raw parameter in the reference layout
@@ -183,31 +191,29 @@ class SplineInverseTable:
 
     def __call__(self, x: Tensor, out: Tensor) -> Tensor:
         """x [n] -> out [n]: the inverse at the parameters in ``raw`` (which it overwrites)."""
-        k, bound, t = self.bins, self.bound, self.table
-        n = x.shape[0]
-        e = t[3 * k + 3 :].view(2, k, n)
+        n, bound = x.shape[0], self.bound
+        e = self.exp
         e.sub_(e.amax(1, keepdim=True)).exp2_()  # 2^(log2 e (raw - max)) = e^(raw - max)
-        cum = t[: 2 * k + 2].view(2, k + 1, n)
-        for j in range(k):
-            torch.add(cum[:, j], e[:, j], out=cum[:, j + 1])
-        r = torch.div(self.scale, cum[:, k])  # [2, n]: scale / sum, widths and heights
+        for total, term, running in self.cumulate:
+            torch.add(total, term, out=running)
+        r = torch.div(self.scale, self.sums)  # [2, n]: scale / sum, widths and heights
         xc = x.clamp(-bound, bound)
         # the bin: how many interior height knots are <= xc (knot 0 = -B always is)
-        below = torch.le(torch.addcmul(self.interior_heights, cum[1, 1:k], r[1]), xc, out=self.below)
+        below = torch.le(torch.addcmul(self.interior_heights, self.interior, r[1]), xc, out=self.below)
         idx = below.sum(0)
-        g = t.view(-1).index_select(0, torch.add(self.flat, idx.to(self.index_dtype), alpha=n).view(-1)).view(6, n)
-        knots = torch.addcmul(self.knot_base, idx, self.knot_step)  # [2, 2, n]
-        knots.addcmul_(g[:4].view(2, 2, n), r[:, None])  # (x_k, x_k+1), (y_k, y_k+1)
-        x_k, y_k = knots[0, 0], knots[1, 0]
-        size = knots[:, 1] - knots[:, 0]
-        w_k, h_k = size[0], size[1]
-        d = F.softplus(g[4:]).add_(self.min_derivative)  # d_k, d_k+1
+        at = torch.add(self.flat, idx.to(self.index_dtype), alpha=n).view(-1)
+        g = self.flat_table.index_select(0, at).view(3, 2, n)  # (x_k, x_k+1), (y_k, y_k+1), (d_k, d_k+1)
+        knots = torch.addcmul(self.knot_base, idx, self.knot_step).addcmul_(g[:2], r.unsqueeze(1))
+        lower, upper = knots.unbind(1)  # (x_k, y_k), (x_k+1, y_k+1)
+        x_k, y_k = lower.unbind()
+        w_k, h_k = (upper - lower).unbind()
+        d_k, d_k1 = F.softplus(g[2]).add_(self.min_derivative).unbind()
         s_k = h_k / w_k
-        curv = torch.add(d.sum(0), s_k, alpha=-2.0)
+        curv = torch.add(d_k, d_k1).sub_(s_k, alpha=2.0)
         dy = xc - y_k
-        a = torch.sub(s_k, d[0]).mul_(h_k).addcmul_(dy, curv)
-        b = torch.mul(h_k, d[0]).addcmul_(dy, curv, value=-1.0)
-        q = s_k * dy  # c = -q in a xi^2 + b xi + c = 0; the stable root 2c / (-b - sqrt(b^2 - 4ac))
-        root = torch.mul(b, b).addcmul_(a, q, value=4.0).clamp_min_(0.0).sqrt_().add_(b)
-        xi = torch.div(q, root).mul_(2.0).clamp_(0.0, 1.0)
-        return torch.where(x.abs() <= bound, torch.addcmul(x_k, xi, w_k), x, out=out)
+        a = torch.sub(s_k, d_k).mul_(h_k).addcmul_(dy, curv)
+        b = torch.mul(h_k, d_k).addcmul_(dy, curv, value=-1.0)
+        q2 = torch.mul(s_k, dy).mul_(2.0)  # -2c in a xi^2 + b xi + c = 0; the stable root 2c / (-b - sqrt(b^2 - 4ac))
+        root = torch.mul(b, b).addcmul_(a, q2, value=2.0).clamp_min_(0.0).sqrt_().add_(b)
+        xi = torch.div(q2, root).clamp_(0.0, 1.0)
+        return torch.where(x == xc, torch.addcmul(x_k, xi, w_k), x, out=out)  # identity outside [-B, B]
