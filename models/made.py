@@ -156,13 +156,13 @@ class IncrementalMADE:
         self.w_in = [torch.cat([fb[:, None], w[0][:, :d]], dim=1) for fb in first_bias]  # [hidden, 1 + d]
         self.w_mid = [torch.cat([bk[:, None], wk], dim=1) for wk, bk in zip(w[1:-1], b[1:-1], strict=True)]
         rows = [(r, 1.0, 0.0) for r in range(p)] if out_rows is None else list(out_rows)
-        w_out = torch.cat([b[-1][:, None], w[-1]], dim=1)  # [d * p, 1 + hidden]
-        offset = torch.zeros_like(w_out[0])
-        offset[0] = 1.0  # times the row of ones: the offset
-        self.w_out = [
-            torch.stack([(w_out[i * p + r] if r >= 0 else 0.0) * scale + offset * shift for r, scale, shift in rows])
-            for i in range(d)
-        ]
+        w_out = torch.cat([b[-1][:, None], w[-1]], dim=1).view(d, p, -1)  # [d, p, 1 + hidden]
+        w_out = torch.cat([w_out, torch.zeros_like(w_out[:, :1])], dim=1)  # unit p: a row of zeros
+        unit = torch.tensor([p if r < 0 else r for r, _, _ in rows], device=w_out.device)
+        scale = torch.tensor([sc for _, sc, _ in rows]).to(w_out)[:, None]
+        w_out = w_out[:, unit] * scale
+        w_out[:, :, 0] += torch.tensor([sh for _, _, sh in rows]).to(w_out)  # times the row of ones
+        self.w_out = list(w_out.unbind())  # [len(out_rows), 1 + hidden] per block
 
     def start(self, n: int, like: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Buffers of one inversion: the inputs x_a [1 + d, n] and the hidden states, one
