@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from privflow.models import build_flow
-from privflow.models.dphflow import ConditionalSplineAutoregressive
+from privflow.models.dphflow import SAMPLE_CHUNK, ConditionalSplineAutoregressive
 from tests.models.conftest import perturb
 
 # d, hidden, hidden_layers, bins, activation, perturbation: off the identity, yet well conditioned (a
@@ -94,3 +94,17 @@ def test_flow_sampling_inverse_matches_the_reference(name, kw):
         fast = m.inverse_transform(z)
     torch.testing.assert_close(fast, v, atol=1e-8, rtol=0)
     torch.testing.assert_close(fast, reference, atol=1e-8, rtol=0)
+
+
+def test_flow_sampling_inverse_in_chunks():
+    """More rows than one pass of the sampling inverse holds (models.dphflow.SAMPLE_CHUNK): the
+    chunks and the shorter last one invert like one pass would."""
+    torch.manual_seed(0)
+    m = build_flow("dphflow", [None, None, 4], blocks=2, hidden=8).double()
+    perturb(m, 0.15, seed=4)
+    v = torch.rand(SAMPLE_CHUNK + 37, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 0.9 + 0.05
+    z = m.transform(v)[0].detach()
+    with torch.inference_mode():
+        fast = m.inverse_transform(z)
+        torch.testing.assert_close(fast[-37:], m.inverse_transform(z[-37:]), atol=1e-12, rtol=0)
+    torch.testing.assert_close(fast, v, atol=1e-8, rtol=0)
