@@ -162,11 +162,10 @@ class SplineInverseTable:
         mins = torch.tensor([min_bin_width, min_bin_height], **kw)
         # knot r = -B + 2B (min r + (1 - min K) C_r / C_K): the per-example part is C_r * scale / C_K
         self.scale = (2.0 * bound * (1.0 - mins * k))[:, None]
-        self.knot_step = (2.0 * bound * mins)[:, None, None]  # [2, 1, 1]: times the bin index
-        self.knot_base = -bound + self.knot_step * torch.tensor([0.0, 1.0], **kw)[None, :, None]  # [2, 2, 1]
+        self.knot_step = (2.0 * bound * mins)[:, None]  # [2, 1]: times the bin index; the bin's least size
         self.interior_heights = -bound + 2.0 * bound * min_bin_height * torch.arange(1, k, **kw)[:, None]
-        # flat positions of x_k, x_k+1, y_k, y_k+1, raw d_k, raw d_k+1 at bin index 0
-        rows = torch.tensor([0, 1, k + 1, k + 2, 2 * k + 2, 2 * k + 3], device=like.device)
+        # flat positions at bin index 0 of C_w, C_h (the bin's lower knots), e_w, e_h (its sizes), raw d_k, d_k+1
+        rows = torch.tensor([0, k + 1, 3 * k + 3, 4 * k + 3, 2 * k + 2, 2 * k + 3], device=like.device)
         positions = rows[:, None] * n + torch.arange(n, device=like.device)  # [6, n]
         # int32 index arithmetic is ~4x faster than int64; int64 where the table outgrows it
         self.index_dtype = torch.int32 if self.table.numel() < 2**31 else torch.int64
@@ -202,12 +201,11 @@ class SplineInverseTable:
         below = torch.le(torch.addcmul(self.interior_heights, self.interior, r[1]), xc, out=self.below)
         idx = below.sum(0)
         at = torch.add(self.flat, idx.to(self.index_dtype), alpha=n).view(-1)
-        g = self.flat_table.index_select(0, at).view(3, 2, n)  # (x_k, x_k+1), (y_k, y_k+1), (d_k, d_k+1)
-        knots = torch.addcmul(self.knot_base, idx, self.knot_step).addcmul_(g[:2], r.unsqueeze(1))
-        lower, upper = knots.unbind(1)  # (x_k, y_k), (x_k+1, y_k+1)
-        x_k, y_k = lower.unbind()
-        w_k, h_k = (upper - lower).unbind()
-        d_k, d_k1 = F.softplus(g[2]).add_(self.min_derivative).unbind()
+        cum, size, raw_d = self.flat_table.index_select(0, at).view(3, 2, n)
+        # knot = -B + step * idx + C * r, bin size = step + e * r (widths, heights)
+        x_k, y_k = torch.mul(idx, self.knot_step).sub_(bound).addcmul_(cum, r).unbind()
+        w_k, h_k = torch.addcmul(self.knot_step, size, r).unbind()
+        d_k, d_k1 = F.softplus(raw_d).add_(self.min_derivative).unbind()
         s_k = h_k / w_k
         curv = torch.add(d_k, d_k1).sub_(s_k, alpha=2.0)
         dy = xc - y_k
