@@ -137,17 +137,17 @@ def sparsify_layer(
     total: Tensor | None = None
     for sl in chunks(n, layer):
         if ops is not None:
-            g = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
+            v = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
         else:
-            g = {p: v.reshape(v.shape[0], -1) for p, v in materialise(layer.module, calls, sl).items()}
-        parts = [g[p] for p in layer.params]
-        part = sparsify_clipped_sum(torch.cat(parts, 1) if len(parts) > 1 else parts[0], k, gamma[sl], thr)
+            g = materialise(layer.module, calls, sl)
+            v = torch.cat([g[p].reshape(g[p].shape[0], -1) for p in layer.params], 1)
+        part = sparsify_clipped_sum(v, k, gamma[sl], thr)
         total = part if total is None else total + part
     out, start = {}, 0
     assert total is not None
-    for p, v in zip(layer.params, parts, strict=True):
+    for p in layer.params:
         idx = index.get(p)
-        size = v.shape[1]
+        size = p.numel() if idx is None else idx.numel()
         piece = total[start : start + size]
         if idx is not None:
             piece = torch.zeros(p.numel(), dtype=piece.dtype, device=piece.device).index_copy_(0, idx, piece)

@@ -202,11 +202,11 @@ class LUGhost:
         """Per-example gradients [c, *shape] of examples ``sl``, summed over the calls."""
         return self._blocks(layer, calls, sl, triangles=True)
 
-    def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> dict[nn.Parameter, Tensor]:
-        """The entries ``free_index`` names, [c, m] per parameter."""
+    def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> Tensor:
+        """The entries ``free_index`` names, [c, m], the trainable parameters' in turn."""
         full = self._blocks(layer, calls, sl, triangles=False)
         idx = self.free_index(layer)
-        return {p: flat_select(v, idx[p]) for p, v in full.items()}
+        return torch.cat([flat_select(v, idx[p]) for p, v in full.items()], 1)
 
     def _blocks(
         self, layer: nn.Module, calls: Sequence[Call], sl: slice | None, triangles: bool

@@ -53,9 +53,10 @@ class GhostOps(Protocol):
         """Per-example gradients [c, *shape] of examples ``sl``, summed over the calls."""
         ...
 
-    def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> dict[nn.Parameter, Tensor]:
-        """The per-example gradient entries that can be non-zero, [c, m] per parameter, in the
-        order of ``free_index`` (stochastic sparsification selects among them)."""
+    def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> Tensor:
+        """The per-example gradient entries that can be non-zero, [c, m]: the layer's trainable
+        parameters in registration order, each in the order of ``free_index`` (stochastic
+        sparsification selects among them)."""
         ...
 
     def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:

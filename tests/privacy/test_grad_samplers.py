@@ -203,15 +203,18 @@ def test_grad_sampler_matches_torch_func(kind: str, seed: int, uses: int) -> Non
 
 
 def _check_free_entries(ops, layer: nn.Module, calls, ref: dict[str, Tensor], n: int) -> None:
-    """free_entries, put back at free_index, is the whole per-example gradient: every entry it
-    leaves out is structurally zero."""
+    """free_entries, put back at free_index parameter by parameter, is the whole per-example
+    gradient: every entry it leaves out is structurally zero."""
     index = ops.free_index(layer)
     free = ops.free_entries(layer, calls, slice(0, n))
+    start = 0
     for name, p in layer.named_parameters():
         idx = index[p] if index[p] is not None else torch.arange(p.numel())
-        assert free[p].shape == (n, idx.numel())
-        full = torch.zeros(n, p.numel(), dtype=DT).index_copy_(1, idx, free[p])
+        part = free[:, start : start + idx.numel()]
+        full = torch.zeros(n, p.numel(), dtype=DT).index_copy_(1, idx, part)
         torch.testing.assert_close(full.reshape(ref[f"layer.{name}"].shape), ref[f"layer.{name}"], atol=TOL, rtol=TOL)
+        start += idx.numel()
+    assert free.shape == (n, start)
 
 
 def _made_mask(d_in: int, groups: int, rows: int, runs: bool, g: torch.Generator) -> Tensor:
@@ -228,7 +231,7 @@ def test_masked_staircase_ops_match_torch_func(runs: bool, uses: int) -> None:
     """Groups of >= 8 equal mask rows: per-row statistics and free entries are formed group by
     group on the staircase columns (``linear._staircase_slabs``), group sums by reshape when
     the groups are runs; all against torch.func."""
-    from privflow.privacy.grad_samplers.linear import _STAIRCASE_MIN_ROWS, mask_layout
+    from privflow.privacy.grad_samplers.linear import _STAIRCASE_MIN_ROWS, _masked_gram, _per_call, mask_layout
 
     g = torch.Generator().manual_seed(3)
     d_in, groups, rows = 7, 4, _STAIRCASE_MIN_ROWS + 1
@@ -255,6 +258,22 @@ def test_masked_staircase_ops_match_torch_func(runs: bool, uses: int) -> None:
         torch.testing.assert_close(stats[p][0], l1, atol=TOL, rtol=TOL)
         torch.testing.assert_close(stats[p][1], s2, atol=TOL, rtol=TOL)
     _check_free_entries(ops, layer, calls, ref, n)
+    # both forms of the weight's squared norm (sq_norms picks one by cost, ``linear._gram_pays``)
+    r = ref["layer.weight"].reshape(n, -1).pow(2).sum(1)
+    a, g = _per_call(calls)
+    torch.testing.assert_close(_masked_gram(a, g, layout), r, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(ops._materialised_sq(layer, calls), r, atol=TOL, rtol=TOL)
+
+
+def test_gram_or_materialised_norm_by_cost() -> None:
+    """DP-HFlow's shared MADE (4 calls, 15 groups of equal mask rows): its 64 x 23 and 64 x 64
+    layers form the per-example gradient for the norm, its 345 x 64 output layer uses the Gram form."""
+    from privflow.privacy.grad_samplers.linear import _gram_pays
+
+    assert not _gram_pays(4, torch.Size((64, 23)), 15)
+    assert not _gram_pays(4, torch.Size((64, 64)), 15)
+    assert _gram_pays(4, torch.Size((345, 64)), 15)
+    assert _gram_pays(1, torch.Size((345, 64)), 1)  # one call, no mask: ||a|| ||g||
 
 
 @pytest.mark.parametrize("seed", range(3))
