@@ -387,3 +387,25 @@ def test_uniformize_in_gaussian_space_is_the_normal_quantile_of_the_ranks() -> N
     rng = np.random.default_rng(3)
     u, jitter = rng.normal(size=(500, codec.dim)).astype(np.float32), rng.random((500, codec.dim))
     np.testing.assert_array_equal(codec.uniformize(u, jitter), stats.norm.ppf(_stable_ranks_reference(u, jitter)))
+
+
+@pytest.mark.parametrize("knots", [2, 3, 18, 118, 1026, 5001])
+def test_decode_cell_lookup_equals_binary_search(knots: int) -> None:
+    """decode's cell of u (a bucket table, then a comparison or a binary search) is
+    searchsorted(cdf, u, 'right') - 1 exactly: on knots, a hair either side of them, 0, the
+    largest u below 1, zero-mass cells (repeated knots) and crowded tails."""
+    rng = np.random.default_rng(knots)
+    for trial in range(12):
+        p = rng.dirichlet(np.full(knots - 1, 0.2 if trial % 2 else 3.0))
+        if trial % 3 == 0:
+            p[rng.random(knots - 1) < 0.3] = 0.0
+            p = p / p.sum() if p.sum() > 0 else np.full(knots - 1, 1.0 / (knots - 1))
+        cdf = np.concatenate([[0.0], np.cumsum(p)])
+        cdf /= cdf[-1]
+        cdf[-1] = 1.0
+        u = rng.random(3000)
+        u[:300] = rng.choice(cdf, 300)
+        u[300:600] = rng.choice(cdf, 300) + rng.choice([-1.0, 1.0], 300) * np.finfo(float).eps
+        u[600], u[601] = 0.0, np.nextafter(1.0, 0.0)
+        u = np.clip(u, 0.0, np.nextafter(1.0, 0.0))
+        np.testing.assert_array_equal(CopulaCodec._cell_of(cdf, u), np.searchsorted(cdf, u, side="right") - 1)
