@@ -10,12 +10,32 @@ that is exact only when the log-determinant does not reach the loss).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor
+
+V = TypeVar("V")
+
+
+class StepMemo(Generic[V]):
+    """Per-layer memo of a value computed from one step's recorded tensors: a step asks for the
+    same stacks for the norms and again for the clipped sum. Keyed by the identity of those
+    tensors, which the memo holds (so an identity cannot be reused while it is kept)."""
+
+    def __init__(self) -> None:
+        self._memo: weakref.WeakKeyDictionary[Any, tuple[list[Tensor], V]] = weakref.WeakKeyDictionary()
+
+    def get(self, layer: Any, key: list[Tensor], compute: Callable[[], V]) -> V:
+        hit = self._memo.get(layer)
+        if hit is not None and len(hit[0]) == len(key) and all(a is b for a, b in zip(hit[0], key, strict=True)):
+            return hit[1]
+        value = compute()
+        self._memo[layer] = (key, value)
+        return value
 
 
 def split_backprops(backprops: Any) -> tuple[Tensor, Tensor | None]:

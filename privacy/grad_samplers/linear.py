@@ -29,7 +29,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from privflow.privacy.grad_samplers._common import call_pairs, flat_select, single_tensor_calls, split_backprops
+from privflow.privacy.grad_samplers._common import (
+    StepMemo,
+    call_pairs,
+    flat_select,
+    single_tensor_calls,
+    split_backprops,
+)
 from privflow.privacy.grad_samplers.registry import Call, register_ghost
 
 _CHUNK_ELEMENTS = 1 << 20  # per-example gradient entries per chunk: small chunks stay in cache and
@@ -131,9 +137,7 @@ class LinearGhost:
     """Ghost norms / weighted sums for a linear layer; subclasses supply the mask."""
 
     def __init__(self) -> None:
-        self._stacks: weakref.WeakKeyDictionary[nn.Module, tuple[list[Tensor], Tensor, Tensor]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._memo: StepMemo[tuple[Tensor, Tensor]] = StepMemo()
 
     def mask(self, layer: nn.Module) -> Tensor | None:
         return None
@@ -142,22 +146,15 @@ class LinearGhost:
         return single_tensor_calls(calls)
 
     def _stack(self, layer: nn.Module, calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
-        """Activations and output gradients of all calls stacked: [J, n, in], [J, n, out].
-        Kept per layer (keyed by the recorded tensors, which the cache holds): a step asks for
-        them for the norms and again for the clipped sum."""
-        gs = [split_backprops(c.backprops)[0] for c in calls]
-        key = [c.activations[0] for c in calls] + gs
-        cached = self._stacks.get(layer)
-        if (
-            cached is not None
-            and len(cached[0]) == len(key)
-            and all(x is y for x, y in zip(cached[0], key, strict=True))
-        ):
-            return cached[1], cached[2]
-        a = torch.stack([c.activations[0].to(gs[0].dtype) for c in calls])
-        g = torch.stack(gs)
-        self._stacks[layer] = (key, a, g)
-        return a, g
+        """Activations and output gradients of all calls stacked: [J, n, in], [J, n, out]
+        (kept for the step, ``StepMemo``)."""
+        key = [c.activations[0] for c in calls] + [split_backprops(c.backprops)[0] for c in calls]
+
+        def stack() -> tuple[Tensor, Tensor]:
+            a, g = _per_call(calls)
+            return torch.stack(a), torch.stack(g)
+
+        return self._memo.get(layer, key, stack)
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         a, g = _per_call(calls)

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from privflow.models.layers import LULinear
 from privflow.privacy.grad_samplers._common import (
+    StepMemo,
     accepts_tuple,
     call_pairs,
     flat_select,
@@ -116,15 +117,18 @@ class LUGhost:
     def applicable(self, layer: nn.Module, calls: Sequence[Call]) -> bool:
         return single_tensor_calls(calls)
 
+    def __init__(self) -> None:
+        self._memo: StepMemo[tuple[Tensor, ...]] = StepMemo()
+
     def _stack(self, layer: LULinear, calls: Sequence[Call], sl: slice | None = None) -> tuple[Tensor, ...]:
-        """h, u, k, x stacked over the calls [J, c, d]; dL/dlog_diag and dL/db summed over calls [c, d].
-        The whole-batch result is kept (keyed by the recorded tensors): a step asks for it for
-        the norms and again for the clipped sum."""
-        key = [t for c in calls for t in (c.activations[0], *_as_tuple(c.backprops))]
-        cached = self.__dict__.get("_cache")
-        if sl is None and cached is not None and len(cached[0]) == len(key):
-            if all(a is b for a, b in zip(cached[0], key, strict=True)):
-                return cached[1]
+        """h, u, k, x stacked over the calls [J, c, d]; dL/dlog_diag and dL/db summed over calls
+        [c, d]. The whole batch's are kept for the step (``StepMemo``)."""
+        if sl is None:
+            key = [t for c in calls for t in (c.activations[0], *_as_tuple(c.backprops)) if isinstance(t, Tensor)]
+            return self._memo.get(layer, key, lambda: self._compute(layer, calls, None))
+        return self._compute(layer, calls, sl)
+
+    def _compute(self, layer: LULinear, calls: Sequence[Call], sl: slice | None) -> tuple[Tensor, ...]:
         hs, us, ks, xs, gds, gbs = [], [], [], [], [], []
         for call in calls:
             g, gld = split_backprops(call.backprops)
@@ -134,7 +138,7 @@ class LUGhost:
             h, u, k = _terms(layer, x, g)
             hs.append(h), us.append(u), ks.append(k), xs.append(x)
             gds.append(_diag(layer, k, x, gld)), gbs.append(g)
-        out = (
+        return (
             torch.stack(hs),
             torch.stack(us),
             torch.stack(ks),
@@ -142,9 +146,6 @@ class LUGhost:
             gds[0] if len(gds) == 1 else torch.stack(gds).sum(0),
             gbs[0] if len(gbs) == 1 else torch.stack(gbs).sum(0),
         )
-        if sl is None:
-            self._cache = (key, out)
-        return out
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         with torch.no_grad():

@@ -373,3 +373,24 @@ def test_functorch_fallback_for_unregistered_layer() -> None:
     ref = func_per_example(model, x)
     got = materialise(layer, tape_calls(model, layer, x))
     torch.testing.assert_close(got[layer.w], ref["layer.w"], atol=TOL, rtol=TOL)
+
+
+def test_step_memo_is_per_layer_and_per_recorded_tensors() -> None:
+    """The stacks a step computes for the norms are reused for the clipped sum: per layer (the
+    ops object is shared by every layer of its type, and a step visits all layers for the norms
+    before any clipped sum), and recomputed for new recorded tensors (the next step)."""
+    from privflow.privacy.grad_samplers._common import StepMemo
+
+    memo: StepMemo[int] = StepMemo()
+    computed: list[int] = []
+
+    def compute(v: int):
+        return lambda: computed.append(v) or v
+
+    first, second = nn.Linear(1, 1), nn.Linear(1, 1)
+    t1, t2 = torch.zeros(2), torch.zeros(2)
+    assert memo.get(first, [t1], compute(1)) == 1
+    assert memo.get(second, [t2], compute(2)) == 2
+    assert memo.get(first, [t1], compute(3)) == 1 and memo.get(second, [t2], compute(4)) == 2
+    assert memo.get(first, [t1.clone()], compute(5)) == 5  # equal values, another tensor: a new step
+    assert computed == [1, 2, 5]
