@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from privflow.models.base import TabularFlow
 from privflow.models.layers import ActNorm
-from privflow.models.made import MADE
+from privflow.models.made import MADE, IncrementalMADE
 
 
 class MaskedAffineAutoregressive(nn.Module):
@@ -39,12 +39,27 @@ class MaskedAffineAutoregressive(nn.Module):
 
     def inverse(self, z: Tensor) -> Tensor:
         """Sequential inversion: d passes of the MADE, dimension i fixed at pass i."""
+        if not torch.is_grad_enabled():
+            return self._sample_inverse(z)
         x = torch.zeros_like(z)
         for i in range(self.d):
             mu, alpha = self._params(x)
             x = x.clone()
             x[:, i] = z[:, i] * torch.exp(alpha[:, i]) + mu[:, i]  # MADE output i sees x_<i only
         return x
+
+    def _sample_inverse(self, z: Tensor) -> Tensor:
+        """``inverse`` for sampling, features first: the MADE inverted incrementally (each hidden
+        unit once, ``IncrementalMADE``) instead of d full passes; the same formulas."""
+        made = IncrementalMADE(self.made)
+        n, b = z.shape[0], self.scale_bound
+        x_a, hidden = made.start(n, z)
+        z_t = z.T.contiguous()
+        params = torch.empty(2, n, dtype=z.dtype, device=z.device)
+        for i in range(self.d):
+            mu, raw = made.step(i, x_a, hidden, params)
+            torch.addcmul(mu, z_t[i], torch.exp(torch.tanh(raw / b) * b), out=x_a[1 + i])
+        return x_a[1:].T
 
 
 class MAF(TabularFlow):

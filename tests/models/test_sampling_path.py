@@ -13,6 +13,7 @@ import torch
 
 from privflow.models import build_flow
 from privflow.models.dphflow import SAMPLE_CHUNK, ConditionalSplineAutoregressive
+from privflow.models.maf import MaskedAffineAutoregressive
 from tests.models.conftest import perturb
 
 # d, hidden, hidden_layers, bins, activation, perturbation: off the identity, yet well conditioned (a
@@ -108,3 +109,16 @@ def test_flow_sampling_inverse_in_chunks():
         fast = m.inverse_transform(z)
         torch.testing.assert_close(fast[-37:], m.inverse_transform(z[-37:]), atol=1e-12, rtol=0)
     torch.testing.assert_close(fast, v, atol=1e-8, rtol=0)
+
+
+@pytest.mark.parametrize("d,hidden,layers", [(1, 8, 2), (5, 16, 1), (6, 12, 3)])
+def test_affine_sampling_inverse_matches_the_reference(d, hidden, layers):
+    tr = MaskedAffineAutoregressive(d, hidden, hidden_layers=layers).double()
+    perturb(tr, 0.3, seed=d)
+    x = torch.randn(200, d, generator=torch.Generator().manual_seed(d), dtype=torch.float64) * 2.0
+    z, _ = tr(x)
+    reference = tr.inverse(z)
+    with torch.inference_mode():
+        fast = tr.inverse(z)
+    torch.testing.assert_close(fast, x, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(fast, reference, atol=1e-9, rtol=1e-9)
