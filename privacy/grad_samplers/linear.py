@@ -162,9 +162,7 @@ class LinearGhost:
         if layer.weight.requires_grad:
             mask = self.mask(layer)
             layout = mask_layout(layer, mask) if mask is not None else None
-            if not _gram_pays(len(calls), layer.weight.shape, 1 if layout is None else len(layout.members)):
-                out[layer.weight] = self._materialised_sq(layer, calls)
-            elif layout is None:
+            if layout is None:
                 a_s, g_s = self._stack(layer, calls)
                 ka = torch.einsum("uni,vni->nuv", a_s, a_s)
                 kg = torch.einsum("uni,vni->nuv", g_s, g_s)
@@ -175,17 +173,6 @@ class LinearGhost:
             b = _call_sum(g)
             out[layer.bias] = (b * b).sum(1)
         return out
-
-    def _materialised_sq(self, layer: nn.Module, calls: Sequence[Call]) -> Tensor:
-        """||G_n||^2 from the per-example weight gradients, formed in chunks of examples."""
-        a, g = self._stack(layer, calls)
-        mask, n = self.mask(layer), a.shape[1]
-        size = max(1, _CHUNK_ELEMENTS // layer.weight.numel())
-        parts = []
-        for i in range(0, n, size):
-            w = _outer_sum(a[:, i : i + size], g[:, i : i + size], mask)
-            parts.append(w.mul_(w).sum((1, 2)))
-        return torch.cat(parts)
 
     def materialise(
         self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None
@@ -321,17 +308,6 @@ class LinearGhost:
             w, b = weights[layer.bias], _call_sum(g)
             out[layer.bias] = w @ b if w.dim() == 1 else (b * w).sum(0)
         return out
-
-
-def _gram_pays(calls: int, shape: torch.Size, groups: int) -> bool:
-    """Whether the Gram form of the squared norm (per example, about pairs x (in x groups + out)
-    multiply-adds, in products of at most `groups` columns) costs less than forming the
-    per-example gradient (out x in entries, each written, squared and summed). Measured on
-    DP-HFlow's shared MADE (4 calls): materialising wins for its 64 x 23 and 64 x 64 layers
-    (0.46 vs 0.80 ms, 0.77 vs 1.08 ms at batch 512), the Gram form for the 345 x 64 output layer."""
-    d_out, d_in = shape
-    pairs = calls * (calls + 1) // 2
-    return d_out * d_in > pairs * (d_in * groups + d_out)
 
 
 def _per_call(calls: Sequence[Call]) -> tuple[list[Tensor], list[Tensor]]:

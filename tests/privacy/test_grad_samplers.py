@@ -231,7 +231,7 @@ def test_masked_staircase_ops_match_torch_func(runs: bool, uses: int) -> None:
     """Groups of >= 8 equal mask rows: per-row statistics and free entries are formed group by
     group on the staircase columns (``linear._staircase_slabs``), group sums by reshape when
     the groups are runs; all against torch.func."""
-    from privflow.privacy.grad_samplers.linear import _STAIRCASE_MIN_ROWS, _masked_gram, _per_call, mask_layout
+    from privflow.privacy.grad_samplers.linear import _STAIRCASE_MIN_ROWS, mask_layout
 
     g = torch.Generator().manual_seed(3)
     d_in, groups, rows = 7, 4, _STAIRCASE_MIN_ROWS + 1
@@ -258,22 +258,6 @@ def test_masked_staircase_ops_match_torch_func(runs: bool, uses: int) -> None:
         torch.testing.assert_close(stats[p][0], l1, atol=TOL, rtol=TOL)
         torch.testing.assert_close(stats[p][1], s2, atol=TOL, rtol=TOL)
     _check_free_entries(ops, layer, calls, ref, n)
-    # both forms of the weight's squared norm (sq_norms picks one by cost, ``linear._gram_pays``)
-    r = ref["layer.weight"].reshape(n, -1).pow(2).sum(1)
-    a, g = _per_call(calls)
-    torch.testing.assert_close(_masked_gram(a, g, layout), r, atol=TOL, rtol=TOL)
-    torch.testing.assert_close(ops._materialised_sq(layer, calls), r, atol=TOL, rtol=TOL)
-
-
-def test_gram_or_materialised_norm_by_cost() -> None:
-    """DP-HFlow's shared MADE (4 calls, 15 groups of equal mask rows): its 64 x 23 and 64 x 64
-    layers form the per-example gradient for the norm, its 345 x 64 output layer uses the Gram form."""
-    from privflow.privacy.grad_samplers.linear import _gram_pays
-
-    assert not _gram_pays(4, torch.Size((64, 23)), 15)
-    assert not _gram_pays(4, torch.Size((64, 64)), 15)
-    assert _gram_pays(4, torch.Size((345, 64)), 15)
-    assert _gram_pays(1, torch.Size((345, 64)), 1)  # one call, no mask: ||a|| ||g||
 
 
 @pytest.mark.parametrize("seed", range(3))
