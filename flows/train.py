@@ -20,6 +20,8 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +108,7 @@ def _read_and_gate(
         return decisions[-1].stop
 
     try:
-        df, report = validate_data(config.data, schema, config.policy, curator / "quarantine.csv", gate)
+        df, report = _step(validate_data)(config.data, schema, config.policy, curator / "quarantine.csv", gate)
     except ValidationFailed as exc:
         report = getattr(exc, "report", None)
         if report is not None:
@@ -146,7 +148,7 @@ def _diagnose(
         )
     if df.height == 0:
         return {}, None
-    evaluation = evaluate_run(
+    evaluation = _step(evaluate_run)(
         schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate, curator / "evaluation"
     )
     metrics = {k: float(v) for k, v in evaluation.metrics.items() if np.isfinite(v)}
@@ -173,7 +175,8 @@ def _compare_with_holder(
     if config.promotion != "if_better" or holder is None or holder == registered.version:
         return registered
     settings = PromotionSettings(alias=config.alias)
-    decision = promote_if_better(
+    # Without the engine the comparison runs once: its retry would reserve under Prefect's run count.
+    decision = _step(promote_if_better, retry=False)(
         model_name, registered.version, config, settings, str(store / "ledger.db"), f"{run_id}:promote"
     )
     now = registered.version if decision.promoted else holder
@@ -189,7 +192,7 @@ def _reserve(
 ) -> tuple[PrivacyPlan, Ledger]:
     """Plan and reserve: public inputs only, before any row is read. A warm start's ledger
     entry names its parent (`lineage`)."""
-    plan = plan_privacy(config, schema)
+    plan = _step(plan_privacy)(config, schema)
     ledger = Ledger(store / "ledger.db")
     budget = schema.dataset.budget
     ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
@@ -244,7 +247,7 @@ def _register(
     delta: float,
     run_id: str,
 ) -> Registered:
-    return register_model(
+    return _step(register_model)(
         model_name,
         config.alias,
         schema,
@@ -300,7 +303,59 @@ def _summary(
 
 @flow(name="privflow-train")
 def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
-    """Run the whole chain once; raises a PrivflowError subclass on bad input or budget."""
+    """Run the whole chain once as a Prefect flow, each step a task run; raises a PrivflowError
+    subclass on bad input or budget."""
+    return _pipeline(config, show_progress)
+
+
+def train_in_process(config: RunConfig, show_progress: bool = True) -> RunSummary:
+    """The same chain without Prefect's engine (`privflow run --no-server`): no API, so no
+    temporary server (13-24 s of a run's start here) and no flow or task run records.
+
+    Prefect 3.8 cannot run a flow or a task without an API (its engines create their runs
+    through a client; with ephemeral mode off and no PREFECT_API_URL they raise), so this calls
+    the flow's steps as the plain functions behind the tasks (`task.fn`). Everything privflow
+    records is the same: plan, ledger reservation and settlement, MLflow run, registered version,
+    synthetic table; the ledger run id is a fresh UUID, as a flow run's id is. Steps keep their
+    retry policy (registration: 2 retries) except the promotion comparison, which runs once.
+    """
+    token = _ENGINE.set(False)
+    try:
+        return _pipeline(config, show_progress)
+    finally:
+        _ENGINE.reset(token)
+
+
+# Whether the pipeline's steps run as Prefect tasks (inside `train_pipeline`) or as their plain
+# functions (`train_in_process`).
+_ENGINE: ContextVar[bool] = ContextVar("privflow_train_engine", default=True)
+
+
+def _step(task: Any, retry: bool = True) -> Callable[..., Any]:
+    """A pipeline step: the Prefect task itself inside the flow; without the engine, the task's
+    function, retried as the task would be (its retries and delay) when `retry`."""
+    if _ENGINE.get():
+        return task
+    fn = task.fn
+    retries = int(getattr(task, "retries", 0) or 0) if retry else 0
+    delay = getattr(task, "retry_delay_seconds", 0) or 0
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for attempt in range(retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception:
+                if attempt == retries:
+                    raise
+                wait = delay[min(attempt, len(delay) - 1)] if isinstance(delay, list | tuple) else delay
+                time.sleep(float(wait))
+        raise AssertionError("unreachable")
+
+    return call
+
+
+def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
+    """The chain itself (module docstring); steps through `_step`, so with or without Prefect."""
     started = time.monotonic()
     schema = Schema.from_yaml(config.schema_path)
     store = config.store.resolve()
@@ -314,7 +369,9 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
         config = config.model_copy(update={"init_from": parent.spec})
     # One ledger entry per attempt: a retried flow run that reruns the mechanisms spends
     # again and is counted again; an attempt that read nothing releases its reservation.
-    run_id = f"{flow_run.id or uuid.uuid4()}-attempt{flow_run.run_count or 1}"
+    # Without the engine no flow run exists: prefect.runtime is not asked (it may call the API).
+    flow_id, attempt = (flow_run.id, flow_run.run_count) if _ENGINE.get() else (None, 1)
+    run_id = f"{flow_id or uuid.uuid4()}-attempt{attempt or 1}"
     plan, ledger = _reserve(config, schema, store, run_id, parent.lineage() if parent is not None else None)
     budget, spend = schema.dataset.budget, Spend()
     try:
@@ -332,7 +389,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
             torch.manual_seed(secrets.randbits(63))
             store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
             df, decision = _read_and_gate(config, schema, plan, curator, spend)
-            codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=True)
+            codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
             fitted = fit(
                 config,
                 schema,
@@ -342,7 +399,7 @@ def train_pipeline(config: RunConfig, show_progress: bool = True) -> RunSummary:
                 plan=plan,
                 spend=spend,
                 show_progress=show_progress,
-                as_tasks=True,
+                as_tasks=_ENGINE.get(),
                 init_state=parent.state if parent is not None else None,
             )
             figures = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
