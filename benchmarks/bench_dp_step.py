@@ -5,9 +5,12 @@ shared by the blocks) on codec-encoded Adult rows, batch 512, one thread. Rows: 
 non-private step, the DP step with each clipping strategy (fast path), the materialising
 reference (opacus-hooks style, flat) and the naive loop (one example at a time, flat).
 Methods run round-robin so that load on a shared machine hits them alike; the median and
-the minimum over rounds are reported. Prints a Markdown table.
+the minimum over rounds are reported, on the clock and in CPU time of the timing thread
+(the step runs on one thread, so its CPU time leaves out the time spent waiting for a core
+on a busy machine). Prints a Markdown table and writes it, with the commit, command,
+machine and load (``bench_common``), to benchmarks/results/dp_step.md.
 
-    .venv/bin/python benchmarks/bench_dp_step.py [--device cuda] [--rounds 11] [--model maf]
+    .venv/bin/python benchmarks/bench_dp_step.py [--device cuda] [--rounds 11] [--model maf] [--out FILE]
 """
 
 from __future__ import annotations
@@ -17,12 +20,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common as common  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results" / "dp_step.md"
+# issue 15: DP step / non-private step, medians over interleaved rounds
+TARGETS = {"DP flat": 1.2, "DP per-layer": 1.2, "DP per-unit": 1.5, "DP sparsify": 1.5}
 
 
 def load_adult(device: torch.device) -> tuple[Tensor, list[int | None]]:
@@ -48,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=11, help="interleaved timed rounds, at least 11 (naive loop: 1)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=OUT, help="Markdown file the table is written to")
     args = ap.parse_args(argv)
+    started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
     if args.rounds < 11:
         ap.error("--rounds must be at least 11 (medians over interleaved rounds)")
     torch.set_num_threads(args.threads)
@@ -131,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         "DP flat, materialised (hooks reference)": dp("flat", "hooks"),
         "DP flat, naive per-example loop": naive,
     }
-    times: dict[str, list[float]] = {k: [] for k in methods}
+    wall: dict[str, list[float]] = {k: [] for k in methods}
+    cpu: dict[str, list[float]] = {k: [] for k in methods}
     for fn in methods.values():  # warm-up
         fn(batch())
     for r in range(args.rounds):
@@ -140,29 +153,62 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             x = batch()
             sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             fn(x)
             sync(device)
-            times[name].append((time.perf_counter() - t0) * 1e3)
+            wall[name].append((time.perf_counter() - t0) * 1e3)
+            cpu[name].append((time.thread_time() - c0) * 1e3)
 
-    med = {k: statistics.median(v) for k, v in times.items()}
-    low = {k: min(v) for k, v in times.items()}
-    base, loop = med["non-private"], med["DP flat, naive per-example loop"]
     n_params = sum(p.numel() for p in params)
-    print(
-        f"\n{args.model}, {n_params} parameters, batch {args.batch}, device {device}, "
-        f"threads {torch.get_num_threads()}, {args.rounds} round-robin rounds (naive loop: 1)\n"
+    lines = table(wall, cpu)
+    summary = (
+        f"{args.model}, {n_params} parameters, batch {args.batch}, device {device}, threads "
+        f"{torch.get_num_threads()}, {args.rounds} round-robin rounds (naive loop: 1)"
     )
-    print(
-        "| step | ms/step (median) | ms/step (min) | x non-private (median) | x non-private (min) | naive loop / this |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for k in med:
-        print(
-            f"| {k} | {med[k]:.1f} | {low[k]:.1f} | {med[k] / base:.2f} | {low[k] / low['non-private']:.2f} "
-            f"| {loop / med[k]:.1f} |"
-        )
+    print(f"\n{summary}\n")
+    print("\n".join(lines))
+    notes = [
+        summary + ". Each round times every step once, in turn, on a fresh batch of the Adult training rows.",
+        "A step: zero the gradients, the (clipped) gradient of -log_prob, the noise (DP rows), one Adam update.",
+        "Wall: ms on the clock. CPU: ms of CPU time of the timing thread (the step runs on one thread); on a "
+        "busy machine wall exceeds CPU by the time spent waiting for a core.",
+        "Targets (issue 15, the ratio of medians on the clock): " + "; ".join(verdicts(wall)),
+    ]
+    text = "\n".join(common.header("DP step against the non-private step", started, load, notes, commit) + lines)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    print(f"\nwritten to {args.out}")
     return 0
+
+
+def table(wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> list[str]:
+    """Markdown rows: medians and minima of wall and CPU ms, and each as a multiple of the
+    non-private step's (the naive loop's single round as the last column's reference)."""
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    low = {k: min(v) for k, v in wall.items()}
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    base, cbase, loop = med["non-private"], cmed["non-private"], med["DP flat, naive per-example loop"]
+    lines = [
+        "| step | wall ms (median) | wall ms (min) | x non-private (wall median) | x non-private (wall min) "
+        "| CPU ms (median) | x non-private (CPU median) | naive loop / this |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for k in med:
+        lines.append(
+            f"| {k} | {med[k]:.1f} | {low[k]:.1f} | {med[k] / base:.2f} | {low[k] / low['non-private']:.2f} "
+            f"| {cmed[k]:.1f} | {cmed[k] / cbase:.2f} | {loop / med[k]:.1f} |"
+        )
+    return lines
+
+
+def verdicts(wall: dict[str, list[float]]) -> list[str]:
+    """One 'name ratio <= target: met / NOT met' per target."""
+    base = statistics.median(wall["non-private"])
+    out = []
+    for name, target in TARGETS.items():
+        ratio = statistics.median(wall[name]) / base
+        out.append(f"{name} {ratio:.2f} <= {target}: {'met' if ratio <= target else 'NOT met'}")
+    return out
 
 
 if __name__ == "__main__":
