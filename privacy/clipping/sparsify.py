@@ -32,19 +32,30 @@ def sparsify_k(free_entries: int, sparsity: float) -> int:
     return max(1, int(math.ceil(free_entries * (1.0 - sparsity))))
 
 
+_SHORT_ROW = 1024  # entries: below, one vectorised partition beats a Python loop over rows (~2 us a row)
+_NEGATIVES: dict[tuple[int, np.dtype], np.ndarray] = {}
+
+
 def kth_largest(a: Tensor, k: int) -> Tensor:
     """Row-wise k-th largest value of a [n, m] >= 0 as [n, 1].
 
     On CPU: numpy's introselect (linear time, several times faster than torch.topk for
-    k ~ m / 2) on each row's non-zero entries only. Exact zeros (a ReLU unit that is off, a
-    row or column of a MADE block that gets no gradient) are many ties, on which introselect
-    is ~5x slower, and they need no selecting: the k-th largest is 0 when fewer than k entries
-    are positive, else it is the k-th largest positive entry.
+    k ~ m / 2). Exact zeros (a ReLU unit that is off, a row or column of a MADE block that
+    gets no gradient) are many ties, on which introselect is ~5x slower; they need no
+    selecting: the k-th largest is 0 when fewer than k entries are positive, else it is the
+    k-th largest positive entry. Long rows therefore select among their positive entries
+    only, row by row; short rows (where the loop would cost more) in one call, the zeros
+    given distinct negative stand-ins (below every positive entry; clamped back to 0).
     """
     m = a.shape[1]
     if a.device.type != "cpu":
         return torch.kthvalue(a, m - k + 1, dim=1, keepdim=True).values
     arr = a.detach().numpy()
+    if m < _SHORT_ROW:
+        zero = arr == 0
+        work = np.where(zero, _negatives(m, arr.dtype), arr) if zero.any() else arr.copy()
+        work.partition(m - k, axis=1)  # our own copy: in place
+        return torch.from_numpy(np.maximum(work[:, m - k : m - k + 1], 0))
     nonzero = arr != 0
     counts = nonzero.sum(1).tolist()
     flat = arr[nonzero]  # our own copy, row by row: each row's segment is partitioned in place
@@ -57,6 +68,14 @@ def kth_largest(a: Tensor, k: int) -> Tensor:
             out[i] = seg[c - k]
         start += c
     return torch.from_numpy(out[:, None])
+
+
+def _negatives(m: int, dtype: np.dtype) -> np.ndarray:
+    """-1, -2, ..., -m (cached): distinct values below every absolute value."""
+    key = (m, np.dtype(dtype))
+    if key not in _NEGATIVES:
+        _NEGATIVES[key] = -np.arange(1, m + 1, dtype=dtype)
+    return _NEGATIVES[key]
 
 
 def stochastic_sparsify(v: Tensor, k: int, gamma: Tensor) -> Tensor:

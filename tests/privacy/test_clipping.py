@@ -162,9 +162,10 @@ def test_sparsify_operator_cases() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, DT])
-def test_kth_largest_matches_a_sort(dtype: torch.dtype) -> None:
+def test_kth_largest_matches_a_sort(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """tau of stochastic sparsification: the k-th largest |entry| per row, with rows of many
     exact zeros (fewer positive entries than k gives 0), ties, and k from 1 to m."""
+    from privflow.privacy.clipping import sparsify
     from privflow.privacy.clipping.sparsify import kth_largest
 
     g = torch.Generator().manual_seed(0)
@@ -175,8 +176,10 @@ def test_kth_largest_matches_a_sort(dtype: torch.dtype) -> None:
     a[1, :10] = 0.25  # ties
     a[2] = 1.0  # all equal
     ref = torch.sort(a, dim=1, descending=True).values
-    for k in (1, 2, 7, 15, 16, 29, m):
-        torch.testing.assert_close(kth_largest(a, k), ref[:, k - 1 : k], atol=0, rtol=0)
+    for short in (m + 1, 1):  # short rows: one vectorised partition; long rows: row by row
+        monkeypatch.setattr(sparsify, "_SHORT_ROW", short)
+        for k in (1, 2, 7, 15, 16, 29, m):
+            torch.testing.assert_close(kth_largest(a, k), ref[:, k - 1 : k], atol=0, rtol=0)
 
 
 def test_sparsify_is_unbiased() -> None:
