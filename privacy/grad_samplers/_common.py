@@ -116,3 +116,8 @@ def flat_select(v: Tensor, idx: Tensor | None) -> Tensor:
     """Per-example gradients [n, *shape] as [n, numel], restricted to flat indices ``idx`` (None: all)."""
     flat = v.reshape(v.shape[0], -1)
     return flat if idx is None else flat.index_select(1, idx)
+
+
+def call_sum(ts: Sequence[Tensor]) -> Tensor:
+    """The sum over a layer's calls of per-call tensors [n, ...] (the first itself for one call)."""
+    return ts[0] if len(ts) == 1 else torch.stack(list(ts)).sum(0)

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from privflow.privacy.grad_samplers._common import (
     StepMemo,
     call_pairs,
+    call_sum,
     flat_select,
     single_tensor_calls,
     split_backprops,
@@ -170,7 +171,7 @@ class LinearGhost:
             else:
                 out[layer.weight] = _masked_gram(a, g, layout)
         if layer.bias is not None and layer.bias.requires_grad:
-            b = _call_sum(g)
+            b = call_sum(g)
             out[layer.bias] = (b * b).sum(1)
         return out
 
@@ -305,7 +306,7 @@ class LinearGhost:
             mask = self.mask(layer)
             out[layer.weight] = grad.mul_(mask.to(grad.dtype)) if mask is not None else grad
         if layer.bias is not None and layer.bias.requires_grad:
-            w, b = weights[layer.bias], _call_sum(g)
+            w, b = weights[layer.bias], call_sum(g)
             out[layer.bias] = w @ b if w.dim() == 1 else (b * w).sum(0)
         return out
 
@@ -314,11 +315,6 @@ def _per_call(calls: Sequence[Call]) -> tuple[list[Tensor], list[Tensor]]:
     """Each call's activations [n, in] (in the output gradients' dtype) and output gradients [n, out]."""
     g = [split_backprops(c.backprops)[0] for c in calls]
     return [c.activations[0].to(g[0].dtype) for c in calls], g
-
-
-def _call_sum(ts: list[Tensor]) -> Tensor:
-    """The sum over calls (the bias gradient per example)."""
-    return ts[0] if len(ts) == 1 else torch.stack(ts).sum(0)
 
 
 def _outer_sum(a: Tensor, g: Tensor, mask: Tensor | None) -> Tensor:
@@ -337,7 +333,7 @@ def _masked_gram(a: Sequence[Tensor], g: Sequence[Tensor], layout: MaskLayout) -
     for u, v, wt in zip(iu.tolist(), iv.tolist(), w.tolist(), strict=True):
         p = (a[u] * a[v]) @ rt  # [n, k]: M (a_u * a_v) on the distinct mask rows
         q = layout.group_sum(g[u] * g[v])  # [n, k]: g_u * g_v summed within each group of rows
-        s += wt * (p * q).sum(1)
+        s.add_(torch.linalg.vecdot(p, q), alpha=wt)
     return s
 
 

@@ -31,6 +31,7 @@ from privflow.privacy.grad_samplers._common import (
     StepMemo,
     accepts_tuple,
     call_pairs,
+    call_sum,
     flat_select,
     logdet_term,
     row_stats,
@@ -101,6 +102,11 @@ def _pair_sum(rows: Tensor, partial: Callable[[Tensor], Tensor], cols: Tensor) -
     return w @ (rows[iu] * rows[iv] * partial(cols[iu] * cols[iv])).sum(2)
 
 
+def _stacked(ts: list[Tensor]) -> Tensor:
+    """[J, n, d] from J calls' [n, d]; a view for one call (the usual case: no copy)."""
+    return ts[0].unsqueeze(0) if len(ts) == 1 else torch.stack(ts)
+
+
 def _as_tuple(v: Any) -> tuple[Any, ...]:
     return v if isinstance(v, tuple) else (v,)
 
@@ -138,14 +144,7 @@ class LUGhost:
             h, u, k = _terms(layer, x, g)
             hs.append(h), us.append(u), ks.append(k), xs.append(x)
             gds.append(_diag(layer, k, x, gld)), gbs.append(g)
-        return (
-            torch.stack(hs),
-            torch.stack(us),
-            torch.stack(ks),
-            torch.stack(xs),
-            gds[0] if len(gds) == 1 else torch.stack(gds).sum(0),
-            gbs[0] if len(gbs) == 1 else torch.stack(gbs).sum(0),
-        )
+        return (*(_stacked(t) for t in (hs, us, ks, xs)), call_sum(gds), call_sum(gbs))
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         with torch.no_grad():
