@@ -19,9 +19,10 @@ from privflow.models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULin
 from privflow.models.made import MADE, IncrementalMADE
 from privflow.models.spline import SplineInverseTable, rational_quadratic_spline, spline_params_per_feature
 
-# Rows per pass of the sampling inverse. Its buffers (two hidden layers and the spline table, ~0.75 KB
-# a row for the default model) then stay in cache better: 8,192 took 0.85-0.87x the CPU time of
-# 16,384 in one pass (paired runs, one thread); 4,096 and 12,288 gained less, 2,048 lost to overhead.
+# Rows per pass of the sampling inverse: its buffers (two hidden layers, the spline table: ~0.8 KB a
+# row for the default model) stay in cache better. On a 16,384-row batch (paired runs, one thread)
+# chunks of 4,096, 6,144, 10,240 and 16,384 rows took 1.13-1.22x the CPU time of 8,192; 2,048 more
+# (each pass's fixed cost, ~7 ms a chunk, then dominates).
 SAMPLE_CHUNK = 8192
 
 
@@ -62,7 +63,8 @@ class ConditionalSplineAutoregressive(nn.Module):
         return z, ld.sum(1)
 
     def inverse(self, z: Tensor, block: int) -> Tensor:
-        """Sequential inversion: d passes of the MADE, dimension i fixed at pass i."""
+        """Sequential inversion: d passes of the MADE, dimension i fixed at pass i (without
+        autograd: incrementally, ``SplineSampler``)."""
         if torch.is_grad_enabled():  # keep the plain form where gradients are needed (tests, autograd)
             context = self._context(block, z[:1]).expand(z.shape[0], -1)  # the same for every example
             x = torch.zeros_like(z)

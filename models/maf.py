@@ -30,8 +30,11 @@ class MaskedAffineAutoregressive(nn.Module):
 
     def _params(self, x: Tensor) -> tuple[Tensor, Tensor]:
         out = self.made(x)
-        b = self.scale_bound
-        return out[..., 0], b * torch.tanh(out[..., 1] / b)
+        return out[..., 0], self._log_scale(out[..., 1])
+
+    def _log_scale(self, raw: Tensor) -> Tensor:
+        """alpha = b tanh(raw / b): soft-bounded, so noisy DP updates cannot blow up the scales."""
+        return self.scale_bound * torch.tanh(raw / self.scale_bound)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         mu, alpha = self._params(x)
@@ -52,13 +55,12 @@ class MaskedAffineAutoregressive(nn.Module):
         """``inverse`` for sampling, features first: the MADE inverted incrementally (each hidden
         unit once, ``IncrementalMADE``) instead of d full passes; the same formulas."""
         made = IncrementalMADE(self.made)
-        n, b = z.shape[0], self.scale_bound
-        x_a, hidden = made.start(n, z)
+        x_a, hidden = made.start(z.shape[0], z)
         z_t = z.T.contiguous()
-        params = torch.empty(2, n, dtype=z.dtype, device=z.device)
+        params = torch.empty(2, z.shape[0], dtype=z.dtype, device=z.device)
         for i in range(self.d):
             mu, raw = made.step(i, x_a, hidden, params)
-            torch.addcmul(mu, z_t[i], torch.exp(torch.tanh(raw / b) * b), out=x_a[1 + i])
+            torch.addcmul(mu, z_t[i], torch.exp(self._log_scale(raw)), out=x_a[1 + i])
         return x_a[1:].T
 
 
