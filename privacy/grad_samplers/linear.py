@@ -31,7 +31,6 @@ from torch import Tensor, nn
 
 from privflow.privacy.grad_samplers._common import (
     StepMemo,
-    call_pairs,
     call_sum,
     flat_select,
     single_tensor_calls,
@@ -328,12 +327,12 @@ def _masked_gram(a: Sequence[Tensor], g: Sequence[Tensor], layout: MaskLayout) -
     """sum_{u,v} (g_u * g_v)^T M (a_u * a_v) per example, on the mask's distinct rows, from
     each call's activations [n, in] and output gradients [n, out]."""
     rt = layout.rows.to(a[0].dtype).T
-    iu, iv, w = call_pairs(len(a), a[0].device, a[0].dtype)
     s = torch.zeros(a[0].shape[0], dtype=a[0].dtype, device=a[0].device)
-    for u, v, wt in zip(iu.tolist(), iv.tolist(), w.tolist(), strict=True):
-        p = (a[u] * a[v]) @ rt  # [n, k]: M (a_u * a_v) on the distinct mask rows
-        q = layout.group_sum(g[u] * g[v])  # [n, k]: g_u * g_v summed within each group of rows
-        s.add_(torch.linalg.vecdot(p, q), alpha=wt)
+    for u in range(len(a)):  # pairs u <= v, the others by symmetry; views, no index copies
+        for v in range(u, len(a)):
+            p = (a[u] * a[v]) @ rt  # [n, k]: M (a_u * a_v) on the distinct mask rows
+            q = layout.group_sum(g[u] * g[v])  # [n, k]: g_u * g_v summed within each group of rows
+            s.add_(torch.linalg.vecdot(p, q), alpha=1.0 if u == v else 2.0)
     return s
 
 
