@@ -5,16 +5,18 @@ Two methods give the same result (tested to 1e-6 in float64):
 * ``"hooks"`` (reference): every layer's per-example gradients are materialised by its
   opacus grad sampler (summed over repeated calls), then clipped by the strategy.
 * ``"fast"``: linear layers (nn.Linear, MaskedLinear: almost all parameters of a flow)
-  never materialise them for flat and per-layer clipping. Their per-example norms come
-  from the stored activations and output gradients (``grad_samplers.linear``: ||a|| ||g||,
-  the Gram trick for repeated calls), and the clipped sum is one weighted matrix product
-  sum_i s_i g_i a_i^T (fast gradient clipping, Lee & Kifer 2021, cited by DP-HFlow "Fast
-  Per-example Gradient Computation"). Per-unit clipping does the same with per-row
-  weights; only the row L1 norms of a layer called several times (the shared MADE) need
-  its per-example gradient, formed in small chunks of examples by one batched product and
-  reduced at once. Small layers (LU, low-rank, actnorm, embedding) are materialised.
-  Stochastic sparsification needs every entry of every per-example gradient and is
-  always materialised in chunks, leaving out entries a mask fixes at zero.
+  and LU linear flows never materialise them for flat and per-layer clipping. Their
+  per-example norms come from the stored activations and output gradients
+  (``grad_samplers.linear``: ||a|| ||g||, the Gram trick for repeated calls, on a mask's
+  distinct rows; ``grad_samplers.lu_linear``: DP-HFlow eq. 3's triangles by cumulative
+  sums), and the clipped sum is one weighted matrix product per call sum_i s_i g_i a_i^T
+  (fast gradient clipping, Lee & Kifer 2021, cited by DP-HFlow "Fast Per-example Gradient
+  Computation"). Per-unit clipping does the same with per-row weights; only the row L1
+  norms of a layer called several times (the shared MADE) need its per-example gradient,
+  formed group by group on the free entries of its mask (a staircase of column prefixes).
+  Small layers (low-rank, actnorm, embedding) are materialised. Stochastic sparsification
+  needs every entry of every per-example gradient and is materialised in chunks, only the
+  entries a mask or a triangle leaves free.
 
 Loss convention: the per-example loss is -log_prob(x_i); gradients are of the SUM over the
 batch (the trainer divides by the public expected batch size after adding noise).

@@ -2,7 +2,7 @@
 
 Importing this package registers the grad samplers of MaskedLinear, LULinear (DP-HFlow
 eq. 3), LowRankLinear (eq. 4), BlockEmbedding and ActNorm in opacus' GRAD_SAMPLERS, and
-the fast clipping ops of nn.Linear and MaskedLinear (``registry.GHOST_OPS``).
+the fast clipping ops of nn.Linear, MaskedLinear and LULinear (``registry.GHOST_OPS``).
 """
 
 from __future__ import annotations
