@@ -90,14 +90,15 @@ class SplineSampler:
         self.d = spline.d
         self.table = SplineInverseTable(spline.bins, n, like, bound=spline.bound)
         self.made = IncrementalMADE(spline.made, spline.embedding.weight.to(like), self.table.raw_rows())
-        self.x_a, self.hidden = self.made.start(n, like)
+        self.x_a = self.made.start(n, like, self.table.raw)
+        self.x_rows = list(self.x_a[1:].unbind())
 
     def invert(self, z_t: Tensor, block: int) -> Tensor:
         """z_t [d, n] -> x_a [1 + d, n]: row 0 ones, rows 1 .. d the inverse (a buffer the next
         call overwrites)."""
-        for i in range(self.d):
-            self.made.step(i, self.x_a, self.hidden, self.table.raw, context=block)
-            self.table(z_t[i], out=self.x_a[1 + i])
+        for i, (z_i, x_i) in enumerate(zip(z_t.unbind(), self.x_rows, strict=True)):
+            self.made.step(i, context=block)
+            self.table(z_i, out=x_i)
         return self.x_a
 
 

@@ -164,25 +164,35 @@ class IncrementalMADE:
         w_out[:, :, 0] += torch.tensor([sh for _, _, sh in rows]).to(w_out)  # times the row of ones
         self.w_out = list(w_out.unbind())  # [len(out_rows), 1 + hidden] per block
 
-    def start(self, n: int, like: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """Buffers of one inversion: the inputs x_a [1 + d, n] and the hidden states, one
-        [1 + hidden, n] per hidden layer, each with row 0 = 1 and the rest filled pass by pass."""
+    def start(self, n: int, like: Tensor, out: Tensor) -> Tensor:
+        """Buffers of one inversion of n examples; returns the inputs x_a [1 + d, n] (row 0 = 1;
+        pass i reads rows 1 .. i, the caller writes row 1 + i after it). Every pass writes its
+        output block into ``out`` [len(out_rows), n]. The hidden states, [1 + hidden, n] per
+        hidden layer with row 0 = 1, are filled pass by pass; each pass's slices of weights and
+        buffers are made here once (a slice costs about as much as a small product's launch)."""
         bufs = [
             torch.empty(1 + size, n, dtype=like.dtype, device=like.device)
             for size in [self.d] + [self.hidden] * (1 + len(self.w_mid))
         ]
         for t in bufs:
             t[0] = 1.0
-        return bufs[0], bufs[1:]
+        x_a, hs = bufs[0], bufs[1:]
+        self.passes = []
+        for i in range(self.d):
+            lo, hi = self.bounds[i], self.bounds[i + 1]
+            # units of degree i see inputs x[:i], then units of degree <= i only (none: hi == lo)
+            first = ([w[lo:hi, : 1 + i] for w in self.w_in], x_a[: 1 + i], hs[0][1 + lo : 1 + hi])
+            mid = [(w[lo:hi, : 1 + hi], hs[k][: 1 + hi], hs[k + 1][1 + lo : 1 + hi]) for k, w in enumerate(self.w_mid)]
+            # output block i sees hidden units of degree <= i only
+            last = (self.w_out[i][:, : 1 + hi], hs[-1][: 1 + hi], out)
+            self.passes.append((hi > lo, first, mid, last))
+        return x_a
 
-    def step(self, i: int, x_a: Tensor, hs: list[Tensor], out: Tensor, context: int = 0) -> Tensor:
-        """Output block i into out [len(out_rows), n], given x_a [1 + d, n] whose rows 1 .. i are
-        final (the rest are not read)."""
-        lo, hi = self.bounds[i], self.bounds[i + 1]
-        if hi > lo:
-            # units of degree i see inputs x[:i], then units of degree <= i only
-            self.act(torch.mm(self.w_in[context][lo:hi, : 1 + i], x_a[: 1 + i], out=hs[0][1 + lo : 1 + hi]))
-            for k, wk in enumerate(self.w_mid):
-                self.act(torch.mm(wk[lo:hi, : 1 + hi], hs[k][: 1 + hi], out=hs[k + 1][1 + lo : 1 + hi]))
-        # output block i sees hidden units of degree <= i only
-        return torch.mm(self.w_out[i][:, : 1 + hi], hs[-1][: 1 + hi], out=out)
+    def step(self, i: int, context: int = 0) -> Tensor:
+        """Output block i into ``start``'s out, once x_a's rows 1 .. i are final."""
+        units, (w_in, x, h), mid, (w, h_last, out) = self.passes[i]
+        if units:
+            self.act(torch.mm(w_in[context], x, out=h))
+            for w_k, h_in, h_out in mid:
+                self.act(torch.mm(w_k, h_in, out=h_out))
+        return torch.mm(w, h_last, out=out)

@@ -55,12 +55,12 @@ class MaskedAffineAutoregressive(nn.Module):
         """``inverse`` for sampling, features first: the MADE inverted incrementally (each hidden
         unit once, ``IncrementalMADE``) instead of d full passes; the same formulas."""
         made = IncrementalMADE(self.made)
-        x_a, hidden = made.start(z.shape[0], z)
-        z_t = z.T.contiguous()
         params = torch.empty(2, z.shape[0], dtype=z.dtype, device=z.device)
-        for i in range(self.d):
-            mu, raw = made.step(i, x_a, hidden, params)
-            torch.addcmul(mu, z_t[i], torch.exp(self._log_scale(raw)), out=x_a[1 + i])
+        mu, raw = params.unbind()  # each pass writes the MADE's two outputs here
+        x_a = made.start(z.shape[0], z, params)
+        for i, (z_i, x_i) in enumerate(zip(z.T.contiguous().unbind(), x_a[1:].unbind(), strict=True)):
+            made.step(i)
+            torch.addcmul(mu, z_i, torch.exp(self._log_scale(raw)), out=x_i)
         return x_a[1:].T
 
 
