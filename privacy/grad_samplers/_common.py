@@ -119,5 +119,11 @@ def flat_select(v: Tensor, idx: Tensor | None) -> Tensor:
 
 
 def call_sum(ts: Sequence[Tensor]) -> Tensor:
-    """The sum over a layer's calls of per-call tensors [n, ...] (the first itself for one call)."""
-    return ts[0] if len(ts) == 1 else torch.stack(list(ts)).sum(0)
+    """The sum over a layer's calls of per-call tensors [n, ...] (the first itself for one call),
+    accumulated in place (no stacked copy)."""
+    if len(ts) == 1:
+        return ts[0]
+    out = ts[0] + ts[1]
+    for t in ts[2:]:
+        out.add_(t)
+    return out
