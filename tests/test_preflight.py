@@ -25,7 +25,8 @@ from privflow.preflight import preflight
 cfg = RunConfig.build(data=sys.argv[1], schema_path=sys.argv[2], store=sys.argv[3],
                       evaluate={"test_data": sys.argv[4]})
 checked = preflight(cfg)
-print(json.dumps({"seconds": time.perf_counter() - t0, "rows": checked.rows, "device": checked.device,
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": time.process_time(), "rows": checked.rows,
+                  "device": checked.device,
                   "timings": checked.timings,
                   "heavy": [m for m in ("prefect", "mlflow", "great_expectations") if m in sys.modules]}))
 """
@@ -51,8 +52,9 @@ def test_demo_preflight_is_fast_and_imports_no_server_library(tmp_path: Path) ->
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["heavy"] == []
     assert out["rows"] == 32561 and out["device"] in ("cpu", "cuda")
-    # measured here: about 3 s in a fresh process (1.4 s of it importing torch via the mechanisms)
-    assert out["seconds"] < 8, out
+    # CPU seconds of the whole process, imports included: 3.6 s measured here (wall 5.5 s at load 5.4;
+    # wall on this shared machine varies threefold with the load, so it is not what is asserted)
+    assert out["cpu"] < 8, out
     assert not (tmp_path / "store").exists()  # nothing created, nothing reserved
 
 
