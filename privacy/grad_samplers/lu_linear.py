@@ -135,15 +135,20 @@ class LUGhost:
         return self._compute(layer, calls, sl)
 
     def _compute(self, layer: LULinear, calls: Sequence[Call], sl: slice | None) -> tuple[Tensor, ...]:
-        hs, us, ks, xs, gds, gbs = [], [], [], [], [], []
+        hs: list[Tensor] = []
+        us: list[Tensor] = []
+        ks: list[Tensor] = []
+        xs: list[Tensor] = []
+        gds: list[Tensor] = []
+        gbs: list[Tensor] = []
         for call in calls:
             g, gld = split_backprops(call.backprops)
             x = call.activations[0].to(g.dtype)
             if sl is not None:
                 g, x, gld = g[sl], x[sl], None if gld is None else gld[sl]
             h, u, k = _terms(layer, x, g)
-            hs.append(h), us.append(u), ks.append(k), xs.append(x)
-            gds.append(_diag(layer, k, x, gld)), gbs.append(g)
+            for out, t in zip((hs, us, ks, xs, gds, gbs), (h, u, k, x, _diag(layer, k, x, gld), g), strict=True):
+                out.append(t)
         return (*(_stacked(t) for t in (hs, us, ks, xs)), call_sum(gds), call_sum(gbs))
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
