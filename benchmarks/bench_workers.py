@@ -186,9 +186,12 @@ def render(
         f"Cells: {DATASET}, {MODEL}, epsilon {EPSILON:g} at delta {records[0].get('delta', '1e-5')}, the benchmark's "
         "configuration (flows/benchmark.py `run_config`), torch 1 thread per process; only `train.workers` differs.",
         "What the step rate means here: this machine has 2 CPU cores shared with other agents' tests and "
-        "benchmarks (see the load). N processes of 1 thread each can at best be N times one process when N "
-        "cores are free; a ratio below that is contention for the cores (and the per-step all-reduce), not the "
-        "code's ceiling. On a machine with N free cores (or N GPUs) the ratio is the one to read.",
+        "benchmarks (see the load), so the wall-clock ratio below mostly measures contention for the cores. "
+        "N processes of 1 thread each can at best be N times one process when N cores are free, less the work "
+        "every rank repeats at every step (the coins over the whole table, the optimizer and EMA updates, the "
+        "all-reduce, the per-call overhead of a small model on a share of the batch): the CPU-per-step row "
+        "measures that cost, independently of the load. On a machine with N free cores (or N GPUs) the "
+        "wall-clock ratio is the one to read.",
     ]
     lines = common.header(f"Data-parallel DP-SGD: {workers} processes against 1", started, load, notes, commit)
     cols = ["workers", "seed", "steps", "steps/s", "start-up s", "train s", "train CPU s", "epsilon", "chosen step"]
