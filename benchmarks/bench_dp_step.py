@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         "A step: zero the gradients, the (clipped) gradient of -log_prob, the noise (DP rows), one Adam update.",
         "Wall: ms on the clock. CPU: ms of CPU time of the timing thread (the step runs on one thread); on a "
         "busy machine wall exceeds CPU by the time spent waiting for a core.",
-        "Targets (issue 15, the ratio of medians on the clock): " + "; ".join(verdicts(wall)),
+        "Targets (issue 15, DP step / non-private step, ratio of medians; this run only): "
+        + "; ".join(verdicts(wall, cpu)),
     ]
     text = "\n".join(common.header("DP step against the non-private step", started, load, notes, commit) + lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -201,13 +202,17 @@ def table(wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> list[str
     return lines
 
 
-def verdicts(wall: dict[str, list[float]]) -> list[str]:
-    """One 'name ratio <= target: met / NOT met' per target."""
-    base = statistics.median(wall["non-private"])
+def verdicts(wall: dict[str, list[float]], cpu: dict[str, list[float]]) -> list[str]:
+    """Per target: the ratio of medians on the clock (the target's measure) and in CPU time,
+    each marked met / NOT met. On the shared machine they differ from run to run: a target is
+    met only where both are, run after run."""
     out = []
     for name, target in TARGETS.items():
-        ratio = statistics.median(wall[name]) / base
-        out.append(f"{name} {ratio:.2f} <= {target}: {'met' if ratio <= target else 'NOT met'}")
+        parts = []
+        for label, times in (("clock", wall), ("CPU", cpu)):
+            ratio = statistics.median(times[name]) / statistics.median(times["non-private"])
+            parts.append(f"{label} {ratio:.2f} {'met' if ratio <= target else 'NOT met'}")
+        out.append(f"{name} <= {target}: {', '.join(parts)}")
     return out
 
 
