@@ -70,9 +70,9 @@ def model(marginals: str | None) -> tuple[Any, Any]:
     """(flow, codec): the default DP-HFlow with random, non-identity weights, in the release codec."""
     import torch
 
-    from privflow.copula import release_codec
     from privflow.models import build_flow
     from privflow.schema import Schema
+    from privflow.target_head import release_codec
 
     codec = release_codec(Schema.from_yaml(SCHEMA), json.loads(Path(marginals).read_text()) if marginals else None)
     torch.manual_seed(0)

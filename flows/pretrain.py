@@ -31,10 +31,10 @@ from prefect import flow
 
 import privflow
 from privflow.config import RunConfig
-from privflow.copula import CopulaCodec
 from privflow.errors import ConfigError
 from privflow.io import read_table
 from privflow.schema import Schema
+from privflow.target_head import release_parts
 from privflow.tasks import mlflow_store as store_ml
 from privflow.tasks.fit import FitResult, Spend, fit, prepare
 from privflow.tasks.select import row_loglik
@@ -128,7 +128,7 @@ def pretrain_pipeline(config: RunConfig, show_progress: bool = True) -> Pretrain
             fitted.states,
             {**tags, "privflow.public_rows": str(df.height)},
             "always",
-            fitted.codec.marginals.to_dict() if isinstance(fitted.codec, CopulaCodec) else None,
+            *release_parts(fitted.codec),  # DP marginals and target head, as release_codec reads them
         )
     return PretrainSummary(
         model_name=model_name,

@@ -45,6 +45,7 @@ from privflow.privacy.ledger import Ledger
 from privflow.privacy.mechanisms import validation_gate
 from privflow.privacy.plan import PrivacyPlan
 from privflow.schema import Schema
+from privflow.target_head import release_parts
 from privflow.tasks import mlflow_store as store_ml
 from privflow.tasks.evaluate import evaluate_run
 from privflow.tasks.fit import FitResult, Spend, fit, prepare
@@ -264,7 +265,7 @@ def _register(
             "release": "independent-copula" if fitted.release_note else "flow",
         },
         config.promotion,
-        fitted.codec.marginals.to_dict() if isinstance(fitted.codec, CopulaCodec) else None,
+        *release_parts(fitted.codec),  # DP marginals and target head, as release_codec reads them
     )
 
 

@@ -8,18 +8,19 @@ read. Uses only the configuration and the schema's public, approximate row count
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from privflow.config import RunConfig
 from privflow.errors import ConfigError
 from privflow.privacy.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.events import Event
-from privflow.privacy.mechanisms import dp_marginals, dp_mog, dp_stats, report_noisy_max, validation_gate
+from privflow.privacy.mechanisms import dp_head, dp_marginals, dp_mog, dp_stats, report_noisy_max, validation_gate
 from privflow.privacy.plan import PrivacyPlan, Remainder, SGDShape, make_plan
 from privflow.schema import Schema
+from privflow.target_head import head_applies
 
 
-def sgd_shape(config: RunConfig, schema: Schema) -> SGDShape:
-    """Poisson sample rate and step count from the batch size, epochs and the PUBLIC row count."""
+def _expected_rows(schema: Schema) -> int:
     rows = schema.dataset.expected_rows
     if rows is None:
         raise ConfigError(
@@ -27,16 +28,41 @@ def sgd_shape(config: RunConfig, schema: Schema) -> SGDShape:
             "row count that turns the batch size and epochs into a Poisson sample rate and a number of steps "
             "(privflow never reads the private row count for this)."
         )
+    return rows
+
+
+def sgd_shape(config: RunConfig, schema: Schema) -> SGDShape:
+    """Poisson sample rate and step count from the batch size, epochs and the PUBLIC row count."""
+    rows = _expected_rows(schema)
     rate = min(1.0, config.train.batch_size / rows)
     return SGDShape(rate, max(1, math.ceil(config.train.epochs / rate)))
+
+
+def head_planned(config: RunConfig, schema: Schema) -> bool:
+    """Whether the run trains a target head: enabled, and the schema declares a categorical target
+    with at least one other column (privflow/target_head.py)."""
+    return config.head.enabled and head_applies(schema)
+
+
+def head_shape(config: RunConfig, schema: Schema) -> SGDShape:
+    """The head's DP-SGD shape from the public row count (privacy/mechanisms/dp_head.py)."""
+    batch = None if config.head.batch_size == "auto" else int(config.head.batch_size)
+    return dp_head.head_shape(_expected_rows(schema), config.head.steps, batch)
+
+
+def _head_stage(config: RunConfig, schema: Schema) -> tuple[float, Callable[[float], Event]]:
+    shape, delta = head_shape(config, schema), config.privacy.delta
+    return config.head.share, lambda eps: dp_head.dp_head_event(shape, dp_head.noise_for_epsilon(eps, delta, shape))
 
 
 def run_plan(config: RunConfig, schema: Schema) -> PrivacyPlan:
     """Calibrate every stage's noise so that their composition meets the run's target.
 
     Stages, in the order they spend: the validation gate (a DP count of failing rows,
-    ``privacy/mechanisms/validation_gate.py``), DP statistics, the optional DP prior,
-    DP-SGD (the remainder), Report-Noisy-Max selection. With DP marginals on a table too small
+    ``privacy/mechanisms/validation_gate.py``), the DP marginals (when enabled), the target
+    head (when the schema has a categorical target and the head is enabled,
+    ``privacy/mechanisms/dp_head.py``), DP statistics, the optional DP prior, DP-SGD (the
+    remainder), Report-Noisy-Max selection. With DP marginals on a table too small
     for DP-SGD to learn (`flow_can_learn`), the marginals take the flow's budget instead
     (`copula_only_plan`). A warm start (`config.init_from`)
     gets the same plan without the initialisation stages (`without_initialisation`).
@@ -62,6 +88,8 @@ def run_plan(config: RunConfig, schema: Schema) -> PrivacyPlan:
             config.marginals.share,
             lambda eps: dp_marginals.dp_marginals_event(dp_marginals.noise_for_epsilon(eps, delta)),
         )
+    if head_planned(config, schema):
+        stages["dp_head"] = _head_stage(config, schema)
     stages["dp_stats"] = (p.stats_share, stats_event)
     if config.model.prior == "mog":
         stages["dp_prior"] = (p.prior_share, prior_event)
@@ -70,7 +98,7 @@ def run_plan(config: RunConfig, schema: Schema) -> PrivacyPlan:
     if config.init_from is not None:
         return without_initialisation(plan)
     if config.marginals.enabled and not flow_can_learn(config, schema, plan):
-        return copula_only_plan(config)
+        return copula_only_plan(config, schema)
     return plan
 
 
@@ -92,17 +120,34 @@ def flow_can_learn(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> bool
     return effective_batch(config, schema, plan) >= config.train.min_effective_batch
 
 
-def copula_only_plan(config: RunConfig) -> PrivacyPlan:
-    """The small-data plan: the validation gate, then the DP marginals take everything else and
-    no flow is trained. The release is the independent copula of the DP marginals (the flow at
-    its public initial weights, whose columns `CopulaCodec.uniformize` makes exactly uniform and
-    independent), and the run summary says so. Spending the flow's share on the marginals makes
-    them as accurate as the budget allows, which is what a user gets from such a table at best."""
+def _flow_share(config: RunConfig) -> float:
+    """The share of epsilon DP-SGD gets in the full plan: what the small stages leave."""
+    p = config.privacy
+    shares = [p.gate_share, p.stats_share, p.select_share, config.marginals.share, config.head.share]
+    if config.model.prior == "mog":
+        shares.append(p.prior_share)
+    return max(0.0, 1.0 - sum(shares))
+
+
+def copula_only_plan(config: RunConfig, schema: Schema) -> PrivacyPlan:
+    """The small-data plan: no flow is trained; the release is the independent copula of the DP
+    marginals (the flow at its public initial weights, whose columns `CopulaCodec.uniformize`
+    makes exactly uniform and independent), and the run summary says so.
+
+    Who takes the flow's budget. With a target head planned, the head inherits the flow's share
+    of the full plan (its own share plus DP-SGD's): it is then the only model of dependence in the
+    release. The DP marginals take what is left after the validation gate and the head, which makes
+    them as accurate as the budget allows (the stages of a trained flow, DP statistics and
+    selection, are not run). Without a head, the marginals take everything after the gate."""
     p, delta = config.privacy, config.privacy.delta
+    stages: dict[str, tuple[float, Callable[[float], Event]]] = {"validate": (p.gate_share, validation_gate.gate_event)}
+    if head_planned(config, schema):
+        share, event = _head_stage(config, schema)
+        stages["dp_head"] = (min(share + _flow_share(config), 0.9 - p.gate_share), event)
     return make_plan(
         p.epsilon,
         delta,
-        {"validate": (p.gate_share, validation_gate.gate_event)},
+        stages,
         Remainder("dp_marginals", dp_marginals.dp_marginals_event, sigma_range=(0.05, 1e5)),
     )
 
@@ -137,6 +182,8 @@ __all__ = [
     "copula_only_plan",
     "effective_batch",
     "flow_can_learn",
+    "head_planned",
+    "head_shape",
     "run_plan",
     "sgd_shape",
     "without_initialisation",

@@ -24,9 +24,9 @@ import torch
 
 from privflow import env
 from privflow.config import RunConfig
-from privflow.copula import release_codec
 from privflow.privacy.mechanisms.promotion import mixture_loglik
 from privflow.schema import Schema
+from privflow.target_head import conditional_loglik, release_codec
 
 if TYPE_CHECKING:
     from privflow.flows.train import RunSummary
@@ -40,10 +40,11 @@ class Synthesizer:
     flows: list[Any]
     summary: RunSummary | None = None
     marginals: dict[str, Any] | None = None
+    head: dict[str, Any] | None = None
     codec: Any = field(init=False)
 
     def __post_init__(self) -> None:
-        self.codec = release_codec(self.schema, self.marginals)
+        self.codec = release_codec(self.schema, self.marginals, self.head)
 
     @property
     def epsilon(self) -> float | None:
@@ -58,7 +59,8 @@ class Synthesizer:
 
     def score(self, rows: pl.DataFrame | Any, seed: int | None = None) -> np.ndarray:
         """Per-row log-likelihood (nats, privflow's encoded space) of `rows` under the released
-        model: the equal-weight mixture of its checkpoints, as `sample` draws from it."""
+        model: the equal-weight mixture of its checkpoints, as `sample` draws from it, plus the
+        target head's log-probability of the row's target when the model has one."""
         from privflow.tasks.select import row_loglik  # imports prefect: after env.configure
 
         df = rows if isinstance(rows, pl.DataFrame) else pl.from_pandas(rows)
@@ -69,7 +71,7 @@ class Synthesizer:
         for k, flow in enumerate(self.flows):  # the dequantization noise: from `seed` when given
             gen = torch.Generator().manual_seed(seed + k) if seed is not None else None
             per.append(row_loglik(flow, x, generator=gen).astype(np.float64))
-        return mixture_loglik(np.stack(per))
+        return mixture_loglik(np.stack(per)) + conditional_loglik(self.codec, df)
 
     @classmethod
     def load(cls, model_name: str, version: str, store: str | Path = ".privflow") -> Synthesizer:
@@ -79,7 +81,7 @@ class Synthesizer:
 
         mlflow_store.tracking(Path(store).resolve())
         loaded = mlflow_store.load_version(model_name, version)
-        return cls(loaded.schema, loaded.flows, marginals=loaded.marginals)
+        return cls(loaded.schema, loaded.flows, marginals=loaded.marginals, head=loaded.head)
 
 
 def _schema_path(schema: str | Path | Schema | dict[str, Any], tmp: Path) -> Path:

@@ -486,13 +486,3 @@ __all__ = [
     "marginal_of",
     "schema_cells",
 ]
-
-
-def release_codec(schema: Schema, marginals: Mapping[str, Any] | None) -> Any:
-    """The codec a released model was trained in: the schema-only Codec, or the copula codec
-    built from the DP marginals stored beside the weights (`Marginals.to_dict()`)."""
-    from privflow.codec import Codec
-
-    if marginals is None:
-        return Codec.from_schema(schema)
-    return CopulaCodec.from_marginals(schema, Marginals.from_dict(marginals))

@@ -25,13 +25,13 @@ class FlowSampler(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         import torch
 
-        from privflow.copula import release_codec
         from privflow.models import build_flow
         from privflow.schema import Schema
+        from privflow.target_head import release_codec
 
         meta = json.loads(Path(context.artifacts["meta"]).read_text())
         self.schema = Schema.model_validate(meta["schema"])
-        self.codec = release_codec(self.schema, meta.get("marginals"))
+        self.codec = release_codec(self.schema, meta.get("marginals"), meta.get("head"))
         self.flows = []
         for key in meta["checkpoints"]:
             flow = build_flow(meta["model"]["name"], self.codec.cardinalities, **meta["model"]["config"])
@@ -83,7 +83,17 @@ def _jitter(codec: Any, m: int, generator: Any) -> Any:
     return torch.rand(m, codec.dim, generator=generator, dtype=torch.float64).numpy()
 
 
-def _rows(flow: Any, codec: Any, t: Any, mapped: bool, jitter: Any = None) -> Any:
+def _target_draws(codec: Any, m: int, generator: Any) -> Any:
+    """One uniform per row for the target head's draw (privflow/target_head.py), on the calling
+    thread from the one sampling generator; None for a codec without a head."""
+    import torch
+
+    if not hasattr(codec, "head"):
+        return None
+    return torch.rand(m, generator=generator, dtype=torch.float64).numpy()
+
+
+def _rows(flow: Any, codec: Any, t: Any, mapped: bool, jitter: Any = None, target_u: Any = None) -> Any:
     """Map one batch of draws to decoded rows (on a worker thread). Inference mode, not just
     no_grad: the flow's ~4,500 small kernels per batch skip autograd's version counting and
     views (about 3% less CPU for the default DP-HFlow; same numbers)."""
@@ -93,7 +103,7 @@ def _rows(flow: Any, codec: Any, t: Any, mapped: bool, jitter: Any = None) -> An
         v = (flow.from_base(t) if mapped else t).cpu().numpy()
     if jitter is not None:
         v = codec.uniformize(v, jitter)
-    return codec.decode(v)
+    return codec.decode(v) if target_u is None else codec.decode(v, target_u)
 
 
 def iter_samples(
@@ -141,7 +151,8 @@ def iter_samples(
         for flow, m in jobs:
             with torch.inference_mode():
                 t, mapped = _draw(flow, m, generator)
-            pending.append(pool.submit(_rows, flow, codec, t, mapped, _jitter(codec, m, generator)))
+            jitter, target_u = _jitter(codec, m, generator), _target_draws(codec, m, generator)
+            pending.append(pool.submit(_rows, flow, codec, t, mapped, jitter, target_u))
             if len(pending) > workers:
                 yield pending.popleft().result()
         while pending:

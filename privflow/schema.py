@@ -119,6 +119,16 @@ class Schema(BaseModel):
                 return c
         raise KeyError(name)
 
+    def without(self, name: str) -> Schema:
+        """The same dataset minus one column (and without a target if it was that column): the
+        columns a flow models when the target head takes the target (privflow/target_head.py)."""
+        self.column(name)
+        return Schema(
+            dataset=self.dataset,
+            columns=tuple(c for c in self.columns if c.name != name),
+            target=None if self.target == name else self.target,
+        )
+
     @classmethod
     def from_yaml(cls, path: str | Path) -> Schema:
         """Read a schema file; any problem becomes a SchemaError naming the file and the field."""

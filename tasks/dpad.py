@@ -125,11 +125,15 @@ def partition_schema(schema: Schema, settings: EnsembleSettings) -> Schema:
 
 def part_config(config: RunConfig) -> RunConfig:
     """The configuration each part trains with: the run's model and training settings in the
-    schema's codec. DP marginals (`marginals`) do not apply: a part's flow is not released and
-    needs no DP statistic, and all parts share one codec so that their votes are comparable."""
-    if not config.marginals.enabled:
-        return config
-    return config.model_copy(update={"marginals": config.marginals.model_copy(update={"enabled": False})})
+    schema's codec, one flow over every column. DP marginals (`marginals`) and the target head
+    (`head`) do not apply: a part's flow is not released and needs no DP statistic, all parts
+    share one codec so that their votes are comparable, and a vote scores the whole row."""
+    return config.model_copy(
+        update={
+            "marginals": config.marginals.model_copy(update={"enabled": False}),
+            "head": config.head.model_copy(update={"enabled": False}),
+        }
+    )
 
 
 def train_partitions(

@@ -29,9 +29,11 @@ from privflow.privacy.dp_sgd import TrainResult, TrainSettings
 from privflow.privacy.events import Event, PoissonGaussianEvent
 from privflow.privacy.mechanisms import dp_mog, dp_stats, report_noisy_max
 from privflow.privacy.plan import PrivacyPlan
-from privflow.privacy.run_plan import run_plan, sgd_shape
-from privflow.sampler import sample_rows
+from privflow.privacy.run_plan import head_planned, head_shape, run_plan, sgd_shape
+from privflow.sampler import iter_samples, sample_rows
 from privflow.schema import Schema
+from privflow.target_head import TargetCodec, calibration_shift, head_features
+from privflow.tasks.dp_head import dp_target_head, fit_head
 from privflow.tasks.dp_marginals import dp_marginal_codec
 from privflow.tasks.dp_prior import PRIOR_CLIP, dp_prior
 from privflow.tasks.dp_stats import STATS_CLIP, dp_statistics
@@ -59,7 +61,7 @@ class Spend:
 class FitResult:
     """The trained checkpoints, the chosen ones as eval-mode flows, and what the fit spent."""
 
-    codec: Codec
+    codec: Codec | CopulaCodec | TargetCodec
     train: TrainResult
     settings: TrainSettings
     chosen: list[int]
@@ -78,7 +80,12 @@ class FitResult:
             return (
                 "No flow was trained: at this epsilon the table is too small for DP-SGD to learn "
                 "(train.min_effective_batch), so the DP marginals took the flow's budget and the synthetic "
-                "columns are drawn independently from them (the independent copula)."
+                "columns are drawn independently from them (the independent copula)"
+                + (
+                    f", the target '{self.codec.target}' from the DP target head given them."
+                    if isinstance(self.codec, TargetCodec)
+                    else "."
+                )
             )
         if self.fell_back:
             return (
@@ -232,10 +239,12 @@ def prepare(
     """The codec rows are trained in, and the encoded training / selection rows.
 
     With marginals enabled, the planned DP marginals stage runs first (its event goes to
-    `spend`) and rows are encoded through the DP CDFs; otherwise the schema-only codec.
-    `plan=None` is the non-private reference (exact marginals).
+    `spend`) and rows are encoded through the DP CDFs; otherwise the schema-only codec. With a
+    target head planned, the head is trained next (its event goes to `spend`) and the codec is
+    a `TargetCodec`: the flow's rows are every column but the target. `plan=None` is the
+    non-private reference (exact marginals, a head without noise).
     """
-    codec: Codec | CopulaCodec = Codec.from_schema(schema)
+    codec: Codec | CopulaCodec | TargetCodec = Codec.from_schema(schema)
     if plan is not None and plan.has("dp_marginals"):
         spend.start()
         release = dp_marginal_codec if as_tasks else dp_marginal_codec.fn
@@ -243,6 +252,13 @@ def prepare(
         spend.add(plan.stage("dp_marginals").event)
     elif plan is None and config.marginals.enabled:
         codec = exact_marginal_codec(schema, df, config.marginals.grid_bins)
+    if plan is not None and plan.has("dp_head"):
+        spend.start()
+        head = (dp_target_head if as_tasks else dp_target_head.fn)(df, schema, config.head, plan.stage("dp_head"))
+        spend.add(plan.stage("dp_head").event)
+        codec = TargetCodec.around(schema, codec, head)
+    elif plan is None and head_planned(config, schema):
+        codec = TargetCodec.around(schema, codec, fit_head(df, schema, config.head, head_shape(config, schema), None))
     encode = encode_rows if as_tasks else encode_rows.fn
     x_train, x_val = encode(df, codec, config.select.validation_fraction, config.train.seed)
     return codec, x_train, x_val
@@ -285,6 +301,21 @@ def thinned(checkpoints: list[tuple[int, dict]], keep: int) -> list[tuple[int, d
     return [checkpoints[i] for i in sorted(idx)]
 
 
+CALIBRATION_ROWS = 20_000  # public: the released flows' own draws that calibrate the head
+
+
+def calibrated(codec: Codec | CopulaCodec | TargetCodec, flows: list[torch.nn.Module], seed: int) -> Any:
+    """The target head's class rates made equal to the DP marginal's over the released flows'
+    own samples (`privflow.target_head.calibration_shift`). Post-processing: it reads the
+    released flows, the released rates and draws from the public `seed`, no row. Codecs
+    without a head, or without DP marginals to calibrate to, come back unchanged."""
+    if not isinstance(codec, TargetCodec) or codec.rates is None:
+        return codec
+    frames = iter_samples(flows, codec.inner, CALIBRATION_ROWS, seed=seed)
+    log_probs = np.concatenate([codec.head.log_probs(head_features(codec.schema, f)) for f in frames])
+    return codec.with_head(codec.head.shifted(calibration_shift(log_probs, codec.rates)))
+
+
 def copula_only(
     config: RunConfig,
     schema: Schema,
@@ -302,8 +333,18 @@ def copula_only(
     shape = sgd_shape(config, schema)
     settings = replace(settings_for(config.train, None, shape), steps=0)  # nothing trained
     result = TrainResult(checkpoints=[(0, start)], steps=0)
+    flows = [make(start)]
     return FitResult(
-        codec, result, settings, [0], [make(start)], list(spend.events), [], np.zeros(d), np.ones(d), copula_only=True
+        calibrated(codec, flows, config.train.seed),
+        result,
+        settings,
+        [0],
+        flows,
+        list(spend.events),
+        [],
+        np.zeros(d),
+        np.ones(d),
+        copula_only=True,
     )
 
 
@@ -362,6 +403,7 @@ def fit(
         )
         spend.add(report_noisy_max.rnm_event(per_pick_epsilon(stage), len(chosen)))
     flows = [make(result.checkpoints[i][1]) for i in chosen]
+    codec = calibrated(codec, flows, config.train.seed)
     return FitResult(codec, result, settings, chosen, flows, list(spend.events), points, mean, std)
 
 

@@ -29,12 +29,12 @@ from prefect import task
 import privflow
 from privflow import env, models
 from privflow.config import RunConfig
-from privflow.copula import release_codec
 from privflow.errors import ModelNotFound
 from privflow.models import build_flow
 from privflow.privacy.events import Event, events_to_json
 from privflow.privacy.plan import PrivacyPlan
 from privflow.schema import Schema
+from privflow.target_head import release_codec
 
 _REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
 # The parts of privflow/ the sampler imports; bundled without the demo data or the CLI.
@@ -174,6 +174,7 @@ def _log_generator(
     model_config: dict[str, Any],
     states: list[dict],
     marginals: dict[str, Any] | None = None,
+    head: dict[str, Any] | None = None,
 ) -> str:
     """Log the checkpoints as a pyfunc sampler ("models from code") and register a version."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,6 +190,8 @@ def _log_generator(
         }
         if marginals is not None:  # the DP marginals' output (privacy/mechanisms/dp_marginals.py)
             meta["marginals"] = marginals
+        if head is not None:  # the DP target head (privacy/mechanisms/dp_head.py), calibrated
+            meta["head"] = head
         (Path(tmp) / "meta.json").write_text(json.dumps(meta))
         artifacts["meta"] = str(Path(tmp) / "meta.json")
         info = mlflow.pyfunc.log_model(
@@ -214,6 +217,7 @@ def register_model(
     tags: dict[str, str],
     promotion: str = "if_better",
     marginals: dict[str, Any] | None = None,
+    head: dict[str, Any] | None = None,
 ) -> Registered:
     """Log the selected checkpoint(s) as a pyfunc sampler, register a version, maybe set the alias.
 
@@ -221,7 +225,7 @@ def register_model(
     public schema, so a retry spends no privacy. `if_better` sets the alias here only when no
     version holds it (no comparison, no cost); otherwise the flow runs the DP comparison.
     """
-    version = _log_generator(name, schema, model_name, model_config, states, marginals)
+    version = _log_generator(name, schema, model_name, model_config, states, marginals, head)
     client = MlflowClient()
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
@@ -276,6 +280,12 @@ class LoadedVersion:
     flows: list[torch.nn.Module]
     marginals: dict[str, Any] | None = None  # DP marginals the version was trained through, if any
     model: dict[str, Any] | None = None  # the flow family and shape it was built with: {"name", "config"}
+    head: dict[str, Any] | None = None  # its target head (privflow/target_head.py), if any
+
+    @property
+    def codec(self) -> Any:
+        """The codec the version was trained in (`privflow.target_head.release_codec`)."""
+        return release_codec(self.schema, self.marginals, self.head)
 
 
 def load_version(name: str, version: str) -> LoadedVersion:
@@ -289,13 +299,13 @@ def load_version(name: str, version: str) -> LoadedVersion:
         art = root / "artifacts"
         meta = json.loads((art / "meta.json").read_text())
         schema = Schema.model_validate(meta["schema"])
-        codec = release_codec(schema, meta.get("marginals"))
+        codec = release_codec(schema, meta.get("marginals"), meta.get("head"))
         flows = []
         for key in meta["checkpoints"]:
             flow = build_flow(meta["model"]["name"], codec.cardinalities, **meta["model"]["config"])
             flow.load_state_dict(torch.load(art / f"{key}.pt", map_location="cpu", weights_only=True))
             flows.append(flow.eval())
-    return LoadedVersion(version, schema, flows, meta.get("marginals"), meta["model"])
+    return LoadedVersion(version, schema, flows, meta.get("marginals"), meta["model"], meta.get("head"))
 
 
 def resolve_version(spec: str) -> tuple[str, str, dict[str, str]]:

@@ -28,7 +28,7 @@ from prefect.runtime import task_run
 
 from privflow.codec import Codec
 from privflow.config import RunConfig
-from privflow.copula import CopulaCodec, release_codec
+from privflow.copula import CopulaCodec
 from privflow.curator import curator_dir
 from privflow.errors import BudgetExceeded
 from privflow.io import read_table
@@ -42,8 +42,9 @@ from privflow.privacy.mechanisms.promotion import (
 )
 from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator, secret_seed
 from privflow.schema import Schema
+from privflow.target_head import TargetCodec, conditional_loglik
 from privflow.tasks._options import PRIVATE
-from privflow.tasks.encode import encode_rows, selection_coins
+from privflow.tasks.encode import selection_coins
 from privflow.tasks.mlflow_store import PROMOTION_TAG, LoadedVersion, alias_holder, load_version
 from privflow.tasks.mlflow_store import record_promotion as record
 from privflow.validation import validate
@@ -145,13 +146,12 @@ def _noisy_margin(
     df, _ = validate(
         read_table(config.data), schema, config.policy, run_dir / "promote_quarantine.csv", gate=lambda _failing: False
     )
-    if new.marginals == old.marginals:  # one codec: the clipped log-likelihoods, as before
-        codec = release_codec(schema, new.marginals)
-        _, x_val = encode_rows.fn(df, codec, config.select.validation_fraction, config.train.seed)
+    if new.marginals == old.marginals:  # one flow codec: the clipped log-likelihoods, as before
+        val = df.filter(pl.Series(selection_coins(df, config.select.validation_fraction, config.train.seed)))
+        x_val = new.codec.encode(val, np.random.default_rng(secret_seed()))
         lo, hi = config.select.score_low, config.select.score_high
-        statistic, sensitivity = margin_statistic(
-            version_loglik(new.flows, x_val), version_loglik(old.flows, x_val), lo, hi
-        )
+        ll_new, ll_old = (version_loglik(v.flows, x_val) + conditional_loglik(v.codec, val) for v in (new, old))
+        statistic, sensitivity = margin_statistic(ll_new, ll_old, lo, hi)
     else:  # two DP marginals over the same cells: each version in its own codec, same draws
         val = df.filter(pl.Series(selection_coins(df, config.select.validation_fraction, config.train.seed)))
         seed = secret_seed()
@@ -162,21 +162,25 @@ def _noisy_margin(
 
 def copula_loglik(version: LoadedVersion, schema: Schema, rows: pl.DataFrame, seed: int) -> np.ndarray:
     """A version's per-row log-likelihood in the copula reference (`CopulaCodec.log_mass`): its
-    flows on the rows encoded through its own marginals, plus the rows' log cell masses. The
-    encoding draws (positions inside atoms) come from `seed`, the same for both versions."""
-    codec = release_codec(schema, version.marginals)
+    flows on the rows encoded through its own marginals, plus the rows' log cell masses (and its
+    target head's term, privflow/target_head.py). The encoding draws (positions inside atoms)
+    come from `seed`, the same for both versions."""
+    codec = version.codec
     x = codec.encode(rows, np.random.default_rng(seed))
-    return version_loglik(version.flows, x) + codec.log_mass(rows)
+    return version_loglik(version.flows, x) + codec.log_mass(rows) + conditional_loglik(codec, rows)
 
 
 def codecs_comparable(new: LoadedVersion, old: LoadedVersion, schema: Schema) -> bool:
-    """Same marginals (or none), or DP marginals over the same public cells."""
+    """Both with a target head or both without (the flows then model the same columns), and the
+    same marginals (or none), or DP marginals over the same public cells."""
+    if (new.head is None) != (old.head is None):
+        return False
     if new.marginals == old.marginals:
         return True
     if new.marginals is None or old.marginals is None:
         return False
-    a, b = release_codec(schema, new.marginals), release_codec(schema, old.marginals)
-    return isinstance(a, CopulaCodec) and isinstance(b, CopulaCodec) and a.same_cells(b)
+    a, b = new.codec, old.codec
+    return isinstance(a, CopulaCodec | TargetCodec) and type(a) is type(b) and a.same_cells(b)
 
 
 @task(name="promote", retries=1, retry_delay_seconds=2, **PRIVATE)

@@ -24,13 +24,13 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from privflow import env
-from privflow.copula import release_codec
 from privflow.curator import curator_dir
 from privflow.errors import DataError, ModelNotFound
 from privflow.io import read_table
 from privflow.privacy.ledger import Ledger
 from privflow.privacy.mechanisms.dp_quantile import DPQuantile
 from privflow.schema import Schema
+from privflow.target_head import conditional_loglik
 from privflow.tasks.mlflow_store import LoadedVersion, load_version, model_uri, tracking
 from privflow.tasks.promote import version_loglik
 from privflow.validation import validate
@@ -73,12 +73,13 @@ def load_model(spec: str, store: Path) -> tuple[str, LoadedVersion]:
 
 def score_rows(model: LoadedVersion, df: pl.DataFrame) -> np.ndarray:
     """Per-row log-likelihood (nats, encoded space) of validated rows under the released model:
-    the equal-weight mixture of its checkpoints, as `Synthesizer.score` computes it."""
+    the equal-weight mixture of its checkpoints, plus its target head's term when it has one,
+    as `Synthesizer.score` computes it."""
     if df.height == 0:
         return np.empty(0)
-    codec = release_codec(model.schema, model.marginals)
+    codec = model.codec
     x = codec.encode(df.select(model.schema.names), np.random.default_rng())
-    return version_loglik(model.flows, x)
+    return version_loglik(model.flows, x) + conditional_loglik(codec, df)
 
 
 def score_table(model: LoadedVersion, path: Path, threshold: float) -> pl.DataFrame:

@@ -48,6 +48,7 @@ from privflow.config import RunConfig
 from privflow.errors import ConfigError
 from privflow.privacy.fingerprint import KEY_FILE, keyed_fingerprint, store_key
 from privflow.privacy.ledger import CHARGED_STATUSES, Ledger
+from privflow.privacy.run_plan import head_planned
 from privflow.schema import Column, Schema
 
 if TYPE_CHECKING:  # MLflow (and Prefect) load only where the registry is read: `find_parent`
@@ -167,6 +168,15 @@ def check_parent(parent: Parent, config: RunConfig, schema: Schema, ledger_path:
             f"{'copula' if config.marginals.enabled else 'schema'} codec (marginals.enabled is "
             f"{str(config.marginals.enabled).lower()}): its inputs would not mean the same. Set marginals.enabled: "
             f"{str(copula).lower()} in --config, or pretrain a parent with this run's setting."
+        )
+    headed, here_headed = parent.loaded.head is not None, head_planned(config, schema)
+    if headed != here_headed:
+        raise ConfigError(
+            f"{what} {'has' if headed else 'has no'} target head, and this run "
+            f"{'trains' if here_headed else 'trains no'} one (head.enabled is {str(config.head.enabled).lower()}, "
+            f"target {schema.target!r}): its flow models {'every column but the target' if headed else 'every column'}"
+            f", this run's flow would not. Set head.enabled: {str(headed).lower()} in --config, or pretrain a parent "
+            "with this run's setting."
         )
     if parent.kind == "public":
         return

@@ -30,6 +30,7 @@ runner = CliRunner()
 MODEL = {"name": "maf", "blocks": 1, "hidden": 8}
 PARENT_RUN = "parent-run-attempt1"
 SCHEMA_CODEC = {"enabled": False}  # parents and runs here use the schema codec (DP marginals are on by default)
+NO_HEAD = {"enabled": False}  # and a flow over every column (the target head is on by default)
 
 
 def _schema_file(path: Path, demo_dir: Path, name: str = "adult", age_high: float | None = None) -> Path:
@@ -86,7 +87,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
     }
     config = tmp / "run.yaml"
     config.write_text(
-        yaml.safe_dump({"model": MODEL, "marginals": SCHEMA_CODEC, "train": {"epochs": 1, "batch_size": 128}})
+        yaml.safe_dump(
+            {"model": MODEL, "marginals": SCHEMA_CODEC, "head": NO_HEAD, "train": {"epochs": 1, "batch_size": 128}}
+        )
     )
     return {"store": store, "data": data, "schema": schema, "config": config, "v": versions, "tmp": tmp}
 
@@ -151,8 +154,16 @@ def test_schema_mismatch_is_refused(setup: dict) -> None:
 def test_other_flow_or_codec_is_refused(setup: dict) -> None:
     _refused(setup, f"parents/{setup['v']['other-flow']}", "different flow", "model.hidden")
     marginals = setup["tmp"] / "marginals.yaml"
-    marginals.write_text(yaml.safe_dump({"model": MODEL, "marginals": {"enabled": True}}))
+    marginals.write_text(yaml.safe_dump({"model": MODEL, "marginals": {"enabled": True}, "head": NO_HEAD}))
     _refused(setup, f"parents/{setup['v']['public']}", "codec", "marginals.enabled", extra=("--config", str(marginals)))
+
+
+def test_a_parent_without_the_runs_target_head_is_refused(setup: dict) -> None:
+    """The parent's flow models every column; with the head on, this run's flow would model every
+    column but the target: the weights would not fit."""
+    head = setup["tmp"] / "head.yaml"
+    head.write_text(yaml.safe_dump({"model": MODEL, "marginals": SCHEMA_CODEC}))  # the head on, as by default
+    _refused(setup, f"parents/{setup['v']['public']}", "no target head", "head.enabled", extra=("--config", str(head)))
 
 
 def test_private_release_of_another_dataset_is_refused(setup: dict) -> None:
@@ -185,6 +196,7 @@ def test_allowed_parents_pass_preflight_pinned_to_their_version(setup: dict) -> 
             init_from="parents@champion" if kind == "public" else f"parents/{setup['v'][kind]}",
             model=MODEL,
             marginals=SCHEMA_CODEC,
+            head=NO_HEAD,
             train={"epochs": 1, "batch_size": 128},
         )
         checked = preflight(cfg)
@@ -202,8 +214,8 @@ def test_warm_start_plan_is_the_scratch_plan_minus_initialisation(setup: dict) -
     schema = Schema.from_yaml(setup["schema"])
     scratch = run_plan(RunConfig.build(**base), schema)
     warm = run_plan(RunConfig.build(**base, init_from="parents/1"), schema)
-    assert [s.name for s in scratch.stages] == ["validate", "dp_stats", "dp_prior", "select", "train"]
-    assert [s.name for s in warm.stages] == ["validate", "select", "train"]
+    assert [s.name for s in scratch.stages] == ["validate", "dp_head", "dp_stats", "dp_prior", "select", "train"]
+    assert [s.name for s in warm.stages] == ["validate", "dp_head", "select", "train"]
     for s in warm.stages:  # every kept stage, DP-SGD included, keeps its noise
         assert event_to_dict(s.event) == event_to_dict(scratch.stage(s.name).event)
     from privflow.privacy.accountant import PLDAccountant

@@ -26,12 +26,10 @@ import yaml
 from mlflow import MlflowClient
 
 from privflow.config import RunConfig
-from privflow.copula import release_codec
 from privflow.errors import ValidationFailed
 from privflow.privacy.events import LaplaceEvent
 from privflow.privacy.ledger import Ledger
 from privflow.sampler import sample_rows
-from privflow.schema import Schema
 from privflow.tasks import release
 from privflow.tasks.promote import load_version
 
@@ -151,7 +149,7 @@ def test_released_table_depends_only_on_model_and_sampling_seed(run, tmp_path: P
     cfg, summary = run
     released = Path(summary.synthetic_path).read_bytes()
     loaded = load_version(summary.model_name, summary.model_version)
-    codec = release_codec(Schema.from_yaml(cfg.schema_path), loaded.marginals)  # the codec it was released in
+    codec = loaded.codec  # the codec it was released in (DP marginals and target head included)
     # whatever the global RNG went through (say, draws counted by private rows)...
     for count in (1999, 2000, 2001):
         torch.manual_seed(cfg.train.seed)

@@ -76,7 +76,7 @@ def test_reported_epsilon_is_the_composition_of_recorded_events(run) -> None:
     assert PLDAccountant().epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=1e-9)
     assert PRVAccountant().epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=0.01)
     plan = json.loads(Path(client.download_artifacts(summary.mlflow_run_id, "privacy/plan.json")).read_text())
-    assert {s["name"] for s in plan["stages"]} == {"validate", "dp_marginals", "dp_stats", "train", "select"}
+    assert {s["name"] for s in plan["stages"]} == {"validate", "dp_marginals", "dp_head", "dp_stats", "train", "select"}
 
 
 def test_cumulative_epsilon_per_step_ends_under_target(run) -> None:
@@ -166,7 +166,7 @@ def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, dem
         evaluate={"synthetic_rows": 200, "utility": False, "privacy_risk": False, "report": False, "fidelity": False},
     )
     summary = train_pipeline(cfg, show_progress=False)
-    assert set(summary.stages) == {"validate", "dp_marginals", "dp_stats", "dp_prior", "train", "select"}
+    assert set(summary.stages) == {"validate", "dp_marginals", "dp_head", "dp_stats", "dp_prior", "train", "select"}
     assert summary.epsilon <= 3.0
     events = events_from_json(
         Path(MlflowClient().download_artifacts(summary.mlflow_run_id, "privacy/events.json")).read_text()
@@ -220,7 +220,7 @@ def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: 
     flow: the marginals take its budget, the release is the independent copula, and the summary,
     the CLI and the registered version say so."""
     from privflow.flows.train import train_pipeline
-    from privflow.privacy.events import GaussianEvent, LaplaceEvent
+    from privflow.privacy.events import GaussianEvent, LaplaceEvent, PoissonGaussianEvent
 
     data, schema = _adult_slice(tmp_path, demo_dir, 1500)
     cfg = RunConfig.build(
@@ -235,13 +235,14 @@ def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: 
         evaluate={"synthetic_rows": 600, "utility": False, "privacy_risk": False, "report": False},
     )
     summary = train_pipeline(cfg, show_progress=False)
-    assert list(summary.stages) == ["validate", "dp_marginals"]
-    assert 0.98 <= summary.epsilon <= 1.0  # the marginals took what the gate left
+    assert list(summary.stages) == ["validate", "dp_head", "dp_marginals"]
+    assert 0.98 <= summary.epsilon <= 1.0  # the marginals took what the gate and the head left
     events = events_from_json(
         Path(MlflowClient().download_artifacts(summary.mlflow_run_id, "privacy/events.json")).read_text()
     )
-    assert [type(e) for e in events] == [LaplaceEvent, GaussianEvent]
+    assert [type(e) for e in events] == [LaplaceEvent, GaussianEvent, PoissonGaussianEvent]  # spent in this order
     assert summary.release_note and "No flow was trained" in summary.release_note
+    assert "the target 'income' from the DP target head" in summary.release_note
     version = MlflowClient().get_model_version(summary.model_name, summary.model_version)
     assert version.tags["release"] == "independent-copula"
     synthetic = pl.read_csv(summary.synthetic_path, infer_schema=False)

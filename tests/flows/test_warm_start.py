@@ -140,8 +140,8 @@ def test_public_warm_start_costs_a_scratch_run_minus_the_dp_statistics(runs: dic
     files, warm, scratch = runs["files"], runs["warm"], runs["scratch"]
     records = {r.run_id: r for r in Ledger(files["store"] / "ledger.db").runs("adult")}
     w, s = records[warm.run_id], records[scratch.run_id]
-    assert set(warm.stages) == {"validate", "train", "select"}
-    assert set(scratch.stages) == {"validate", "dp_stats", "train", "select"}
+    assert set(warm.stages) == {"validate", "dp_head", "train", "select"}
+    assert set(scratch.stages) == {"validate", "dp_head", "dp_stats", "train", "select"}
     plan = run_plan(runs["scratch_config"], Schema.from_yaml(files["schema"]))
     skipped = event_to_dict(plan.stage("dp_stats").event)
     spent = [event_to_dict(e) for e in s.events]

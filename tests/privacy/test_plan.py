@@ -94,9 +94,15 @@ def _demo_plan(name: str, epsilon: float, **sections: dict) -> tuple[object, obj
 def test_small_table_gives_the_flow_budget_to_the_marginals() -> None:
     from privflow.privacy.run_plan import effective_batch, flow_can_learn, run_plan, sgd_shape
 
+    _, _, headless = _demo_plan("german", 1.0, marginals={"enabled": True}, head={"enabled": False})
+    assert [s.name for s in headless.stages] == ["validate", "dp_marginals"]  # type: ignore[attr-defined]
+    assert 0.99 * 1.0 <= headless.epsilon <= 1.0  # type: ignore[attr-defined]
     cfg, schema, plan = _demo_plan("german", 1.0, marginals={"enabled": True})
-    assert [s.name for s in plan.stages] == ["validate", "dp_marginals"]  # type: ignore[attr-defined]
+    assert [s.name for s in plan.stages] == ["validate", "dp_head", "dp_marginals"]  # type: ignore[attr-defined]
     assert 0.99 * 1.0 <= plan.epsilon <= 1.0  # type: ignore[attr-defined]
+    # the head inherits DP-SGD's share of the full plan: its own 0.2 plus the 0.2 the small stages leave
+    assert plan.stage("dp_head").share == pytest.approx(0.4)  # type: ignore[attr-defined]
+    assert plan.stage("dp_head").epsilon_alone == pytest.approx(0.4, rel=0.011)  # type: ignore[attr-defined]
     # the decision is the public effective batch of the plan it replaced
     cfg_off = cfg.model_copy(update={"train": cfg.train.model_copy(update={"min_effective_batch": 0.0})})  # type: ignore[attr-defined]
     trained = run_plan(cfg_off, schema)  # type: ignore[arg-type]

@@ -15,9 +15,9 @@ from scipy.stats.contingency import association
 
 from privflow.config import EvaluateConfig
 from privflow.errors import DataError
+from privflow.features import feature_matrix
 from privflow.schema import Schema
 from privflow.tasks.evaluation import BANNER, evaluate
-from privflow.features import feature_matrix
 from privflow.tasks.evaluation.fidelity import (
     cramers_matrix,
     cramers_v,

@@ -1,0 +1,85 @@
+"""DP target head (privacy/mechanisms/dp_head.py): its public shape, its calibrated event checked
+by a second accountant, the trainer's clipped per-example gradients against microbatches, and
+the non-private head against scikit-learn's logistic regression."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+
+from privflow.models.softmax_head import SoftmaxHead
+from privflow.privacy.accountant import PLDAccountant, RDPAccountant
+from privflow.privacy.clipping import clipped_gradient_sum, model_layers
+from privflow.privacy.mechanisms import dp_head
+
+
+@pytest.mark.parametrize(
+    ("rows", "batch"),
+    [(32_000, 500.0), (1_000, 250.0), (100, 25.0), (1_000_000, 15_625.0)],
+)
+def test_shape_from_the_public_row_count(rows: int, batch: float) -> None:
+    shape = dp_head.head_shape(rows, 200)
+    assert shape.steps == 200
+    assert shape.sample_rate * rows == pytest.approx(batch)
+    assert dp_head.head_shape(rows, 50, batch_size=64).sample_rate == pytest.approx(min(1.0, 64 / rows))
+
+
+def test_noise_meets_epsilon_and_a_second_accountant_agrees() -> None:
+    shape = dp_head.head_shape(32_000, 200)
+    sigma = dp_head.noise_for_epsilon(0.2, 1e-5, shape)
+    event = dp_head.dp_head_event(shape, sigma)
+    eps = PLDAccountant().epsilon([event], 1e-5)
+    assert 0.2 * 0.99 <= eps <= 0.2
+    # RDP is an upper bound on the same loss: never below PLD, and not far above here
+    rdp = RDPAccountant().epsilon([event], 1e-5)
+    assert eps <= rdp <= 1.5 * eps
+    assert dp_head.noise_for_epsilon(0.4, 1e-5, shape) < sigma
+
+
+def test_clipped_per_example_gradients_match_microbatches() -> None:
+    torch.manual_seed(0)
+    head = SoftmaxHead(5, 3)
+    with torch.no_grad():
+        head.linear.weight.normal_()
+        head.linear.bias.normal_()
+    x = torch.cat([torch.rand(16, 5), torch.randint(0, 3, (16, 1)).float()], dim=1)
+    res = clipped_gradient_sum(head, x, clipping="flat", max_grad_norm=0.3, method="fast", layers=model_layers(head))
+    expected = {p: torch.zeros_like(p) for p in head.parameters()}
+    for i in range(16):
+        head.zero_grad()
+        (-head.log_prob(x[i : i + 1]).sum()).backward()
+        grads = [p.grad.clone() for p in head.parameters()]
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+        for p, g in zip(head.parameters(), grads, strict=True):
+            expected[p] += g * min(1.0, 0.3 / float(norm))
+    for p in head.parameters():
+        torch.testing.assert_close(res.grads[p], expected[p], rtol=1e-5, atol=1e-6)
+
+
+def test_nonprivate_head_agrees_with_logistic_regression() -> None:
+    rng = np.random.default_rng(0)
+    n, p = 6000, 4
+    f = rng.random((n, p))
+    w = np.array([3.0, -2.0, 0.0, 1.5])
+    y = (rng.random(n) < 1 / (1 + np.exp(-(f @ w - 1.2)))).astype(int)
+    shape = dp_head.head_shape(n, 400)
+    weight, bias, event = dp_head.train_head(f, y, 2, dp_head.head_settings(shape, n, None, 0.05, 1.0, 0.0))
+    assert event is None
+    ours = f @ (weight[:, 1] - weight[:, 0]) + (bias[1] - bias[0])
+    ref = LogisticRegression(C=1e4, max_iter=1000).fit(f, y).decision_function(f)
+    assert np.corrcoef(ours, ref)[0, 1] > 0.99
+
+
+def test_private_head_records_its_event_and_learns() -> None:
+    rng = np.random.default_rng(1)
+    n = 8000
+    f = rng.random((n, 3))
+    y = (f[:, 0] > 0.5).astype(int)
+    shape = dp_head.head_shape(n, 200)
+    sigma = dp_head.noise_for_epsilon(1.0, 1e-5, shape)
+    settings = dp_head.head_settings(shape, n, sigma, 0.02, 1.0, 0.95, noise_seed=3)
+    weight, bias, event = dp_head.train_head(f, y, 2, settings)
+    assert event == dp_head.dp_head_event(shape, sigma)
+    assert weight[0, 1] - weight[0, 0] > 1.0  # the informative feature's weight is learnt under the noise
