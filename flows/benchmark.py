@@ -8,8 +8,8 @@ that reproduces them in the results file):
   densities pinwheel, half-moons, 8-gaussians (benchmarks/datasets.py);
 - models: ``dphflow`` (DP-HFlow, privflow's default configuration), ``maf`` (DP-NF's masked
   autoregressive flow), ``dpmog`` (DP-NF's baseline: a DP-EM mixture of Gaussians alone,
-  Waites & Cummings 2021, App. B.2); privflow's ablations ``flow-nomarg`` / ``flow-marg``
-  (DP-HFlow with the DP-marginals stage off / on) and ``copula`` (the DP marginals alone at
+  Waites & Cummings 2021, App. B.2); privflow's ablations ``flow-nomarg`` / ``flow-nohead``
+  (the default with the DP-marginals stage / the target head off) and ``copula`` (the DP marginals alone at
   the whole epsilon, columns independent); and the peers ``mst`` and ``aim`` (smartnoise-synth
   in their own venv, benchmarks/peers; private cells only);
 - epsilon: any positive values at delta = 1e-5, and ``None`` (non-private: same data split,
@@ -65,13 +65,14 @@ from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.task_runners import ProcessPoolTaskRunner  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-from privflow.config import MarginalsConfig, PrivacyConfig, RunConfig  # noqa: E402
-from privflow.copula import CopulaCodec  # noqa: E402
+from privflow.config import HeadConfig, MarginalsConfig, PrivacyConfig, RunConfig  # noqa: E402
+from privflow.copula import CopulaCodec, cell_positions  # noqa: E402
 from privflow.privacy.accountant import PLDAccountant  # noqa: E402
 from privflow.privacy.mechanisms import dp_marginals, dp_mog, dp_stats  # noqa: E402
 from privflow.privacy.plan import Remainder, make_plan  # noqa: E402
 from privflow.privacy.run_plan import run_plan  # noqa: E402
 from privflow.sampler import sample_rows  # noqa: E402
+from privflow.target_head import TargetCodec, conditional_loglik  # noqa: E402
 from privflow.tasks._options import PRIVATE  # noqa: E402
 from privflow.tasks.encode import encode_rows  # noqa: E402
 from privflow.tasks.evaluation.fidelity import fidelity  # noqa: E402
@@ -107,10 +108,13 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parent.parent
-MODELS: tuple[str, ...] = ("dphflow", "maf", "dpmog", "flow-nomarg", "flow-marg", "copula", "mst", "aim")
+MODELS: tuple[str, ...] = ("dphflow", "maf", "dpmog", "flow-nomarg", "flow-nohead", "copula", "mst", "aim")
 PEERS: tuple[str, ...] = ("mst", "aim")  # smartnoise-synth, in their own venv (benchmarks/peers)
-# privflow ablations: DP-HFlow with the DP-marginals stage forced off / on (`dphflow` is the default config)
-MARGINALS: dict[str, bool] = {"flow-nomarg": False, "flow-marg": True}
+# privflow ablations: the default configuration (`dphflow`) with one stage switched off
+ABLATIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "flow-nomarg": {"marginals": {"enabled": False}},
+    "flow-nohead": {"head": {"enabled": False}},
+}
 PAPER_EPSILONS: tuple[float | None, ...] = (0.5, 1.0, 2.0, 5.0, None)
 DELTA = 1e-5
 REAL = "real-data"  # reference rows: classifiers trained on the real training table
@@ -215,7 +219,7 @@ def build_cells(
 def _cost(cell: Cell) -> float:
     """Rough relative cost, to start the longest cells first and keep the tail short."""
     base = {"adult": 10.0, "german": 2.0}.get(cell.dataset, 1.5)
-    factor = {"dphflow": 1.6, "flow-nomarg": 1.6, "flow-marg": 1.8, "maf": 1.0, "dpmog": 0.3, "copula": 0.1}
+    factor = {"dphflow": 1.6, "flow-nomarg": 1.6, "flow-nohead": 1.6, "maf": 1.0, "dpmog": 0.3, "copula": 0.1}
     factor.update({"mst": 3.0, "aim": 30.0, REAL: 0.3})
     return base * factor[cell.model]
 
@@ -225,7 +229,14 @@ def _cost(cell: Cell) -> float:
 
 def run_config(data: Any, cell: Cell, quick: bool) -> Any:
     """The RunConfig of a cell: project defaults, the benchmark's per-dataset overrides, quick sizes."""
-    sections: dict[str, dict[str, Any]] = {"model": {}, "train": {}, "select": {}, "privacy": {}, "marginals": {}}
+    sections: dict[str, dict[str, Any]] = {
+        "model": {},
+        "train": {},
+        "select": {},
+        "privacy": {},
+        "marginals": {},
+        "head": {},
+    }
     for key in (data.kind if data.kind == "2d" else "tabular", data.name):
         for section, values in BENCH_CONFIG.get(key, {}).items():
             sections[section].update(values)
@@ -236,8 +247,8 @@ def run_config(data: Any, cell: Cell, quick: bool) -> Any:
     sections["model"].update(name=name, mog_components=MOG_COMPONENTS.get(data.name, 5))
     if cell.model == "dpmog":
         sections["model"].update(prior="mog", blocks=1)
-    if cell.model in MARGINALS:
-        sections["marginals"].update(enabled=MARGINALS[cell.model])
+    for section, values in ABLATIONS.get(cell.model, {}).items():
+        sections[section].update(values)
     sections["train"].update(seed=cell.seed, device="cpu")
     sections["privacy"].update(epsilon=cell.epsilon if cell.epsilon is not None else 1.0, delta=DELTA)
     return RunConfig.build(data=Path(f"benchmark:{data.name}"), schema_path=Path(f"benchmark:{data.name}"), **sections)
@@ -307,16 +318,46 @@ def synthetic_rows(data: Any, quick: bool) -> int:
     return data.schema.dataset.expected_rows or data.train.height
 
 
+def copula_to_schema_logdet(codec: CopulaCodec, df: Any) -> np.ndarray | None:
+    """[n] log |du/dv| from the schema codec's space v to the copula's u, per row, when every
+    column is numeric (None otherwise): on column j, u = F_k + p_k (t(x) - e_k) / (e_k+1 - e_k)
+    and v = (t(x) - t(lo)) / (t(hi) - t(lo)), so du/dv = p_k (t(hi) - t(lo)) / (e_k+1 - e_k).
+    Adding it to a copula model's log-density gives its density in the schema codec's space,
+    comparable with every other cell's `nll` (-inf where a row's bin has no released mass: the
+    model gives those rows density 0). Integer and categorical cells are dequantized
+    differently by the two codecs, so tables keep `nll_copula` only."""
+    if any(c.kind != "numeric" for c in codec.cells):
+        return None
+    out = np.zeros(df.height)
+    for j, c in enumerate(codec.cells):
+        idx, _ = cell_positions(df.get_column(c.column), c)
+        e = c.edges
+        with np.errstate(divide="ignore"):
+            out += np.log(codec.probs[j][idx]) + np.log((e[-1] - e[0]) / (e[idx + 1] - e[idx]))
+    return out
+
+
 def likelihood_cell(data: Any, cell: Cell, model: Any, codec: Any) -> dict[str, float]:
     """Test NLL in nats/row of the codec's space (2-D: DP-NF's standardised convention). Only
     the schema codec's space is shared by cells; a copula codec's space is that cell's own DP
-    marginals, so its NLL goes to `nll_copula` (raw cells only), never to the compared `nll`."""
+    marginals, so its NLL goes to `nll_copula` (raw cells only), never to the compared `nll`.
+    With a target head the flow's density of the other columns is added to the head's
+    log-probability of the target (privflow/target_head.py)."""
     generator = torch.Generator().manual_seed(cell.seed)  # the bound's dequantization noise, reproducible
-    if isinstance(codec, CopulaCodec):
+    inner = codec.inner if isinstance(codec, TargetCodec) else codec
+    head = conditional_loglik(codec, data.test)
+    if isinstance(inner, CopulaCodec):
         x = codec.encode(data.test, np.random.default_rng(cell.seed))
-        ll = row_loglik(model, x, generator=generator)
-        return {"nll_copula": -likelihood_metrics({"test": ll})["likelihood/test_nats_per_row"]}
-    lik = likelihood_metrics({"test": row_loglik(model, codec.encode(data.test), generator=generator)})
+        ll = row_loglik(model, x, generator=generator) + head
+        out = {"nll_copula": -likelihood_metrics({"test": ll})["likelihood/test_nats_per_row"]}
+        logdet = copula_to_schema_logdet(inner, data.test)
+        if logdet is not None:  # all numeric: the same density in the schema codec's space
+            lik = likelihood_metrics({"test": ll + logdet})
+            out["nll_encoded"] = -lik["likelihood/test_nats_per_row"]
+            out["nll"] = out["nll_encoded"] + data.nll_offset
+            out["nll_nonfinite_share"] = lik["likelihood/test_nonfinite_share"]
+        return out
+    lik = likelihood_metrics({"test": row_loglik(model, codec.encode(data.test), generator=generator) + head})
     nll = -lik["likelihood/test_nats_per_row"]
     return {
         "nll_encoded": nll,
@@ -642,16 +683,18 @@ WORST_COLUMNS = {
 }
 MODEL_NOTES = {
     "dphflow": "DP-HFlow (Lee et al. 2022) with privflow's default configuration (`privflow/config.py`; DP "
-    f"marginals {'on' if MarginalsConfig().enabled else 'off'} by default)",
+    f"marginals {'on' if MarginalsConfig().enabled else 'off'} by default, with {MarginalsConfig().share:.0%} of "
+    "epsilon: every column's histogram released once, rows encoded through the DP CDFs (copula codec); with a "
+    f"schema target, the target head {'on' if HeadConfig().enabled else 'off'} by default, with "
+    f"{HeadConfig().share:.0%} of epsilon: the flow models the other columns and a DP softmax regression the "
+    "target given them, calibrated to the DP class rates; on a table too small for DP-SGD "
+    "(`train.min_effective_batch`) no flow is trained and the marginals take the flow's budget (raw cells: "
+    "`release`))",
     "maf": "DP-NF's masked autoregressive flow (Waites & Cummings 2021)",
     "dpmog": "DP-NF's baseline, a DP-EM mixture of Gaussians alone, fitted in the flow's preprocessed space "
     "(bound scaling, logit, DP standardisation) and scored with the exact change of variables",
-    "flow-nomarg": "privflow ablation: DP-HFlow with `marginals.enabled=False` (schema codec)",
-    "flow-marg": "privflow ablation: DP-HFlow with `marginals.enabled=True`: one Gaussian release of every "
-    f"column's histogram ({MarginalsConfig().share:.0%} of epsilon), rows encoded through the DP CDFs (copula "
-    "codec), the flow learns the dependence, samples decode through the inverse; on a table too small for DP-SGD "
-    "(`train.min_effective_batch`) no flow is trained and the marginals take the whole budget (raw cells: "
-    "`release`)",
+    "flow-nomarg": "privflow ablation: the default with `marginals.enabled=False` (schema codec)",
+    "flow-nohead": "privflow ablation: the default with `head.enabled=False` (the flow models the target too)",
     "copula": "privflow ablation: the DP marginals alone at the whole epsilon, columns sampled independently "
     "(the copula codec decoding independent uniforms)",
     "mst": "MST (McKenna et al. 2021), smartnoise-synth 1.0.8 in its own venv (`benchmarks/peers`)",
@@ -1017,7 +1060,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # issue 13: privflow beside its peers on the same split, one command, one Markdown file
     "peers": {
         "datasets": "adult,german",
-        "models": "dphflow,flow-nomarg,flow-marg,copula,mst,aim",
+        "models": "dphflow,flow-nomarg,flow-nohead,copula,mst,aim",
         "epsilons": "1",
         "seeds": "0,1,2",
         "targets": "issue 13",

@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from privflow.features import binned_counts, numeric_bin_edges
 from privflow.flows.benchmark import (
     PEERS,
     PRESETS,
@@ -33,7 +34,6 @@ from privflow.flows.benchmark import (
 )
 from privflow.privacy.accountant import PLDAccountant
 from privflow.schema import Schema
-from privflow.features import binned_counts, numeric_bin_edges
 
 peers = peers_module()
 HAVE_PEERS = peers.peers_python() is not None
@@ -171,15 +171,21 @@ def test_a_missing_venv_names_the_command(tmp_path, monkeypatch) -> None:
 # ---------------------------------------------------------------------------- benchmark side (CI)
 
 
-def test_peer_cells_are_private_only_and_ablations_configure_marginals() -> None:
-    cells = build_cells(["german"], ["mst", "aim", "flow-marg", "copula"], [1.0, None], [0])
+def test_peer_cells_are_private_only_and_ablations_switch_one_stage_off() -> None:
+    cells = build_cells(["german"], ["mst", "aim", "flow-nohead", "copula"], [1.0, None], [0])
     assert {(c.model, c.epsilon) for c in cells if c.model in PEERS} == {("mst", 1.0), ("aim", 1.0)}
-    assert {(c.model, c.epsilon) for c in cells if c.model == "flow-marg"} == {("flow-marg", 1.0), ("flow-marg", None)}
+    assert {(c.model, c.epsilon) for c in cells if c.model == "flow-nohead"} == {
+        ("flow-nohead", 1.0),
+        ("flow-nohead", None),
+    }
     data = type("D", (), {"kind": "tabular", "name": "german"})()
     cfg = lambda m: run_config(data, Cell("german", m, 1.0, 0), quick=True)  # noqa: E731
-    assert cfg("flow-marg").marginals.enabled and not cfg("flow-nomarg").marginals.enabled
-    assert cfg("dphflow").marginals.enabled == type(cfg("dphflow").marginals)().enabled  # the default config
-    assert {cfg(m).model.name for m in ("dphflow", "flow-nomarg", "flow-marg")} == {"dphflow"}
+    default = cfg("dphflow")
+    assert default.marginals.enabled == type(default.marginals)().enabled  # the default config
+    assert default.head.enabled == type(default.head)().enabled
+    assert not cfg("flow-nomarg").marginals.enabled and cfg("flow-nomarg").head.enabled == default.head.enabled
+    assert not cfg("flow-nohead").head.enabled and cfg("flow-nohead").marginals.enabled == default.marginals.enabled
+    assert {cfg(m).model.name for m in ("dphflow", "flow-nomarg", "flow-nohead")} == {"dphflow"}
 
 
 def test_copula_cell_spends_its_epsilon_once_and_keeps_the_schema(tmp_path) -> None:
@@ -201,22 +207,22 @@ def _record(model: str, seed: int, dataset: str = "adult", **metrics: float) -> 
 
 def test_targets_are_judged_on_the_worst_seed_and_against_mst(tmp_path) -> None:
     recs = [
-        _record("flow-marg", s, macro_f1=f, auroc=0.85, ap=0.6, tv_mean=t, kendall_rmse=0.04)
+        _record("flow-nohead", s, macro_f1=f, auroc=0.85, ap=0.6, tv_mean=t, kendall_rmse=0.04)
         for s, f, t in ((0, 0.72, 0.008), (1, 0.69, 0.009), (2, 0.71, 0.012))
     ]
     recs += [_record("mst", s, "german", auroc=0.6, tv_mean=0.1) for s in range(3)]
-    recs += [_record("flow-marg", s, "german", auroc=0.65, tv_mean=0.05) for s in range(3)]
+    recs += [_record("flow-nohead", s, "german", auroc=0.65, tv_mean=0.05) for s in range(3)]
     recs += [_record("copula", s, "german", auroc=0.5, tv_mean=0.04) for s in range(3)]
-    worst = worst_seed(recs)[("adult", "flow-marg", 1.0)]
+    worst = worst_seed(recs)[("adult", "flow-nohead", 1.0)]
     assert worst["macro_f1"] == 0.69 and worst["tv_mean"] == 0.012 and worst["auroc"] == 0.85
     out = write_results(recs, tmp_path / "results" / "peers.md", "cmd", 60.0, "process x2", False, "issue 13")
     text = out.read_text()
     line = lambda *parts: next(x for x in text.splitlines() if all(p in x for p in parts))  # noqa: E731
-    assert "**not met**" in line("| adult | macro_f1 |", "flow-marg", "worst of 3 seeds", "0.690")
-    assert "**met**" in line("| adult | auroc |", "flow-marg", "0.850")
-    assert "**not met**" in line("| adult | tv_mean |", "flow-marg", "0.0120")
-    assert "**met**" in line("| adult | kendall_rmse |", "flow-marg")
-    assert "**met**" in line("| german | auroc | > mst (0.600) |", "flow-marg")
+    assert "**not met**" in line("| adult | macro_f1 |", "flow-nohead", "worst of 3 seeds", "0.690")
+    assert "**met**" in line("| adult | auroc |", "flow-nohead", "0.850")
+    assert "**not met**" in line("| adult | tv_mean |", "flow-nohead", "0.0120")
+    assert "**met**" in line("| adult | kendall_rmse |", "flow-nohead")
+    assert "**met**" in line("| german | auroc | > mst (0.600) |", "flow-nohead")
     assert "**not met**" in line("| german | auroc | > mst", "| copula |")
     assert "**met**" in line("| german | tv_mean | < mst (0.1000) |", "copula")
     assert not any("| mst" in x and "> mst" in x for x in text.splitlines())
@@ -227,7 +233,7 @@ def test_command_line_resolves_presets_and_explicit_options() -> None:
     peers_run = resolve(parser().parse_args(["--preset", "peers"]))
     assert peers_run == {
         "datasets": ["adult", "german"],
-        "models": ["dphflow", "flow-nomarg", "flow-marg", "copula", "mst", "aim"],
+        "models": ["dphflow", "flow-nomarg", "flow-nohead", "copula", "mst", "aim"],
         "epsilons": [1.0],
         "seeds": [0, 1, 2],
         "targets": "issue 13",
@@ -244,7 +250,7 @@ def test_presets_write_their_own_file() -> None:
     assert default_out("peers", False) == REPO / "benchmarks" / "results" / "peers.md"
     assert default_out("peers", True) == REPO / "benchmarks" / "results" / "peers-quick.md"
     p = PRESETS["peers"]
-    assert p["models"].split(",") == ["dphflow", "flow-nomarg", "flow-marg", "copula", "mst", "aim"]
+    assert p["models"].split(",") == ["dphflow", "flow-nomarg", "flow-nohead", "copula", "mst", "aim"]
     assert (p["datasets"], p["epsilons"], p["seeds"]) == ("adult,german", "1", "0,1,2")
     assert p["targets"] in TARGET_SETS
     assert Target("adult", 1.0, "tv_mean", "<=", 0.01).met(0.01)
@@ -318,7 +324,7 @@ def test_quick_peers_sweep(tmp_path) -> None:
     out = tmp_path / "peers.md"
     records = benchmark(
         datasets=["german"],
-        models=["flow-marg", "copula", "mst", "aim"],
+        models=["flow-nohead", "copula", "mst", "aim"],
         epsilons=[1.0],
         seeds=[0],
         out=out,
