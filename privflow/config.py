@@ -58,7 +58,12 @@ class TrainConfig(_Section):
     batch_size: int = Field(512, ge=1, description="expected Poisson batch size")
     epochs: float = Field(8.0, gt=0)
     max_grad_norm: float = Field(1.0, gt=0)
-    clipping: Literal["flat", "per_layer", "per_unit", "sparsify"] = "per_layer"
+    clipping: Literal["flat", "per_layer", "per_unit", "sparsify"] = Field(
+        "flat",
+        description="flat by default: per-layer clipping (DP-HFlow) made DP-Adam diverge on the pinwheel "
+        "density even at epsilon 50 (noise multiplier 0.38: the validation log-likelihood fell from +0.14 to "
+        "-13.9 nats), where flat clipping trained steadily at epsilon 1; on Adult both give the same utility",
+    )
     sparsity: float = Field(0.5, ge=0, lt=1)
     checkpoint_every: int = Field(50, ge=1)
     min_effective_batch: float = Field(

@@ -304,3 +304,32 @@ def test_planned_grid_reads_only_the_plan_and_the_schema(adult: tuple[pl.DataFra
     sigma = 7.0 * math.sqrt(len(schema.columns))
     assert planned_grid_bins(schema, stage, "auto") == mod.auto_grid_bins(schema.dataset.expected_rows, sigma)
     assert planned_grid_bins(schema, stage, 64) == 64
+
+
+def test_numeric_columns_get_a_density_floor_and_atoms_keep_their_zeros() -> None:
+    """Noise-only grid cells of a numeric column are not left at density 0 (a held-out value there
+    would have an infinite negative log-likelihood); categories and integer atoms keep exact zeros."""
+    from privflow.privacy.mechanisms.dp_marginals import marginals_from_counts, with_density_floor
+
+    schema = Schema.model_validate(
+        {
+            "dataset": {"name": "floor"},
+            "columns": [
+                {"name": "x", "type": "numeric", "bounds": [0.0, 1.0], "nullable": True},
+                {"name": "c", "type": "categorical", "categories": ["a", "b", "z"]},
+            ],
+        }
+    )
+    cells = schema_cells(schema, grid_bins=8)
+    x_noisy = np.array([500.0, -3.0, 400.0, -7.0, 0.0, 0.0, 100.0, -1.0, 20.0])  # 8 bins + null
+    c_noisy = np.array([600.0, 420.0, -5.0])
+    m = marginals_from_counts(np.concatenate([x_noisy, c_noisy]), schema, grid_bins=8)
+    px, pc = m.probs["x"], m.probs["c"]
+    assert np.all(px[:8] > 0) and px.sum() == pytest.approx(1.0)
+    assert pc[2] == 0.0 and pc.sum() == pytest.approx(1.0)
+    total = 1020.0  # both columns' noisy totals agree here
+    floored = with_density_floor(
+        np.array([0.5, 0.0, 0.3, 0.2]), cells[0].__class__("x", "numeric", False, edges=np.linspace(0, 1, 4)), total
+    )
+    assert floored[:3].sum() == pytest.approx(0.8) and floored[3] == 0.2  # value mass and null kept
+    assert floored[1] == pytest.approx(0.8 / total / 3)
