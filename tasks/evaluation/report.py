@@ -17,19 +17,20 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 from threadpoolctl import threadpool_limits
 
 from privflow.config import EvaluateConfig
-from privflow.schema import Schema
-from privflow.tasks.evaluation import figures as figs
 from privflow.features import check_columns
+from privflow.schema import Schema
 from privflow.tasks.evaluation.fidelity import FidelityResult, fidelity
-from privflow.tasks.evaluation.risk import DCRResult, MIAResult, dcr, likelihood_mia
-from privflow.tasks.evaluation.utility import UtilityResult, utility
+
+if TYPE_CHECKING:
+    from privflow.tasks.evaluation.risk import DCRResult, MIAResult
+    from privflow.tasks.evaluation.utility import UtilityResult
 
 BANNER = "Diagnostics for the data owner — NOT differentially private; never part of the released model or data"
 
@@ -163,6 +164,9 @@ def _fidelity_and_utility(
     elif real_test is None:
         d.notes.append("Utility skipped: no real test table was given.")
     else:
+        # scikit-learn is imported here, not at module top: a run that skips utility never pays for it
+        from privflow.tasks.evaluation.utility import utility
+
         t = time.perf_counter()
         d.util = utility(schema, synthetic, real_train, real_test, repeats=config.repeats, seed=seed)
         d.metrics.update(d.util.metrics())
@@ -186,6 +190,8 @@ def _likelihood_and_risk(
             d.notes.append("Likelihood skipped: no per-row log-likelihoods were given.")
     if not config.privacy_risk:
         return
+    from privflow.tasks.evaluation.risk import dcr, likelihood_mia  # scikit-learn: only when asked for
+
     t = time.perf_counter()
     if real_test is not None:
         d.dcr = dcr(schema, synthetic, real_train, real_test, seed=seed)
@@ -211,6 +217,8 @@ def _figures(
     loglik: dict[str, Any] | None,
     seed: int,
 ) -> dict[str, Path]:
+    from privflow.tasks.evaluation import figures as figs  # matplotlib: only for the HTML report's figures
+
     fid, metrics = d.fid, d.metrics
     paths = {
         "marginals": figs.marginals_figure(
