@@ -15,8 +15,8 @@ import numpy as np
 import polars as pl
 from scipy.stats import kendalltau
 
-from privflow.schema import Schema
 from privflow.features import N_BINS, binned_counts, category_codes, check_columns, numeric_values
+from privflow.schema import Schema
 
 
 def tv_distance(p_counts: np.ndarray, q_counts: np.ndarray) -> float:

@@ -19,8 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 from sklearn.decomposition import PCA
 
-from privflow.schema import Column, Schema
 from privflow.features import binned_counts, feature_matrix, numeric_bin_edges
+from privflow.schema import Column, Schema
 
 REAL = "#1f77b4"
 SYN = "#ff7f0e"

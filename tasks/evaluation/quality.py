@@ -22,8 +22,8 @@ from typing import Any
 
 import polars as pl
 
-from privflow.schema import Schema
 from privflow.features import check_columns
+from privflow.schema import Schema
 
 TABLE = "table"  # the one table's name in SDMetrics' (multi-table shaped) metadata
 QUALITY_KEYS: tuple[str, ...] = ("quality_score", "quality_column_shapes", "quality_column_pair_trends")

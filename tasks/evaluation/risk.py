@@ -16,8 +16,8 @@ import numpy as np
 import polars as pl
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from privflow.schema import Schema
 from privflow.features import check_columns, feature_matrix
+from privflow.schema import Schema
 
 ONEHOT_SCALE = float(np.sqrt(0.5))  # a category mismatch costs 1 in squared distance
 

@@ -32,8 +32,8 @@ from sklearn.tree import DecisionTreeClassifier
 from threadpoolctl import threadpool_limits
 
 from privflow.errors import DataError
-from privflow.schema import Schema
 from privflow.features import category_codes, check_columns, feature_matrix
+from privflow.schema import Schema
 
 CLASSIFIERS: tuple[str, ...] = (
     "LogisticRegression",
