@@ -51,12 +51,35 @@ NoServerOpt = Annotated[
     typer.Option(
         "--no-server",
         envvar="PRIVFLOW_NO_SERVER",
-        help="Run the pipeline's steps in this process without Prefect's engine: no temporary Prefect server "
-        "(saves 10-20 s of start-up) and no Prefect flow-run records; the ledger, MLflow, the registry and "
-        "the synthetic table are recorded exactly as with Prefect.",
+        help="Run the pipeline's steps in this process without Prefect's engine even when a Prefect API is "
+        "configured: no Prefect flow-run records; the ledger, MLflow, the registry and the synthetic table are "
+        "recorded exactly as with Prefect. The default when no PREFECT_API_URL is set.",
+    ),
+]
+PrefectOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prefect",
+        envvar="PRIVFLOW_PREFECT",
+        help="Run under Prefect's engine even when no Prefect API is configured: a temporary local Prefect "
+        "server records the flow run in the store's Prefect database (10-20 s more start-up).",
     ),
 ]
 _PROMOTE = {"if-better": "if_better", "if_better": "if_better", "always": "always", "never": "never"}
+
+
+def use_prefect(prefect: bool, no_server: bool) -> bool:
+    """Prefect's engine when asked for (--prefect) or when an operator configured a Prefect API
+    (PREFECT_API_URL: a deployment's server records the run); otherwise the same pipeline in this
+    process, since a temporary server would only add start-up (issue 15: fixed overhead)."""
+    if prefect and no_server:
+        from privflow.errors import ConfigError
+
+        raise ConfigError(
+            "--prefect and --no-server (or PRIVFLOW_PREFECT and PRIVFLOW_NO_SERVER) contradict each other; "
+            "give at most one."
+        )
+    return not no_server and (prefect or bool(os.environ.get("PREFECT_API_URL")))
 
 
 def demo_paths() -> tuple[Path, Path, Path]:
@@ -163,6 +186,7 @@ def run(
     store: StoreOpt = Path(".privflow"),
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     no_server: NoServerOpt = False,
+    prefect: PrefectOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Check everything up front, then validate, train a DP flow, select a checkpoint, evaluate, register."""
@@ -179,7 +203,8 @@ def run(
         "train": {"epochs": epochs, "device": device, "workers": workers},
         "evaluate": {"test_data": test_data},
     }
-    _run(config, overrides, quiet, verbose, promote, server=not no_server)
+    server = _guarded(verbose, lambda: use_prefect(prefect, no_server))
+    _run(config, overrides, quiet, verbose, promote, server=server)
 
 
 @app.command()
@@ -191,6 +216,7 @@ def demo(
     promote: PromoteOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
     no_server: NoServerOpt = False,
+    prefect: PrefectOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Run the pipeline on the bundled UCI Adult demo at (epsilon=1, delta=1e-5)."""
@@ -202,7 +228,8 @@ def demo(
         "privacy": {"epsilon": epsilon, "delta": delta},
         "evaluate": {"test_data": test},
     }
-    _run(config, overrides, quiet, verbose, promote, server=not no_server)
+    server = _guarded(verbose, lambda: use_prefect(prefect, no_server))
+    _run(config, overrides, quiet, verbose, promote, server=server)
 
 
 def _merge(base: dict, overrides: dict) -> dict:

@@ -1,6 +1,7 @@
 """How `privflow` starts and ends a run (issue 15, "Fast at every size"):
 
-- `--no-server` (or PRIVFLOW_NO_SERVER=1) picks the in-process pipeline, the default Prefect;
+- without a configured Prefect API the pipeline runs in process unless `--prefect`; with one
+  (PREFECT_API_URL) under Prefect unless `--no-server` (or PRIVFLOW_NO_SERVER=1);
 - the console script skips the interpreter's teardown only after every exit handler has run,
   with the command's exit status and all of its output, and only when it is the process's
   first exit handler (a host process such as a test runner exits normally).
@@ -34,17 +35,29 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return seen
 
 
-def test_no_server_flag_and_variable_choose_the_in_process_pipeline(
+def test_prefect_runs_only_when_asked_for_or_configured(
     recorded: list[bool], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """No Prefect API configured: in process unless --prefect; an operator's PREFECT_API_URL: under
+    Prefect unless --no-server (flag or variable); both flags: a usage error (exit 2)."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
     base = ["run", "--data", str(tmp_path / "a.csv"), "--schema", str(tmp_path / "a.yaml")]
+    assert runner.invoke(app, base).exit_code == 0
+    assert runner.invoke(app, [*base, "--prefect"]).exit_code == 0
+    assert runner.invoke(app, ["demo", "--prefect"]).exit_code == 0
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     assert runner.invoke(app, base).exit_code == 0
     assert runner.invoke(app, [*base, "--no-server"]).exit_code == 0
     assert runner.invoke(app, ["demo", "--no-server"]).exit_code == 0
     monkeypatch.setenv("PRIVFLOW_NO_SERVER", "1")
     assert runner.invoke(app, base).exit_code == 0
-    assert recorded == [True, False, False, False]
-    assert "--no-server" in runner.invoke(app, ["run", "--help"]).output
+    assert recorded == [False, True, True, True, False, False, False]
+    contradiction = runner.invoke(app, [*base, "--prefect"])  # contradicts PRIVFLOW_NO_SERVER
+    assert contradiction.exit_code == 2 and "contradict" in contradiction.output
+    assert "Traceback" not in contradiction.output
+    assert recorded == [False, True, True, True, False, False, False]  # refused before anything ran
+    help_text = runner.invoke(app, ["run", "--help"]).output
+    assert "--no-server" in help_text and "--prefect" in help_text
 
 
 def _script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
