@@ -14,7 +14,6 @@ from pathlib import Path
 import mlflow
 import polars as pl
 import pytest
-import yaml
 from mlflow import MlflowClient
 from typer.testing import CliRunner
 
@@ -25,19 +24,9 @@ from privflow.privacy.events import events_from_json
 from privflow.privacy.ledger import Ledger
 from privflow.schema import Schema
 from privflow.validation import validate
+from tests.data_slices import adult_slice
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
-
-
-def _adult_slice(tmp: Path, demo_dir: Path, rows: int) -> tuple[Path, Path]:
-    """The first `rows` rows of the demo's Adult file and its schema with expected_rows = rows."""
-    data = tmp / "adult.csv"
-    pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=rows).write_csv(data)
-    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
-    doc["dataset"]["expected_rows"] = rows
-    schema = tmp / "adult.yaml"
-    schema.write_text(yaml.safe_dump(doc))
-    return data, schema
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +34,7 @@ def run(tmp_path_factory, demo_dir: Path):
     from privflow.flows.train import train_pipeline
 
     tmp = tmp_path_factory.mktemp("flow")
-    data, schema = _adult_slice(tmp, demo_dir, 3000)
+    data, schema = adult_slice(tmp, demo_dir, 3000)
     cfg = RunConfig.build(
         data=data,
         schema_path=schema,
@@ -155,7 +144,7 @@ def test_generate_unknown_alias_is_a_clear_error(run, tmp_path: Path) -> None:
 def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, demo_dir: Path) -> None:
     from privflow.flows.train import train_pipeline
 
-    data, schema = _adult_slice(tmp_path, demo_dir, 2000)
+    data, schema = adult_slice(tmp_path, demo_dir, 2000)
     cfg = RunConfig.build(
         data=data,
         schema_path=schema,
@@ -185,7 +174,7 @@ def test_dp_marginals_are_planned_spent_released_and_decoded_through(tmp_path: P
     from privflow.privacy.events import GaussianEvent
     from privflow.tasks.mlflow_store import load_version
 
-    data, schema = _adult_slice(tmp_path, demo_dir, 2000)
+    data, schema = adult_slice(tmp_path, demo_dir, 2000)
     cfg = RunConfig.build(
         data=data,
         schema_path=schema,
@@ -222,7 +211,7 @@ def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: 
     from privflow.flows.train import train_pipeline
     from privflow.privacy.events import GaussianEvent, LaplaceEvent, PoissonGaussianEvent
 
-    data, schema = _adult_slice(tmp_path, demo_dir, 1500)
+    data, schema = adult_slice(tmp_path, demo_dir, 1500)
     cfg = RunConfig.build(
         data=data,
         schema_path=schema,

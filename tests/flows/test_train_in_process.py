@@ -14,7 +14,6 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import yaml
 from mlflow import MlflowClient
 
 from privflow.config import RunConfig
@@ -22,6 +21,7 @@ from privflow.privacy.accountant import PLDAccountant
 from privflow.privacy.ledger import Ledger, RunRecord
 from privflow.schema import Schema
 from privflow.validation import validate
+from tests.data_slices import adult_slice
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
@@ -41,12 +41,7 @@ def runs(tmp_path_factory, demo_dir: Path):
     from privflow.flows.train import train_in_process, train_pipeline
 
     tmp = tmp_path_factory.mktemp("inprocess")
-    data = tmp / "adult.csv"
-    pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=ROWS).write_csv(data)
-    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
-    doc["dataset"]["expected_rows"] = ROWS
-    schema = tmp / "adult.yaml"
-    schema.write_text(yaml.safe_dump(doc))
+    data, schema = adult_slice(tmp, demo_dir, ROWS)
 
     def config(model_name: str) -> RunConfig:
         return RunConfig.build(

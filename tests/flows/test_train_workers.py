@@ -10,9 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import polars as pl
 import pytest
-import yaml
 
 from privflow.config import RunConfig
 from privflow.privacy.distributed import train_data_parallel
@@ -21,6 +19,7 @@ from privflow.privacy.ledger import Ledger
 from privflow.privacy.run_plan import run_plan
 from privflow.schema import Schema
 from privflow.tasks import train as train_task
+from tests.data_slices import adult_slice
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
@@ -30,13 +29,7 @@ def test_two_workers_settle_one_planned_dp_sgd_event(
 ) -> None:
     from privflow.flows.train import train_pipeline
 
-    rows = 1500
-    data = tmp_path / "adult.csv"
-    pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=rows).write_csv(data)
-    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
-    doc["dataset"]["expected_rows"] = rows
-    schema_path = tmp_path / "adult.yaml"
-    schema_path.write_text(yaml.safe_dump(doc))
+    data, schema_path = adult_slice(tmp_path, demo_dir, 1500)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the launcher's owner-only folder goes
