@@ -18,8 +18,9 @@ less GX's import and context), training (``prepare`` + ``fit`` less the Prefect 
 overhead inside them and the privacy accounting), sampling (``FitResult.sample``) and
 evaluation (the ``evaluate`` task's function). Fixed overhead is everything else, end to end.
 
-Runs, for each of ``--modes`` (``server``: the default CLI, Prefect's temporary server, the flow
-and its task runs; ``no-server``: ``privflow run --no-server``, the same pipeline in process):
+Runs, for each of ``--modes`` (``server``: ``privflow run --prefect``, Prefect's temporary server,
+the flow and its task runs; ``no-server``: the default CLI with no Prefect API configured, the
+same pipeline in process):
 the first in a new store (MLflow, and Prefect with a server, create their databases), then
 ``--warm`` more in the same store, then once the full run with the real console script without
 the wrappers (their own cost is the difference); last, ``--errors`` times the real console
@@ -351,15 +352,16 @@ def _env_for(store: Path) -> dict[str, str]:
 
 
 MODES = {
-    "server": "with Prefect (the default: a temporary Prefect server, the flow and its task runs)",
-    "no-server": "`--no-server` (the same pipeline in process, no Prefect engine or server)",
+    "server": "`--prefect` (a temporary Prefect server, the flow and its task runs)",
+    "no-server": "the default with no Prefect API configured (the same pipeline in process, no Prefect engine or "
+    "server; `--no-server` forces it when PREFECT_API_URL is set)",
 }
 
 
 def _mode_runs(tmp: Path, mode: str, run_args: list[str], warm: int) -> dict[str, Any]:
     """One mode's wrapped runs (a new store, then `warm` more in it) and one unwrapped run."""
     store = tmp / f"store-{mode}"
-    args = [*run_args, "--store", str(store)] + (["--no-server"] if mode == "no-server" else [])
+    args = [*run_args, "--store", str(store)] + (["--prefect"] if mode == "server" else [])
     env = _env_for(store)
     runs = []
     for k in range(1 + warm):
