@@ -2,7 +2,7 @@
 where the time of one batch goes (issue 15: >= 200k rows/s, 10M rows under 2 GB, 2 cores).
 
 The default released model: DP-HFlow with ``build_flow("dphflow", ...)`` defaults on the Adult
-schema, random weights (sampling speed does not depend on training), and, by default, the
+schema with its target head (random weights: sampling speed does not depend on training), and, by default, the
 copula codec of DP marginals (``--codec copula``: DP marginals are on by default, so a default
 release samples through ``CopulaCodec.uniformize`` and ``decode``). The marginals are one
 release of the default plan's DP-marginals stage at epsilon 1 on the bundled demo table, made
@@ -67,14 +67,20 @@ def release_marginals(path: Path) -> None:
 
 
 def model(marginals: str | None) -> tuple[Any, Any]:
-    """(flow, codec): the default DP-HFlow with random, non-identity weights, in the release codec."""
+    """(flow, codec): the default DP-HFlow with random, non-identity weights, in the release codec,
+    with a target head of random weights as a default release has (the schema names a target)."""
+    import numpy as np
     import torch
 
     from privflow.models import build_flow
     from privflow.schema import Schema
-    from privflow.target_head import release_codec
+    from privflow.target_head import TargetHead, class_count, feature_count, release_codec
 
-    codec = release_codec(Schema.from_yaml(SCHEMA), json.loads(Path(marginals).read_text()) if marginals else None)
+    schema = Schema.from_yaml(SCHEMA)
+    rng = np.random.default_rng(0)
+    k = class_count(schema.column(schema.target))
+    head = TargetHead(schema.target, rng.normal(0.0, 0.5, (feature_count(schema), k)), np.zeros(k)).to_dict()
+    codec = release_codec(schema, json.loads(Path(marginals).read_text()) if marginals else None, head)
     torch.manual_seed(0)
     flow = build_flow("dphflow", codec.cardinalities).eval()
     with torch.no_grad():  # every layer does real work
@@ -149,8 +155,14 @@ def profile(args: argparse.Namespace) -> None:
         u = codec.uniformize(v, jitter)
     else:
         u = v
-    stages["decode"] = _cpu_ms(lambda: codec.decode(u), r)
-    frame = codec.decode(u)
+    if hasattr(codec, "head"):  # the target head: one uniform per row, its draw inside decode
+        target_u = torch.rand(m, generator=g, dtype=torch.float64).numpy()
+        stages["target draws"] = _cpu_ms(lambda: torch.rand(m, generator=g, dtype=torch.float64), r)
+        stages["decode (with the target head)"] = _cpu_ms(lambda: codec.decode(u, target_u), r)
+        frame = codec.decode(u, target_u)
+    else:
+        stages["decode"] = _cpu_ms(lambda: codec.decode(u), r)
+        frame = codec.decode(u)
     stages["CSV chunk (polars write_csv)"] = _cpu_ms(lambda: frame.write_csv(io.BytesIO()), r, time.process_time)
 
     def parquet() -> None:
