@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from privflow.models import build_flow
     from privflow.privacy.clipping import clipped_gradient_sum, model_layers
-    from privflow.privacy.dp_sgd import TrainSettings, noisy_gradient
+    from privflow.privacy.dp_sgd import TrainSettings, noisy_gradients
 
     data, cards = load_adult(device)
     torch.manual_seed(0)
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                 method=method,
                 layers=layers,
             )  # type: ignore[arg-type]
-            for p in params:
-                p.grad = noisy_gradient(res.grads[p], settings, noise_gen)
+            for p, g in zip(params, noisy_gradients([res.grads[p] for p in params], settings, noise_gen), strict=True):
+                p.grad = g
             opt.step()
 
         return step
@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             scale = torch.clamp(1.0 / (norm + 1e-12), max=1.0)
             for t, gr in zip(total, grads, strict=False):
                 t.add_(gr * scale)
-        for p, t in zip(params, total, strict=False):
-            p.grad = noisy_gradient(t, settings, noise_gen)
+        for p, g in zip(params, noisy_gradients(total, settings, noise_gen), strict=True):
+            p.grad = g
         opt.step()
 
     methods: dict[str, Callable[[Tensor], None]] = {

@@ -56,7 +56,7 @@ diagnostics for the data owner and must not be released with the model.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -177,10 +177,20 @@ def poisson_sample(n: int, sample_rate: float, generator: torch.Generator) -> Te
     return (torch.rand(n, generator=generator) < sample_rate).nonzero().squeeze(1)
 
 
-def noisy_gradient(clipped_sum: Tensor, settings: TrainSettings, generator: torch.Generator) -> Tensor:
-    """(sum of clipped grads + N(0, (sigma C)^2)) / expected_batch_size."""
-    noise = torch.randn(clipped_sum.shape, generator=generator, device=clipped_sum.device, dtype=clipped_sum.dtype)
-    return (clipped_sum + settings.noise_multiplier * settings.max_grad_norm * noise) / settings.expected_batch_size
+def noisy_gradients(
+    clipped_sums: Sequence[Tensor], settings: TrainSettings, generator: torch.Generator
+) -> list[Tensor]:
+    """(sum of clipped grads + N(0, (sigma C)^2)) / expected_batch_size, for every parameter at once:
+    one draw over their concatenation (a few kernels instead of four per parameter: about 120 per
+    step of the default DP-HFlow), then views back into each parameter's shape."""
+    if not clipped_sums:
+        return []
+    flat = torch.cat([g.reshape(-1) for g in clipped_sums])
+    noise = torch.randn(flat.shape, generator=generator, device=flat.device, dtype=flat.dtype)
+    flat = flat.add_(noise, alpha=settings.noise_multiplier * settings.max_grad_norm).div_(settings.expected_batch_size)
+    return [
+        part.view_as(g) for part, g in zip(flat.split([g.numel() for g in clipped_sums]), clipped_sums, strict=True)
+    ]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -283,9 +293,11 @@ def train(
             else:
                 sums = [torch.zeros_like(p) for p in params]
             if settings.private:  # noise ONCE per step: rank 0 adds it before the sums are reduced
-                scaled = [
-                    noisy_gradient(g, settings, noise_gen) if lead else g / settings.expected_batch_size for g in sums
-                ]
+                scaled = (
+                    noisy_gradients(sums, settings, noise_gen)
+                    if lead
+                    else [g / settings.expected_batch_size for g in sums]
+                )
                 *grads, stats = replica.total([*scaled, stats])
             else:
                 *grads, stats = replica.total([*sums, stats])

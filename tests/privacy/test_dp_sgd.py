@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from privflow.privacy.clipping import clipped_gradient_sum
-from privflow.privacy.dp_sgd import TrainResult, TrainSettings, dp_sgd_event, noisy_gradient, poisson_sample, train
+from privflow.privacy.dp_sgd import TrainResult, TrainSettings, dp_sgd_event, noisy_gradients, poisson_sample, train
 from privflow.privacy.events import PoissonGaussianEvent
 from tests.privacy.test_grad_samplers import TinyFlow
 
@@ -52,9 +52,15 @@ def test_poisson_sampling_is_independent_bernoulli() -> None:
 def test_noise_std_is_sigma_c_over_public_batch_size() -> None:
     s = settings(noise_multiplier=1.7, max_grad_norm=0.3, expected_batch_size=40.0)
     g = torch.Generator().manual_seed(0)
-    out = noisy_gradient(torch.zeros(200_000), s, g)
+    sums = [torch.zeros(100_000), torch.ones(50, 2000)]
+    a, b = noisy_gradients(sums, s, g)
+    assert a.shape == sums[0].shape and b.shape == sums[1].shape
+    assert torch.equal(sums[1], torch.ones(50, 2000))  # the clipped sums themselves are left as they were
+    out = torch.cat([a, b.reshape(-1) - 1.0 / 40.0])  # every parameter's own noise, none shared
     assert abs(float(out.std()) / (1.7 * 0.3 / 40.0) - 1) < 0.01
     assert abs(float(out.mean())) < 5 * 1.7 * 0.3 / 40.0 / math.sqrt(200_000)
+    assert abs(float(torch.corrcoef(torch.stack([a[:50_000], a[50_000:]]))[0, 1])) < 0.02
+    assert noisy_gradients([], s, g) == []
 
 
 def test_one_sgd_step_is_clipped_sum_over_expected_batch_size() -> None:
