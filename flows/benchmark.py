@@ -603,7 +603,8 @@ PAPER_NOTE = {
 @dataclass(frozen=True)
 class Target:
     """One target of an issue at (dataset, epsilon): a model's `metric` against `bound`, or
-    against the mean of the `versus` model. `every_seed`: judged on the worst seed, not the mean."""
+    against the mean of the `versus` model. `every_seed`: judged on the worst seed, not the mean;
+    `spread`: judged on the sample standard deviation over at least `min_seeds` seeds."""
 
     dataset: str
     epsilon: float
@@ -612,6 +613,8 @@ class Target:
     bound: float | None = None
     versus: str | None = None
     every_seed: bool = False
+    spread: bool = False
+    min_seeds: int = 1
 
     def met(self, value: float, reference: float | None = None) -> bool:
         """Whether `value` meets the target (against `reference` when the target is relative)."""
@@ -637,6 +640,13 @@ TARGET_SETS: dict[str, list[Target]] = {
         Target("adult", 1.0, "kendall_rmse", "<=", 0.05, every_seed=True),
         Target("german", 1.0, "auroc", ">", versus="mst"),
         Target("german", 1.0, "tv_mean", "<", versus="mst"),
+    ],
+    # issue 13's stability targets: the spread of the default run over 5 seeds, no diverging seed
+    "issue 13 stability": [
+        Target("adult", 1.0, "auroc", "<=", 0.01, spread=True, min_seeds=5),
+        Target("adult", 1.0, "macro_f1", ">=", 0.70, every_seed=True),
+        Target("adult", 1.0, "auroc", ">=", 0.82, every_seed=True),
+        Target("pinwheel", 1.0, "nll", "<", 2.65, every_seed=True),
     ],
 }
 TARGETS = TARGET_SETS["issue 5"]
@@ -961,6 +971,8 @@ def _target_lines(records: list[dict[str, Any]], summary: dict, targets: list[Ta
                 continue
             mean, std, n = s[t.metric]
             value = worst[(t.dataset, m, t.epsilon)].get(t.metric, float("nan")) if t.every_seed else mean
+            if t.spread:
+                value = std if n >= t.min_seeds else float("nan")  # too few seeds: not judged, never "met"
             ref = (
                 summary.get((t.dataset, t.versus, t.epsilon), {}).get(t.metric, (float("nan"),))[0]
                 if t.versus
@@ -968,6 +980,8 @@ def _target_lines(records: list[dict[str, Any]], summary: dict, targets: list[Ta
             )
             goal = f"{t.op} {t.versus} ({_num(ref, _digits(t.metric))})" if t.versus else f"{t.op} {t.bound:g}"
             judged = f"worst of {n} seeds" if t.every_seed else f"mean of {n} seeds"
+            if t.spread:
+                judged = f"sample std over {n} seeds" + (f" (needs {t.min_seeds})" if n < t.min_seeds else "")
             met = "met" if t.met(value, ref) else "not met"
             mark = f"{m} (peer)" if m in PEERS else m
             lines.append(
@@ -1057,6 +1071,14 @@ def write_results(
 
 
 PRESETS: dict[str, dict[str, Any]] = {
+    # issue 13: the default run's spread over 5 seeds on Adult, and pinwheel with no seed diverging
+    "stability": {
+        "datasets": "adult,pinwheel",
+        "models": "dphflow",
+        "epsilons": "1",
+        "seeds": "0,1,2,3,4",
+        "targets": "issue 13 stability",
+    },
     # issue 13: privflow beside its peers on the same split, one command, one Markdown file
     "peers": {
         "datasets": "adult,german",

@@ -344,3 +344,17 @@ def test_quick_peers_sweep(tmp_path) -> None:
             assert np.isfinite(r[k]), (r["model"], k)
     text = out.read_text()
     assert "## Targets (issue 13)" in text and "quick mode" in text and "| german | auroc | > mst" in text
+
+
+def test_spread_targets_need_their_seeds_and_judge_the_sample_std(tmp_path) -> None:
+    aurocs = [0.850, 0.855, 0.860, 0.852, 0.858]
+    recs = [_record("dphflow", s, auroc=a, macro_f1=0.72) for s, a in enumerate(aurocs)]
+    recs += [{**_record("dphflow", s, "pinwheel", nll=2.0 + 0.1 * s)} for s in range(5)]
+    text = write_results(recs, tmp_path / "s.md", "cmd", 1.0, "process x2", False, "issue 13 stability").read_text()
+    line = lambda *parts: next(x for x in text.splitlines() if all(p in x for p in parts))  # noqa: E731
+    spread = line("| adult | auroc | <= 0.01 |", "sample std over 5 seeds")
+    assert f"{np.std(aurocs, ddof=1):.3f}" in spread and "**met**" in spread
+    assert "**met**" in line("| pinwheel | nll | < 2.65 |", "worst of 5 seeds", "2.400")
+    few = write_results(recs[:3], tmp_path / "f.md", "cmd", 1.0, "process x2", False, "issue 13 stability")
+    short = next(x for x in few.read_text().splitlines() if "sample std over 3 seeds" in x)
+    assert "(needs 5)" in short and "**not met**" in short
