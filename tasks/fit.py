@@ -391,9 +391,11 @@ def fit(
         chosen = _argmax_checkpoint(make, result, x_val, config)
     else:
         assert result.event is not None
+        result.checkpoints = thinned(result.checkpoints, config.select.max_candidates)
+        # the epsilon curve at the candidates only: one PLD composition per point, 59 s for the 126
+        # checkpoints of a 3.2M-row epoch (benchmarks/results/scaling.md)
         points = cumulative_epsilon(spend.events, result.event, [s for s, _ in result.checkpoints], plan.delta)
         spend.add(result.event)
-        result.checkpoints = thinned(result.checkpoints, config.select.max_candidates)
         if config.select.include_start:
             result.checkpoints.insert(0, (0, start))
         stage = plan.stage("select")
