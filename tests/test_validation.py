@@ -346,3 +346,26 @@ def test_gx_count_is_checked_against_the_polars_twin(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(v, "_value_masks", off_by_one)
     with pytest.raises(RuntimeError, match=r"GX counts 0 rows failing category on 'color', polars 1"):
         validate(toy(), SMALL)
+
+
+def test_great_expectations_runs_in_chunks_with_the_same_counts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Large tables are validated in chunks of rows (a bounded pandas copy for GX): the counts, the
+    quarantined rows and the clean frame are exactly those of one whole-table batch."""
+    import privflow.validation as validation
+
+    df = toy(40)
+    for rows, col, val in (([3, 7, 38], "age", "150"), ([7, 21], "color", "mauve"), ([39], "color", None)):
+        df = set_cells(df, col, rows, val)
+    whole, whole_rep = validate(df, SMALL, policy="quarantine", quarantine_path=tmp_path / "a.csv")
+    monkeypatch.setattr(validation, "GX_CHUNK_ROWS", 7)  # 6 chunks, the last one short
+    chunked, chunked_rep = validate(df, SMALL, policy="quarantine", quarantine_path=tmp_path / "b.csv")
+    assert chunked.equals(whole)
+    assert chunked_rep.to_dict() == {**whole_rep.to_dict(), "quarantine_path": str(tmp_path / "b.csv")}
+    assert {(f.column, f.check): f.failing_rows for f in chunked_rep.failures} == {
+        ("age", "bounds"): 3,
+        ("color", "category"): 2,
+        ("color", "not_null"): 1,
+    }
+    assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
