@@ -1,35 +1,57 @@
 """The target head as a torch module: a softmax regression with the flows' training interface.
 
-``log_prob(x)`` on an encoded batch x = [features (p columns) | class index], so that the one
+``log_prob(x)`` on an encoded batch x = [compact features | class index], so that the one
 DP-SGD trainer (``privacy.dp_sgd.train``: Poisson sampling, per-example clipping, noise,
-EMA) trains it exactly as it trains a flow. The released head is its weights in numpy
-(``privflow.target_head.TargetHead``). Zero initial weights: the untrained head predicts
-uniform classes, and its start depends on nothing but its shape (public).
+EMA) trains it exactly as it trains a flow. The compact features are
+``privflow.features.compact_features`` (one column per block: a scaled number, a missing flag or
+a category's slot index); the one-hot expansion happens per batch inside ``forward``, so a table
+of millions of rows is held at about a tenth of the expanded matrix's size. The released head
+is its weights in numpy (``privflow.target_head.TargetHead``), over the expanded features.
+Zero initial weights: the untrained head predicts uniform classes, and its start depends on
+nothing but its shape (public).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 
 class SoftmaxHead(nn.Module):
-    """log p(class | features) = log_softmax(features @ W^T + b)[class]."""
+    """log p(class | features) = log_softmax(expand(compact) @ W^T + b)[class]."""
 
-    def __init__(self, features: int, classes: int) -> None:
+    def __init__(self, widths: Sequence[int], classes: int) -> None:
         super().__init__()
-        if features < 1 or classes < 2:
-            raise ValueError(f"a head needs >= 1 feature and >= 2 classes, got {features} and {classes}")
-        self.features = features
+        self.widths = [int(w) for w in widths]
+        self.features = sum(max(w, 1) for w in self.widths)
+        if self.features < 1 or classes < 2:
+            raise ValueError(f"a head needs >= 1 feature and >= 2 classes, got {self.features} and {classes}")
         self.classes = classes
-        self.linear = nn.Linear(features, classes)
+        self.linear = nn.Linear(self.features, classes)
         nn.init.zeros_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
+    def expand(self, compact: Tensor) -> Tensor:
+        """Compact features [n, blocks] -> the linear layer's input [n, features]: scalar blocks as
+        they are, slot indices one-hot (an index equal to the block's width gives zeros), as
+        ``privflow.features.expand_features`` does in numpy."""
+        parts = []
+        for j, width in enumerate(self.widths):
+            column = compact[:, j]
+            if width == 0:
+                parts.append(column[:, None])
+            else:
+                parts.append(F.one_hot(column.long(), width + 1)[:, :width].to(compact.dtype))
+        return torch.cat(parts, dim=1)
+
     def log_prob(self, x: Tensor) -> Tensor:
-        """[n] log-probability of each row's class (last column) given its features."""
-        logp = torch.log_softmax(self.linear(x[:, : self.features]), dim=1)
-        return logp.gather(1, x[:, self.features :].long())[:, 0]
+        """[n] log-probability of each row's class (last column) given its compact features."""
+        blocks = len(self.widths)
+        logp = torch.log_softmax(self.linear(self.expand(x[:, :blocks])), dim=1)
+        return logp.gather(1, x[:, blocks:].long())[:, 0]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.log_prob(x)

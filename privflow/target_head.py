@@ -43,7 +43,7 @@ import numpy as np
 import polars as pl
 
 from privflow.copula import CopulaCodec, Marginals
-from privflow.features import category_codes, feature_matrix
+from privflow.features import category_codes, feature_matrix, feature_widths
 from privflow.schema import Column, Schema
 
 # Calibration stops when every class rate is within this of its target (or after the cap).
@@ -93,15 +93,8 @@ def head_features(schema: Schema, df: pl.DataFrame) -> np.ndarray:
 
 def feature_count(schema: Schema) -> int:
     """p, the width of `head_features` (from the schema alone)."""
-    n = 0
-    for col in schema.columns:
-        if col.name == schema.target:
-            continue
-        if col.is_categorical:
-            n += len(col.categories or ()) + (1 if col.nullable else 0)
-        else:
-            n += 2 if col.nullable else 1
-    return n
+    assert schema.target is not None
+    return sum(max(w, 1) for w in feature_widths(schema, (schema.target,)))
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:

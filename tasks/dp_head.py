@@ -9,10 +9,11 @@ import polars as pl
 from prefect import task
 
 from privflow.config import HeadConfig
+from privflow.features import compact_features, feature_widths
 from privflow.privacy.mechanisms import dp_head as mechanism
 from privflow.privacy.plan import SGDShape, StagePlan
 from privflow.schema import Schema
-from privflow.target_head import TargetHead, class_count, head_features, target_codes
+from privflow.target_head import TargetHead, class_count, target_codes
 from privflow.tasks._options import PRIVATE
 
 
@@ -30,7 +31,9 @@ def fit_head(
         shape, schema.dataset.expected_rows, noise_multiplier, cfg.lr, cfg.max_grad_norm, cfg.ema_decay
     )
     classes = class_count(schema.column(schema.target))
-    weight, bias, _ = mechanism.train_head(head_features(schema, df), target_codes(schema, df), classes, settings)
+    rest = (schema.target,)
+    compact, widths = compact_features(schema, df, rest), feature_widths(schema, rest)
+    weight, bias, _ = mechanism.train_head(compact, target_codes(schema, df), widths, classes, settings)
     return TargetHead(schema.target, weight, bias)
 
 

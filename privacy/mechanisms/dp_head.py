@@ -90,21 +90,26 @@ def head_settings(
 
 
 def train_head(
-    features: np.ndarray, classes_of_rows: np.ndarray, classes: int, settings: TrainSettings
+    compact: np.ndarray,
+    classes_of_rows: np.ndarray,
+    widths: list[int],
+    classes: int,
+    settings: TrainSettings,
 ) -> tuple[np.ndarray, np.ndarray, PoissonGaussianEvent | None]:
-    """Train the head on private rows: (weight [p, K], bias [K], the run's event or None).
-
-    Rows are read only here, by the one trainer (its generators are secret: privacy rule 6)."""
+    """Train the head on private rows: (weight [p, K] over the expanded features, bias [K], the
+    run's event or None). `compact`: ``privflow.features.compact_features`` of the other columns,
+    `widths` their blocks (``feature_widths``). Rows are read only here, by the one trainer (its
+    generators are secret: privacy rule 6)."""
     import torch  # not at module top: pre-flight plans this stage without torch
 
     from privflow.models.softmax_head import SoftmaxHead
     from privflow.privacy.dp_sgd import train
 
-    f = np.asarray(features, dtype=np.float32)
+    f = np.asarray(compact, dtype=np.float32)
     y = np.asarray(classes_of_rows, dtype=np.float32)[:, None]
-    if f.ndim != 2 or y.shape[0] != f.shape[0]:
-        raise ValueError(f"features [n, p] and classes [n] do not match: {f.shape}, {y.shape}")
-    model = SoftmaxHead(f.shape[1], classes)
+    if f.ndim != 2 or y.shape[0] != f.shape[0] or f.shape[1] != len(widths):
+        raise ValueError(f"compact features [n, {len(widths)}] and classes [n] do not match: {f.shape}, {y.shape}")
+    model = SoftmaxHead(widths, classes)
     result = train(model, torch.from_numpy(np.concatenate([f, y], axis=1)), settings)
     state = result.checkpoints[-1][1]
     weight = state["linear.weight"].double().numpy().T.copy()

@@ -5,6 +5,7 @@ the non-private head against scikit-learn's logistic regression."""
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
@@ -40,11 +41,12 @@ def test_noise_meets_epsilon_and_a_second_accountant_agrees() -> None:
 
 def test_clipped_per_example_gradients_match_microbatches() -> None:
     torch.manual_seed(0)
-    head = SoftmaxHead(5, 3)
+    head = SoftmaxHead([0, 4, 0], 3)  # a scalar, a one-hot block of 4 slots, a scalar
     with torch.no_grad():
         head.linear.weight.normal_()
         head.linear.bias.normal_()
-    x = torch.cat([torch.rand(16, 5), torch.randint(0, 3, (16, 1)).float()], dim=1)
+    slots = torch.randint(0, 5, (16, 1)).float()  # 4 is the width: an all-zero block
+    x = torch.cat([torch.rand(16, 1), slots, torch.rand(16, 1), torch.randint(0, 3, (16, 1)).float()], dim=1)
     res = clipped_gradient_sum(head, x, clipping="flat", max_grad_norm=0.3, method="fast", layers=model_layers(head))
     expected = {p: torch.zeros_like(p) for p in head.parameters()}
     for i in range(16):
@@ -65,7 +67,7 @@ def test_nonprivate_head_agrees_with_logistic_regression() -> None:
     w = np.array([3.0, -2.0, 0.0, 1.5])
     y = (rng.random(n) < 1 / (1 + np.exp(-(f @ w - 1.2)))).astype(int)
     shape = dp_head.head_shape(n, 400)
-    weight, bias, event = dp_head.train_head(f, y, 2, dp_head.head_settings(shape, n, None, 0.05, 1.0, 0.0))
+    weight, bias, event = dp_head.train_head(f, y, [0] * p, 2, dp_head.head_settings(shape, n, None, 0.05, 1.0, 0.0))
     assert event is None
     ours = f @ (weight[:, 1] - weight[:, 0]) + (bias[1] - bias[0])
     ref = LogisticRegression(C=1e4, max_iter=1000).fit(f, y).decision_function(f)
@@ -80,6 +82,36 @@ def test_private_head_records_its_event_and_learns() -> None:
     shape = dp_head.head_shape(n, 200)
     sigma = dp_head.noise_for_epsilon(1.0, 1e-5, shape)
     settings = dp_head.head_settings(shape, n, sigma, 0.02, 1.0, 0.95, noise_seed=3)
-    weight, bias, event = dp_head.train_head(f, y, 2, settings)
+    weight, bias, event = dp_head.train_head(f, y, [0, 0, 0], 2, settings)
     assert event == dp_head.dp_head_event(shape, sigma)
     assert weight[0, 1] - weight[0, 0] > 1.0  # the informative feature's weight is learnt under the noise
+
+
+def test_the_head_expands_compact_features_as_the_release_does() -> None:
+    """The torch head trains on compact features; the released numpy head scores the expanded
+    matrix of `privflow.features`: both must see the same numbers."""
+    from privflow.features import compact_features, expand_features, feature_matrix, feature_widths
+    from privflow.schema import Schema
+
+    schema = Schema.model_validate(
+        {
+            "dataset": {"name": "h"},
+            "target": "y",
+            "columns": [
+                {"name": "a", "type": "numeric", "bounds": [0, 10], "nullable": True},
+                {"name": "c", "type": "categorical", "categories": ["p", "q", "r"], "nullable": True},
+                {"name": "y", "type": "categorical", "categories": ["0", "1"]},
+            ],
+        }
+    )
+    df = pl.DataFrame(
+        {"a": [1.0, None, 9.5, 20.0], "c": ["p", None, "r", "q"], "y": ["0", "1", "1", "0"]},
+        schema={"a": pl.Float64, "c": pl.String, "y": pl.String},
+    )
+    rest = ("y",)
+    compact, widths = compact_features(schema, df, rest), feature_widths(schema, rest)
+    expected = feature_matrix(schema, df, exclude=rest)[0]
+    np.testing.assert_array_equal(expand_features(compact, widths), expected)
+    head = SoftmaxHead(widths, 2)
+    np.testing.assert_array_equal(head.expand(torch.from_numpy(compact)).numpy(), expected.astype(np.float32))
+    assert head.features == expected.shape[1] == 6  # a, a__missing, c=p, c=q, c=r, c=(missing)
