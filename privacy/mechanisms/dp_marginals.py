@@ -61,6 +61,8 @@ from privflow.privacy.events import GaussianEvent
 from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
 from privflow.schema import Schema
 
+COUNT_CHUNK_ROWS = 500_000  # rows per chunk of the cell index (bounded memory on large tables)
+
 
 def marginals_sensitivity(d: int) -> float:
     """L2 sensitivity of the concatenated count vector of d columns under add/remove: sqrt(d)."""
@@ -101,11 +103,15 @@ def _offsets(cells: Sequence[Cells]) -> np.ndarray:
 def marginal_counts(
     df: pl.DataFrame, schema: Schema, *, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS
 ) -> np.ndarray:
-    """The noiseless statistic: every column's cell counts, concatenated in schema order."""
+    """The noiseless statistic: every column's cell counts, concatenated in schema order (summed
+    over chunks of rows, so the [rows, columns] cell index never exists for the whole table)."""
     cells = schema_cells(schema, max_atoms, grid_bins)
     off = _offsets(cells)
-    idx = cell_index(df, cells) + off[:-1][None, :]
-    return np.bincount(idx.ravel(), minlength=int(off[-1])).astype(np.float64)
+    counts = np.zeros(int(off[-1]), dtype=np.float64)
+    for start in range(0, df.height, COUNT_CHUNK_ROWS):
+        idx = cell_index(df.slice(start, COUNT_CHUNK_ROWS), cells) + off[:-1][None, :]
+        counts += np.bincount(idx.ravel(), minlength=int(off[-1]))
+    return counts
 
 
 def release_marginal_counts(

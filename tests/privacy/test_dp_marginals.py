@@ -113,6 +113,16 @@ def test_counts_are_over_public_cells_only() -> None:
     assert marginal_counts(toy_frame(0), schema).sum() == 0  # empty frame: all zeros, still the full vector
 
 
+def test_counts_in_chunks_equal_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    from privflow.privacy.mechanisms import dp_marginals as mechanism
+
+    schema, df = toy_schema(), toy_frame(1000, seed=3)
+    whole = marginal_counts(df, schema)
+    monkeypatch.setattr(mechanism, "COUNT_CHUNK_ROWS", 77)  # 13 chunks, the last one short
+    np.testing.assert_array_equal(marginal_counts(df, schema), whole)
+    assert whole.sum() == 1000 * len(schema.columns)
+
+
 # ---------------------------------------------------------------------------- OpenDP certificate
 
 
