@@ -7,7 +7,7 @@ import torch
 from prefect import task
 
 from privflow.privacy.mechanisms import dp_stats
-from privflow.privacy.noise import preprocess_private
+from privflow.privacy.noise import preprocess_private, secret_generator
 from privflow.privacy.plan import StagePlan
 from privflow.tasks._options import PRIVATE
 
@@ -21,6 +21,23 @@ STATS_CLIP = 7.0
 STATS_STD_FLOOR = 0.5
 
 
+STATS_CHUNK_ROWS = 262_144  # rows preprocessed at a time: bounded memory on large tables
+
+
+def preprocessed_statistics(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    """The noiseless clipped moments of ``model.preprocess`` output (`mean_std_statistics`), summed
+    over chunks of rows; the dequantization noise comes from one secret generator."""
+    gen = secret_generator()
+    d = int(x.shape[1])
+    stats = np.zeros(1 + 2 * d)
+    with torch.no_grad():
+        for start in range(0, len(x), STATS_CHUNK_ROWS):
+            chunk = torch.as_tensor(x[start : start + STATS_CHUNK_ROWS], dtype=torch.float32)
+            z = preprocess_private(model, chunk, gen).numpy().astype(np.float64)
+            stats += dp_stats.mean_std_statistics(z, STATS_CLIP)
+    return stats
+
+
 @task(name="dp_stats", **PRIVATE)
 def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tuple[np.ndarray, np.ndarray]:
     """Release the clipped mean/std with the planned Gaussian noise and set the actnorm from them.
@@ -28,8 +45,8 @@ def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tu
     The dequantization noise of `preprocess` comes from a secret generator, not the global
     torch RNG (whose state must not depend on private rows); the release's noise is exact.
     """
-    with torch.no_grad():
-        z = preprocess_private(model, torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
-    mean, std = dp_stats.dp_mean_std(z, STATS_CLIP, stage.event.noise_multiplier, std_floor=STATS_STD_FLOOR)
+    stats = preprocessed_statistics(model, x)
+    noisy = dp_stats.release_statistics(stats, stage.event.noise_multiplier)
+    mean, std = dp_stats.mean_std_from_statistics(noisy, STATS_CLIP, std_floor=STATS_STD_FLOOR)
     model.init_actnorm(torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
     return mean, std

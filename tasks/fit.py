@@ -36,7 +36,7 @@ from privflow.target_head import TargetCodec, calibration_shift, head_features
 from privflow.tasks.dp_head import dp_target_head, fit_head
 from privflow.tasks.dp_marginals import dp_marginal_codec
 from privflow.tasks.dp_prior import PRIOR_CLIP, dp_prior
-from privflow.tasks.dp_stats import STATS_CLIP, dp_statistics
+from privflow.tasks.dp_stats import STATS_CLIP, dp_statistics, preprocessed_statistics
 from privflow.tasks.encode import encode_rows
 from privflow.tasks.select import loglik_matrix, per_pick_epsilon, select_checkpoints
 from privflow.tasks.train import settings_for, train_flow_model
@@ -161,7 +161,7 @@ def _preprocessed(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
 
 def exact_statistics(model: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Non-private only: the same clipped mean/std as the DP statistics, without noise."""
-    moments = dp_stats.mean_std_statistics(_preprocessed(model, x), STATS_CLIP)
+    moments = preprocessed_statistics(model, x)
     mean, std = dp_stats.mean_std_from_statistics(moments, STATS_CLIP)
     model.init_actnorm(torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
     return mean, std

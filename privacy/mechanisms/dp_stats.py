@@ -44,7 +44,13 @@ def mean_std_sensitivity(d: int) -> float:
 
 def release_mean_std_statistics(x: np.ndarray, clip: float, noise_multiplier: float) -> np.ndarray:
     """One Gaussian release of `mean_std_statistics` (the only step that reads the rows)."""
-    stats = mean_std_statistics(x, clip)
+    return release_statistics(mean_std_statistics(x, clip), noise_multiplier)
+
+
+def release_statistics(stats: np.ndarray, noise_multiplier: float) -> np.ndarray:
+    """One Gaussian release of a noiseless `mean_std_statistics` vector (a caller may sum it over
+    chunks of rows: the sum of the chunks' vectors is the table's)."""
+    stats = np.asarray(stats, dtype=np.float64)
     d = (stats.size - 1) // 2
     return gaussian_mechanism(stats, mean_std_sensitivity(d), noise_multiplier)
 
@@ -98,4 +104,5 @@ __all__ = [
     "mean_std_statistics",
     "noise_for_epsilon",
     "release_mean_std_statistics",
+    "release_statistics",
 ]

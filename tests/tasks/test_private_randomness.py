@@ -35,6 +35,23 @@ def _unchanged_global_rng(fn) -> None:  # noqa: ANN001
     assert torch.equal(torch.get_rng_state(), before), "the task advanced the global torch RNG"
 
 
+def test_dp_statistics_sum_their_moments_over_chunks_of_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clipped moments of a large table are summed over chunks (bounded memory): for
+    continuous features (no dequantization draw) they equal one pass over every row."""
+    from privflow.models import build_flow
+    from privflow.privacy.mechanisms import dp_stats as mechanism
+    from privflow.tasks import dp_stats
+
+    model = build_flow("dphflow", [None, None, None], blocks=1, hidden=8)
+    x = np.random.default_rng(5).uniform(0.01, 0.99, (1000, 3)).astype(np.float32)
+    with torch.no_grad():
+        whole = mechanism.mean_std_statistics(model.preprocess(torch.as_tensor(x)).numpy(), dp_stats.STATS_CLIP)
+    monkeypatch.setattr(dp_stats, "STATS_CHUNK_ROWS", 64)
+    chunked = dp_stats.preprocessed_statistics(model, x)
+    assert chunked[0] == 1000
+    np.testing.assert_allclose(chunked, whole, rtol=1e-9)
+
+
 def test_dp_statistics_leaves_the_global_rng_alone() -> None:
     from privflow.tasks.dp_stats import dp_statistics
 
