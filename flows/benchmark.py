@@ -352,18 +352,18 @@ def likelihood_cell(data: Any, cell: Cell, model: Any, codec: Any) -> dict[str, 
         out = {"nll_copula": -likelihood_metrics({"test": ll})["likelihood/test_nats_per_row"]}
         logdet = copula_to_schema_logdet(inner, data.test)
         if logdet is not None:  # all numeric: the same density in the schema codec's space
-            lik = likelihood_metrics({"test": ll + logdet})
-            out["nll_encoded"] = -lik["likelihood/test_nats_per_row"]
-            out["nll"] = out["nll_encoded"] + data.nll_offset
-            out["nll_nonfinite_share"] = lik["likelihood/test_nonfinite_share"]
+            out.update(_compared_nll(likelihood_metrics({"test": ll + logdet}), data.nll_offset))
         return out
     lik = likelihood_metrics({"test": row_loglik(model, codec.encode(data.test), generator=generator) + head})
-    nll = -lik["likelihood/test_nats_per_row"]
-    return {
-        "nll_encoded": nll,
-        "nll": nll + data.nll_offset,
-        "nll_nonfinite_share": lik["likelihood/test_nonfinite_share"],
-    }
+    return _compared_nll(lik, data.nll_offset)
+
+
+def _compared_nll(lik: dict[str, float], offset: float) -> dict[str, float]:
+    """The compared NLL: +inf when any test row has zero density (or a non-finite score), never the
+    mean over the finite rows alone; the non-finite share is kept beside it."""
+    share = lik["likelihood/test_nonfinite_share"]
+    nll = -lik["likelihood/test_nats_per_row"] if share == 0 else math.inf
+    return {"nll_encoded": nll, "nll": nll + offset, "nll_nonfinite_share": share}
 
 
 def synthetic_metrics(data: Any, cell: Cell, synthetic: Any) -> dict[str, float]:
