@@ -60,7 +60,10 @@ def category_codes(col: Column, df: pl.DataFrame) -> np.ndarray:
     """Integer codes 0..K-1 in declared order; K for null or an undeclared label."""
     assert col.categories is not None
     k = len(col.categories)
-    s = df.get_column(col.name).cast(pl.String)
+    s = df.get_column(col.name)
+    if s.dtype == pl.Enum(list(col.categories)):  # typed as `validate` returns it: the codes are its own
+        return s.to_physical().fill_null(k).to_numpy().astype(np.int64)
+    s = s.cast(pl.String)
     mapping = {c: i for i, c in enumerate(col.categories)}
     codes = s.replace_strict(mapping, default=k, return_dtype=pl.Int64).fill_null(k)
     return codes.to_numpy().astype(np.int64)

@@ -43,7 +43,7 @@ import numpy as np
 import polars as pl
 
 from privflow.copula import CopulaCodec, Marginals
-from privflow.features import category_codes, feature_matrix, feature_widths
+from privflow.features import category_codes, compact_features, feature_matrix, feature_widths
 from privflow.schema import Column, Schema
 
 # Calibration stops when every class rate is within this of its target (or after the cap).
@@ -129,6 +129,25 @@ class TargetHead:
     def log_probs(self, features: np.ndarray) -> np.ndarray:
         """[n, K] log p(class | features)."""
         return _log_softmax(np.asarray(features, dtype=np.float64) @ self.weight + self.bias)
+
+    def compact_log_probs(self, compact: np.ndarray, widths: list[int]) -> np.ndarray:
+        """`log_probs` of the expanded features, computed from the compact ones
+        (`privflow.features.compact_features`): a scalar block adds value x its weight row, a
+        one-hot block adds the weight row of its slot (none for an undeclared label). One gather
+        per block instead of the expansion and a [p, K] product: the sampler draws every
+        synthetic row's target through this."""
+        c = np.asarray(compact, dtype=np.float64)
+        logits = np.broadcast_to(self.bias, (c.shape[0], self.classes)).copy()
+        offset = 0
+        for j, width in enumerate(widths):
+            if width == 0:
+                logits += c[:, j : j + 1] * self.weight[offset]
+                offset += 1
+                continue
+            padded = np.vstack([self.weight[offset : offset + width], np.zeros((1, self.classes))])
+            logits += padded[c[:, j].astype(np.int64)]
+            offset += width
+        return _log_softmax(logits)
 
     def shifted(self, delta: np.ndarray) -> TargetHead:
         """The same head with `delta` added to its biases."""
@@ -272,11 +291,15 @@ class TargetCodec:
         )
 
     # the target's side -------------------------------------------------------------------------
+    def head_log_probs(self, df: pl.DataFrame) -> np.ndarray:
+        """[n, K] log p_head(class | the rows' other columns)."""
+        rest = (self.target,)
+        return self.head.compact_log_probs(compact_features(self.schema, df, rest), feature_widths(self.schema, rest))
+
     def target_loglik(self, df: pl.DataFrame) -> np.ndarray:
         """[n] log p_head(target | other columns) of the rows (nats; -inf for a class the
         calibration closed)."""
-        lp = self.head.log_probs(head_features(self.schema, df))
-        return lp[np.arange(df.height), target_codes(self.schema, df)]
+        return self.head_log_probs(df)[np.arange(df.height), target_codes(self.schema, df)]
 
     def decode(self, array: np.ndarray, target_u: np.ndarray) -> pl.DataFrame:
         """The flow's draws [n, dim] and one uniform per row -> rows of the whole schema (schema
@@ -285,7 +308,7 @@ class TargetCodec:
         rest = self.inner.decode(array)
         if u.shape != (rest.height,):
             raise ValueError(f"decode needs one uniform per row: {rest.height} rows, {u.shape} uniforms")
-        codes = draw_classes(self.head.log_probs(head_features(self.schema, rest)), u)
+        codes = draw_classes(self.head_log_probs(rest), u)
         return rest.with_columns(class_labels(self.column, codes)).select(self.schema.names)
 
 

@@ -32,7 +32,7 @@ from privflow.privacy.plan import PrivacyPlan
 from privflow.privacy.run_plan import head_planned, head_shape, run_plan, sgd_shape
 from privflow.sampler import iter_samples, sample_rows
 from privflow.schema import Schema
-from privflow.target_head import TargetCodec, calibration_shift, head_features
+from privflow.target_head import TargetCodec, calibration_shift
 from privflow.tasks.dp_head import dp_target_head, fit_head
 from privflow.tasks.dp_marginals import dp_marginal_codec
 from privflow.tasks.dp_prior import PRIOR_CLIP, dp_prior
@@ -312,7 +312,7 @@ def calibrated(codec: Codec | CopulaCodec | TargetCodec, flows: list[torch.nn.Mo
     if not isinstance(codec, TargetCodec) or codec.rates is None:
         return codec
     frames = iter_samples(flows, codec.inner, CALIBRATION_ROWS, seed=seed)
-    log_probs = np.concatenate([codec.head.log_probs(head_features(codec.schema, f)) for f in frames])
+    log_probs = np.concatenate([codec.head_log_probs(f) for f in frames])
     return codec.with_head(codec.head.shifted(calibration_shift(log_probs, codec.rates)))
 
 

@@ -192,3 +192,29 @@ def test_a_head_that_does_not_fit_the_schema_is_refused() -> None:
 def test_a_codec_without_a_head_adds_nothing() -> None:
     schema, df = make_schema(), make_rows(10)
     assert conditional_loglik(Codec.from_schema(schema), df) == 0.0
+
+
+def test_compact_log_probs_equal_the_expanded_product() -> None:
+    """The sampler's gather per block gives the same probabilities as the [p, K] product of the
+    expanded public features, for nullable, missing and undeclared values alike."""
+    from privflow.features import compact_features, feature_widths
+
+    schema, df = make_schema(nullable_target=True), make_rows(500, nullable_target=True)
+    head = random_head(schema, seed=7)
+    rest = ("label",)
+    as_strings = df.with_columns(pl.col("color").cast(pl.String))
+    for frame in (df, as_strings):  # Enum-typed (as validate returns it) and plain strings
+        compact = compact_features(schema, frame, rest)
+        np.testing.assert_allclose(
+            head.compact_log_probs(compact, feature_widths(schema, rest)),
+            head.log_probs(head_features(schema, frame)),
+            rtol=1e-12,
+            atol=1e-12,
+        )
+    undeclared = as_strings.with_columns(pl.lit("mauve").alias("color"))
+    np.testing.assert_allclose(
+        head.compact_log_probs(compact_features(schema, undeclared, rest), feature_widths(schema, rest)),
+        head.log_probs(head_features(schema, undeclared)),
+        rtol=1e-12,
+        atol=1e-12,
+    )
