@@ -197,7 +197,8 @@ def render(
         "copula codec of the demo's DP marginals (the default release)" if args.codec == "copula" else "schema codec"
     )
     notes = [
-        f"Default DP-HFlow, Adult schema, random weights, {codec}; {args.format}, batch {args.batch:,}, "
+        f"Default DP-HFlow, Adult schema, random weights, {codec}, with a target head (random weights) for "
+        f"the schema's target; {args.format}, batch {args.batch:,}, "
         f"{args.workers} worker threads x {args.threads} torch thread; one subprocess per size; "
         "`privflow.sampler.write_samples` with seed 0.",
         "Write s / CPU s: the child's `write_samples` call (start-up excluded); CPU counts every thread. Peak RSS: "
