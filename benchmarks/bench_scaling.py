@@ -54,6 +54,7 @@ EPSILON, DELTA = 1.0, 1e-8
 # the module attributes of privflow.tasks.fit that the phases run through (Prefect tasks: their .fn)
 TASK_PHASES = {
     "dp_marginal_codec": "dp_marginals",
+    "dp_target_head": "dp_head",
     "encode_rows": "encode",
     "dp_statistics": "dp_stats",
     "dp_prior": "dp_prior",
@@ -177,6 +178,7 @@ def child(rows: int, path: str, epochs: float) -> None:
     for attr, phase in TASK_PHASES.items():
         setattr(fit_module, attr, SimpleNamespace(fn=_timed(phase, getattr(fit_module, attr).fn)))
     fit_module.cumulative_epsilon = _timed("epsilon_curve", fit_module.cumulative_epsilon)
+    fit_module.calibrated = _timed("head_calibration", fit_module.calibrated)
     plan = run_plan(config, schema)
     rss_before = common.peak_rss_mb()
     _emit(
@@ -231,7 +233,17 @@ def run_size(rows: int, path: Path, epochs: float, timeout: float) -> dict[str, 
     return record
 
 
-PHASE_ORDER = ("dp_marginals", "encode", "dp_stats", "dp_prior", "train", "epsilon_curve", "select")
+PHASE_ORDER = (
+    "dp_marginals",
+    "dp_head",
+    "encode",
+    "dp_stats",
+    "dp_prior",
+    "train",
+    "epsilon_curve",
+    "select",
+    "head_calibration",
+)
 
 
 def render(results: list[dict[str, Any]], epochs: float, started: datetime, load_before: str, commit: str) -> str:
@@ -243,7 +255,8 @@ def render(results: list[dict[str, Any]], epochs: float, started: datetime, load
         f"Default configuration (DP-HFlow, DP marginals on, batch 512, checkpoint every 50 steps, one torch "
         f"thread), epsilon {EPSILON:g}, delta {DELTA:g}, **{epochs:g} epoch(s) at every size** (steps = rows/512 "
         "x epochs).",
-        "Fit = `prepare` (DP marginals, encode, split) + `fit` (DP statistics, DP-SGD, epsilon curve, selection); "
+        "Fit = `prepare` (DP marginals, the target head, encode, split) + `fit` (DP statistics, DP-SGD, epsilon "
+        "curve, selection, the head's calibration); "
         "one subprocess per size; peak RSS is the child's VmHWM (whole process: the table, its encoding, the "
         "fit); RSS before fit is after reading the table.",
         "CPU s counts every thread of the child: less sensitive to other work on the machine than wall seconds.",
