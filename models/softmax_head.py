@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 
 class SoftmaxHead(nn.Module):
@@ -44,7 +43,8 @@ class SoftmaxHead(nn.Module):
             if width == 0:
                 parts.append(column[:, None])
             else:
-                parts.append(F.one_hot(column.long(), width + 1)[:, :width].to(compact.dtype))
+                slots = torch.zeros(column.shape[0], width + 1, dtype=compact.dtype, device=compact.device)
+                parts.append(slots.scatter_(1, column.long()[:, None], 1.0)[:, :width])
         return torch.cat(parts, dim=1)
 
     def log_prob(self, x: Tensor) -> Tensor:

@@ -159,7 +159,8 @@ class HeadConfig(_Section):
     enabled: bool = True
     share: float = Field(0.2, gt=0, lt=1, description="share of epsilon for the head's DP-SGD")
     batch_size: int | Literal["auto"] = Field(
-        "auto", description="expected batch; auto: expected_rows / 64, at least 256, at most a quarter of the table"
+        "auto",
+        description="expected batch; auto: expected_rows / 64, at least 256, at most a quarter of the table and 4,096",
     )
     steps: int = Field(200, ge=1, le=100_000)
     lr: float = Field(0.02, gt=0)
