@@ -42,7 +42,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from privflow.codec import Codec
 from privflow.copula import CopulaCodec, Marginals
+from privflow.errors import DataError
 from privflow.features import category_codes, compact_features, feature_matrix, feature_widths
 from privflow.schema import Column, Schema
 
@@ -76,8 +78,6 @@ def target_codes(schema: Schema, df: pl.DataFrame) -> np.ndarray:
         isnull = df.get_column(col.name).is_null().to_numpy()
         bad |= (codes == k) & ~isnull
     if bad.any():
-        from privflow.errors import DataError
-
         raise DataError(
             f"Target column '{col.name}': {int(bad.sum())} value(s) are neither a declared category nor an "
             "allowed null; validate the table first."
@@ -358,8 +358,6 @@ def release_codec(schema: Schema, marginals: Mapping[str, Any] | None, head: Map
     """The codec a released model was trained in, from what is stored beside its weights: the
     schema-only Codec, or the copula codec of its DP marginals (`Marginals.to_dict()`), joined
     with its target head (`TargetHead.to_dict()`) when it has one."""
-    from privflow.codec import Codec
-
     codec: Any = Codec.from_schema(schema) if marginals is None else CopulaCodec(schema, Marginals.from_dict(marginals))
     if head is None:
         return codec
