@@ -246,7 +246,7 @@ def test_command_line_resolves_presets_and_explicit_options() -> None:
 
 
 def test_presets_write_their_own_file() -> None:
-    assert default_out(None, False) == REPO / "benchmarks" / "RESULTS.md"
+    assert default_out(None, False) == REPO / "benchmarks" / "results" / "sweep.md"
     assert default_out("peers", False) == REPO / "benchmarks" / "results" / "peers.md"
     assert default_out("peers", True) == REPO / "benchmarks" / "results" / "peers-quick.md"
     p = PRESETS["peers"]
