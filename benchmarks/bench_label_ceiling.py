@@ -1,0 +1,151 @@
+"""Where privflow's classifier utility is lost: the flow's features or the head's labels.
+
+The default release samples the other columns from the flow and the target from the DP target
+head given them. For each seed this fits the default run at (epsilon, 1e-5) on the benchmark's
+split (flows/benchmark.py: same data, configuration and evaluation as the peers preset), then
+scores, with the nine classifiers of the DP-HFlow protocol tested on the real test table:
+
+- `released`: the synthetic table privflow releases (flow features, head labels);
+- `real features + head labels`: the REAL training rows with their target replaced by draws
+  from the released head (calibrated as the sampler calibrates it): what a perfect flow could
+  reach with this head, so the ceiling of any improvement to the flow alone;
+- `real training table`: the real rows as they are (the ceiling of any synthesizer).
+
+`head alone` is the head's own P(target | other columns) scored on the real test rows (one
+classifier, not the nine). All of these read real rows: curator diagnostics, NOT differentially
+private, never released.
+
+    .venv/bin/python benchmarks/bench_label_ceiling.py [--dataset adult] [--seeds 0 1 2] [--epsilon 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common as common  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = ("released", "real features + head labels", "real training table")
+METRICS = (("macro_f1", "macro-F1"), ("auroc", "AUROC"), ("ap", "AP"))
+
+
+def _nine(bench: Any, data: Any, table: Any, seed: int) -> dict[str, float]:
+    from privflow.tasks.evaluation.utility import utility
+
+    u = utility(data.schema, table, None, data.test, repeats=1, seed=seed).metrics()
+    return {"macro_f1": u["utility/macro_f1_mean"], "auroc": u["utility/auroc_mean"], "ap": u["utility/ap_mean"]}
+
+
+def run_seed(bench: Any, data: Any, epsilon: float, seed: int) -> dict[str, dict[str, float]]:
+    """The three tables' scores and the head's own, for one seed."""
+    import polars as pl
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    from privflow.target_head import TargetCodec, calibration_shift, class_labels, draw_classes
+
+    cell = bench.Cell(data.name, "dphflow", epsilon, seed)
+    model, codec, _, facts = bench.fit_model(data, cell, bench.run_config(data, cell, False))
+    if not isinstance(codec, TargetCodec):
+        raise SystemExit(
+            f"the default run on {data.name} released no target head ({facts['release']}): nothing to split"
+        )
+    schema, target = data.schema, data.schema.target
+    out = {"released": _nine(bench, data, bench.sample_rows([model], codec, data.train.height, seed=seed), seed)}
+    log_probs = codec.head_log_probs(data.train)
+    if codec.rates is not None:
+        log_probs = log_probs + calibration_shift(log_probs, codec.rates)
+    draws = draw_classes(log_probs, np.random.default_rng(seed).random(len(log_probs)))
+    relabelled = data.train.with_columns(class_labels(schema.column(target), draws).alias(target))
+    out["real features + head labels"] = _nine(bench, data, relabelled, seed)
+    out["real training table"] = _nine(bench, data, data.train, seed)
+    test_lp = codec.head_log_probs(data.test)
+    positive = schema.column(target).categories[-1]
+    y = data.test.get_column(target).cast(pl.String).to_numpy() == positive
+    out["head alone"] = {
+        "auroc": float(roc_auc_score(y, test_lp[:, -1])),
+        "ap": float(average_precision_score(y, test_lp[:, -1])),
+    }
+    return out
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "—"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} ± {sd:.3f} (min {min(values):.3f})"
+
+
+def render(
+    dataset: str, epsilon: float, seeds: list[int], runs: list[dict], started: datetime, load: str, commit: str
+) -> str:
+    notes = [
+        f"Dataset {dataset}, epsilon {epsilon:g}, delta 1e-05, the default configuration (flows/benchmark.py "
+        f"`run_config`), seeds {', '.join(map(str, seeds))}; cells: mean ± sample std over seeds (min: worst seed).",
+        "Nine classifiers trained on the row set, tested on the real test table (mean over the nine); `head "
+        "alone`: the released head's P(positive class | other columns) on the real test rows.",
+        "Curator diagnostics on real rows: NOT differentially private.",
+    ]
+    lines = common.header(
+        "Classifier utility: the flow's features against the head's labels", started, load, notes, commit
+    )
+    lines += ["| rows the classifiers train on | " + " | ".join(label for _, label in METRICS) + " |"]
+    lines += ["| --- |" + " ---: |" * len(METRICS)]
+    for row in ROWS:
+        lines.append(f"| {row} | " + " | ".join(_cell([r[row][k] for r in runs]) for k, _ in METRICS) + " |")
+    head = [r["head alone"] for r in runs]
+    lines.append(
+        "| head alone (one classifier) | — | " + " | ".join(_cell([h[k] for h in head]) for k in ("auroc", "ap")) + " |"
+    )
+    mean = {row: {k: statistics.mean(r[row][k] for r in runs) for k, _ in METRICS} for row in ROWS}
+    gap = {k: mean["real features + head labels"][k] - mean["released"][k] for k, _ in METRICS}
+    lines += [
+        "",
+        "## Reading",
+        "",
+        "- Lost to the flow's features (real features + head labels minus released): "
+        + ", ".join(f"{label} {gap[k]:+.3f}" for k, label in METRICS)
+        + ". A perfect flow with this head would reach the middle row, no more.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="adult")
+    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "label_ceiling.md")
+    args = parser.parse_args(argv)
+
+    from privflow import env
+
+    env.configure(Path(tempfile.gettempdir()) / "privflow-bench-label-ceiling", verbose=False)
+    import torch
+
+    from privflow.flows import benchmark as bench
+
+    torch.set_num_threads(1)
+    started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
+    data = bench._dataset(args.dataset, False, str(Path.home() / ".cache" / "privflow-benchmark"))
+    runs = []
+    for seed in args.seeds:
+        runs.append(run_seed(bench, data, args.epsilon, seed))
+        print(f"seed {seed}: " + "; ".join(f"{k}: {v}" for k, v in runs[-1].items()), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(args.dataset, args.epsilon, args.seeds, runs, started, load, commit))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
