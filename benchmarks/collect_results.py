@@ -32,6 +32,9 @@ class Source:
 
 SOURCES = (
     Source("peers.md", "privflow beside MST and AIM, with its ablations", "13", ("adult", "german", "Targets")),
+    Source(
+        "label_ceiling.md", "Classifier utility: the flow's features against the head's labels", "13", ("", "Reading")
+    ),
     Source("stability.md", "Spread of the default run over 5 seeds", "13", ("adult", "pinwheel", "Targets")),
     Source("sampling.md", "Sampling rate and memory", "15", ("", "Verdict")),
     Source("overhead.md", "Fixed overhead of a run, time to an early error", "15", ("Verdict",)),
