@@ -72,6 +72,7 @@ def model(marginals: str | None) -> tuple[Any, Any]:
     import numpy as np
     import torch
 
+    from privflow.config import HeadConfig
     from privflow.models import build_flow
     from privflow.schema import Schema
     from privflow.target_head import TargetHead, class_count, feature_count, release_codec
@@ -79,7 +80,9 @@ def model(marginals: str | None) -> tuple[Any, Any]:
     schema = Schema.from_yaml(SCHEMA)
     rng = np.random.default_rng(0)
     k = class_count(schema.column(schema.target))
-    head = TargetHead(schema.target, rng.normal(0.0, 0.5, (feature_count(schema), k)), np.zeros(k)).to_dict()
+    knots = HeadConfig().numeric_knots  # the default head's features
+    weight = rng.normal(0.0, 0.5, (feature_count(schema, knots), k))
+    head = TargetHead(schema.target, weight, np.zeros(k), knots).to_dict()
     codec = release_codec(schema, json.loads(Path(marginals).read_text()) if marginals else None, head)
     torch.manual_seed(0)
     flow = build_flow("dphflow", codec.cardinalities).eval()

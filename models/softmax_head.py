@@ -4,7 +4,7 @@
 DP-SGD trainer (``privacy.dp_sgd.train``: Poisson sampling, per-example clipping, noise,
 EMA) trains it exactly as it trains a flow. The compact features are
 ``privflow.features.compact_features`` (one column per block: a scaled number, a missing flag or
-a category's slot index); the one-hot expansion happens per batch inside ``forward``, so a table
+a category's slot index); the one-hot and hat-basis expansion happens per batch inside ``forward``, so a table
 of millions of rows is held at about a tenth of the expanded matrix's size. The released head
 is its weights in numpy (``privflow.target_head.TargetHead``), over the expanded features.
 Zero initial weights: the untrained head predicts uniform classes, and its start depends on
@@ -25,7 +25,7 @@ class SoftmaxHead(nn.Module):
     def __init__(self, widths: Sequence[int], classes: int) -> None:
         super().__init__()
         self.widths = [int(w) for w in widths]
-        self.features = sum(max(w, 1) for w in self.widths)
+        self.features = sum(1 if w == 0 else abs(w) for w in self.widths)
         if self.features < 1 or classes < 2:
             raise ValueError(f"a head needs >= 1 feature and >= 2 classes, got {self.features} and {classes}")
         self.classes = classes
@@ -35,13 +35,18 @@ class SoftmaxHead(nn.Module):
 
     def expand(self, compact: Tensor) -> Tensor:
         """Compact features [n, blocks] -> the linear layer's input [n, features]: scalar blocks as
-        they are, slot indices one-hot (an index equal to the block's width gives zeros), as
-        ``privflow.features.expand_features`` does in numpy."""
+        they are (width 0), scalars through an m-knot hat basis (width -m), slot indices one-hot (an
+        index equal to the block's width gives zeros), as ``privflow.features.expand_features``
+        does in numpy."""
         parts = []
         for j, width in enumerate(self.widths):
             column = compact[:, j]
             if width == 0:
                 parts.append(column[:, None])
+            elif width < 0:
+                centres = torch.linspace(0.0, 1.0, -width, dtype=compact.dtype, device=compact.device)
+                z = column.clamp(0.0, 1.0)[:, None]
+                parts.append((1.0 - (z - centres).abs() * (-width - 1)).clamp_(min=0.0))
             else:
                 slots = torch.zeros(column.shape[0], width + 1, dtype=compact.dtype, device=compact.device)
                 parts.append(slots.scatter_(1, column.long()[:, None], 1.0)[:, :width])

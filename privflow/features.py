@@ -143,15 +143,36 @@ def compact_features(schema: Schema, df: pl.DataFrame, exclude: tuple[str, ...] 
     return np.stack(blocks, axis=1)
 
 
+def hat_basis(z: np.ndarray, knots: int) -> np.ndarray:
+    """[n] values in [0, 1] -> [n, knots] piecewise-linear hat functions on `knots` equally spaced
+    knots 0, 1/(knots-1), ..., 1: at most two non-zero entries per row, summing to 1 (a partition
+    of unity that reproduces every linear function of z, so it only adds bends)."""
+    if knots < 2:
+        raise ValueError(f"a hat basis needs at least 2 knots, got {knots}")
+    z = np.clip(np.asarray(z, dtype=np.float64), 0.0, 1.0)
+    centres = np.linspace(0.0, 1.0, knots)
+    return np.maximum(0.0, 1.0 - np.abs(z[:, None] - centres[None, :]) * (knots - 1))
+
+
+def block_size(width: int) -> int:
+    """Columns a block of `feature_widths` / `target_head.head_widths` expands to: 1 for a scalar
+    (0), K for a one-hot block (K > 0), m for a scalar through an m-knot hat basis (-m)."""
+    return 1 if width == 0 else abs(width)
+
+
 def expand_features(compact: np.ndarray, widths: list[int], onehot_scale: float = 1.0) -> np.ndarray:
-    """`compact_features` -> the float64 feature matrix: scalar blocks as they are, one-hot blocks
-    expanded (`onehot_scale` in the hot slot; a slot index equal to the width gives zeros)."""
+    """`compact_features` -> the float64 feature matrix: scalar blocks as they are (width 0), hat
+    bases of scalars (width -m, `hat_basis`), one-hot blocks expanded (`onehot_scale` in the hot
+    slot; a slot index equal to the width gives zeros)."""
     c = np.asarray(compact)
     n = c.shape[0]
     parts: list[np.ndarray] = []
     for j, width in enumerate(widths):
         if width == 0:
             parts.append(c[:, j : j + 1].astype(np.float64))
+            continue
+        if width < 0:
+            parts.append(hat_basis(c[:, j], -width))
             continue
         oh = np.zeros((n, width + 1), dtype=np.float64)
         oh[np.arange(n), c[:, j].astype(np.int64)] = onehot_scale

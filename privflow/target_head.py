@@ -12,8 +12,10 @@ therefore factorises the table as
 
 with the flow over every other column (in the schema or copula codec, as configured) and a
 softmax regression for the target on a PUBLIC encoding of the other columns
-(`privflow.features.feature_matrix`: numerics scaled by the public bounds, one-hot
-categoricals over the declared lists, missing flags; nothing fitted on rows). The head is
+(`head_features`: numerics scaled by the public bounds through a hat basis of equally spaced
+knots, `privflow.features.hat_basis`, so that an effect may bend along a number as in a
+generalised additive model; one-hot categoricals over the declared lists, missing flags;
+nothing fitted on rows). The head is
 trained by DP-SGD as its own mechanism (`privacy/mechanisms/dp_head.py`, its own event in
 the plan and the ledger). Both factors are proper (conditional) distributions, so the
 released model still has an exact log-likelihood: the flow's density of x_-t plus the head's
@@ -45,7 +47,7 @@ import polars as pl
 from privflow.codec import Codec
 from privflow.copula import CopulaCodec, Marginals
 from privflow.errors import DataError
-from privflow.features import category_codes, compact_features, feature_matrix, feature_widths
+from privflow.features import block_size, category_codes, compact_features, expand_features, feature_widths, hat_basis
 from privflow.schema import Column, Schema
 
 # Calibration stops when every class rate is within this of its target (or after the cap).
@@ -85,16 +87,40 @@ def target_codes(schema: Schema, df: pl.DataFrame) -> np.ndarray:
     return codes
 
 
-def head_features(schema: Schema, df: pl.DataFrame) -> np.ndarray:
+def head_widths(schema: Schema, knots: int = 0) -> list[int]:
+    """The head's blocks over `compact_features` of every column but the target: the blocks of
+    `feature_widths`, with each numeric column's scaled value (not its missing flag) through a
+    hat basis of `knots` knots (width -knots) when knots >= 2, so that the head can bend along a
+    number (an effect that rises then falls with age, a threshold in capital gain) as a
+    generalised additive model does; 0 keeps it linear. From the schema alone."""
+    assert schema.target is not None
+    if knots == 0:
+        return feature_widths(schema, (schema.target,))
+    if knots < 2:
+        raise ValueError(f"numeric_knots must be 0 (linear) or at least 2, got {knots}")
+    widths = feature_widths(schema, (schema.target,))
+    out, i = [], 0
+    for col in schema.columns:  # feature_widths: one block per categorical, value [+ flag] per number
+        if col.name == schema.target:
+            continue
+        if col.is_categorical:
+            out.append(widths[i])
+            i += 1
+        else:
+            out += [-knots, 0] if col.nullable else [-knots]
+            i += 2 if col.nullable else 1
+    return out
+
+
+def head_features(schema: Schema, df: pl.DataFrame, knots: int = 0) -> np.ndarray:
     """[n, p] the head's input: the public encoding of every column but the target."""
     assert schema.target is not None
-    return feature_matrix(schema, df, exclude=(schema.target,))[0]
+    return expand_features(compact_features(schema, df, (schema.target,)), head_widths(schema, knots))
 
 
-def feature_count(schema: Schema) -> int:
+def feature_count(schema: Schema, knots: int = 0) -> int:
     """p, the width of `head_features` (from the schema alone)."""
-    assert schema.target is not None
-    return sum(max(w, 1) for w in feature_widths(schema, (schema.target,)))
+    return sum(block_size(w) for w in head_widths(schema, knots))
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -107,11 +133,14 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class TargetHead:
-    """Softmax regression weights: logits = features @ weight + bias ([p, K] and [K])."""
+    """Softmax regression weights: logits = features @ weight + bias ([p, K] and [K]); the features
+    are `head_features(schema, df, knots)` (knots 0: numerics enter linearly, as heads released
+    before the hat basis do)."""
 
     target: str
     weight: np.ndarray
     bias: np.ndarray
+    knots: int = 0
 
     def __post_init__(self) -> None:
         w, b = np.asarray(self.weight, dtype=np.float64), np.asarray(self.bias, dtype=np.float64)
@@ -144,6 +173,10 @@ class TargetHead:
                 logits += c[:, j : j + 1] * self.weight[offset]
                 offset += 1
                 continue
+            if width < 0:
+                logits += hat_basis(c[:, j], -width) @ self.weight[offset : offset - width]
+                offset -= width
+                continue
             padded = np.vstack([self.weight[offset : offset + width], np.zeros((1, self.classes))])
             logits += padded[c[:, j].astype(np.int64)]
             offset += width
@@ -151,7 +184,7 @@ class TargetHead:
 
     def shifted(self, delta: np.ndarray) -> TargetHead:
         """The same head with `delta` added to its biases."""
-        return TargetHead(self.target, self.weight, self.bias + np.asarray(delta, dtype=np.float64))
+        return TargetHead(self.target, self.weight, self.bias + np.asarray(delta, dtype=np.float64), self.knots)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for the model artifact (-inf biases as None)."""
@@ -159,12 +192,14 @@ class TargetHead:
             "target": self.target,
             "weight": self.weight.tolist(),
             "bias": [None if np.isneginf(b) else float(b) for b in self.bias],
+            "numeric_knots": self.knots,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TargetHead:
         bias = np.array([-np.inf if b is None else float(b) for b in data["bias"]], dtype=np.float64)
-        return cls(str(data["target"]), np.asarray(data["weight"], dtype=np.float64), bias)
+        knots = int(data.get("numeric_knots", 0))  # heads released before the hat basis: linear
+        return cls(str(data["target"]), np.asarray(data["weight"], dtype=np.float64), bias, knots)
 
 
 def calibration_shift(log_probs: np.ndarray, rates: np.ndarray) -> np.ndarray:
@@ -231,10 +266,10 @@ class TargetCodec:
         self.schema = schema
         self.target = schema.target
         self.column = schema.column(schema.target)
-        if head.classes != class_count(self.column) or head.weight.shape[0] != feature_count(schema):
+        if head.classes != class_count(self.column) or head.weight.shape[0] != feature_count(schema, head.knots):
             raise ValueError(
                 f"head of shape {head.weight.shape} does not fit the schema "
-                f"({feature_count(schema)} features, {class_count(self.column)} classes)"
+                f"({feature_count(schema, head.knots)} features, {class_count(self.column)} classes)"
             )
         if inner.schema.names != flow_schema(schema).names:
             raise ValueError("the inner codec must cover every column but the target")
@@ -294,7 +329,8 @@ class TargetCodec:
     def head_log_probs(self, df: pl.DataFrame) -> np.ndarray:
         """[n, K] log p_head(class | the rows' other columns)."""
         rest = (self.target,)
-        return self.head.compact_log_probs(compact_features(self.schema, df, rest), feature_widths(self.schema, rest))
+        widths = head_widths(self.schema, self.head.knots)
+        return self.head.compact_log_probs(compact_features(self.schema, df, rest), widths)
 
     def target_loglik(self, df: pl.DataFrame) -> np.ndarray:
         """[n] log p_head(target | other columns) of the rows (nats; -inf for a class the
@@ -331,6 +367,7 @@ __all__ = [
     "flow_schema",
     "head_applies",
     "head_features",
+    "head_widths",
     "release_codec",
     "release_parts",
     "target_codes",

@@ -9,11 +9,11 @@ import polars as pl
 from prefect import task
 
 from privflow.config import HeadConfig
-from privflow.features import compact_features, feature_widths
+from privflow.features import compact_features
 from privflow.privacy.mechanisms import dp_head as mechanism
 from privflow.privacy.plan import SGDShape, StagePlan
 from privflow.schema import Schema
-from privflow.target_head import TargetHead, class_count, target_codes
+from privflow.target_head import TargetHead, class_count, head_widths, target_codes
 from privflow.tasks._options import PRIVATE
 
 
@@ -32,9 +32,9 @@ def fit_head(
     )
     classes = class_count(schema.column(schema.target))
     rest = (schema.target,)
-    compact, widths = compact_features(schema, df, rest), feature_widths(schema, rest)
+    compact, widths = compact_features(schema, df, rest), head_widths(schema, cfg.numeric_knots)
     weight, bias, _ = mechanism.train_head(compact, target_codes(schema, df), widths, classes, settings)
-    return TargetHead(schema.target, weight, bias)
+    return TargetHead(schema.target, weight, bias, cfg.numeric_knots)
 
 
 @task(name="dp_head", **PRIVATE)

@@ -23,6 +23,7 @@ from privflow.target_head import (
     feature_count,
     head_applies,
     head_features,
+    head_widths,
     release_codec,
     release_parts,
     target_codes,
@@ -218,3 +219,47 @@ def test_compact_log_probs_equal_the_expanded_product() -> None:
         rtol=1e-12,
         atol=1e-12,
     )
+
+
+@pytest.mark.parametrize("knots", [0, 2, 5])
+def test_compact_log_probs_equal_the_expanded_product_with_a_hat_basis(knots: int) -> None:
+    """With numerics through a hat basis the sampler's per-block sums still equal the product of
+    the expanded features, and the head keeps its knots through the model artifact."""
+    from privflow.features import compact_features
+
+    schema, df = make_schema(), make_rows(400)
+    k = class_count(schema.column("label"))
+    rng = np.random.default_rng(3)
+    head = TargetHead("label", rng.normal(size=(feature_count(schema, knots), k)), rng.normal(size=k), knots)
+    compact = compact_features(schema, df, ("label",))
+    np.testing.assert_allclose(
+        head.compact_log_probs(compact, head_widths(schema, knots)),
+        head.log_probs(head_features(schema, df, knots)),
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    again = TargetHead.from_dict(head.to_dict())
+    assert again.knots == knots and again.weight.shape == (feature_count(schema, knots), k)
+
+
+def test_hat_basis_is_a_partition_of_unity_that_reproduces_lines() -> None:
+    from privflow.features import hat_basis
+
+    z = np.linspace(0.0, 1.0, 101)
+    h = hat_basis(z, 5)
+    np.testing.assert_allclose(h.sum(1), 1.0)
+    assert ((h > 0).sum(1) <= 2).all()
+    np.testing.assert_allclose(h @ np.linspace(0.0, 1.0, 5), z, atol=1e-12)  # linear functions stay exact
+    np.testing.assert_allclose(hat_basis(np.array([-0.5, 1.5]), 5), hat_basis(np.array([0.0, 1.0]), 5))
+
+
+def test_a_head_released_before_the_hat_basis_loads_as_linear() -> None:
+    """Stored heads without `numeric_knots` (older registered models) keep their linear features."""
+    schema = make_schema()
+    stored = random_head(schema).to_dict()
+    stored.pop("numeric_knots")
+    head = TargetHead.from_dict(stored)
+    assert head.knots == 0
+    TargetCodec(schema, Codec.from_schema(schema.without("label")), head)  # fits the schema as before
+    with pytest.raises(ValueError, match="does not fit"):
+        TargetCodec(schema, Codec.from_schema(schema.without("label")), TargetHead("label", head.weight, head.bias, 5))

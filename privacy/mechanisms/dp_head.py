@@ -5,7 +5,7 @@ sampling of the rows at rate q = expected batch / the schema's PUBLIC expected_r
 per-example gradient of -log p(y_i | f(x_i)) clipped to L2 norm C (flat: the head is one
 linear layer), Gaussian noise of std sigma * C added to the sum, Adam on the noisy mean;
 the released weights are the exponential moving average of the iterates (post-processing).
-f is the public encoding of the other columns (``privflow.features.feature_matrix``), a
+f is the public encoding of the other columns (``privflow.target_head.head_features``), a
 per-row map fixed by the schema, so one row changes one summand: the event is
 ``PoissonGaussianEvent(q, sigma, steps)``, accounted like the flow's DP-SGD.
 

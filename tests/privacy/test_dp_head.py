@@ -115,3 +115,9 @@ def test_the_head_expands_compact_features_as_the_release_does() -> None:
     head = SoftmaxHead(widths, 2)
     np.testing.assert_array_equal(head.expand(torch.from_numpy(compact)).numpy(), expected.astype(np.float32))
     assert head.features == expected.shape[1] == 6  # a, a__missing, c=p, c=q, c=r, c=(missing)
+    hats = [-4 if w == 0 and j == 0 else w for j, w in enumerate(widths)]  # `a` through 4 hats
+    head = SoftmaxHead(hats, 2)
+    np.testing.assert_allclose(
+        head.expand(torch.from_numpy(compact)).numpy(), expand_features(compact, hats), rtol=1e-6, atol=1e-7
+    )
+    assert head.features == 9
