@@ -47,7 +47,7 @@ import polars as pl
 from privflow.codec import Codec
 from privflow.copula import CopulaCodec, Marginals
 from privflow.errors import DataError
-from privflow.features import block_size, category_codes, compact_features, expand_features, feature_widths, hat_basis
+from privflow.features import block_size, category_codes, compact_features, expand_features, feature_widths
 from privflow.schema import Column, Schema
 
 # Calibration stops when every class rate is within this of its target (or after the cap).
@@ -162,8 +162,9 @@ class TargetHead:
     def compact_log_probs(self, compact: np.ndarray, widths: list[int]) -> np.ndarray:
         """`log_probs` of the expanded features, computed from the compact ones
         (`privflow.features.compact_features`): a scalar block adds value x its weight row, a
-        one-hot block adds the weight row of its slot (none for an undeclared label). One gather
-        per block instead of the expansion and a [p, K] product: the sampler draws every
+        one-hot block adds the weight row of its slot (none for an undeclared label), a hat basis
+        the rows of the two knots around the value, weighted by linear interpolation. A gather or
+        two per block instead of the expansion and a [p, K] product: the sampler draws every
         synthetic row's target through this."""
         c = np.asarray(compact, dtype=np.float64)
         logits = np.broadcast_to(self.bias, (c.shape[0], self.classes)).copy()
@@ -174,7 +175,11 @@ class TargetHead:
                 offset += 1
                 continue
             if width < 0:
-                logits += hat_basis(c[:, j], -width) @ self.weight[offset : offset - width]
+                rows, last = self.weight[offset : offset - width], -width - 1
+                pos = np.clip(c[:, j], 0.0, 1.0) * last
+                left = np.minimum(pos.astype(np.int64), last - 1)
+                frac = (pos - left)[:, None]
+                logits += rows[left] * (1.0 - frac) + rows[left + 1] * frac
                 offset -= width
                 continue
             padded = np.vstack([self.weight[offset : offset + width], np.zeros((1, self.classes))])
