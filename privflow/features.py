@@ -9,6 +9,7 @@ shapes any encoding, binning or scaling used here.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -61,12 +62,21 @@ def category_codes(col: Column, df: pl.DataFrame) -> np.ndarray:
     assert col.categories is not None
     k = len(col.categories)
     s = df.get_column(col.name)
-    if s.dtype == pl.Enum(list(col.categories)):  # typed as `validate` returns it: the codes are its own
-        return s.to_physical().fill_null(k).to_numpy().astype(np.int64)
+    if s.dtype == _enum(tuple(col.categories)):  # typed as `validate` and decoders return it: its own codes
+        physical = s.to_physical()
+        if physical.null_count():
+            physical = physical.fill_null(k)
+        return physical.to_numpy().astype(np.int64)
     s = s.cast(pl.String)
     mapping = {c: i for i, c in enumerate(col.categories)}
     codes = s.replace_strict(mapping, default=k, return_dtype=pl.Int64).fill_null(k)
     return codes.to_numpy().astype(np.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def _enum(categories: tuple[str, ...]) -> pl.Enum:
+    """The Enum dtype of a declared category list (built once: the sampler asks per batch)."""
+    return pl.Enum(list(categories))
 
 
 def numeric_bin_edges(col: Column, n_bins: int = N_BINS) -> np.ndarray:

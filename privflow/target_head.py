@@ -163,29 +163,26 @@ class TargetHead:
         """`log_probs` of the expanded features, computed from the compact ones
         (`privflow.features.compact_features`): a scalar block adds value x its weight row, a
         one-hot block adds the weight row of its slot (none for an undeclared label), a hat basis
-        the rows of the two knots around the value, weighted by linear interpolation. A gather or
-        two per block instead of the expansion and a [p, K] product: the sampler draws every
-        synthetic row's target through this."""
+        the linear interpolation between the rows of the two knots around the value (np.interp,
+        class by class). No expansion and no [p, K] product: the sampler draws every synthetic
+        row's target through this. Logits are accumulated class-major ([K, n]: contiguous rows)."""
         c = np.asarray(compact, dtype=np.float64)
-        logits = np.broadcast_to(self.bias, (c.shape[0], self.classes)).copy()
+        logits = np.repeat(self.bias[:, None], c.shape[0], axis=1)
         offset = 0
         for j, width in enumerate(widths):
             if width == 0:
-                logits += c[:, j : j + 1] * self.weight[offset]
+                logits += self.weight[offset][:, None] * c[:, j]
                 offset += 1
-                continue
-            if width < 0:
-                rows, last = self.weight[offset : offset - width], -width - 1
-                pos = np.clip(c[:, j], 0.0, 1.0) * last
-                left = np.minimum(pos.astype(np.int64), last - 1)
-                frac = (pos - left)[:, None]
-                logits += rows[left] * (1.0 - frac) + rows[left + 1] * frac
+            elif width < 0:
+                rows, knots = self.weight[offset : offset - width], np.linspace(0.0, 1.0, -width)
+                for k in range(self.classes):
+                    logits[k] += np.interp(c[:, j], knots, rows[:, k])  # clamps outside [0, 1] as the basis does
                 offset -= width
-                continue
-            padded = np.vstack([self.weight[offset : offset + width], np.zeros((1, self.classes))])
-            logits += padded[c[:, j].astype(np.int64)]
-            offset += width
-        return _log_softmax(logits)
+            else:
+                padded = np.hstack([self.weight[offset : offset + width].T, np.zeros((self.classes, 1))])
+                logits += padded[:, c[:, j].astype(np.int64)]
+                offset += width
+        return _log_softmax(logits.T)
 
     def shifted(self, delta: np.ndarray) -> TargetHead:
         """The same head with `delta` added to its biases."""
