@@ -38,7 +38,7 @@ ROWS = ("released", "real features + head labels", "real training table")
 METRICS = (("macro_f1", "macro-F1"), ("auroc", "AUROC"), ("ap", "AP"))
 
 
-def _nine(bench: Any, data: Any, table: Any, seed: int) -> dict[str, float]:
+def _nine(data: Any, table: Any, seed: int) -> dict[str, float]:
     from privflow.tasks.evaluation.utility import utility
 
     u = utility(data.schema, table, None, data.test, repeats=1, seed=seed).metrics()
@@ -59,14 +59,14 @@ def run_seed(bench: Any, data: Any, epsilon: float, seed: int) -> dict[str, dict
             f"the default run on {data.name} released no target head ({facts['release']}): nothing to split"
         )
     schema, target = data.schema, data.schema.target
-    out = {"released": _nine(bench, data, bench.sample_rows([model], codec, data.train.height, seed=seed), seed)}
+    out = {"released": _nine(data, bench.sample_rows([model], codec, data.train.height, seed=seed), seed)}
     log_probs = codec.head_log_probs(data.train)
     if codec.rates is not None:
         log_probs = log_probs + calibration_shift(log_probs, codec.rates)
     draws = draw_classes(log_probs, np.random.default_rng(seed).random(len(log_probs)))
     relabelled = data.train.with_columns(class_labels(schema.column(target), draws).alias(target))
-    out["real features + head labels"] = _nine(bench, data, relabelled, seed)
-    out["real training table"] = _nine(bench, data, data.train, seed)
+    out["real features + head labels"] = _nine(data, relabelled, seed)
+    out["real training table"] = _nine(data, data.train, seed)
     test_lp = codec.head_log_probs(data.test)
     positive = schema.column(target).categories[-1]
     y = data.test.get_column(target).cast(pl.String).to_numpy() == positive

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from privflow.features import block_size
+
 
 class SoftmaxHead(nn.Module):
     """log p(class | features) = log_softmax(expand(compact) @ W^T + b)[class]."""
@@ -25,7 +27,7 @@ class SoftmaxHead(nn.Module):
     def __init__(self, widths: Sequence[int], classes: int) -> None:
         super().__init__()
         self.widths = [int(w) for w in widths]
-        self.features = sum(1 if w == 0 else abs(w) for w in self.widths)
+        self.features = sum(block_size(w) for w in self.widths)
         if self.features < 1 or classes < 2:
             raise ValueError(f"a head needs >= 1 feature and >= 2 classes, got {self.features} and {classes}")
         self.classes = classes

@@ -114,10 +114,11 @@ def _fmt(col: Column, t_edge: float) -> str:
     return f"{x:.4g}"
 
 
-def feature_widths(schema: Schema, exclude: tuple[str, ...] = ()) -> list[int]:
-    """The blocks of `feature_matrix` in order: 0 for one scalar column (a scaled number or a
+def feature_widths(schema: Schema, exclude: tuple[str, ...] = (), numeric: int = 0) -> list[int]:
+    """The blocks of `compact_features` in order: 0 for one scalar column (a scaled number or a
     missing flag), K for a one-hot block of K slots (a nullable category's K includes its
-    missing slot)."""
+    missing slot). `numeric` is the width given to a scaled number (not to its missing flag):
+    0 keeps it a scalar (`feature_matrix`), -m spreads it over an m-knot hat basis."""
     widths: list[int] = []
     for col in schema.columns:
         if col.name in exclude:
@@ -125,7 +126,7 @@ def feature_widths(schema: Schema, exclude: tuple[str, ...] = ()) -> list[int]:
         if col.is_categorical:
             widths.append(len(col.categories or ()) + (1 if col.nullable else 0))
         else:
-            widths += [0, 0] if col.nullable else [0]
+            widths += [numeric, 0] if col.nullable else [numeric]
     return widths
 
 

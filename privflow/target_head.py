@@ -88,28 +88,15 @@ def target_codes(schema: Schema, df: pl.DataFrame) -> np.ndarray:
 
 
 def head_widths(schema: Schema, knots: int = 0) -> list[int]:
-    """The head's blocks over `compact_features` of every column but the target: the blocks of
-    `feature_widths`, with each numeric column's scaled value (not its missing flag) through a
-    hat basis of `knots` knots (width -knots) when knots >= 2, so that the head can bend along a
-    number (an effect that rises then falls with age, a threshold in capital gain) as a
-    generalised additive model does; 0 keeps it linear. From the schema alone."""
+    """The head's blocks over `compact_features` of every column but the target: those of
+    `feature_widths`, each numeric column's scaled value (not its missing flag) through a hat
+    basis of `knots` knots when knots >= 2, so that the head can bend along a number (an effect
+    that rises then falls with age, a threshold in capital gain) as a generalised additive model
+    does; 0 keeps it linear. From the schema alone."""
     assert schema.target is not None
-    if knots == 0:
-        return feature_widths(schema, (schema.target,))
-    if knots < 2:
+    if knots == 1 or knots < 0:
         raise ValueError(f"numeric_knots must be 0 (linear) or at least 2, got {knots}")
-    widths = feature_widths(schema, (schema.target,))
-    out, i = [], 0
-    for col in schema.columns:  # feature_widths: one block per categorical, value [+ flag] per number
-        if col.name == schema.target:
-            continue
-        if col.is_categorical:
-            out.append(widths[i])
-            i += 1
-        else:
-            out += [-knots, 0] if col.nullable else [-knots]
-            i += 2 if col.nullable else 1
-    return out
+    return feature_widths(schema, (schema.target,), numeric=-knots)
 
 
 def head_features(schema: Schema, df: pl.DataFrame, knots: int = 0) -> np.ndarray:
