@@ -21,6 +21,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ import torch
 from prefect import flow
 from prefect.runtime import flow_run
 
+from privflow.chunked import scratch, streamed
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.copula import CopulaCodec
@@ -52,6 +54,7 @@ from privflow.tasks.fit import FitResult, Spend, fit, prepare
 from privflow.tasks.mlflow_store import Registered, register_model
 from privflow.tasks.plan import plan_privacy
 from privflow.tasks.promote import PromotionSettings, promote_if_better
+from privflow.tasks.stream import first_pass, stream_prepare
 from privflow.tasks.train import cpu_threads
 from privflow.tasks.validate import validate_data
 from privflow.tasks.warm_start import resolve_parent
@@ -95,9 +98,11 @@ def _gate_threshold(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> flo
 
 
 def _read_and_gate(
-    config: RunConfig, schema: Schema, plan: PrivacyPlan, curator: Path, spend: Spend
-) -> tuple[pl.DataFrame, validation_gate.GateDecision]:
-    """Read the rows and let the DP gate decide on them; the exact report stays with the curator."""
+    config: RunConfig, schema: Schema, plan: PrivacyPlan, curator: Path, spend: Spend, work: Path | None = None
+) -> tuple[Any, validation_gate.GateDecision]:
+    """Read the rows and let the DP gate decide on them; the exact report stays with the curator.
+    Returns the clean table, or for a streamed run (`work`: its scratch folder) what the first
+    pass over the chunks keeps (tasks/stream.py)."""
     stage = plan.stage("validate")
     threshold = _gate_threshold(config, schema, plan)
     decisions: list[validation_gate.GateDecision] = []
@@ -109,7 +114,10 @@ def _read_and_gate(
         return decisions[-1].stop
 
     try:
-        df, report = _step(validate_data)(config.data, schema, config.policy, curator / "quarantine.csv", gate)
+        if work is None:
+            df, report = _step(validate_data)(config.data, schema, config.policy, curator / "quarantine.csv", gate)
+        else:
+            df, report = _step(first_pass)(config, schema, plan, work, gate, curator / "quarantine.csv")
     except ValidationFailed as exc:
         report = getattr(exc, "report", None)
         if report is not None:
@@ -386,11 +394,17 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
             cpu_threads(config.train.threads),
             torch.random.fork_rng(devices=[]),
             mlflow.start_run(run_name=f"{schema.dataset.name}-eps{config.privacy.epsilon:g}") as active,
+            ExitStack() as stack,
         ):
             torch.manual_seed(secrets.randbits(63))
             store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
-            df, decision = _read_and_gate(config, schema, plan, curator, spend)
-            codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
+            work = curator / "scratch" if streamed(config, schema) else None
+            stack.enter_context(scratch(work) if work is not None else nullcontext())
+            df, decision = _read_and_gate(config, schema, plan, curator, spend, work)
+            if work is None:
+                codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
+            else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
+                codec, x_train, x_val, df = stream_prepare(config, schema, plan, spend, df, work, _ENGINE.get())
             fitted = fit(
                 config,
                 schema,

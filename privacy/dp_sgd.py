@@ -58,7 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -136,6 +136,18 @@ def dp_sgd_event(settings: TrainSettings) -> PoissonGaussianEvent | None:
     return PoissonGaussianEvent(settings.sample_rate, settings.noise_multiplier, settings.steps)
 
 
+class RowSource(Protocol):
+    """What the trainer needs of its rows: their shape and a gather by row indices."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+    def __getitem__(self, idx: Any) -> Any: ...
+
+
 @dataclass(frozen=True)
 class Replica:
     """This process's place in a data-parallel run; the default (0, 1) is the single process.
@@ -206,12 +218,14 @@ def _state_copy(model: nn.Module) -> dict:
 
 def train(
     model: nn.Module,
-    data: Tensor,
+    data: Tensor | RowSource,
     settings: TrainSettings,
     on_step: Callable[[int, float], None] | None = None,
     replica: Replica | None = None,
 ) -> TrainResult:
-    """Train ``model`` (a TabularFlow: ``log_prob(x) -> [n]``) on encoded rows ``data`` [n, d].
+    """Train ``model`` (a TabularFlow: ``log_prob(x) -> [n]``) on encoded rows ``data`` [n, d]: a
+    tensor, or any `RowSource` (rows on disk, ``privflow.chunked.DiskRows``: each step gathers
+    only its Poisson sample).
 
     Returns checkpoints every ``checkpoint_every`` steps and at the last step, the mean
     training loss per step over its finite examples (NaN for an empty batch) and the run's
@@ -261,7 +275,7 @@ def train(
             rows = poisson_sample(n, settings.sample_rate, sampler)  # the same coins on every rank
             mine = replica.keeps(rows)
             idx = rows if mine is None else rows[mine]
-            batch = data[idx].to(device=device, dtype=dtype)
+            batch = torch.as_tensor(data[idx]).to(device=device, dtype=dtype)  # a tensor, or rows on disk
             deq = dequantization_noise(model, len(rows), batch, deq_gen) if len(rows) > 0 else None
             if deq is not None and mine is not None:
                 deq = deq[mine.to(deq.device)]

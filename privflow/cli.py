@@ -172,6 +172,14 @@ def run(
             "epsilon as one process. Default 1.",
         ),
     ] = None,
+    stream: Annotated[
+        bool | None,
+        typer.Option(
+            "--stream/--no-stream",
+            help="Read the (Parquet) table in chunks and train from disk, for tables larger than memory; default: "
+            "streamed when the input is Parquet and the schema expects more than stream.auto_rows rows.",
+        ),
+    ] = None,
     model_name: Annotated[str | None, typer.Option("--model-name", help="Registered model name.")] = None,
     alias: Annotated[str | None, typer.Option("--alias", help="Registry alias for the new version.")] = None,
     promote: PromoteOpt = None,
@@ -202,6 +210,7 @@ def run(
         "model": {"name": model},
         "train": {"epochs": epochs, "device": device, "workers": workers},
         "evaluate": {"test_data": test_data},
+        "stream": {"enabled": stream},
     }
     server = _guarded(verbose, lambda: use_prefect(prefect, no_server))
     _run(config, overrides, quiet, verbose, promote, server=server)

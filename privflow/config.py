@@ -219,6 +219,23 @@ class SelectConfig(_Section):
         return self
 
 
+class StreamConfig(_Section):
+    """Reading the table in chunks, for tables larger than memory (privflow/chunked.py, tasks/stream.py).
+
+    A streamed run reads the Parquet input `chunk_rows` rows at a time, twice (validation with
+    the DP marginals' counts and the head's rows, then the encoding), keeps the encoded rows
+    in files of the run's curator folder (deleted when it ends) and gathers each DP-SGD step's
+    Poisson sample from them: memory stays about a chunk, whatever the table's size. The
+    curator-only diagnostics score a sample of about `diagnostic_rows` rows. auto: streamed
+    when the input is Parquet and the schema's public expected_rows exceeds `auto_rows`.
+    """
+
+    enabled: bool | Literal["auto"] = "auto"
+    auto_rows: int = Field(1_000_000, ge=1, description="auto: stream a Parquet input above this many expected rows")
+    chunk_rows: int = Field(262_144, ge=1_000, le=10_000_000, description="rows read and encoded at a time")
+    diagnostic_rows: int = Field(50_000, ge=1_000, description="expected rows in the curator diagnostics' sample")
+
+
 class EvaluateConfig(_Section):
     """Diagnostics for the data owner (not differentially private)."""
 
@@ -268,6 +285,7 @@ class RunConfig(_Section):
     train: TrainConfig = TrainConfig()
     select: SelectConfig = SelectConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
+    stream: StreamConfig = StreamConfig()
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: object) -> RunConfig:

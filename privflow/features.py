@@ -130,28 +130,37 @@ def feature_widths(schema: Schema, exclude: tuple[str, ...] = (), numeric: int =
     return widths
 
 
-def compact_features(schema: Schema, df: pl.DataFrame, exclude: tuple[str, ...] = ()) -> np.ndarray:
+def compact_features(
+    schema: Schema, df: pl.DataFrame, exclude: tuple[str, ...] = (), out: np.ndarray | None = None
+) -> np.ndarray:
     """[n, len(feature_widths)] float32: `feature_matrix` before its one-hot expansion, one column
     per block (a scaled number, a missing flag, or a category's slot index; the width itself for
     an undeclared label, which expands to an all-zero block). A per-row map fixed by the schema,
-    about a tenth of the expanded matrix's size: what the target head trains on."""
-    blocks: list[np.ndarray] = []
+    about a tenth of the expanded matrix's size: what the target head trains on. `out`: a float32
+    [n, >= blocks] array whose leading columns are written (and returned), so that a caller
+    adding columns builds a large table once, without a stacked copy."""
+    blocks = len(feature_widths(schema, exclude))
+    if out is None:
+        out = np.empty((df.height, blocks), dtype=np.float32)
+    if out.dtype != np.float32 or out.ndim != 2 or out.shape[0] != df.height or out.shape[1] < blocks:
+        raise ValueError(f"out must be float32 [{df.height}, >= {blocks}], got {out.dtype} {out.shape}")
+    j = 0
     for col in schema.columns:
         if col.name in exclude:
             continue
         if col.is_categorical:
             assert col.categories is not None
             k = len(col.categories)
-            width = k + 1 if col.nullable else k
-            blocks.append(np.minimum(category_codes(col, df), width).astype(np.float32))
+            out[:, j] = np.minimum(category_codes(col, df), k + 1 if col.nullable else k)
+            j += 1
         else:
             z, miss = scaled(col, df)
-            blocks.append(z.astype(np.float32))
+            out[:, j] = z
+            j += 1
             if col.nullable:
-                blocks.append(miss.astype(np.float32))
-    if not blocks:
-        return np.zeros((df.height, 0), dtype=np.float32)
-    return np.stack(blocks, axis=1)
+                out[:, j] = miss
+                j += 1
+    return out[:, :blocks] if out.shape[1] > blocks else out
 
 
 def hat_basis(z: np.ndarray, knots: int) -> np.ndarray:

@@ -348,7 +348,7 @@ def count_rows(path: str | Path, fmt: TableFormat | None = None) -> int:
         raise DataError(f"Data file '{p}' could not be scanned as {fmt.describe()} ({first}).") from None
 
 
-def _empty_strings_to_null(df: pl.DataFrame) -> pl.DataFrame:
+def empty_strings_to_null(df: pl.DataFrame) -> pl.DataFrame:
     """An empty field means a missing value, whether it was written as `,,` or `,"",`."""
     exprs = [
         pl.when(pl.col(name) == "").then(None).otherwise(pl.col(name)).alias(name)
@@ -384,7 +384,7 @@ def read_table(path: str | Path) -> pl.DataFrame:
         raise DataError(f"Data file '{p}' has no columns.")
     if df.height == 0:
         raise DataError(f"Data file '{p}' has a header but no data rows; there is nothing to train on.")
-    return _empty_strings_to_null(df)
+    return empty_strings_to_null(df)
 
 
 def write_table(df: pl.DataFrame, path: str | Path) -> Path:

@@ -211,6 +211,34 @@ def check_table(path: Path, schema: Schema, what: str = "Data file", need_rows: 
     return fmt.describe(), rows
 
 
+def check_stream(config: RunConfig, schema: Schema) -> bool:
+    """Whether the run reads its table in chunks (privflow/chunked.py), and that it can: an
+    uncompressed Parquet input, no DP mixture prior (its DP-EM holds every row), one worker."""
+    from privflow.chunked import streamed
+    from privflow.io import sniff
+
+    if not streamed(config, schema):
+        return False
+    fmt = sniff(config.data)
+    if fmt.kind != "parquet" or fmt.compression is not None:
+        raise DataError(
+            f"Data file '{config.data}' is {fmt.describe()}; a streamed run (stream.enabled / --stream) reads an "
+            "uncompressed Parquet file a chunk at a time. Convert it (e.g. polars: scan_csv(...).sink_parquet(...)), "
+            "or run without --stream to read it whole."
+        )
+    if config.model.prior == "mog":
+        raise ConfigError(
+            "A streamed run cannot fit the DP mixture prior (model.prior: mog): its DP-EM holds every row in "
+            "memory. Use model.prior: normal, or run without --stream."
+        )
+    if config.train.workers > 1:
+        raise ConfigError(
+            f"A streamed run trains in one process (--workers {config.train.workers} would have every worker "
+            "read the table). Use --workers 1 with --stream, or read the table whole."
+        )
+    return True
+
+
 def check_store(store: Path) -> None:
     """The store folder exists and is writable, or can be created (nothing is created here)."""
     p = Path(store)
@@ -378,6 +406,7 @@ def preflight(config: RunConfig) -> Preflight:
     schema = timed("schema", _check_schema, config)
     timed("privacy parameters", check_privacy_parameters, config, schema)
     fmt, rows = timed("data file", check_table, Path(config.data), schema, "Data file", min_rows(config))
+    timed("streaming", check_stream, config, schema)
     test_fmt = None
     if config.evaluate.test_data is not None:
         test_fmt, _ = timed("test data", check_table, Path(config.evaluate.test_data), schema, "Test data file", 1)

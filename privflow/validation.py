@@ -16,7 +16,7 @@ raw value; the quarantine file does hold raw rows and stays with the data owner.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -412,8 +412,11 @@ def _write_quarantine(
     row_fail: pl.Series,
     order: dict[str, int],
     path: Path,
+    row_offset: int = 0,
+    append: bool = False,
 ) -> None:
-    """Failing rows as given (raw values), with their input position and the checks they fail."""
+    """Failing rows as given (raw values), with their input position (`row_offset` + their place
+    in `df`) and the checks they fail; `append` adds them to the file without a header."""
     n = df.height
     reasons = pl.Series(REASON_COLUMN, [""] * n)
     for (column, check), mask in sorted(masks.items(), key=lambda kv: (order[kv[0][0]], _CHECK_ORDER[kv[0][1]])):
@@ -422,10 +425,16 @@ def _write_quarantine(
         reasons = pl.select(pl.when(mask).then(joined).otherwise(reasons)).to_series().alias(REASON_COLUMN)
     as_text = [pl.col(c).cast(pl.String) for c, t in df.schema.items() if isinstance(t, (pl.Enum, pl.Categorical))]
     rows = (
-        df.with_columns(as_text).with_columns(pl.Series(ROW_COLUMN, range(n), dtype=pl.Int64), reasons).filter(row_fail)
+        df.with_columns(as_text)
+        .with_columns(pl.Series(ROW_COLUMN, range(row_offset, row_offset + n), dtype=pl.Int64), reasons)
+        .filter(row_fail)
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows.write_csv(path)
+    if append:
+        with open(path, "ab") as f:
+            rows.write_csv(f, include_header=False)
+    else:
+        rows.write_csv(path)
 
 
 def validate(
@@ -434,6 +443,9 @@ def validate(
     policy: Policy = "strict",
     quarantine_path: Path | None = None,
     gate: Callable[[int], bool] | None = None,
+    *,
+    row_offset: int = 0,
+    append: bool = False,
 ) -> tuple[pl.DataFrame, ValidationReport]:
     """Check `df` against `schema`; return the clean typed frame (schema order) and the report.
 
@@ -450,8 +462,10 @@ def validate(
     strict: any failure raises ValidationFailed. quarantine: rows failing a row-level check are
     written to `quarantine_path` (CSV of the raw rows plus `_privflow_row`, their 0-based
     position, and `_privflow_failed_checks`; rewritten on every call, header only when no row
-    fails) and left out of the returned frame. Schema-level failures (missing or undeclared
-    column, a whole column of the wrong type) and a quarantine that leaves no row always raise.
+    fails; `row_offset` is added to the position and `append` adds to the file: how
+    `validate_chunks` writes one file for a table read in chunks) and left out of the returned
+    frame. Schema-level failures (missing or undeclared column, a whole column of the wrong
+    type) and a quarantine that leaves no row always raise.
     A raised ValidationFailed carries the report as `.report`.
     """
     if policy not in ("strict", "quarantine"):
@@ -535,7 +549,7 @@ def validate(
 
     if policy == "quarantine":
         assert quarantine_path is not None
-        _write_quarantine(df, masks, row_fail, order, Path(quarantine_path))
+        _write_quarantine(df, masks, row_fail, order, Path(quarantine_path), row_offset, append)
         rep = report(failing, str(quarantine_path))
     else:
         rep = report(0, None)
@@ -543,3 +557,68 @@ def validate(
     if clean.height == 0 and gate is None:
         raise _fail(rep, "no row passes, nothing is left to train on")
     return _typed(clean, schema), rep
+
+
+def validate_chunks(
+    chunks: Iterable[pl.DataFrame],
+    schema: Schema,
+    policy: Policy,
+    quarantine_path: Path | None,
+    gate: Callable[[int], bool],
+    consume: Callable[[pl.DataFrame], None],
+) -> ValidationReport:
+    """`validate` for a table read in chunks (a streamed run, privflow/chunked.py): each chunk is
+    checked as `validate` checks a table and its clean typed rows go to `consume` as they come;
+    failing rows are dropped or written to the one quarantine file with their position in the
+    whole table. The gate then decides once, on the total number of failing rows, as it does
+    for a table read whole; if it says stop, ValidationFailed carries the merged report (and
+    whatever `consume` built must be discarded: nothing was released).
+    """
+    if policy == "quarantine" and quarantine_path is None:
+        raise ConfigError("The quarantine policy needs a quarantine_path for the rows it sets aside.")
+    reports: list[ValidationReport] = []
+    for chunk in chunks:
+        if chunk.height == 0:
+            continue
+        offset = sum(r.total_rows for r in reports)
+        clean, rep = validate(
+            chunk, schema, policy, quarantine_path, lambda _: False, row_offset=offset, append=bool(reports)
+        )
+        reports.append(rep)
+        consume(clean)
+    if not reports:
+        raise ValidationFailed(
+            f"Dataset '{schema.dataset.name}': the table has no rows, so there is nothing to validate or train on."
+        )
+    report = merged_report(reports, schema)
+    if gate(report.failing_rows):
+        err = ValidationFailed(f"Validation of dataset '{schema.dataset.name}' failed ({policy} policy).")
+        err.report = report  # type: ignore[attr-defined]
+        raise err
+    return report
+
+
+def merged_report(reports: Sequence[ValidationReport], schema: Schema) -> ValidationReport:
+    """One report for a table checked in chunks: rows and failing rows summed, each column's
+    check once with its rows summed (so the same report as for the table read whole)."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for rep in reports:
+        for f in rep.failures:
+            key = (f.column, f.check, f.level)
+            counts[key] = counts.get(key, 0) + f.failing_rows
+    order = {c: i for i, c in enumerate(schema.names)}
+    failures = sorted(
+        (Failure(c, k, n, lv, _detail(schema.column(c), k, n)) for (c, k, lv), n in counts.items()),  # type: ignore[arg-type]
+        key=lambda f: (order.get(f.column, len(order)), _CHECK_ORDER[f.check]),
+    )
+    first = reports[0]
+    return ValidationReport(
+        dataset=first.dataset,
+        policy=first.policy,
+        total_rows=sum(r.total_rows for r in reports),
+        failing_rows=sum(r.failing_rows for r in reports),
+        quarantined_rows=sum(r.quarantined_rows for r in reports),
+        failures=tuple(failures),
+        expectations=first.expectations,
+        quarantine_path=first.quarantine_path,
+    )

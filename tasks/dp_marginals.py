@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import polars as pl
 from prefect import task
 
@@ -30,8 +31,14 @@ def dp_marginal_codec(
     """Release every column's histogram once (the planned Gaussian event) and return the codec
     that encodes rows through those DP CDFs; everything after it is post-processing."""
     grid = planned_grid_bins(schema, stage, grid_bins)
-    marginals = mechanism.dp_marginals(df, schema, stage.event.noise_multiplier, grid_bins=grid)  # type: ignore[attr-defined]
-    return CopulaCodec.from_marginals(schema, marginals)
+    return codec_from_counts(mechanism.marginal_counts(df, schema, grid_bins=grid), schema, stage, grid)
 
 
-__all__ = ["dp_marginal_codec", "planned_grid_bins"]
+def codec_from_counts(counts: np.ndarray, schema: Schema, stage: StagePlan, grid: int) -> CopulaCodec:
+    """The release itself, from the noiseless `mechanism.marginal_counts` on a `grid` (a streamed
+    run sums them over chunks of rows): the planned Gaussian noise, then post-processing."""
+    noisy = mechanism.release_counts(counts, schema, stage.event.noise_multiplier)  # type: ignore[attr-defined]
+    return CopulaCodec.from_marginals(schema, mechanism.marginals_from_counts(noisy, schema, grid_bins=grid))
+
+
+__all__ = ["codec_from_counts", "dp_marginal_codec", "planned_grid_bins"]

@@ -21,21 +21,28 @@ def selection_coins(df: pl.DataFrame, validation_fraction: float, seed: int) -> 
 ENCODE_CHUNK_ROWS = 262_144  # rows encoded at a time: only the float32 result is table-sized
 
 
+def encode_split(
+    chunk: pl.DataFrame, codec: Codec, validation_fraction: float, seed: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """One chunk of rows encoded (float32) and split into its training and selection rows."""
+    coin = selection_coins(chunk, validation_fraction, seed)
+    x = codec.encode(chunk, rng).astype(np.float32, copy=False)
+    return x[~coin], x[coin]
+
+
 @task(name="encode", **PRIVATE)
 def encode_rows(df: pl.DataFrame, codec: Codec, validation_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Encode every row (float32, what the flows train on) and split off the selection rows
     (`selection_coins`), chunk by chunk into the two outputs. Integer columns and atoms are
     dequantized with fresh uniform offsets (data-independent, OS entropy)."""
-    coin = selection_coins(df, validation_fraction, seed)
-    n_val = int(coin.sum())
+    n_val = int(selection_coins(df, validation_fraction, seed).sum())
     x_train = np.empty((df.height - n_val, codec.dim), dtype=np.float32)
     x_val = np.empty((n_val, codec.dim), dtype=np.float32)
     rng = np.random.default_rng()
     i_train = i_val = 0
     for start in range(0, df.height, ENCODE_CHUNK_ROWS):
-        x = codec.encode(df.slice(start, ENCODE_CHUNK_ROWS), rng)
-        c = coin[start : start + ENCODE_CHUNK_ROWS]
-        x_train[i_train : i_train + int((~c).sum())] = x[~c]
-        x_val[i_val : i_val + int(c.sum())] = x[c]
-        i_train, i_val = i_train + int((~c).sum()), i_val + int(c.sum())
+        train, val = encode_split(df.slice(start, ENCODE_CHUNK_ROWS), codec, validation_fraction, seed, rng)
+        x_train[i_train : i_train + len(train)] = train
+        x_val[i_val : i_val + len(val)] = val
+        i_train, i_val = i_train + len(train), i_val + len(val)
     return x_train, x_val

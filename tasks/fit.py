@@ -33,7 +33,7 @@ from privflow.privacy.run_plan import head_planned, head_shape, run_plan, sgd_sh
 from privflow.sampler import iter_samples, sample_rows
 from privflow.schema import Schema
 from privflow.target_head import TargetCodec, calibration_shift
-from privflow.tasks.dp_head import dp_target_head, fit_head
+from privflow.tasks.dp_head import dp_target_head, fit_head, head_rows
 from privflow.tasks.dp_marginals import dp_marginal_codec
 from privflow.tasks.dp_prior import PRIOR_CLIP, dp_prior
 from privflow.tasks.dp_stats import STATS_CLIP, dp_statistics, preprocessed_statistics
@@ -258,7 +258,13 @@ def prepare(
         spend.add(plan.stage("dp_head").event)
         codec = TargetCodec.around(schema, codec, head)
     elif plan is None and head_planned(config, schema):
-        codec = TargetCodec.around(schema, codec, fit_head(df, schema, config.head, head_shape(config, schema), None))
+        codec = TargetCodec.around(
+            schema,
+            codec,
+            fit_head(
+                head_rows(schema, df, config.head.numeric_knots), schema, config.head, head_shape(config, schema), None
+            ),
+        )
     encode = encode_rows if as_tasks else encode_rows.fn
     x_train, x_val = encode(df, codec, config.select.validation_fraction, config.train.seed)
     return codec, x_train, x_val

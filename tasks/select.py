@@ -41,14 +41,13 @@ def row_loglik(
     The dequantization noise comes from `generator` (default: a fresh secret one), never from
     the global torch RNG, whose state would otherwise depend on the private row count.
     """
-    data = torch.as_tensor(x, dtype=torch.float32)
-    if len(data) == 0:
+    if len(x) == 0:
         return np.empty(0, dtype=np.float32)
     gen = generator if generator is not None else secret_generator()
     parts = []
     with torch.no_grad():
-        for i in range(0, len(data), batch):
-            chunk = data[i : i + batch]
+        for i in range(0, len(x), batch):  # slices: x may be rows on disk (privflow.chunked.DiskRows)
+            chunk = torch.as_tensor(x[i : i + batch], dtype=torch.float32)
             parts.append(log_prob_with(model, chunk, dequantization_noise(model, len(chunk), chunk, gen)))
     return torch.cat(parts).numpy()
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
 from prefect import task
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from privflow.chunked import DiskRows
 from privflow.config import TrainConfig
 from privflow.errors import ConfigError
 from privflow.privacy.distributed import train_data_parallel
@@ -62,12 +64,13 @@ def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | No
 
 @task(name="train", **PRIVATE)
 def train_flow_model(
-    model: torch.nn.Module, x: np.ndarray, settings: TrainSettings, show_progress: bool = True
+    model: torch.nn.Module, x: np.ndarray | DiskRows, settings: TrainSettings, show_progress: bool = True
 ) -> TrainResult:
     """Run exactly the planned number of DP steps; checkpoints every k steps. With
     ``settings.workers > 1`` the steps run data-parallel in worker processes (the rows pass
     through an owner-only temporary folder that is removed afterwards)."""
-    data = torch.as_tensor(x, dtype=torch.float32)
+    # rows on disk (a streamed run, privflow/chunked.py) stay there: each step gathers its sample
+    data: Any = x if isinstance(x, DiskRows) else torch.as_tensor(x, dtype=torch.float32)
     columns = [
         TextColumn("[bold]DP training"),
         BarColumn(),

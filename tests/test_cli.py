@@ -114,6 +114,32 @@ def test_missing_data_file(small) -> None:
     _assert_user_error(_run(small, small["dir"] / "nope.csv"), "nope.csv")
 
 
+class TestStreamRefusedBeforeTheFlow:
+    """--stream reads uncompressed Parquet in one process with the normal prior: anything else is
+    refused by pre-flight, before the ledger reserves."""
+
+    @pytest.fixture()
+    def parquet(self, small) -> Path:
+        ints = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
+        path = small["dir"] / "adult.parquet"
+        small["frame"].with_columns(pl.col(c).str.strip_chars().cast(pl.Int64) for c in ints).write_parquet(path)
+        return path
+
+    def test_csv(self, small) -> None:
+        _assert_user_error(_run(small, None, None, "--stream"), "uncompressed Parquet", "--stream")
+        _nothing_registered(small["store"])
+
+    def test_mixture_prior(self, small, parquet: Path) -> None:
+        config = small["dir"] / "mog.yaml"
+        config.write_text(yaml.safe_dump({"model": {"prior": "mog"}}))
+        _assert_user_error(_run(small, parquet, None, "--stream", "--config", str(config)), "model.prior")
+        _nothing_registered(small["store"])
+
+    def test_workers(self, small, parquet: Path) -> None:
+        _assert_user_error(_run(small, parquet, None, "--stream", "--workers", "2"), "one process")
+        _nothing_registered(small["store"])
+
+
 class TestBadDataBeforeTheFlow:
     """File-level problems are found by pre-flight, before Prefect starts or the ledger reserves."""
 

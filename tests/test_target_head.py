@@ -242,6 +242,24 @@ def test_compact_log_probs_equal_the_expanded_product_with_a_hat_basis(knots: in
     assert again.knots == knots and again.weight.shape == (feature_count(schema, knots), k)
 
 
+def test_compact_features_fill_the_leading_columns_of_a_given_array() -> None:
+    """`out` gets the same numbers as a fresh array in its leading columns (the head's trainer
+    adds the class as the last column without a stacked copy) and its other columns untouched;
+    an array of the wrong dtype or shape is refused."""
+    from privflow.features import compact_features
+
+    schema, df = make_schema(), make_rows(50)
+    fresh = compact_features(schema, df, ("label",))
+    out = np.full((df.height, fresh.shape[1] + 1), 7.0, dtype=np.float32)
+    view = compact_features(schema, df, ("label",), out=out)
+    np.testing.assert_array_equal(out[:, :-1], fresh)
+    np.testing.assert_array_equal(view, fresh)
+    assert np.all(out[:, -1] == 7.0)
+    for bad in (np.zeros((df.height, fresh.shape[1])), np.zeros((df.height, fresh.shape[1] - 1), np.float32)):
+        with pytest.raises(ValueError, match="out must be float32"):
+            compact_features(schema, df, ("label",), out=bad)
+
+
 def test_hat_basis_is_a_partition_of_unity_that_reproduces_lines() -> None:
     from privflow.features import hat_basis
 

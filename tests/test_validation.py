@@ -369,3 +369,57 @@ def test_great_expectations_runs_in_chunks_with_the_same_counts(
         ("color", "not_null"): 1,
     }
     assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text()
+
+
+# --------------------------------------------------------------------------- in chunks
+
+
+def _bad_toy(n: int = 40) -> pl.DataFrame:
+    df = set_cells(toy(n), "age", [3, 17, 25], "7")  # bounds
+    df = set_cells(df, "color", [17, 30, 39], "purple")  # category (row 17 fails twice)
+    return set_cells(df, "income", [8], "lots")  # type
+
+
+@pytest.mark.parametrize("policy", ["strict", "quarantine"])
+def test_validating_in_chunks_equals_validating_the_whole_table(tmp_path: Path, policy: str) -> None:
+    """A streamed run validates its table chunk by chunk: the clean rows, the report and the
+    quarantine file (positions in the whole table) are those of one call on the whole table,
+    and the gate decides once, on the total."""
+    from privflow.validation import validate_chunks
+
+    df = _bad_toy()
+    q_whole, q_chunks = tmp_path / "whole.csv", tmp_path / "chunks.csv"
+    clean, report = validate(df, SMALL, policy, q_whole, gate=lambda _: False)  # type: ignore[arg-type]
+    seen: list[int] = []
+    kept: list[pl.DataFrame] = []
+
+    def gate(failing: int) -> bool:
+        seen.append(failing)
+        return False
+
+    chunks = [df.slice(s, 9) for s in range(0, df.height, 9)]
+    merged = validate_chunks(chunks, SMALL, policy, q_chunks, gate, kept.append)  # type: ignore[arg-type]
+    assert seen == [6]  # rows 3, 8, 17, 25, 30, 39: one decision on the total
+    assert pl.concat(kept).equals(clean)
+    assert merged.to_dict() | {"quarantine_path": None} == report.to_dict() | {"quarantine_path": None}
+    if policy == "quarantine":
+        assert q_chunks.read_text() == q_whole.read_text()
+        assert pl.read_csv(q_chunks)["_privflow_row"].to_list() == [3, 8, 17, 25, 30, 39]
+
+
+def test_a_gate_that_stops_a_chunked_validation_gets_the_total_and_the_merged_report() -> None:
+    from privflow.validation import validate_chunks
+
+    df = _bad_toy()
+    chunks = [df.slice(s, 15) for s in range(0, df.height, 15)]
+    with pytest.raises(ValidationFailed) as exc:
+        validate_chunks(chunks, SMALL, "strict", None, lambda failing: failing >= 6, lambda _: None)
+    report = exc.value.report  # type: ignore[attr-defined]
+    assert (report.total_rows, report.failing_rows) == (40, 6)
+    assert {(f.column, f.check, f.failing_rows) for f in report.failures} == {
+        ("age", "bounds", 3),
+        ("income", "type", 1),
+        ("color", "category", 3),
+    }
+    with pytest.raises(ValidationFailed, match="no rows"):
+        validate_chunks([df.head(0)], SMALL, "strict", None, lambda _: False, lambda _: None)

@@ -25,10 +25,11 @@ epsilon like the other small stages, privacy/run_plan.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from privflow.chunked import DiskRows
 from privflow.privacy.events import PoissonGaussianEvent
 from privflow.privacy.plan import Remainder, SGDShape, make_plan
 
@@ -95,27 +96,26 @@ def head_settings(
 
 
 def train_head(
-    compact: np.ndarray,
-    classes_of_rows: np.ndarray,
+    rows: np.ndarray | DiskRows,
     widths: list[int],
     classes: int,
     settings: TrainSettings,
 ) -> tuple[np.ndarray, np.ndarray, PoissonGaussianEvent | None]:
     """Train the head on private rows: (weight [p, K] over the expanded features, bias [K], the
-    run's event or None). `compact`: ``privflow.features.compact_features`` of the other columns,
-    `widths` their blocks (``feature_widths``). Rows are read only here, by the one trainer (its
-    generators are secret: privacy rule 6)."""
+    run's event or None). `rows`: float32 [n, len(widths) + 1], ``privflow.features.compact_features``
+    of the other columns (blocks `widths`, ``feature_widths``) and each row's class index last;
+    trained on as it is, without a copy (rows on disk: each step gathers its Poisson sample).
+    Rows are read only here, by the one trainer (its generators are secret: privacy rule 6)."""
     import torch  # not at module top: pre-flight plans this stage without torch
 
     from privflow.models.softmax_head import SoftmaxHead
     from privflow.privacy.dp_sgd import train
 
-    f = np.asarray(compact, dtype=np.float32)
-    y = np.asarray(classes_of_rows, dtype=np.float32)[:, None]
-    if f.ndim != 2 or y.shape[0] != f.shape[0] or f.shape[1] != len(widths):
-        raise ValueError(f"compact features [n, {len(widths)}] and classes [n] do not match: {f.shape}, {y.shape}")
+    data: Any = rows if isinstance(rows, DiskRows) else torch.from_numpy(np.asarray(rows, dtype=np.float32))
+    if len(data.shape) != 2 or data.shape[1] != len(widths) + 1:
+        raise ValueError(f"rows must be [n, {len(widths) + 1}] (compact features and the class), got {data.shape}")
     model = SoftmaxHead(widths, classes)
-    result = train(model, torch.from_numpy(np.concatenate([f, y], axis=1)), settings)
+    result = train(model, data, settings)
     state = result.checkpoints[-1][1]
     weight = state["linear.weight"].double().numpy().T.copy()
     bias = state["linear.bias"].double().numpy().copy()

@@ -123,7 +123,14 @@ def release_marginal_counts(
     grid_bins: int = DEFAULT_GRID_BINS,
 ) -> np.ndarray:
     """One Gaussian release of `marginal_counts` (the only step that reads the rows)."""
-    counts = marginal_counts(df, schema, max_atoms=max_atoms, grid_bins=grid_bins)
+    return release_counts(
+        marginal_counts(df, schema, max_atoms=max_atoms, grid_bins=grid_bins), schema, noise_multiplier
+    )
+
+
+def release_counts(counts: np.ndarray, schema: Schema, noise_multiplier: float) -> np.ndarray:
+    """One Gaussian release of the statistic `marginal_counts`, given as counts (a streamed run
+    sums them over chunks of the table: the same vector, so the same event)."""
     return gaussian_mechanism(counts, marginals_sensitivity(len(schema.columns)), noise_multiplier)
 
 
@@ -217,6 +224,7 @@ __all__ = [
     "marginals_sensitivity",
     "noise_for_epsilon",
     "project_to_total",
+    "release_counts",
     "release_marginal_counts",
     "with_density_floor",
 ]

@@ -84,6 +84,9 @@ def clipped_loglik_scores(loglik: np.ndarray, low: float, high: float) -> tuple[
     return clipped.sum(axis=1), float(high - low)
 
 
+_SCORE_CHUNK_ROWS = 65_536  # rows scored at a time: the sums are over rows, so chunks add up
+
+
 def relative_loglik_scores(loglik: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
     """Per-checkpoint score = sum over rows of clip(loglik[t, i] - ref_i, -clip, clip), where
     ref_i is the median of row i's log-likelihoods over the checkpoints.
@@ -103,14 +106,15 @@ def relative_loglik_scores(loglik: np.ndarray, clip: float) -> tuple[np.ndarray,
     ll = np.asarray(loglik, dtype=np.float64)
     if ll.ndim != 2:
         raise ValueError(f"loglik must be [checkpoints, rows], got shape {ll.shape}")
-    finite = np.where(np.isfinite(ll), ll, np.nan)
-    if ll.shape[1] == 0:
-        return np.zeros(ll.shape[0]), float(clip)
-    with warnings.catch_warnings():  # a row that is NaN in every checkpoint: ref 0, every term -clip
-        warnings.simplefilter("ignore", RuntimeWarning)
-        ref = np.nan_to_num(np.nanmedian(finite, axis=0), nan=0.0)
-    diff = np.clip(np.nan_to_num(finite - ref[None, :], nan=-clip), -clip, clip)
-    return diff.sum(axis=1), float(clip)
+    scores = np.zeros(ll.shape[0])
+    for start in range(0, ll.shape[1], _SCORE_CHUNK_ROWS):  # rows apart: a few [checkpoints, chunk] temporaries
+        finite = ll[:, start : start + _SCORE_CHUNK_ROWS]
+        finite = np.where(np.isfinite(finite), finite, np.nan)
+        with warnings.catch_warnings():  # a row that is NaN in every checkpoint: ref 0, every term -clip
+            warnings.simplefilter("ignore", RuntimeWarning)
+            ref = np.nan_to_num(np.nanmedian(finite, axis=0), nan=0.0)
+        scores += np.clip(np.nan_to_num(finite - ref[None, :], nan=-clip), -clip, clip).sum(axis=1)
+    return scores, float(clip)
 
 
 __all__ = ["clipped_loglik_scores", "relative_loglik_scores", "report_noisy_max", "rnm_event"]

@@ -67,7 +67,9 @@ def test_nonprivate_head_agrees_with_logistic_regression() -> None:
     w = np.array([3.0, -2.0, 0.0, 1.5])
     y = (rng.random(n) < 1 / (1 + np.exp(-(f @ w - 1.2)))).astype(int)
     shape = dp_head.head_shape(n, 400)
-    weight, bias, event = dp_head.train_head(f, y, [0] * p, 2, dp_head.head_settings(shape, n, None, 0.05, 1.0, 0.0))
+    weight, bias, event = dp_head.train_head(
+        np.column_stack([f, y]), [0] * p, 2, dp_head.head_settings(shape, n, None, 0.05, 1.0, 0.0)
+    )
     assert event is None
     ours = f @ (weight[:, 1] - weight[:, 0]) + (bias[1] - bias[0])
     ref = LogisticRegression(C=1e4, max_iter=1000).fit(f, y).decision_function(f)
@@ -82,7 +84,7 @@ def test_private_head_records_its_event_and_learns() -> None:
     shape = dp_head.head_shape(n, 200)
     sigma = dp_head.noise_for_epsilon(1.0, 1e-5, shape)
     settings = dp_head.head_settings(shape, n, sigma, 0.02, 1.0, 0.95, noise_seed=3)
-    weight, bias, event = dp_head.train_head(f, y, [0, 0, 0], 2, settings)
+    weight, bias, event = dp_head.train_head(np.column_stack([f, y]), [0, 0, 0], 2, settings)
     assert event == dp_head.dp_head_event(shape, sigma)
     assert weight[0, 1] - weight[0, 0] > 1.0  # the informative feature's weight is learnt under the noise
 

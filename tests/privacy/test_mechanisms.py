@@ -323,6 +323,20 @@ def test_relative_loglik_scores_sensitivity_under_add_remove() -> None:
     assert (added - scores)[:2] == pytest.approx([clip, -clip])
 
 
+def test_relative_loglik_scores_by_chunks_of_rows_equal_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scores are summed over chunks of rows (bounded memory on large selection splits):
+    chunks that split the rows anywhere, NaN and infinite rows included, give the same sums."""
+    from privflow.privacy.mechanisms import report_noisy_max
+
+    g = rng(19)
+    loglik = g.normal(-5, 3, size=(4, 1)) + g.normal(0, 0.8, size=(4, 101))
+    loglik[1, 7], loglik[:, 50], loglik[2, 99] = np.nan, np.nan, -np.inf
+    whole, _ = relative_loglik_scores(loglik, 0.5)
+    for chunk in (1, 7, 100):
+        monkeypatch.setattr(report_noisy_max, "_SCORE_CHUNK_ROWS", chunk)
+        assert relative_loglik_scores(loglik, 0.5)[0] == pytest.approx(whole, abs=1e-12)
+
+
 def test_relative_scores_separate_checkpoints_that_absolute_scores_cannot() -> None:
     """Two checkpoints 0.05 nats/row apart on 3,000 rows, selection epsilon 0.03: the relative
     score (sensitivity 1) picks the better one far more often than the absolute one (30)."""

@@ -1,0 +1,191 @@
+"""Peak memory and time of `privflow run`, the table read whole against streamed (issue 15).
+
+For each size the bundled Adult training table is replicated with the fixed-seed perturbation
+of ``bench_scaling.py`` (public seed, public bounds and categories only) and written as Parquet
+(strings for categories, 64-bit integers); the schema's expected_rows is the size. Then the
+real CLI runs twice on it, each in a fresh process: `--no-stream` (the table read whole) and
+`--stream` (read in chunks of `stream.chunk_rows`, the encoded rows on disk; tasks/stream.py).
+Same configuration: epsilon 1, delta 1e-8, 1 epoch, the default model, in process (no Prefect
+server), the synthetic table of 100,000 rows, the diagnostics limited to fidelity (the utility
+classifiers' cost grows with the table and is not what this measures).
+
+Peak RSS is the run's own high-water mark (``os.wait4`` on the child: VmHWM of the process);
+CPU counts every thread of it. Each run's ledger epsilon is reported, to show the two modes
+spend the same.
+
+    .venv/bin/python benchmarks/bench_stream.py [--sizes 32000 320000 3200000] [--out benchmarks/results/stream.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common as common  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results" / "stream.md"
+DELTA = 1e-8
+SYNTHETIC_ROWS = 100_000
+
+
+def _scaling() -> Any:
+    spec = importlib.util.spec_from_file_location("privflow_bench_scaling", ROOT / "benchmarks" / "bench_scaling.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_table(rows: int, folder: Path) -> tuple[Path, Path]:
+    """The replicated table as Parquet and its schema with expected_rows = rows."""
+    scaling = _scaling()
+    data = scaling.datasets_module().load("adult", folder)
+    table = scaling.replicate(data.train, data.schema, rows)
+    table = table.with_columns(pl.col(c.name).cast(pl.String) for c in data.schema.columns if c.is_categorical)
+    path = folder / f"adult-{rows}.parquet"
+    table.write_parquet(path, row_group_size=131_072)
+    doc = yaml.safe_load((ROOT / "privflow" / "demo" / "adult.yaml").read_text())
+    doc["dataset"]["expected_rows"] = rows
+    schema = folder / f"adult-{rows}.yaml"
+    schema.write_text(yaml.safe_dump(doc))
+    return path, schema
+
+
+def run_once(data: Path, schema: Path, stream: bool, store: Path, config: Path) -> dict[str, Any]:
+    """One `privflow run` in a fresh process: wall and CPU seconds, peak RSS, exit code, epsilon."""
+    cmd = [
+        str(Path(sys.executable).parent / "privflow"),
+        "run",
+        "--data",
+        str(data),
+        "--schema",
+        str(schema),
+        "--epsilon",
+        "1",
+        "--delta",
+        str(DELTA),
+        "--config",
+        str(config),
+        "--store",
+        str(store),
+        "--promote",
+        "always",
+        "--quiet",
+        "--no-server",
+        "--stream" if stream else "--no-stream",
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read() if proc.stdout is not None else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    code = os.waitstatus_to_exitcode(status)
+    epsilon = None
+    for line in out.splitlines():
+        if "epsilon (PLD, reported)" in line:
+            epsilon = line.split("│")[2].strip().split()[0]
+    return {
+        "wall": wall,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "peak_mb": usage.ru_maxrss / 1024.0,
+        "code": code,
+        "epsilon": epsilon,
+        "tail": "\n".join(out.splitlines()[-5:]) if code else "",
+    }
+
+
+def render(results: list[dict[str, Any]], started: datetime, load: str, commit: str, chunk: int) -> str:
+    notes = [
+        "Adult training table replicated with bench_scaling.py's fixed-seed perturbation, written as Parquet "
+        "(categories as strings, integers as Int64); `expected_rows` = the size.",
+        f"`privflow run --epsilon 1 --delta {DELTA:g} --no-server --promote always --quiet`, 1 epoch, default model, "
+        f"synthetic table of {SYNTHETIC_ROWS:,} rows, diagnostics: fidelity only; `--no-stream` reads the table "
+        f"whole, `--stream` in chunks of {chunk:,} rows with the encoded rows on disk (tasks/stream.py).",
+        "Peak RSS: the run process's high-water mark (os.wait4). CPU: all its threads. One fresh process per cell.",
+    ]
+    lines = common.header("privflow run: table read whole against streamed", started, load, notes, commit)
+    lines += [
+        "| rows | mode | wall s | CPU s | peak RSS MB | epsilon (ledger) | exit |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['rows']:,} | {r['mode']} | {r['wall']:.1f} | {r['cpu']:.1f} | {r['peak_mb']:.0f} | "
+            f"{r['epsilon'] or '-'} | {r['code']} |"
+        )
+    lines += ["", "## Verdict", ""]
+    for mode in ("whole", "streamed"):
+        rows = [r for r in results if r["mode"] == mode and r["code"] == 0]
+        if len(rows) >= 2:
+            first, last = rows[0], rows[-1]
+            per_m = (last["peak_mb"] - first["peak_mb"]) / max((last["rows"] - first["rows"]) / 1e6, 1e-9)
+            lines.append(
+                f"- {mode}: peak RSS {first['peak_mb']:.0f} MB at {first['rows']:,} rows, {last['peak_mb']:.0f} MB at "
+                f"{last['rows']:,} (x{last['peak_mb'] / first['peak_mb']:.2f}; {per_m:+.0f} MB per extra million rows)."
+            )
+    failed = [r for r in results if r["code"] != 0]
+    for r in failed:
+        lines.append(f"- {r['mode']} at {r['rows']:,} rows exited {r['code']}: {r['tail']}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[32_000, 320_000, 3_200_000])
+    ap.add_argument("--chunk-rows", type=int, default=262_144)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="privflow-stream-") as tmp:
+        folder = Path(tmp)
+        config = folder / "config.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "train": {"epochs": 1},
+                    "stream": {"chunk_rows": args.chunk_rows},
+                    "evaluate": {
+                        "synthetic_rows": SYNTHETIC_ROWS,
+                        "utility": False,
+                        "likelihood": False,
+                        "privacy_risk": False,
+                        "report": False,
+                    },
+                }
+            )
+        )
+        for rows in args.sizes:
+            data, schema = write_table(rows, folder)
+            for stream in (False, True):
+                r = run_once(data, schema, stream, folder / f"store-{rows}-{stream}", config)
+                r |= {"rows": rows, "mode": "streamed" if stream else "whole"}
+                print(
+                    f"{rows:>9,} {r['mode']:>8}: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU, "
+                    f"{r['peak_mb']:.0f} MB peak, epsilon {r['epsilon']}, exit {r['code']}",
+                    flush=True,
+                )
+                results.append(r)
+            data.unlink()
+    text = render(results, started, load, commit, args.chunk_rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""Streamed preparation: the table read in chunks, never whole (issue 15; privflow/chunked.py).
+
+What a streamed run computes is what `tasks.fit.prepare` computes on the table read whole;
+only the order of the reads differs:
+
+1. `first_pass`, inside the validation gate: every chunk validated
+   (``privflow.validation.validate_chunks``: the gate decides once, on the total), its clean
+   rows counted into the DP marginals' statistic and written to disk as the head's rows.
+   Nothing is released here: if the gate stops the run, the counts and rows are discarded.
+2. `stream_prepare`: the planned releases, the marginals from the summed counts (the same
+   vector as ``marginal_counts`` of the whole table, so the same Gaussian event) and the head
+   by DP-SGD over its rows on disk (each step gathers its Poisson sample, at the rate the
+   public expected_rows sets); then the chunks again, validated again (the same checks drop
+   the same rows, no quarantine written twice), encoded through the released codec into the
+   training and selection files (the same salted row-hash split), and a hash-coin sample of
+   about `stream.diagnostic_rows` clean rows kept for the curator-only diagnostics.
+
+Not streamed: the DP mixture prior (its DP-EM holds every row; pre-flight refuses the
+combination) and data-parallel workers (each process would read the table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from prefect import task
+
+from privflow.chunked import DiskRows, parquet_chunks
+from privflow.codec import Codec
+from privflow.config import RunConfig
+from privflow.copula import CopulaCodec
+from privflow.privacy.mechanisms import dp_marginals as marginals_mechanism
+from privflow.privacy.plan import PrivacyPlan
+from privflow.row_hash import unit_hash
+from privflow.schema import Schema
+from privflow.target_head import TargetCodec, head_widths
+from privflow.tasks._options import PRIVATE
+from privflow.tasks.dp_head import fit_head_planned, head_rows
+from privflow.tasks.dp_marginals import codec_from_counts, planned_grid_bins
+from privflow.tasks.encode import encode_split
+from privflow.tasks.fit import Spend
+from privflow.validation import ValidationReport, validate, validate_chunks
+
+DIAGNOSTIC_SALT = 0x5A3E_D1A6  # public: the diagnostics' coins differ from the selection split's
+
+
+@dataclass
+class FirstPass:
+    """What the first pass leaves for the releases: the marginals' counts on their grid, and the
+    head's rows on disk (None where the plan has no such stage)."""
+
+    counts: np.ndarray | None
+    grid: int | None
+    head: DiskRows | None
+
+
+@task(name="validate", **PRIVATE)
+def first_pass(
+    config: RunConfig, schema: Schema, plan: PrivacyPlan, work: Path, gate: Callable[[int], bool], quarantine: Path
+) -> tuple[FirstPass, ValidationReport]:
+    """Validate the table chunk by chunk under the gate, keeping the statistics the planned
+    releases need (module docstring, step 1)."""
+    grid = None
+    if plan.has("dp_marginals"):
+        grid = planned_grid_bins(schema, plan.stage("dp_marginals"), config.marginals.grid_bins)
+    head = None
+    if plan.has("dp_head"):
+        head = DiskRows(work / "head.f32", len(head_widths(schema, config.head.numeric_knots)) + 1)
+    totals: list[np.ndarray] = []
+
+    def consume(clean: pl.DataFrame) -> None:
+        if grid is not None:
+            counts = marginals_mechanism.marginal_counts(clean, schema, grid_bins=grid)
+            totals[:] = [counts + totals[0]] if totals else [counts]
+        if head is not None:
+            head.append(head_rows(schema, clean, config.head.numeric_knots))
+
+    report = validate_chunks(
+        parquet_chunks(config.data, config.stream.chunk_rows), schema, config.policy, quarantine, gate, consume
+    )
+    # validate_chunks hands every non-empty chunk to consume (clean or not) or raises: totals is set
+    return FirstPass(totals[0] if totals else None, grid, head), report
+
+
+def stream_prepare(
+    config: RunConfig,
+    schema: Schema,
+    plan: PrivacyPlan,
+    spend: Spend,
+    first: FirstPass,
+    work: Path,
+    as_tasks: bool = False,
+) -> tuple[Codec | CopulaCodec | TargetCodec, DiskRows, DiskRows, pl.DataFrame]:
+    """The releases and the encoding pass (module docstring, step 2): the codec, the training
+    and selection rows on disk, and the diagnostics' sample of clean rows. `as_tasks` runs the
+    steps as Prefect tasks (inside a flow), as `tasks.fit.prepare` does."""
+    codec: Any = Codec.from_schema(schema)
+    if first.counts is not None:
+        assert first.grid is not None
+        spend.start()
+        release = dp_marginals_from_counts if as_tasks else dp_marginals_from_counts.fn
+        codec = release(first.counts, schema, plan.stage("dp_marginals"), first.grid)
+        spend.add(plan.stage("dp_marginals").event)
+    if first.head is not None:
+        spend.start()
+        fit_head = dp_head_from_rows if as_tasks else dp_head_from_rows.fn
+        head = fit_head(first.head, schema, config.head, plan.stage("dp_head"))
+        spend.add(plan.stage("dp_head").event)
+        codec = TargetCodec.around(schema, codec, head)
+    x_train, x_val, sample = (encode_chunks if as_tasks else encode_chunks.fn)(config, schema, codec, work)
+    return codec, x_train, x_val, sample
+
+
+dp_marginals_from_counts = task(name="dp_marginals", **PRIVATE)(codec_from_counts)
+dp_head_from_rows = task(name="dp_head", **PRIVATE)(fit_head_planned)
+
+
+@task(name="encode", **PRIVATE)
+def encode_chunks(config: RunConfig, schema: Schema, codec: Any, work: Path) -> tuple[DiskRows, DiskRows, pl.DataFrame]:
+    """Encode every clean row into the training / selection files (`tasks.encode.encode_split`,
+    fresh dequantization offsets from OS entropy), and keep about `stream.diagnostic_rows` clean
+    rows (each by a salted hash coin at rate diagnostic_rows / expected_rows) for the curator-only
+    evaluation, which is never released."""
+    x_train, x_val = DiskRows(work / "train.f32", codec.dim), DiskRows(work / "select.f32", codec.dim)
+    rate = min(1.0, config.stream.diagnostic_rows / max(1, schema.dataset.expected_rows or 1))
+    rng = np.random.default_rng()
+    sample: list[pl.DataFrame] = []
+    for chunk in parquet_chunks(config.data, config.stream.chunk_rows):
+        if not chunk.height:
+            continue
+        clean = validate(chunk, schema, "strict", None, lambda _: False)[0]  # the first pass's checks
+        train, val = encode_split(clean, codec, config.select.validation_fraction, config.train.seed, rng)
+        x_train.append(train)
+        x_val.append(val)
+        sample.append(clean.filter(pl.Series(unit_hash(clean, config.train.seed ^ DIAGNOSTIC_SALT) < rate)))
+    return x_train, x_val, pl.concat(sample)
+
+
+__all__ = ["FirstPass", "encode_chunks", "first_pass", "stream_prepare"]
