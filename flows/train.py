@@ -98,7 +98,13 @@ def _gate_threshold(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> flo
 
 
 def _read_and_gate(
-    config: RunConfig, schema: Schema, plan: PrivacyPlan, curator: Path, spend: Spend, work: Path | None = None
+    config: RunConfig,
+    schema: Schema,
+    plan: PrivacyPlan,
+    curator: Path,
+    spend: Spend,
+    work: Path | None = None,
+    show_progress: bool = False,
 ) -> tuple[Any, validation_gate.GateDecision]:
     """Read the rows and let the DP gate decide on them; the exact report stays with the curator.
     Returns the clean table, or for a streamed run (`work`: its scratch folder) what the first
@@ -117,7 +123,7 @@ def _read_and_gate(
         if work is None:
             df, report = _step(validate_data)(config.data, schema, config.policy, curator / "quarantine.csv", gate)
         else:
-            df, report = _step(first_pass)(config, schema, plan, work, gate, curator / "quarantine.csv")
+            df, report = _step(first_pass)(config, schema, plan, work, gate, curator / "quarantine.csv", show_progress)
     except ValidationFailed as exc:
         report = getattr(exc, "report", None)
         if report is not None:
@@ -400,11 +406,13 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
             store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
             work = curator / "scratch" if streamed(config, schema) else None
             stack.enter_context(scratch(work) if work is not None else nullcontext())
-            df, decision = _read_and_gate(config, schema, plan, curator, spend, work)
+            df, decision = _read_and_gate(config, schema, plan, curator, spend, work, show_progress)
             if work is None:
                 codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
             else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
-                codec, x_train, x_val, df = stream_prepare(config, schema, plan, spend, df, work, _ENGINE.get())
+                codec, x_train, x_val, df = stream_prepare(
+                    config, schema, plan, spend, df, work, _ENGINE.get(), show_progress
+                )
             fitted = fit(
                 config,
                 schema,

@@ -51,6 +51,14 @@ def parquet_chunks(path: Path, rows: int = CHUNK_ROWS) -> Iterator[pl.DataFrame]
         yield empty_strings_to_null(frame)
 
 
+def parquet_rows(path: Path) -> int:
+    """The number of rows a Parquet file's footer records (read without the data; shown to the
+    curator as the progress total, never released)."""
+    import pyarrow.parquet as pq
+
+    return int(pq.ParquetFile(path).metadata.num_rows)
+
+
 class DiskRows:
     """A float32 [n, d] matrix in a file, appended to chunk by chunk and read back by slices or
     by row indices. Enough of an array for the trainer (``shape``, ``len``, ``x[idx]``) and the
@@ -135,4 +143,4 @@ def scratch(folder: Path) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-__all__ = ["CHUNK_ROWS", "DiskRows", "parquet_chunks", "scratch", "streamed"]
+__all__ = ["CHUNK_ROWS", "DiskRows", "parquet_chunks", "parquet_rows", "scratch", "streamed"]

@@ -19,6 +19,12 @@ from privflow.tasks.select import row_loglik
 _MIA_ROWS = 4000  # rows per side for the membership test: enough for a stable AUROC
 
 
+def _some_rows(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Up to _MIA_ROWS distinct row indices, sorted, drawn without a permutation of all n (the
+    rows may be millions, on disk: privflow/chunked.py)."""
+    return np.sort(rng.choice(n, size=min(n, _MIA_ROWS), replace=False))
+
+
 @task(name="evaluate", **PRIVATE)
 def evaluate_run(
     schema: Schema,
@@ -37,8 +43,8 @@ def evaluate_run(
     if cfg.likelihood or cfg.privacy_risk:
         rng = np.random.default_rng(0)
         loglik = {
-            "train": row_loglik(model, x_train[rng.permutation(len(x_train))[:_MIA_ROWS]]),
-            "holdout": row_loglik(model, x_holdout[rng.permutation(len(x_holdout))[:_MIA_ROWS]]),
+            "train": row_loglik(model, x_train[_some_rows(len(x_train), rng)]),
+            "holdout": row_loglik(model, x_holdout[_some_rows(len(x_holdout), rng)]),
         }
         if real_test is not None:
             loglik["test"] = row_loglik(model, codec.encode(real_test, rng))

@@ -21,7 +21,7 @@ combination) and data-parallel workers (each process would read the table).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 from prefect import task
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from privflow.chunked import DiskRows, parquet_chunks
+from privflow.chunked import DiskRows, parquet_chunks, parquet_rows
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.copula import CopulaCodec
@@ -59,9 +60,25 @@ class FirstPass:
     head: DiskRows | None
 
 
+def _chunks(config: RunConfig, what: str, show_progress: bool) -> Iterator[pl.DataFrame]:
+    """The input's chunks, with a progress bar over the rows (a pass over a large table takes a while)."""
+    columns = [TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, disable=not show_progress, transient=False) as progress:
+        bar = progress.add_task(what, total=parquet_rows(config.data))
+        for chunk in parquet_chunks(config.data, config.stream.chunk_rows):
+            yield chunk
+            progress.advance(bar, chunk.height)
+
+
 @task(name="validate", **PRIVATE)
 def first_pass(
-    config: RunConfig, schema: Schema, plan: PrivacyPlan, work: Path, gate: Callable[[int], bool], quarantine: Path
+    config: RunConfig,
+    schema: Schema,
+    plan: PrivacyPlan,
+    work: Path,
+    gate: Callable[[int], bool],
+    quarantine: Path,
+    show_progress: bool = False,
 ) -> tuple[FirstPass, ValidationReport]:
     """Validate the table chunk by chunk under the gate, keeping the statistics the planned
     releases need (module docstring, step 1)."""
@@ -80,9 +97,8 @@ def first_pass(
         if head is not None:
             head.append(head_rows(schema, clean, config.head.numeric_knots))
 
-    report = validate_chunks(
-        parquet_chunks(config.data, config.stream.chunk_rows), schema, config.policy, quarantine, gate, consume
-    )
+    chunks = _chunks(config, "Validating (pass 1 of 2)", show_progress)
+    report = validate_chunks(chunks, schema, config.policy, quarantine, gate, consume)
     # validate_chunks hands every non-empty chunk to consume (clean or not) or raises: totals is set
     return FirstPass(totals[0] if totals else None, grid, head), report
 
@@ -95,6 +111,7 @@ def stream_prepare(
     first: FirstPass,
     work: Path,
     as_tasks: bool = False,
+    show_progress: bool = False,
 ) -> tuple[Codec | CopulaCodec | TargetCodec, DiskRows, DiskRows, pl.DataFrame]:
     """The releases and the encoding pass (module docstring, step 2): the codec, the training
     and selection rows on disk, and the diagnostics' sample of clean rows. `as_tasks` runs the
@@ -112,7 +129,8 @@ def stream_prepare(
         head = fit_head(first.head, schema, config.head, plan.stage("dp_head"))
         spend.add(plan.stage("dp_head").event)
         codec = TargetCodec.around(schema, codec, head)
-    x_train, x_val, sample = (encode_chunks if as_tasks else encode_chunks.fn)(config, schema, codec, work)
+    encode = encode_chunks if as_tasks else encode_chunks.fn
+    x_train, x_val, sample = encode(config, schema, codec, work, show_progress)
     return codec, x_train, x_val, sample
 
 
@@ -121,7 +139,9 @@ dp_head_from_rows = task(name="dp_head", **PRIVATE)(fit_head_planned)
 
 
 @task(name="encode", **PRIVATE)
-def encode_chunks(config: RunConfig, schema: Schema, codec: Any, work: Path) -> tuple[DiskRows, DiskRows, pl.DataFrame]:
+def encode_chunks(
+    config: RunConfig, schema: Schema, codec: Any, work: Path, show_progress: bool = False
+) -> tuple[DiskRows, DiskRows, pl.DataFrame]:
     """Encode every clean row into the training / selection files (`tasks.encode.encode_split`,
     fresh dequantization offsets from OS entropy), and keep about `stream.diagnostic_rows` clean
     rows (each by a salted hash coin at rate diagnostic_rows / expected_rows) for the curator-only
@@ -130,7 +150,7 @@ def encode_chunks(config: RunConfig, schema: Schema, codec: Any, work: Path) -> 
     rate = min(1.0, config.stream.diagnostic_rows / max(1, schema.dataset.expected_rows or 1))
     rng = np.random.default_rng()
     sample: list[pl.DataFrame] = []
-    for chunk in parquet_chunks(config.data, config.stream.chunk_rows):
+    for chunk in _chunks(config, "Encoding (pass 2 of 2)", show_progress):
         if not chunk.height:
             continue
         clean = validate(chunk, schema, "strict", None, lambda _: False)[0]  # the first pass's checks
