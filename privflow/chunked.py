@@ -28,7 +28,7 @@ from privflow.errors import DataError
 from privflow.io import sniff
 from privflow.schema import Schema
 
-CHUNK_ROWS = 262_144  # rows per chunk read from the input (bounded memory per pass)
+CHUNK_ROWS = 65_536  # rows per chunk read from the input (bounded memory per pass)
 
 
 def parquet_chunks(path: Path, rows: int = CHUNK_ROWS) -> Iterator[pl.DataFrame]:

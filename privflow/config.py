@@ -232,7 +232,13 @@ class StreamConfig(_Section):
 
     enabled: bool | Literal["auto"] = "auto"
     auto_rows: int = Field(1_000_000, ge=1, description="auto: stream a Parquet input above this many expected rows")
-    chunk_rows: int = Field(262_144, ge=1_000, le=10_000_000, description="rows read and encoded at a time")
+    chunk_rows: int = Field(
+        65_536,
+        ge=1_000,
+        le=10_000_000,
+        description="rows read, validated and encoded at a time; validation of a 262,144-row chunk of Adult "
+        "peaked 130 MB above one of 65,536 at the same speed per row, while 32,768 were 1.7x slower per row",
+    )
     diagnostic_rows: int = Field(50_000, ge=1_000, description="expected rows in the curator diagnostics' sample")
 
 

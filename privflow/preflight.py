@@ -213,7 +213,7 @@ def check_table(path: Path, schema: Schema, what: str = "Data file", need_rows: 
 
 def check_stream(config: RunConfig, schema: Schema) -> bool:
     """Whether the run reads its table in chunks (privflow/chunked.py), and that it can: an
-    uncompressed Parquet input, no DP mixture prior (its DP-EM holds every row), one worker."""
+    uncompressed Parquet input and one worker."""
     from privflow.chunked import streamed
     from privflow.io import sniff
 
@@ -225,11 +225,6 @@ def check_stream(config: RunConfig, schema: Schema) -> bool:
             f"Data file '{config.data}' is {fmt.describe()}; a streamed run (stream.enabled / --stream) reads an "
             "uncompressed Parquet file a chunk at a time. Convert it (e.g. polars: scan_csv(...).sink_parquet(...)), "
             "or run without --stream to read it whole."
-        )
-    if config.model.prior == "mog":
-        raise ConfigError(
-            "A streamed run cannot fit the DP mixture prior (model.prior: mog): its DP-EM holds every row in "
-            "memory. Use model.prior: normal, or run without --stream."
         )
     if config.train.workers > 1:
         raise ConfigError(

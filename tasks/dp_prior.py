@@ -2,19 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from prefect import task
 
+from privflow.chunked import DiskRows
 from privflow.privacy.events import GaussianEvent, RepeatedEvent
 from privflow.privacy.mechanisms import dp_mog
-from privflow.privacy.noise import preprocess_private
+from privflow.privacy.noise import preprocess_private, secret_generator
 from privflow.privacy.plan import StagePlan
 from privflow.tasks._options import PRIVATE
 
 # DP-EM runs on features standardised by the DP statistics; a public box of +-4 keeps
 # the sufficient statistics bounded while covering nearly all standardised mass.
 PRIOR_CLIP = 4.0
+
+
+def _standardised(model: torch.nn.Module, x: np.ndarray | DiskRows, mean: np.ndarray, std: np.ndarray) -> Any:
+    """The preprocessed rows standardised by the DP statistics, once (DP-EM reads them every
+    iteration): in memory, or for rows on disk (a streamed run) into a file beside them, chunk by
+    chunk. The dequantization noise comes from one secret generator, never the global torch RNG."""
+    gen = secret_generator()
+
+    def block(rows: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            z = preprocess_private(model, torch.as_tensor(rows, dtype=torch.float32), gen).numpy().astype(np.float64)
+        return (z - mean) / std
+
+    if not isinstance(x, DiskRows):
+        return block(np.asarray(x))
+    out = DiskRows(x.path.with_name("prior.f32"), len(mean))
+    for start in range(0, len(x), dp_mog.EM_CHUNK_ROWS):
+        out.append(block(x[start : start + dp_mog.EM_CHUNK_ROWS]))
+    return out
 
 
 @task(name="dp_prior", **PRIVATE)
@@ -25,10 +47,7 @@ def dp_prior(
     returns the mixture in the preprocessed space."""
     event = stage.event
     assert isinstance(event, RepeatedEvent) and isinstance(event.event, GaussianEvent), event
-    with torch.no_grad():
-        # dequantization noise from a secret generator, never the global torch RNG
-        z = preprocess_private(model, torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
-    z = (z - mean) / std
+    z = _standardised(model, x, mean, std)
     params = dp_mog.dp_em_mog(z, components, event.count, PRIOR_CLIP, event.event.noise_multiplier)
     # Back to the preprocessed space (post-processing with the released DP statistics);
     # set_prior carries it through the first actnorm into the base space.

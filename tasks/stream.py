@@ -15,8 +15,10 @@ only the order of the reads differs:
    training and selection files (the same salted row-hash split), and a hash-coin sample of
    about `stream.diagnostic_rows` clean rows kept for the curator-only diagnostics.
 
-Not streamed: the DP mixture prior (its DP-EM holds every row; pre-flight refuses the
-combination) and data-parallel workers (each process would read the table).
+The stages after these read the encoded rows from their files: DP-SGD gathers each Poisson
+sample, the DP statistics, the DP mixture prior's DP-EM iterations (`model.prior: mog`) and
+Report-Noisy-Max read them in slices. Not streamed: data-parallel workers (each process would
+read the table; pre-flight refuses the combination).
 """
 
 from __future__ import annotations
@@ -88,19 +90,18 @@ def first_pass(
     head = None
     if plan.has("dp_head"):
         head = DiskRows(work / "head.f32", len(head_widths(schema, config.head.numeric_knots)) + 1)
-    totals: list[np.ndarray] = []
+    counts: list[np.ndarray] = []  # one vector of cell counts per chunk (their sum is the statistic)
 
     def consume(clean: pl.DataFrame) -> None:
         if grid is not None:
-            counts = marginals_mechanism.marginal_counts(clean, schema, grid_bins=grid)
-            totals[:] = [counts + totals[0]] if totals else [counts]
+            counts.append(marginals_mechanism.marginal_counts(clean, schema, grid_bins=grid))
         if head is not None:
             head.append(head_rows(schema, clean, config.head.numeric_knots))
 
     chunks = _chunks(config, "Validating (pass 1 of 2)", show_progress)
     report = validate_chunks(chunks, schema, config.policy, quarantine, gate, consume)
-    # validate_chunks hands every non-empty chunk to consume (clean or not) or raises: totals is set
-    return FirstPass(totals[0] if totals else None, grid, head), report
+    # validate_chunks hands consume every chunk it checks (clean rows or none) or raises: counts is set
+    return FirstPass(np.sum(counts, axis=0) if grid is not None else None, grid, head), report
 
 
 def stream_prepare(

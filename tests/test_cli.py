@@ -115,8 +115,8 @@ def test_missing_data_file(small) -> None:
 
 
 class TestStreamRefusedBeforeTheFlow:
-    """--stream reads uncompressed Parquet in one process with the normal prior: anything else is
-    refused by pre-flight, before the ledger reserves."""
+    """--stream reads uncompressed Parquet in one process: anything else is refused by pre-flight,
+    before the ledger reserves."""
 
     @pytest.fixture()
     def parquet(self, small) -> Path:
@@ -127,12 +127,6 @@ class TestStreamRefusedBeforeTheFlow:
 
     def test_csv(self, small) -> None:
         _assert_user_error(_run(small, None, None, "--stream"), "uncompressed Parquet", "--stream")
-        _nothing_registered(small["store"])
-
-    def test_mixture_prior(self, small, parquet: Path) -> None:
-        config = small["dir"] / "mog.yaml"
-        config.write_text(yaml.safe_dump({"model": {"prior": "mog"}}))
-        _assert_user_error(_run(small, parquet, None, "--stream", "--config", str(config)), "model.prior")
         _nothing_registered(small["store"])
 
     def test_workers(self, small, parquet: Path) -> None:

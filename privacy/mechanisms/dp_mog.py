@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.special import logsumexp
@@ -98,8 +99,11 @@ def m_step(
     return MoGParams(weights / weights.sum(), means, stds)
 
 
+EM_CHUNK_ROWS = 65_536  # rows whose statistics are computed at a time (they are sums over rows)
+
+
 def dp_em_mog(
-    x: np.ndarray,
+    x: Any,
     k: int,
     iterations: int,
     clip: float,
@@ -115,11 +119,13 @@ def dp_em_mog(
 
     min_std (public, default clip/20) floors every component's std: a prior narrower than
     the noise can resolve would be an artefact of the noise, and the flow refines it anyway.
+
+    x: [n, d] rows, an array or anything sliced like one (rows on disk, privflow/chunked.py):
+    the statistics of each iteration are summed over chunks of rows, never all rows at once.
     """
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
-    c = _clipped(x, clip)
-    d = c.shape[1]
+    n, d = int(x.shape[0]), int(x.shape[1])
     params = init_mog(k, d, clip, np.random.default_rng(init_seed))
     sens = em_sensitivity(d)
     # Public guards set from the noise scale: a component needs a noisy count of ten noise
@@ -127,7 +133,9 @@ def dp_em_mog(
     min_count = max(10.0 * noise_multiplier * sens, 1.0)
     floor = 5e-2 * clip if min_std is None else float(min_std)
     for _ in range(iterations):
-        stats = em_statistics(c, params, clip)
+        stats = np.zeros((k, 1 + 2 * d))
+        for start in range(0, n, EM_CHUNK_ROWS):
+            stats += em_statistics(np.asarray(x[start : start + EM_CHUNK_ROWS], dtype=np.float64), params, clip)
         noisy = gaussian_mechanism(stats, sens, noise_multiplier)
         params = m_step(noisy, params, clip, min_count, floor, 1e-2 / k)
     return params

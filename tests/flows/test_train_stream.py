@@ -1,7 +1,8 @@
 """A streamed run (`privflow run --stream`, tasks/stream.py): the table read in chunks, never whole.
 
-One small run each way on the same Parquet table with failing rows, in process: the streamed
-run never reads the table whole, spends exactly what the run that reads it whole spends
+One small run each way on the same Parquet table with failing rows, in process, with the DP
+mixture prior (its DP-EM iterations read the rows from disk too): the streamed run never
+reads the table whole, spends exactly what the run that reads it whole spends
 (plan, events, epsilon), sees the same validation counts and quarantines the same rows at
 the same positions, releases a valid synthetic table, and leaves no working file behind.
 """
@@ -54,7 +55,7 @@ def runs(tmp_path_factory, demo_dir: Path):
             model_name=model_name,
             policy="quarantine",
             privacy={"epsilon": 2.0, "delta": 1e-5},
-            model={"name": "maf", "blocks": 1, "hidden": 8},
+            model={"name": "maf", "blocks": 1, "hidden": 8, "prior": "mog"},  # DP-EM reads rows on disk too
             train={"epochs": 1, "batch_size": 256, "checkpoint_every": 2, "min_effective_batch": 0},
             evaluate={"synthetic_rows": 300, "utility": False, "privacy_risk": False, "report": False},
             stream={"enabled": stream, "chunk_rows": 1000, "diagnostic_rows": 1000},
@@ -83,6 +84,7 @@ def test_a_streamed_run_spends_what_a_whole_run_spends(runs) -> None:
     assert b.reserved_events == a.reserved_events and b.events == a.events  # same mechanisms, same noise
     assert streamed.epsilon == pytest.approx(whole.epsilon, rel=1e-12)
     assert streamed.stages == whole.stages
+    assert "dp_prior" in streamed.stages
 
 
 def test_a_streamed_run_validates_and_quarantines_as_a_whole_run(runs) -> None:
