@@ -1,0 +1,172 @@
+"""The target head on its own: the shipped softmax regression against richer or longer-trained
+variants, under the same DP-SGD, and non-private references (issue 13: why AP stays below AIM's).
+
+Each DP variant is trained by the project's trainer (``privacy.dp_sgd.train``: Poisson
+sampling, flat clipping C = 1, noise, Adam, EMA 0.95) on the training split's public features
+(``privflow.target_head.head_widths``: numerics through the 5-knot hat basis, one-hot
+categoricals), at a noise multiplier calibrated for epsilon = `--head-epsilon` (0.2: the head's
+default share of a run at epsilon 1) and delta 1e-5 on its own, and scored by AUROC and AP of
+its P(positive class) on the real test split. Variants, declared before the run:
+
+- `linear` (the shipped head: 200 steps, expected batch expected_rows / 64, lr 0.02);
+- `linear, 400 steps` and `linear, batch x4, 100 steps` (Li et al.'s larger-batch advice);
+- `mlp-16`, `mlp-32`: the linear head plus a tanh hidden layer of 16 / 32 units (public random
+  initialisation), i.e. interactions between columns.
+
+References without noise on the same features: logistic regression (scikit-learn, C = 1) and
+histogram gradient boosting (interactions, non-private). Diagnostics on real rows: not DP.
+
+    .venv/bin/python benchmarks/bench_head.py [--dataset adult] [--seeds 0 1 2] [--head-epsilon 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common as common  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "results" / "head.md"
+VARIANTS = {  # name: (hidden units, steps, batch multiplier)
+    "linear (shipped)": (0, 200, 1),
+    "linear, 400 steps": (0, 400, 1),
+    "linear, batch x4, 100 steps": (0, 100, 4),
+    "mlp-16": (16, 200, 1),
+    "mlp-32": (32, 200, 1),
+}
+
+
+class MLPHead(nn.Module):
+    """The shipped head's logits plus a tanh hidden layer's: log p(class | features)."""
+
+    def __init__(self, widths: list[int], classes: int, hidden: int, seed: int) -> None:
+        from privflow.models.softmax_head import SoftmaxHead
+
+        super().__init__()
+        self.base = SoftmaxHead(widths, classes)
+        g = torch.Generator().manual_seed(seed)
+        self.hidden = nn.Linear(self.base.features, hidden)
+        with torch.no_grad():
+            self.hidden.weight.copy_(torch.randn(hidden, self.base.features, generator=g) / self.base.features**0.5)
+            self.hidden.bias.zero_()
+        self.out = nn.Linear(hidden, classes)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def scores(self, x: Tensor) -> Tensor:
+        e = self.base.expand(x[:, : len(self.base.widths)])
+        return torch.log_softmax(self.base.linear(e) + self.out(torch.tanh(self.hidden(e))), dim=1)
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        return self.scores(x).gather(1, x[:, len(self.base.widths) :].long())[:, 0]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.log_prob(x)
+
+
+def _rows(schema: Any, df: Any, knots: int) -> np.ndarray:
+    from privflow.tasks.dp_head import head_rows
+
+    return head_rows(schema, df, knots)
+
+
+def run(dataset: str, seeds: list[int], head_epsilon: float) -> dict[str, list[tuple[float, float]]]:
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    from privflow.config import HeadConfig
+    from privflow.features import expand_features
+    from privflow.models.softmax_head import SoftmaxHead
+    from privflow.privacy.dp_sgd import train
+    from privflow.privacy.mechanisms.dp_head import head_settings, head_shape, noise_for_epsilon
+    from privflow.target_head import head_widths
+
+    data = common_datasets().load(dataset)
+    schema, cfg = data.schema, HeadConfig()
+    widths = head_widths(schema, cfg.numeric_knots)
+    train_rows, test_rows = _rows(schema, data.train, cfg.numeric_knots), _rows(schema, data.test, cfg.numeric_knots)
+    y_test = test_rows[:, -1] == test_rows[:, -1].max()
+    n = int(schema.dataset.expected_rows)
+    base_batch = head_shape(n, 1).sample_rate * n
+    out: dict[str, list[tuple[float, float]]] = {}
+    for name, (hidden, steps, mult) in VARIANTS.items():
+        shape = head_shape(n, steps, int(round(base_batch * mult)))
+        sigma = noise_for_epsilon(head_epsilon, 1e-5, shape)
+        for seed in seeds:
+            model: Any = SoftmaxHead(widths, 2) if hidden == 0 else MLPHead(widths, 2, hidden, seed)
+            settings = head_settings(shape, n, sigma, cfg.lr, cfg.max_grad_norm, cfg.ema_decay, noise_seed=1000 + seed)
+            model.load_state_dict(train(model, torch.from_numpy(train_rows), settings).checkpoints[-1][1])
+            with torch.no_grad():
+                x = torch.from_numpy(test_rows)
+                logp = model.scores(x) if hidden else torch.log_softmax(model.linear(model.expand(x[:, :-1])), 1)
+            p = logp[:, 1].numpy()
+            out.setdefault(f"DP: {name}", []).append((roc_auc_score(y_test, p), average_precision_score(y_test, p)))
+    f_train = expand_features(train_rows[:, :-1], widths)
+    f_test = expand_features(test_rows[:, :-1], widths)
+    for name, clf in (
+        ("non-private: logistic regression", LogisticRegression(max_iter=2000)),
+        ("non-private: gradient boosting", HistGradientBoostingClassifier(random_state=0)),
+    ):
+        p = clf.fit(f_train, train_rows[:, -1]).predict_proba(f_test)[:, 1]
+        out[name] = [(roc_auc_score(y_test, p), average_precision_score(y_test, p))]
+    return out
+
+
+def common_datasets() -> Any:
+    import importlib.util
+
+    name = "privflow_benchmarks_datasets"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "datasets.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _cell(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", default="adult")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--head-epsilon", type=float, default=0.2)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
+    torch.set_num_threads(1)
+    results = run(args.dataset, args.seeds, args.head_epsilon)
+    notes = [
+        f"{args.dataset}, training split -> real test split; DP variants at epsilon {args.head_epsilon:g} (delta 1e-5) "
+        f"on their own, seeds {', '.join(map(str, args.seeds))} (mean ± sample std); non-private references once.",
+        "The head's own P(positive class | other columns), scored on real rows: not differentially private.",
+    ]
+    lines = common.header("The target head on its own: variants and references", started, load, notes, commit)
+    lines += ["| head | AUROC | AP |", "| --- | ---: | ---: |"]
+    for name, scores in results.items():
+        lines.append(f"| {name} | {_cell([a for a, _ in scores])} | {_cell([p for _, p in scores])} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
