@@ -73,11 +73,31 @@ def select_checkpoints(
     still runs (and spends its planned epsilon), so whether rows exist never shows.
     """
     k = min(cfg.top_k, len(checkpoints))
-    loglik = loglik_matrix(make_model, [s for _, s in checkpoints], x_val)
-    if cfg.score == "relative":
-        scores, sensitivity = report_noisy_max.relative_loglik_scores(loglik, cfg.relative_clip)
-        monotone = False
-    else:
-        scores, sensitivity = report_noisy_max.clipped_loglik_scores(loglik, cfg.score_low, cfg.score_high)
-        monotone = True  # the clipped, shifted sums only grow when a row is added
+    scores, sensitivity = checkpoint_scores(make_model, [s for _, s in checkpoints], x_val, cfg)
+    # the clipped, shifted sums of the absolute score only grow when a row is added
+    monotone = cfg.score != "relative"
     return report_noisy_max.report_noisy_max(scores, sensitivity, per_pick_epsilon(stage), k=k, monotone=monotone)
+
+
+SCORE_CHUNK_ROWS = 65_536  # selection rows scored at a time
+
+
+def checkpoint_scores(
+    make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray, cfg: SelectConfig
+) -> tuple[np.ndarray, float]:
+    """Each checkpoint's score (`cfg.score`) and the scores' sensitivity. Both scores are sums over
+    rows of a term that depends on that row alone, so they are summed over chunks of rows: the
+    [checkpoints, rows] log-likelihoods exist a chunk at a time, never for the whole split (which
+    may be millions of rows on disk, privflow/chunked.py)."""
+
+    def score(ll: np.ndarray) -> tuple[np.ndarray, float]:
+        if cfg.score == "relative":
+            return report_noisy_max.relative_loglik_scores(ll, cfg.relative_clip)
+        return report_noisy_max.clipped_loglik_scores(ll, cfg.score_low, cfg.score_high)
+
+    models = [make_model(state) for state in states]
+    total, sensitivity = score(np.empty((len(states), 0)))
+    for start in range(0, len(x), SCORE_CHUNK_ROWS):
+        chunk = x[start : start + SCORE_CHUNK_ROWS]
+        total = total + score(np.stack([row_loglik(m, chunk).astype(np.float64) for m in models]))[0]
+    return total, sensitivity

@@ -125,3 +125,39 @@ def test_select_with_zero_rows_is_uniform() -> None:
     stage = StagePlan("select", 0.1, 1.0, PureDPEvent(1.0))
     picks = [select_checkpoints.fn(_make, checkpoints, _rows(0), stage, SelectConfig())[0] for _ in range(600)]
     assert stats.chisquare(np.bincount(picks, minlength=3)).pvalue > 0.001
+
+
+@pytest.mark.parametrize("score", ["relative", "absolute"])
+def test_selection_scores_by_chunks_of_rows_equal_the_whole_matrix(monkeypatch: pytest.MonkeyPatch, score: str) -> None:
+    """Report-Noisy-Max's scores are sums over rows: summed a chunk of selection rows at a time
+    (the split may be millions of rows on disk) they equal the scores of the whole matrix."""
+    import privflow.tasks.select as select
+    from privflow.privacy.mechanisms import report_noisy_max
+
+    model = _model()
+    states = [s for _, s in _checkpoints(model, 4)]
+    x = _rows(50)
+    weights = {id(s): 0.3 * i for i, s in enumerate(states)}
+
+    def loglik(m, rows):  # noqa: ANN001, ANN202 - deterministic stand-in: no dequantization noise
+        shift = m.tag
+        return (-np.abs(np.asarray(rows, dtype=np.float64)).sum(1) * (1 + shift) + np.sin(shift * 7)).astype(np.float32)
+
+    def make(state):  # noqa: ANN001, ANN202
+        m = _make(state)
+        m.tag = weights[id(state)]
+        return m
+
+    monkeypatch.setattr(select, "row_loglik", loglik)
+    cfg = SelectConfig(score=score)
+    whole = np.stack([loglik(make(s), x).astype(np.float64) for s in states])
+    expected = (
+        report_noisy_max.relative_loglik_scores(whole, cfg.relative_clip)
+        if score == "relative"
+        else report_noisy_max.clipped_loglik_scores(whole, cfg.score_low, cfg.score_high)
+    )
+    for chunk in (1, 7, 64):
+        monkeypatch.setattr(select, "SCORE_CHUNK_ROWS", chunk)
+        scores, sensitivity = select.checkpoint_scores(make, states, x, cfg)
+        np.testing.assert_allclose(scores, expected[0], rtol=1e-12, atol=1e-9)
+        assert sensitivity == expected[1]
