@@ -145,7 +145,7 @@ def render(results: list[dict[str, Any]], started: datetime, load: str, commit: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[32_000, 320_000, 3_200_000])
-    ap.add_argument("--chunk-rows", type=int, default=262_144)
+    ap.add_argument("--chunk-rows", type=int, default=None, help="stream.chunk_rows (default: the configuration's)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             yaml.safe_dump(
                 {
                     "train": {"epochs": 1},
-                    "stream": {"chunk_rows": args.chunk_rows},
+                    "stream": {} if args.chunk_rows is None else {"chunk_rows": args.chunk_rows},
                     "evaluate": {
                         "synthetic_rows": SYNTHETIC_ROWS,
                         "utility": False,
@@ -180,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 results.append(r)
             data.unlink()
-    text = render(results, started, load, commit, args.chunk_rows)
+    from privflow.config import StreamConfig
+
+    chunk = args.chunk_rows if args.chunk_rows is not None else StreamConfig().chunk_rows
+    text = render(results, started, load, commit, chunk)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(f"written to {args.out}")
