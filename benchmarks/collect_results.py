@@ -35,6 +35,7 @@ SOURCES = (
     Source(
         "label_ceiling.md", "Classifier utility: the flow's features against the head's labels", "13", ("", "Reading")
     ),
+    Source("head.md", "The target head on its own: DP variants and non-private references", "13", ("",)),
     Source("stability.md", "Spread of the default run over 5 seeds", "13", ("adult", "pinwheel", "Targets")),
     Source("sampling.md", "Sampling rate and memory", "15", ("", "Verdict")),
     Source("overhead.md", "Fixed overhead of a run, time to an early error", "15", ("Verdict",)),
