@@ -94,7 +94,11 @@ def _gate_threshold(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> flo
     """The public limit on the DP count of failing rows: a fraction of expected_rows, at least
     the gate's noise floor."""
     fraction = config.gate.strict_max_failing if config.policy == "strict" else config.gate.quarantine_max_failing
-    return validation_gate.threshold(fraction * float(schema.dataset.expected_rows or 0), plan.stage("validate").event)  # type: ignore[arg-type]
+    return validation_gate.threshold(
+        fraction * float(schema.dataset.expected_rows or 0),
+        plan.stage("validate").event,  # type: ignore[arg-type]
+        config.gate.false_stop,
+    )
 
 
 def _read_and_gate(

@@ -109,6 +109,14 @@ class GateConfig(_Section):
 
     strict_max_failing: float = Field(0.01, ge=0, lt=1)
     quarantine_max_failing: float = Field(0.5, ge=0, lt=1)
+    false_stop: float = Field(
+        1e-3,
+        gt=0,
+        lt=0.5,
+        description="largest probability that a table with no failing row is stopped by the gate's noise; "
+        "sets the noise floor the limit is raised to (smaller: fewer chance stops, but more bad rows go unseen "
+        "on small tables)",
+    )
 
 
 class MarginalsConfig(_Section):

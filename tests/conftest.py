@@ -34,3 +34,26 @@ def prefect_server():
 @pytest.fixture(scope="session")
 def demo_dir() -> Path:
     return DEMO
+
+
+TEST_FALSE_STOP = 1e-12
+
+
+@pytest.fixture(autouse=True)
+def _gate_never_stops_a_clean_table_by_chance(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """The gate stops a clean table with probability `gate.false_stop` (1e-3 by default): across
+    the suite's many in-process runs that would fail CI now and then on clean data. Runs in tests
+    use 1e-12 instead (a limit that noise alone never reaches); tests marked `gate_odds` keep the
+    product's odds (tests of the gate itself)."""
+    if request.node.get_closest_marker("gate_odds") is not None:
+        yield
+        return
+    from privflow.privacy.mechanisms import validation_gate
+
+    real = validation_gate.threshold
+
+    def threshold(policy_rows, event, false_stop=validation_gate.FALSE_STOP):
+        return real(policy_rows, event, min(false_stop, TEST_FALSE_STOP))
+
+    monkeypatch.setattr(validation_gate, "threshold", threshold)
+    yield

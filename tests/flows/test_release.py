@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -162,6 +163,26 @@ def test_released_table_depends_only_on_model_and_sampling_seed(run, tmp_path: P
     assert not a.equals(b)
 
 
+@pytest.mark.gate_odds
+def test_gate_limit_is_raised_to_the_configured_false_stop_floor(tmp_path: Path, demo_dir: Path) -> None:
+    """gate.false_stop sets the noise floor: the count a clean table exceeds with that probability."""
+    from types import SimpleNamespace
+
+    from privflow.flows.train import _gate_threshold
+    from privflow.schema import Schema
+
+    data, schema_path = _slice(tmp_path, demo_dir, 2000)
+    schema = Schema.from_yaml(schema_path)
+    stage = SimpleNamespace(event=LaplaceEvent(50.0))  # the gate at epsilon 0.02
+    plan = SimpleNamespace(stage=lambda name: stage)
+    for false_stop in (1e-3, 1e-6):
+        cfg = _config(data, schema_path, tmp_path / "store", gate={"false_stop": false_stop})
+        limit = _gate_threshold(cfg, schema, plan)
+        assert limit > 0.01 * 2000  # the floor, not the policy's 1% of expected_rows
+        assert 0.5 * math.exp(-limit / 50.0) == pytest.approx(false_stop)
+
+
+@pytest.mark.gate_odds
 def test_gate_stop_is_charged_and_speaks_in_dp_counts(tmp_path: Path, demo_dir: Path) -> None:
     from privflow.flows.train import train_pipeline
 

@@ -8,6 +8,8 @@ import pytest
 
 from privflow.privacy.mechanisms import validation_gate as vg
 
+pytestmark = pytest.mark.gate_odds  # the gate's own odds, not the suite's (tests/conftest.py)
+
 
 def test_limit_is_the_policy_rows_when_noise_allows() -> None:
     event = vg.gate_event(1.0)  # b = 1: floor = ln(500) ~ 6.2 rows
