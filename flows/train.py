@@ -83,6 +83,7 @@ class RunSummary:
     metrics: dict[str, float]
     failing_rows_dp: float
     wall_seconds: float
+    dataset_delta: float = 0.0  # the delta dataset_epsilon is stated at: the dataset budget's, not the run's
     init_from: str | None = None  # a warm start's parent version, NAME/VERSION
     release_note: str | None = None  # why the release is not a trained flow (FitResult.release_note)
 
@@ -230,8 +231,8 @@ def _account(
     figures = {
         "epsilon": PLDAccountant().epsilon(spend.events, plan.delta),
         "epsilon_rdp": RDPAccountant().epsilon(spend.events, plan.delta),
-        "dataset_epsilon": ledger.spent(dataset)[0],
     }
+    figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(dataset)
     store_ml.log_cumulative_epsilon(fitted.cumulative_epsilon)
     store_ml.log_spend(
         spend.events,
@@ -312,6 +313,7 @@ def _summary(
         delta=plan.delta,
         epsilon_rdp=figures["epsilon_rdp"],
         dataset_epsilon=figures["dataset_epsilon"],
+        dataset_delta=figures["dataset_delta"],
         stages={s.name: s.epsilon_alone for s in plan.stages},
         metrics=metrics,
         failing_rows_dp=max(0.0, decision.noisy_failing),

@@ -336,7 +336,8 @@ def _print_summary(summary: object) -> None:
     table.add_row("epsilon (RDP cross-check)", f"{s.epsilon_rdp:.4f}")
     for stage, eps in s.stages.items():
         table.add_row(f"  stage {stage}", f"{eps:.4f} alone")
-    table.add_row("dataset cumulative epsilon", f"{s.dataset_epsilon:.4f}")
+    # the ledger composes every run of the dataset at its budget's delta, which may differ from this run's
+    table.add_row("dataset cumulative epsilon", f"{s.dataset_epsilon:.4f} at delta={get('dataset_delta', 0.0):g}")
     metrics = get("metrics") or {}
     for key in (
         "utility/macro_f1_mean",

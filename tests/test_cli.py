@@ -192,6 +192,7 @@ def test_summary_prints_every_path_in_full(capsys) -> None:
         epsilon_rdp=1.2,
         stages={"train": 0.9},
         dataset_epsilon=2.0,
+        dataset_delta=1e-6,
         metrics={},
         rows_quarantined=0,
         wall_seconds=1.0,
@@ -212,6 +213,8 @@ def test_summary_prints_every_path_in_full(capsys) -> None:
     assert "registered model privflow-adult v3" in out
     assert "alias @champion -> v2 (the DP comparison kept v2)" in out
     assert "/curator/run" in out
+    # the dataset's total is stated at the budget's delta, which is not this run's
+    assert "0.9900 at delta=1e-05" in out and "2.0000 at delta=1e-06" in out
 
 
 def test_ledger_show_without_ledger(tmp_path: Path) -> None:

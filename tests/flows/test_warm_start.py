@@ -170,6 +170,7 @@ def test_lineage_is_in_the_mlflow_run_and_the_ledger(runs: dict) -> None:
     so_far = ledger.runs("adult")[: ordered.index(child.run_id) + 1]  # warm, scratch, child
     every = [e for r in so_far for e in r.events]
     assert child.dataset_epsilon == pytest.approx(PLDAccountant().epsilon(every, 1e-5), rel=1e-6)
+    assert child.dataset_delta == pytest.approx(1e-5)  # stated at the budget's delta
     assert child.dataset_epsilon > max(child.epsilon, warm.epsilon)
     assert "init_from=" in ledger.describe("adult")
 
