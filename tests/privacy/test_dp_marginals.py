@@ -31,6 +31,7 @@ from privflow.privacy.mechanisms.dp_marginals import (
     release_marginal_counts,
 )
 from privflow.schema import Schema
+from tests.stats_checks import FALSE_ALARM
 
 DELTA = 1e-5
 DEMO = Path(privflow.__file__).parent / "demo"
@@ -199,7 +200,7 @@ def test_noise_law_and_scale() -> None:
     residual = np.concatenate([release_marginal_counts(df, schema, nm) - clean for _ in range(250)])
     scale = nm * math.sqrt(2)
     assert residual.std() == pytest.approx(scale, rel=0.03)  # a 10% wrong scale is caught
-    assert stats.kstest(residual, stats.norm(scale=scale).cdf).pvalue > 0.001
+    assert stats.kstest(residual, stats.norm(scale=scale).cdf).pvalue > FALSE_ALARM
     assert not np.array_equal(release_marginal_counts(df, schema, nm), release_marginal_counts(df, schema, nm))
 
 
