@@ -100,8 +100,8 @@ class DiskRows:
         self.rows += block.shape[0]
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        """Rows by a slice (read sequentially) or by an index array / tensor (gathered through a
-        mapping that is released at once, so the table never stays resident)."""
+        """Rows by a slice (read sequentially) or by an index array / tensor (positioned reads of
+        those rows only, so the table never becomes resident)."""
         if isinstance(key, slice):
             start, stop, step = key.indices(self.rows)
             if step != 1:
@@ -118,11 +118,25 @@ class DiskRows:
             raise IndexError(f"row index out of range for {self.rows} rows")
         if idx.size == 0 or self.rows == 0 or self.columns == 0:
             return np.zeros((idx.size, self.columns), dtype=np.float32)
-        mapped = np.memmap(self.path, dtype=np.float32, mode="r", shape=(self.rows, self.columns))
+        return self._gather(np.where(idx < 0, idx + self.rows, idx))
+
+    def _gather(self, idx: np.ndarray) -> np.ndarray:
+        """Rows by index, one positioned read each (in file order), into fresh memory. Not a
+        memory map: a page fault on a mapping brings in its neighbours too (fault-around,
+        readahead), and mapped file pages count in the resident set: gathering 512 rows of a
+        2.56M-row table through a mapping raised peak RSS by ~130 MB."""
+        width = self.columns * 4
+        order = np.argsort(idx, kind="stable")
+        fd = os.open(self.path, os.O_RDONLY)
         try:
-            return np.array(mapped[idx])
+            data = b"".join([os.pread(fd, width, int(r) * width) for r in idx[order]])
         finally:
-            del mapped  # unmapped here: the gathered pages leave this process's resident set
+            os.close(fd)
+        if len(data) != width * idx.size:
+            raise OSError(f"{self.path} is shorter than its {self.rows} rows: was it changed while in use?")
+        out = np.empty((idx.size, self.columns), dtype=np.float32)
+        out[order] = np.frombuffer(data, dtype=np.float32).reshape(idx.size, self.columns)
+        return out
 
 
 def streamed(config: RunConfig, schema: Schema) -> bool:

@@ -31,6 +31,7 @@ def test_disk_rows_read_back_what_was_appended(tmp_path: Path) -> None:
     np.testing.assert_array_equal(rows[idx], whole[idx])
     np.testing.assert_array_equal(rows[torch.tensor(idx)], whole[idx])
     assert rows[np.array([], dtype=np.int64)].shape == (0, 3)
+    np.testing.assert_array_equal(rows[np.array([-1, -23, 5])], whole[[-1, -23, 5]])  # as numpy indexes
     with pytest.raises(IndexError):
         rows[np.array([23])]
     with pytest.raises(IndexError):
@@ -38,6 +39,10 @@ def test_disk_rows_read_back_what_was_appended(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"\[k, 3\]"):
         rows.append(np.zeros((2, 4)))
     assert (tmp_path / "x.f32").stat().st_mode & 0o077 == 0  # private working data: owner only
+    with open(tmp_path / "x.f32", "r+b") as f:  # cut short behind its back: an error, not garbage
+        f.truncate(4 * 3 * 20)
+    with pytest.raises(OSError, match="shorter"):
+        rows[np.array([21])]
 
 
 def test_training_from_disk_equals_training_from_memory(tmp_path: Path) -> None:

@@ -10,7 +10,15 @@ import torch
 from torch import Tensor
 
 from privflow.privacy.clipping import clipped_gradient_sum
-from privflow.privacy.dp_sgd import TrainResult, TrainSettings, dp_sgd_event, noisy_gradients, poisson_sample, train
+from privflow.privacy.dp_sgd import (
+    TrainResult,
+    TrainSettings,
+    distinct_uniform,
+    dp_sgd_event,
+    noisy_gradients,
+    poisson_sample,
+    train,
+)
 from privflow.privacy.events import PoissonGaussianEvent
 from tests.privacy.test_grad_samplers import TinyFlow
 
@@ -45,8 +53,58 @@ def test_poisson_sampling_is_independent_bernoulli() -> None:
     assert 0.75 < float(sizes.var()) / (n * q * (1 - q)) < 1.3
     counts = torch.zeros(n)
     for _ in range(reps):
-        counts[poisson_sample(n, q, g)] += 1
-    assert abs(float(counts.mean()) / reps - q) < 0.005  # every row has the same rate
+        rows = poisson_sample(n, q, g)
+        assert torch.equal(rows, rows.unique())  # sorted, no row twice
+        counts[rows] += 1
+    # every row has the same rate: the counts are Binomial(reps, q) row by row (chi-square, n dof)
+    chi2 = float(((counts - reps * q) ** 2).sum()) / (reps * q * (1 - q))
+    assert abs(chi2 - n) < 5 * math.sqrt(2 * n)
+
+
+@pytest.mark.parametrize("q", [0.2, 0.3])  # the batch-sized draw and the n coins (q >= 0.25)
+def test_poisson_sample_has_the_law_of_independent_coins(q: float) -> None:
+    """Every subset S of n rows comes out with probability q^|S| (1 - q)^(n - |S|), the law of
+    n independent coins: a chi-square test over all 2^n subsets."""
+    g = torch.Generator().manual_seed(1)
+    n, reps = 5, 40_000
+    seen = torch.zeros(2**n)
+    weights = 2 ** torch.arange(n)
+    for _ in range(reps):
+        seen[int(weights[poisson_sample(n, q, g)].sum())] += 1
+    sizes = torch.tensor([bin(s).count("1") for s in range(2**n)], dtype=torch.float64)
+    expected = reps * q**sizes * (1 - q) ** (n - sizes)
+    chi2 = float(((seen - expected) ** 2 / expected).sum())
+    dof = 2**n - 1
+    assert chi2 < dof + 5 * math.sqrt(2 * dof)
+
+
+def test_poisson_sample_costs_the_batch_not_the_table() -> None:
+    """A billion rows at q = 1e-6: n coins would need 4 GB; the batch-sized draw a few kB."""
+    import resource
+
+    g = torch.Generator().manual_seed(2)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rows = poisson_sample(10**9, 1e-6, g)
+    assert 850 < len(rows) < 1150 and int(rows.max()) < 10**9 and torch.equal(rows, rows.unique())
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000  # kB
+    assert len(poisson_sample(0, 0.5, g)) == 0 and len(poisson_sample(10, 0.0, g)) == 0
+    assert torch.equal(poisson_sample(7, 1.0, g), torch.arange(7))
+
+
+def test_distinct_uniform_is_a_uniform_subset() -> None:
+    g = torch.Generator().manual_seed(3)
+    n, k, reps = 6, 2, 30_000
+    pairs = torch.zeros(n, n)
+    for _ in range(reps):
+        a, b = distinct_uniform(n, k, g).tolist()
+        assert a < b
+        pairs[a, b] += 1
+    expected = reps / math.comb(n, k)  # 15 pairs, equally likely
+    observed = pairs[torch.triu(torch.ones(n, n, dtype=torch.bool), 1)]
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    assert chi2 < 14 + 5 * math.sqrt(28)
+    with pytest.raises(ValueError):
+        distinct_uniform(3, 4, g)
 
 
 def test_noise_std_is_sigma_c_over_public_batch_size() -> None:
