@@ -34,7 +34,7 @@ import torch
 from prefect import flow
 from prefect.runtime import flow_run
 
-from privflow.chunked import release_free_heap, scratch, streamed
+from privflow.chunked import scratch, streamed
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.copula import CopulaCodec
@@ -413,14 +413,12 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
             work = curator / "scratch" if streamed(config, schema) else None
             stack.enter_context(scratch(work) if work is not None else nullcontext())
             df, decision = _read_and_gate(config, schema, plan, curator, spend, work, show_progress)
-            release_free_heap()  # between phases: each starts from its own needs, not the last one's peak
             if work is None:
                 codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
             else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
                 codec, x_train, x_val, df = stream_prepare(
                     config, schema, plan, spend, df, work, _ENGINE.get(), show_progress
                 )
-            release_free_heap()
             fitted = fit(
                 config,
                 schema,
@@ -434,7 +432,6 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
                 init_state=parent.state if parent is not None else None,
             )
             figures = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
-            release_free_heap()
             synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
             metrics, report_path = _diagnose(
                 config, schema, codec, fitted.flows[0], df, x_train, x_val, synthetic, curator, fitted.diagnostics()

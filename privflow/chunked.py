@@ -3,10 +3,9 @@
 A streamed run (``privflow run --stream``; tasks/stream.py) never holds every row: it reads
 the input Parquet file a row group batch at a time (`parquet_chunks`) and writes what the
 DP-SGD stages train on, the encoded rows, to `DiskRows` files. DP-SGD's Poisson sample is
-then read from the file at each step (`DiskRows.__getitem__`: positioned reads of those rows,
-so that resident memory stays one batch, not the table), and the statistics, selection and
-diagnostics read it in slices. Between a run's phases `release_free_heap` hands the pages the
-last phase freed back to the operating system.
+then gathered from the file at each step (`DiskRows.__getitem__` maps the file only for the
+gather, so that resident memory stays one batch, not the table), and the statistics,
+selection and diagnostics read it in slices.
 
 The files are private working data (encoded rows): they live in the run's curator folder and
 are deleted when the run ends, failed or not (`scratch`); nothing in them is released.
@@ -14,9 +13,6 @@ are deleted when the run ends, failed or not (`scratch`); nothing in them is rel
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import os
 import shutil
 from collections.abc import Iterator
@@ -143,27 +139,6 @@ class DiskRows:
         return out
 
 
-@functools.cache
-def _libc() -> Any:
-    name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name) if name else None
-
-
-def release_free_heap() -> None:
-    """Give the C heap's free pages back to the operating system (glibc's ``malloc_trim``).
-
-    A phase's freed numpy and torch buffers otherwise stay in the resident set as free heap,
-    so each phase of a large run starts from the last one's high-water mark: measured on a
-    1M-row streamed run, trimming between phases lowered the peak by ~50 MB. A no-op where
-    the C library has no malloc_trim (macOS, musl)."""
-    try:
-        trim = getattr(_libc(), "malloc_trim", None)
-    except OSError:
-        return
-    if trim is not None:
-        trim(0)
-
-
 def streamed(config: RunConfig, schema: Schema) -> bool:
     """Whether the run reads its table in chunks: `stream.enabled`, or with "auto" a Parquet
     input whose schema expects more than `stream.auto_rows` rows (public: no row is read)."""
@@ -184,4 +159,4 @@ def scratch(folder: Path) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-__all__ = ["CHUNK_ROWS", "DiskRows", "parquet_chunks", "parquet_rows", "release_free_heap", "scratch", "streamed"]
+__all__ = ["CHUNK_ROWS", "DiskRows", "parquet_chunks", "parquet_rows", "scratch", "streamed"]

@@ -20,7 +20,6 @@ import numpy as np
 import polars as pl
 import torch
 
-from privflow.chunked import release_free_heap
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.copula import DEFAULT_GRID_BINS, CopulaCodec, Marginals, marginal_of, schema_cells
@@ -392,7 +391,6 @@ def fit(
     trainer = train_flow_model if as_tasks else train_flow_model.fn
     spend.start()
     result = trainer(model, x_train, settings, show_progress)
-    release_free_heap()
     points: list[tuple[int, float]] = []
     if plan is None:
         spend.in_mechanism = False
@@ -403,7 +401,6 @@ def fit(
         # the epsilon curve at the candidates only: one PLD composition per point, 59 s for the 126
         # checkpoints of a 3.2M-row epoch (benchmarks/results/scaling.md)
         points = cumulative_epsilon(spend.events, result.event, [s for s, _ in result.checkpoints], plan.delta)
-        release_free_heap()  # the PLD compositions' buffers: ~40 MB at 6,250 steps
         spend.add(result.event)
         if config.select.include_start:
             result.checkpoints.insert(0, (0, start))

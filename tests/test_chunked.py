@@ -110,26 +110,3 @@ def test_scratch_is_removed_however_the_block_ends(tmp_path: Path) -> None:
         DiskRows(work / "x.f32", 2).append(np.ones((3, 2)))
         raise RuntimeError("a failed stage")
     assert not (tmp_path / "work").exists()
-
-
-def _resident_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
-def test_release_free_heap_gives_freed_buffers_back() -> None:
-    """Freed heap blocks below a live one stay resident until trimmed: 160 MB here."""
-    from privflow.chunked import _libc, release_free_heap
-
-    if _libc() is None or not hasattr(_libc(), "malloc_trim"):
-        pytest.skip("no glibc malloc_trim")
-    blocks = [np.ones(2000) for _ in range(10_000)]  # 16 kB each: the heap, not separate mappings
-    pinned = blocks[::1000]  # a few live blocks keep the heap from shrinking by itself
-    del blocks
-    before = _resident_mb()
-    release_free_heap()
-    assert before - _resident_mb() > 100
-    assert len(pinned) == 10
