@@ -317,7 +317,7 @@ def train(
         if fork:
             torch.cuda.manual_seed(s_global)
         for step in range(1, settings.steps + 1):
-            rows = poisson_sample(n, settings.sample_rate, sampler)  # the same coins on every rank
+            rows = poisson_sample(n, settings.sample_rate, sampler)  # the same sample on every rank
             mine = replica.keeps(rows)
             idx = rows if mine is None else rows[mine]
             batch = torch.as_tensor(data[idx]).to(device=device, dtype=dtype)  # a tensor, or rows on disk
