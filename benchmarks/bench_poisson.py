@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         "The two draws have the same law (tests/privacy/test_dp_sgd.py: chi-square over all subsets).",
     ]
     text = "\n".join(common.header("Poisson sample: batch-sized draw against n coins", started, load, notes, commit))
-    args.out.write_text(text + "\n".join(lines) + "\n")
+    args.out.write_text(text + "\n" + "\n".join(lines) + "\n")
     print(f"written to {args.out}")
     return 0
 
