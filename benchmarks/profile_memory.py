@@ -1,0 +1,106 @@
+"""Resident memory of one `privflow run` by pipeline phase: a sampling profiler.
+
+Runs the CLI in this process (all arguments after `--` go to `privflow`) while a thread reads
+VmRSS from /proc every 0.2 s together with the function the main thread is in. Prints, per
+phase of the pipeline (first pass, head, encoding, DP statistics, training, selection, ...),
+the time it spanned and its lowest and highest RSS, then the largest samples with their
+stacks: where a large run's peak memory comes from. Linux only (/proc).
+
+    .venv/bin/python benchmarks/profile_memory.py -- run --data T.parquet --schema T.yaml \\
+        --epsilon 1 --no-server --stream --quiet
+
+Not a benchmark of record: the sampler thread adds a few MB and reads other threads' frames
+(sys._current_frames), so use it to find a phase, and bench_stream.py for the figures.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+PHASES = (
+    "first_pass",
+    "fit_head",
+    "stream_prepare",
+    "prepare",
+    "dp_statistics",
+    "dp_prior",
+    "train_flow_model",
+    "cumulative_epsilon",
+    "select_checkpoints",
+    "calibrated",
+    "_account",
+    "_release_table",
+    "_diagnose",
+    "_register",
+)
+
+
+def resident_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def our_frames(thread_id: int) -> list[str]:
+    """The main thread's stack, the project's frames only, outermost first."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return []
+    return [
+        f"{os.path.basename(f.filename)}:{f.name}"
+        for f in traceback.extract_stack(frame)
+        if f.filename.startswith(ROOT) and "/.venv/" not in f.filename
+    ]
+
+
+def main(argv: list[str]) -> int:
+    if "--" in argv:
+        argv = argv[argv.index("--") + 1 :]
+    samples: list[tuple[float, float, list[str]]] = []
+    main_id = threading.main_thread().ident
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            try:
+                stack = our_frames(main_id)
+            except Exception:  # a frame torn down while read: skip the sample
+                continue
+            samples.append((time.perf_counter(), resident_mb(), stack))
+
+    threading.Thread(target=sample, daemon=True).start()
+    from privflow.cli import main as privflow_main
+
+    sys.argv = ["privflow", *argv]
+    t0 = time.perf_counter()
+    try:
+        code = privflow_main()
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        done.set()
+    spans: dict[str, list[float]] = {}
+    for t, rss, stack in samples:
+        phase = next((p for p in PHASES if any(f.endswith(":" + p) for f in stack)), None)
+        if phase is not None:
+            s = spans.setdefault(phase, [t - t0, t - t0, rss, rss])
+            s[1], s[2], s[3] = t - t0, min(s[2], rss), max(s[3], rss)
+    print("\n| phase | from s | to s | min RSS MB | max RSS MB |\n| --- | ---: | ---: | ---: | ---: |")
+    for phase, (a, b, lo, hi) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        print(f"| {phase} | {a:.1f} | {b:.1f} | {lo:.0f} | {hi:.0f} |")
+    print("\nlargest samples:")
+    for t, rss, stack in sorted(samples, key=lambda s: -s[1])[:5]:
+        print(f"  {t - t0:7.1f} s {rss:6.0f} MB  {' > '.join(stack[-4:])}")
+    print(f"exit {code}")
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
