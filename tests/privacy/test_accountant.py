@@ -174,3 +174,18 @@ def test_pld_refuses_a_pure_epsilon_it_cannot_represent() -> None:
 
     with pytest.raises(PLDTooLarge):
         PLDAccountant().epsilon([PureDPEvent(1000.0)], 1e-5)
+
+
+def test_large_dp_sgd_plds_are_not_kept_among_the_small_ones() -> None:
+    """An epsilon curve asks for one self-composed DP-SGD PLD per checkpoint (MBs each): at most
+    `_poisson_pld`'s 4 stay cached, none in the 32-entry cache of small ones."""
+    from privflow.privacy import accountant
+
+    accountant._COMPOSED.clear()  # the remembered epsilons would skip the compositions
+    accountant._small_pld.cache_clear()
+    accountant._poisson_pld.cache_clear()
+    pld = PLDAccountant()
+    for steps in range(10, 130, 10):
+        pld.epsilon([GaussianEvent(5.0), PoissonGaussianEvent(0.01, 1.0, steps)], 1e-5)
+    assert accountant._small_pld.cache_info().currsize == 1  # the Gaussian only
+    assert accountant._poisson_pld.cache_info().currsize == 4

@@ -118,7 +118,7 @@ def test_remembered_epsilon_equals_a_fresh_composition() -> None:
     remembered = PLDAccountant().epsilon(events, DELTA)
     assert PLDAccountant().epsilon(events, DELTA) == remembered
     accountant._COMPOSED.clear()
-    accountant._pld_of.cache_clear()
+    accountant._small_pld.cache_clear()
     accountant._poisson_pld.cache_clear()
     assert PLDAccountant().epsilon(events, DELTA) == remembered
     # the discretisation is part of what is remembered: a coarser grid gives its own, larger figure
