@@ -42,6 +42,7 @@ SOURCES = (
     Source("dp_step.md", "DP step against the non-private step", "15", ("",)),
     Source("scaling.md", "Training time and memory against rows", "15", ("", "Verdict")),
     Source("stream.md", "privflow run on tables up to 3.2M rows: read whole against streamed", "15", ("", "Verdict")),
+    Source("poisson.md", "DP-SGD's Poisson sample: batch-sized draw against n coins", "15", ("",)),
     Source("workers.md", "Two data-parallel workers against one", "15", ("2 processes against 1",)),
     Source("warm_start.md", "Warm starts from public pretraining", "14", ("",)),
     Source("audit.md", "Empirical privacy audit", "14", ("",)),
