@@ -220,7 +220,8 @@ def distinct_uniform(n: int, k: int, generator: torch.Generator) -> Tensor:
     if not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
     draws = torch.zeros(0, dtype=torch.long)
-    values = inverse = draws
+    if k == 0:
+        return draws
     found = 0
     while found < k:
         more = (k - found) + (k - found) // 8 + 16
