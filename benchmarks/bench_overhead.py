@@ -19,15 +19,16 @@ overhead inside them and the privacy accounting), sampling (``FitResult.sample``
 evaluation (the ``evaluate`` task's function). Fixed overhead is everything else, end to end.
 
 Runs, for each of ``--modes`` (``server``: ``privflow run --prefect``, Prefect's temporary server,
-the flow and its task runs; ``no-server``: the default CLI with no Prefect API configured, the
-same pipeline in process):
+the flow and its task runs; ``standing-server``: the default CLI with PREFECT_API_URL pointing at
+a ``prefect server start`` this script starts once beforehand, as a deployment's runs meet it;
+``no-server``: the default CLI with no Prefect API configured, the same pipeline in process):
 the first in a new store (MLflow, and Prefect with a server, create their databases), then
 ``--warm`` more in the same store, then once the full run with the real console script without
 the wrappers (their own cost is the difference); last, ``--errors`` times the real console
 script ``privflow run`` with a missing data file (exit 2).
 
     .venv/bin/python benchmarks/bench_overhead.py [--rows 2000] [--warm 2] [--errors 5] \
-        [--modes server,no-server] [--out benchmarks/results/overhead.md]
+        [--modes server,standing-server,no-server] [--out benchmarks/results/overhead.md]
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ import functools
 import json
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -353,16 +356,70 @@ def _env_for(store: Path) -> dict[str, str]:
 
 MODES = {
     "server": "`--prefect` (a temporary Prefect server, the flow and its task runs)",
+    "standing-server": "the default with PREFECT_API_URL set to a `prefect server start` already running (started "
+    "once before the runs, as the server a deployment's runs report to; its CPU is not counted in the runs')",
     "no-server": "the default with no Prefect API configured (the same pipeline in process, no Prefect engine or "
     "server; `--no-server` forces it when PREFECT_API_URL is set)",
 }
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_standing_server(tmp: Path, timeout: float = 180.0) -> tuple[subprocess.Popen[bytes], str]:
+    """`prefect server start` on loopback with its own PREFECT_HOME, offline and quiet; returns the
+    process and its API URL once /api/health answers."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PRIVFLOW_", "MLFLOW_"))}
+    env.update(
+        PREFECT_HOME=str(tmp / "prefect-standing"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        DO_NOT_TRACK="1",
+    )
+    cmd = [str(PRIVFLOW.parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    log = (tmp / "prefect-server.txt").open("w")
+    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (tmp / "prefect-server.txt").read_text()[-600:]
+            raise SystemExit(f"prefect server start exited {proc.returncode}: {tail}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:  # noqa: S310 - loopback
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit(f"prefect server start did not answer at {url} within {timeout:g} s")
+
+
 def _mode_runs(tmp: Path, mode: str, run_args: list[str], warm: int) -> dict[str, Any]:
     """One mode's wrapped runs (a new store, then `warm` more in it) and one unwrapped run."""
+    if mode != "standing-server":
+        return _runs_in(tmp, mode, run_args, warm, {})
+    proc, url = _start_standing_server(tmp)
+    try:
+        return _runs_in(tmp, mode, run_args, warm, {"PREFECT_API_URL": url})
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _runs_in(tmp: Path, mode: str, run_args: list[str], warm: int, extra_env: dict[str, str]) -> dict[str, Any]:
     store = tmp / f"store-{mode}"
     args = [*run_args, "--store", str(store)] + (["--prefect"] if mode == "server" else [])
-    env = _env_for(store)
+    env = {**_env_for(store), **extra_env}
     runs = []
     for k in range(1 + warm):
         timeline = tmp / f"timeline-{mode}-{k}.json"
@@ -386,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--warm", type=int, default=2, help="wrapped runs after the first, in the same store")
     ap.add_argument("--errors", type=int, default=5, help="early-error runs (missing data file)")
-    ap.add_argument("--modes", default="server,no-server", help="comma-separated: " + ", ".join(MODES))
+    ap.add_argument("--modes", default="server,standing-server,no-server", help="comma-separated: " + ", ".join(MODES))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "overhead.md")
     ap.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -465,7 +522,8 @@ def render(
         "In each mode run 1 uses a new store (MLflow, and Prefect with a server, create their databases); later "
         "runs reuse it. Every run is a fresh process, as a CLI call is.",
         "Wall: seconds on the clock. CPU: seconds of CPU used by the run's process (all threads); the last row's "
-        "CPU adds Prefect's temporary server process over the whole run (it runs beside the CLI). On a busy "
+        "CPU adds Prefect's temporary server process over the whole run (it runs beside the CLI; a standing "
+        "server's CPU is not counted). On a busy "
         "machine wall exceeds CPU by the time spent waiting for a core; CPU is the better guide to what an idle "
         "machine would show. Interpreter teardown is the wall time after the last atexit handler but the CLI's "
         "own (Prefect's server already stopped) until the process ends: the CLI ends the process there "
