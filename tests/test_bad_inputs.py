@@ -28,6 +28,7 @@ from privflow.cli import app
 from privflow.config import RunConfig
 from privflow.io import read_table
 from privflow.preflight import preflight
+from tests.conftest import TEST_FALSE_STOP
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "privflow" / "demo"
@@ -446,6 +447,11 @@ def test_a_few_cases_through_the_installed_command(ws: dict) -> None:
 
 
 def _spawn_run(ws: dict, store: Path, epochs: str = "3") -> subprocess.Popen:
+    """`privflow run` in a fresh process group. The gate runs at odds of 1e-12 of stopping the
+    clean table (as in-process tests do, tests/conftest.py): at the product's 1e-3 a chance stop
+    would end the run before the signal these tests send."""
+    config = ws["dir"] / "spawned-run.yaml"
+    config.write_text(yaml.safe_dump({"gate": {"false_stop": TEST_FALSE_STOP}}))
     return subprocess.Popen(
         [
             str(PRIVFLOW),
@@ -454,6 +460,8 @@ def _spawn_run(ws: dict, store: Path, epochs: str = "3") -> subprocess.Popen:
             str(ws["data"]),
             "--schema",
             str(ws["schema"]),
+            "--config",
+            str(config),
             "--store",
             str(store),
             "--epochs",

@@ -40,6 +40,7 @@ DATASET = "adult-it"
 ROWS = 1500
 TINY = {
     "privacy": {"epsilon": 1.0, "delta": 1e-5},
+    "gate": {"false_stop": 1e-12},  # as in-process tests (tests/conftest.py): no chance stop of the clean file
     "model": {"name": "maf", "blocks": 1, "hidden": 8},
     "train": {"epochs": 0.5, "batch_size": 250, "checkpoint_every": 2, "device": "cpu", "threads": 1},
     "evaluate": {
