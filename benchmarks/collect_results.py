@@ -37,6 +37,7 @@ SOURCES = (
     ),
     Source("head.md", "The target head on its own: DP variants and non-private references", "13", ("",)),
     Source("stability.md", "Spread of the default run over 5 seeds", "13", ("adult", "pinwheel", "Targets")),
+    Source("ceiling.md", "The default pipeline with and without DP: what the noise costs", "13", ("adult", "Targets")),
     Source("sampling.md", "Sampling rate and memory", "15", ("", "Verdict")),
     Source("overhead.md", "Fixed overhead of a run, time to an early error", "15", ("Verdict",)),
     Source("dp_step.md", "DP step against the non-private step", "15", ("",)),

@@ -647,6 +647,14 @@ TARGET_SETS: dict[str, list[Target]] = {
             for metric, op in (("macro_f1", ">"), ("auroc", ">"), ("ap", ">"), ("tv_mean", "<"), ("kendall_rmse", "<"))
         ),
     ],
+    # issue 13's absolute Adult targets, for the private and the non-private pipeline side by side
+    "issue 13 ceiling": [
+        Target("adult", 1.0, "macro_f1", ">=", 0.70, every_seed=True),
+        Target("adult", 1.0, "auroc", ">=", 0.82, every_seed=True),
+        Target("adult", 1.0, "ap", ">=", 0.58, every_seed=True),
+        Target("adult", 1.0, "tv_mean", "<=", 0.01, every_seed=True),
+        Target("adult", 1.0, "kendall_rmse", "<=", 0.05, every_seed=True),
+    ],
     # issue 13's stability targets: the spread of the default run over 5 seeds, no diverging seed
     "issue 13 stability": [
         Target("adult", 1.0, "auroc", "<=", 0.01, spread=True, min_seeds=5),
@@ -1084,6 +1092,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epsilons": "1",
         "seeds": "0,1,2,3,4",
         "targets": "issue 13 stability",
+    },
+    # issue 13: how much of the gap to the peers is the noise? The default pipeline and its
+    # no-head ablation at epsilon 1 and without DP (same model, split and steps)
+    "ceiling": {
+        "datasets": "adult",
+        "models": "dphflow,flow-nohead",
+        "epsilons": "1,inf",
+        "seeds": "0,1,2",
+        "targets": "issue 13 ceiling",
     },
     # issue 13: privflow beside its peers on the same split, one command, one Markdown file
     "peers": {

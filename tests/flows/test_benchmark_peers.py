@@ -245,6 +245,15 @@ def test_command_line_resolves_presets_and_explicit_options() -> None:
     assert plain["targets"] == "issue 5"
 
 
+def test_ceiling_preset_sets_the_private_pipeline_beside_its_non_private_twin() -> None:
+    run = resolve(parser().parse_args(["--preset", "ceiling"]))
+    assert run["datasets"] == ["adult"] and run["models"] == ["dphflow", "flow-nohead"]
+    assert run["epsilons"] == [1.0, None] and len(run["seeds"]) >= 3  # None: non-private, same model and steps
+    assert default_out("ceiling", False) == REPO / "benchmarks" / "results" / "ceiling.md"
+    for name, preset in PRESETS.items():
+        assert preset["targets"] in TARGET_SETS, name
+
+
 def test_presets_write_their_own_file() -> None:
     assert default_out(None, False) == REPO / "benchmarks" / "results" / "sweep.md"
     assert default_out("peers", False) == REPO / "benchmarks" / "results" / "peers.md"
