@@ -23,11 +23,13 @@ import math
 import secrets
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor, nn
+
+if TYPE_CHECKING:  # torch only where a generator is made: planning (pre-flight) imports this module without it
+    import torch
+    from torch import Tensor, nn
 
 _MAX_WIDEN = 64
 
@@ -166,6 +168,8 @@ def independent_seeds(count: int, override: int | None = None) -> list[int]:
 
 def secret_generator(device: torch.device | str = "cpu", seed: int | None = None) -> torch.Generator:
     """A torch generator on `device` seeded from the OS CSPRNG (or from `seed`, tests only)."""
+    import torch
+
     return torch.Generator(device=device).manual_seed(secret_seed() if seed is None else int(seed))
 
 
