@@ -176,6 +176,14 @@ def check_table(path: Path, schema: Schema, what: str = "Data file", need_rows: 
         near = [f"'{lower[c.lower()]}' for '{c}'" for c in missing if c.lower() in lower]
         if near:
             hint += f" Column names are case-sensitive: the file has {', '.join(near)}."
+        padded = {c.strip(): c for c in header if c != c.strip()}
+        spaced = [f"'{padded[c]}' for '{c}'" for c in missing if c in padded]
+        if spaced:
+            more = f" and {len(spaced) - 3} more" if len(spaced) > 3 else ""
+            hint += (
+                f" Column names keep their spaces: the file has {', '.join(spaced[:3])}{more}; remove the spaces "
+                "around the names (or after the delimiters) in its header."
+            )
         if fmt.kind == "csv" and len(header) == 1:
             others = [DELIMITER_NAMES[d] for d in DELIMITER_NAMES if d in header[0]]
             hint += f" The whole header was read as one column ({fmt.describe()})" + (

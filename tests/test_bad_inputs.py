@@ -182,6 +182,13 @@ def read_only_store(ws):
     return ["--store", str(store)]
 
 
+def spaced_header(ws):
+    p = ws["dir"] / "spaced.csv"
+    lines = (DEMO / "adult_train.csv").read_text().splitlines()[:301]
+    p.write_text("\n".join([lines[0].replace(",", ", "), *lines[1:]]) + "\n")
+    return _data(ws, p)
+
+
 def semicolon_wrong_header(ws):
     p = ws["dir"] / "semi.csv"
     ws["frame"].drop("age").write_csv(p, separator=";")
@@ -292,6 +299,7 @@ CASES = [
     ("store-is-a-file", store_is_file, 2, ["store", "not a folder"]),
     ("read-only-store", read_only_store, 2, ["store", "not writable"]),
     ("semicolon-csv-missing-column", semicolon_wrong_header, 2, ["'age'", "semicolon-delimited"]),
+    ("header-names-with-spaces", spaced_header, 2, ["' workclass' for 'workclass'", "remove the spaces"]),
     ("binary-garbage", garbage, 2, ["garbage.csv", "NUL bytes"]),
     ("latin-1-encoding", latin1, 2, ["not UTF-8", "Latin-1", "iconv"]),
     ("excel-workbook", xlsx, 2, ["ZIP archive", "export it"]),
