@@ -373,7 +373,7 @@ def _start_standing_server(tmp: Path, timeout: float = 180.0) -> tuple[subproces
     """`prefect server start` on loopback with its own PREFECT_HOME, offline and quiet; returns the
     process and its API URL once /api/health answers."""
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PRIVFLOW_", "MLFLOW_"))}
+    env = _env_for(tmp / "prefect-standing")
     env.update(
         PREFECT_HOME=str(tmp / "prefect-standing"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
@@ -382,8 +382,8 @@ def _start_standing_server(tmp: Path, timeout: float = 180.0) -> tuple[subproces
         DO_NOT_TRACK="1",
     )
     cmd = [str(PRIVFLOW.parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    log = (tmp / "prefect-server.txt").open("w")
-    proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with (tmp / "prefect-server.txt").open("w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

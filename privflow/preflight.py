@@ -280,6 +280,13 @@ def check_store(store: Path) -> None:
         )
 
 
+def nvidia_driver() -> bool:
+    """Whether this Linux machine has an NVIDIA driver loaded (without importing torch)."""
+    return sys.platform.startswith("linux") and (
+        Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()
+    )
+
+
 def resolve_device(choice: str) -> str:
     """'cpu', 'cuda' or 'auto' -> the device training will use; DeviceUnavailable for missing CUDA.
 
@@ -288,9 +295,7 @@ def resolve_device(choice: str) -> str:
     """
     if choice == "cpu":
         return "cpu"
-    driver = sys.platform.startswith("linux") and (
-        Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()
-    )
+    driver = nvidia_driver()
     cuda = False
     if driver or "torch" in sys.modules:
         import torch
