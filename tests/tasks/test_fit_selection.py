@@ -101,7 +101,9 @@ def test_selection_falls_back_to_the_start_when_training_breaks_the_flow(monkeyp
 
 
 def test_a_run_that_learns_moves_off_the_start() -> None:
-    fitted = run(config(epochs=6))
+    # 3,000 rows, as the fallback test above: on 600 the noisy selection kept the start in 5 of 200
+    # runs (CI failed on it once); on 3,000 in none of 200
+    fitted = run(config(epochs=6), rows=3000)
     assert fitted.chosen_steps != [0] and not fitted.fell_back  # type: ignore[attr-defined]
 
 
