@@ -39,15 +39,12 @@ def demo_dir() -> Path:
 TEST_FALSE_STOP = 1e-12
 
 
-@pytest.fixture(autouse=True)
-def _gate_never_stops_a_clean_table_by_chance(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture(scope="session", autouse=True)
+def _gate_never_stops_a_clean_table_by_chance():
     """The gate stops a clean table with probability `gate.false_stop` (1e-3 by default): across
-    the suite's many in-process runs that would fail CI now and then on clean data. Runs in tests
-    use 1e-12 instead (a limit that noise alone never reaches); tests marked `gate_odds` keep the
-    product's odds (tests of the gate itself)."""
-    if request.node.get_closest_marker("gate_odds") is not None:
-        yield
-        return
+    the suite's many runs that would fail CI now and then on clean data. Runs in tests use 1e-12
+    instead (a limit that noise alone never reaches). Session-wide, so that module-scoped
+    fixtures that run a pipeline (set up before any function-scoped fixture) are covered too."""
     from privflow.privacy.mechanisms import validation_gate
 
     real = validation_gate.threshold
@@ -55,5 +52,18 @@ def _gate_never_stops_a_clean_table_by_chance(request: pytest.FixtureRequest, mo
     def threshold(policy_rows, event, false_stop=validation_gate.FALSE_STOP):
         return real(policy_rows, event, min(false_stop, TEST_FALSE_STOP))
 
-    monkeypatch.setattr(validation_gate, "threshold", threshold)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(validation_gate, "threshold", threshold)
+        yield real
+
+
+@pytest.fixture(autouse=True)
+def _gate_odds_where_marked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _gate_never_stops_a_clean_table_by_chance
+):
+    """Tests marked `gate_odds` (tests of the gate itself) keep the product's odds."""
+    if request.node.get_closest_marker("gate_odds") is not None:
+        from privflow.privacy.mechanisms import validation_gate
+
+        monkeypatch.setattr(validation_gate, "threshold", _gate_never_stops_a_clean_table_by_chance)
     yield
