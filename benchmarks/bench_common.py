@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import shlex
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE_PATHS = ("privflow", "models", "privacy", "tasks", "flows", "benchmarks", "pyproject.toml")
@@ -34,7 +38,8 @@ def git_commit() -> str:
             check=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
+        # a copy of the tree without .git (a GPU machine's): the commit it was copied from, if given
+        return os.environ.get("PRIVFLOW_COMMIT", "unknown (not a git checkout)")
     dirty = [line[3:] for line in status.splitlines() if line[3:].endswith(".py") or line[3:].endswith(".toml")]
     more = f" and {len(dirty) - 8} more" if len(dirty) > 8 else ""
     return head + (f" (uncommitted changes in {', '.join(dirty[:8])}{more})" if dirty else "")
@@ -120,3 +125,53 @@ def cpu_seconds() -> float:
 
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+class TrainTiming:
+    """The trainer's progress callbacks, timed: (step, seconds since the train phase began)."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.ended = 0.0
+        self.steps: list[tuple[int, float]] = []
+        self.cpu = 0.0
+
+    def wrap(self, fn: Callable[..., Any], on_step_at: int) -> Callable[..., Any]:
+        """`fn` (a trainer taking on_step as its `on_step_at`-th argument or keyword), timed."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            args_l = list(args)
+            inner = kwargs.pop("on_step", None) if len(args_l) <= on_step_at else args_l.pop(on_step_at)
+
+            def on_step(step: int, loss: float) -> None:
+                self.steps.append((step, time.perf_counter() - self.started))
+                if inner is not None:
+                    inner(step, loss)
+
+            cpu0 = cpu_with_children()
+            self.started = time.perf_counter()
+            try:
+                return fn(*args_l, on_step=on_step, **kwargs)
+            finally:
+                self.ended = time.perf_counter()
+                self.cpu = cpu_with_children() - cpu0
+
+        return run
+
+    def figures(self) -> dict[str, float]:
+        if len(self.steps) < 2:
+            raise RuntimeError("fewer than two DP-SGD steps ran: the plan released the DP marginals alone")
+        (first, t_first), (last, t_last) = self.steps[0], self.steps[-1]
+        return {
+            "steps": last,
+            "steps_per_s": (last - first) / (t_last - t_first),
+            "startup_s": t_first,
+            "train_s": self.ended - self.started,
+            "train_cpu_s": self.cpu,
+        }
+
+
+def cpu_with_children() -> float:
+    """CPU seconds of this process and of its children that have been waited for (the workers)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime

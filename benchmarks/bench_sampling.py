@@ -18,7 +18,8 @@ that times each stage of a batch on one thread, and the share of the flow invers
 matrix products (the incremental MADE) against everything else (mostly the spline inverse).
 
     .venv/bin/python benchmarks/bench_sampling.py [--sizes 100000 1000000 10000000] [--workers 2] \
-        [--threads 1] [--format csv|parquet] [--codec copula|schema] [--profile] [--out FILE]
+        [--threads 1] [--format csv|parquet] [--codec copula|schema] [--device cpu|cuda] [--profile] \
+        [--out FILE]
 """
 
 from __future__ import annotations
@@ -100,9 +101,12 @@ def child(n: int, path: str, args: argparse.Namespace) -> None:
     from privflow.sampler import write_samples
 
     flow, codec = model(args.marginals)
+    flow = flow.to(args.device)  # the flow's inverse on the device; draws and decode stay on the CPU
     start_rss = common.peak_rss_mb()
     t0, c0 = time.perf_counter(), common.cpu_seconds()
     write_samples([flow], codec, n, path, seed=0, batch=args.batch, workers=args.workers)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
     dt, dc = time.perf_counter() - t0, common.cpu_seconds() - c0
     out = {"n": n, "seconds": dt, "cpu": dc, "peak_rss_mb": common.peak_rss_mb(), "startup_rss_mb": start_rss}
     print(json.dumps({**out, "bytes": os.path.getsize(path)}))
@@ -178,9 +182,18 @@ def profile(args: argparse.Namespace) -> None:
     print(json.dumps({"batch": m, "stages": stages, "flow_matmul_share": matmul_share(flow, z)}))
 
 
+def _device_name(device: str) -> str:
+    """'cpu', or the CUDA device's name as torch reports it."""
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return f"cuda ({torch.cuda.get_device_name(0)})"
+
+
 def _run_child(extra: list[str], args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--threads", str(args.threads), "--batch", str(args.batch)]
-    cmd += ["--workers", str(args.workers), "--repeats", str(args.repeats)]
+    cmd += ["--workers", str(args.workers), "--repeats", str(args.repeats), "--device", args.device]
     if args.marginals:
         cmd += ["--marginals", args.marginals]
     res = subprocess.run([*cmd, *extra], capture_output=True, text=True, check=True)
@@ -204,6 +217,7 @@ def render(
         f"the schema's target; {args.format}, batch {args.batch:,}, "
         f"{args.workers} worker threads x {args.threads} torch thread; one subprocess per size; "
         "`privflow.sampler.write_samples` with seed 0.",
+        f"Device: {_device_name(args.device)} (the flow's inverse; base draws, decode and the writer on the CPU).",
         "Write s / CPU s: the child's `write_samples` call (start-up excluded); CPU counts every thread. Peak RSS: "
         "the child's VmHWM (the interpreter with torch, polars and the model included).",
     ]
@@ -278,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="write_samples worker threads (the machine has 2 cores)")
     ap.add_argument("--batch", type=int, default=16384)
     ap.add_argument("--format", default="csv", choices=["csv", "parquet"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the flow's inverse runs")
     ap.add_argument("--codec", default="copula", choices=["copula", "schema"])
     ap.add_argument("--profile", action="store_true", help="add the per-stage profile")
     ap.add_argument("--repeats", type=int, default=7, help="profile: calls per stage")
@@ -292,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile_child:
         profile(args)
         return 0
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("--device cuda: no CUDA device on this machine; nothing measured.")
+            return 2
     started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
     rows = []
     prof = None

@@ -33,12 +33,10 @@ never a release.
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -52,62 +50,12 @@ UTILITY = ("nll_copula", "nll", "macro_f1", "auroc", "ap", "tv_mean")
 SAME_NOISE_SEED = 20261124  # test-only noise seed of the diagnostic pair (module docstring)
 
 
-class Timing:
-    """The trainer's progress callbacks, timed: (step, seconds since the train phase began)."""
-
-    def __init__(self) -> None:
-        self.started = 0.0
-        self.ended = 0.0
-        self.steps: list[tuple[int, float]] = []
-        self.cpu = 0.0
-
-    def wrap(self, fn: Callable[..., Any], on_step_at: int) -> Callable[..., Any]:
-        """`fn` (a trainer taking on_step as its `on_step_at`-th argument or keyword), timed."""
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            args_l = list(args)
-            inner = kwargs.pop("on_step", None) if len(args_l) <= on_step_at else args_l.pop(on_step_at)
-
-            def on_step(step: int, loss: float) -> None:
-                self.steps.append((step, time.perf_counter() - self.started))
-                if inner is not None:
-                    inner(step, loss)
-
-            cpu0 = _cpu()
-            self.started = time.perf_counter()
-            try:
-                return fn(*args_l, on_step=on_step, **kwargs)
-            finally:
-                self.ended = time.perf_counter()
-                self.cpu = _cpu() - cpu0
-
-        return run
-
-    def figures(self) -> dict[str, float]:
-        if len(self.steps) < 2:
-            raise RuntimeError("fewer than two DP-SGD steps ran: the plan released the DP marginals alone")
-        (first, t_first), (last, t_last) = self.steps[0], self.steps[-1]
-        return {
-            "steps": last,
-            "steps_per_s": (last - first) / (t_last - t_first),
-            "startup_s": t_first,
-            "train_s": self.ended - self.started,
-            "train_cpu_s": self.cpu,
-        }
-
-
-def _cpu() -> float:
-    """CPU seconds of this process and of its children that have been waited for (the workers)."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def run_cell(bench: Any, data: Any, seed: int, workers: int, quick: bool) -> dict[str, Any]:
     """One benchmark cell with train.workers = `workers`: its record plus the timing figures."""
     from privflow.tasks import train as train_task
 
     original = (bench.run_config, train_task.train, train_task.train_data_parallel)
-    timing = Timing()
+    timing = common.TrainTiming()
 
     def with_workers(*args: Any, **kwargs: Any) -> Any:
         cfg = original[0](*args, **kwargs)
@@ -155,9 +103,11 @@ def same_noise_pair(bench: Any, data: Any, seed: int, workers: int, quick: bool)
     rows = torch.as_tensor(x_train, dtype=torch.float32)
     one = train(copy.deepcopy(model), rows, settings)
     many = train_data_parallel(copy.deepcopy(model), rows, replace(settings, workers=workers))
-    cpu0 = _cpu()  # what starting N workers costs: a 1-step run, minus nothing (its one step is noise)
+    cpu0 = (
+        common.cpu_with_children()
+    )  # what starting N workers costs: a 1-step run, minus nothing (its one step is noise)
     train_data_parallel(copy.deepcopy(model), rows, replace(settings, workers=workers, steps=1))
-    startup_cpu = _cpu() - cpu0
+    startup_cpu = common.cpu_with_children() - cpu0
     a, b = one.checkpoints[-1][1], many.checkpoints[-1][1]
     ll = loglik_matrix(model_factory(cfg, codec), [a, b], x_val)
     lo, hi = cfg.select.score_low, cfg.select.score_high

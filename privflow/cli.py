@@ -448,18 +448,32 @@ def generate(
     n: Annotated[int, typer.Option("-n", help="Number of rows to sample.", min=1)],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output file (.csv or .parquet).")],
     seed: Annotated[int | None, typer.Option("--seed", help="Seed for reproducible samples.")] = None,
+    device: Annotated[
+        str,
+        typer.Option(
+            "--device",
+            help="auto | cpu | cuda: where the flow's inverse runs (auto: CUDA when present). A seed gives the "
+            "same rows on the same kind of device; CPU and GPU arithmetic can differ in the last bits.",
+        ),
+    ] = "auto",
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
 ) -> None:
     """Sample synthetic rows from a registered model (never touches the training data)."""
-    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose))
+    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, device))
 
 
-def _generate(model: str, n: int, out: Path, seed: int | None, store: Path, verbose: bool) -> None:
+def _generate(
+    model: str, n: int, out: Path, seed: int | None, store: Path, verbose: bool, device: str = "auto"
+) -> None:
     from privflow.errors import ConfigError
+    from privflow.preflight import resolve_device
 
     if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
         raise ConfigError(f"Output '{out}' must end in .csv or .parquet.")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"--device must be auto, cpu or cuda, got '{device}'.")
+    device = resolve_device(device)  # before the store is opened: a missing GPU costs nothing
     from privflow import env
 
     env.configure(store, verbose=verbose)
@@ -476,7 +490,8 @@ def _generate(model: str, n: int, out: Path, seed: int | None, store: Path, verb
         # memory, one explicit generator from `--seed` or the OS CSPRNG, privflow.sampler).
         from privflow.sampler import write_samples
 
-        write_samples(sampler.flows, sampler.codec, n, out, seed=seed, progress=not verbose and _is_tty())
+        flows = [flow.to(device) for flow in sampler.flows]
+        write_samples(flows, sampler.codec, n, out, seed=seed, progress=not verbose and _is_tty())
         Console().print(f"wrote {n} rows to {out}", highlight=False, soft_wrap=True)
         return
     import pandas as pd

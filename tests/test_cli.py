@@ -220,3 +220,22 @@ def test_summary_prints_every_path_in_full(capsys) -> None:
 def test_ledger_show_without_ledger(tmp_path: Path) -> None:
     result = runner.invoke(app, ["ledger", "show", "--store", str(tmp_path)])
     _assert_user_error(result, "No ledger")
+
+
+@pytest.mark.parametrize(
+    ("device", "expect"),
+    [("cuda", ["cuda", "--device cpu"]), ("gpu", ["--device", "auto, cpu or cuda"])],
+)
+def test_generate_refuses_a_device_it_cannot_use_before_opening_the_store(
+    tmp_path: Path, device: str, expect: list[str]
+) -> None:
+    """`generate --device cuda` without CUDA (or a device that does not exist) is a user error:
+    one paragraph, exit 2, and the store is never created."""
+    if device == "cuda" and Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    store = tmp_path / "store"
+    args = ["generate", "--model", "m@a", "-n", "10", "-o", str(tmp_path / "o.csv"), "--store", str(store)]
+    result = runner.invoke(app, [*args, "--device", device])
+    assert result.exit_code == 2, result.output
+    assert all(e in result.output for e in expect) and "Traceback" not in result.output
+    assert not store.exists()

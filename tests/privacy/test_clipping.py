@@ -373,11 +373,16 @@ def _func_per_example_grads(model: nn.Module, x: Tensor, noise: Tensor | None) -
     return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, noise)
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_dphflow_fast_path_equals_torch_func_per_example_clipping(strategy: str) -> None:
+def test_dphflow_fast_path_equals_torch_func_per_example_clipping(strategy: str, device: str) -> None:
     """The default DP-HFlow architecture (shared MADE called once per block, LU flows,
     actnorm, embedding): the fast clipped sum equals clipping torch.func per-example gradients
-    by the strategy's definition and summing them, to 1e-6 in float64."""
+    by the strategy's definition and summing them, to 1e-6 in float64. On CUDA the fast path
+    runs on the GPU against the same reference computed on the CPU."""
     from privflow.models import build_flow
     from privflow.privacy.clipping._fast import gammas as draw_gammas
     from privflow.privacy.noise import dequantization_noise
@@ -411,24 +416,26 @@ def test_dphflow_fast_path_equals_torch_func_per_example_clipping(strategy: str)
     elif strategy == "per_unit":
         clipped = clip_per_unit(grads, thr)
     else:
-        gs = draw_gammas(n, len(layers), torch.Generator().manual_seed(3), x.device, DT)
+        gs = [g.cpu() for g in draw_gammas(n, len(layers), torch.Generator(device=device).manual_seed(3), device, DT)]
         clipped = clip_sparsify(grads, thr, 0.5, [layer.complexity for layer in layers], gs)
     assert bool((total_norms(clipped) <= c * SLACK).all())
+    model.to(device)  # the same Parameter objects: `layers` still names them
     fast = clipped_gradient_sum(
         model,
-        x,
+        x.to(device),
         clipping=strategy,
         max_grad_norm=c,
         sparsity=0.5,
-        noise=noise,
-        generator=torch.Generator().manual_seed(3),
+        noise=noise.to(device),
+        generator=torch.Generator(device=device).manual_seed(3),
         check=True,
         layers=layers,
     )
     assert fast.nonfinite_examples == 0
     for layer, cl in zip(layers, clipped, strict=False):
         for p, gp in zip(layer.params, cl, strict=False):
-            torch.testing.assert_close(fast.grads[p], gp.sum(0), atol=1e-6, rtol=1e-6)
+            assert fast.grads[p].device.type == device
+            torch.testing.assert_close(fast.grads[p].cpu(), gp.sum(0), atol=1e-6, rtol=1e-6)
 
 
 def test_finite_screen_tells_overflow_from_non_finite_entries() -> None:

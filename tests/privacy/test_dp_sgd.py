@@ -246,11 +246,14 @@ def test_settings_are_validated() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_trains_on_cuda() -> None:
+@pytest.mark.parametrize("clipping", ["flat", "per_layer", "per_unit", "sparsify"])
+def test_trains_on_cuda(clipping: str) -> None:
     model = TinyFlow(seed=0)
-    res = train(model, data(), settings(device="cuda", clipping="per_unit"))
+    res = train(model, data(), settings(device="cuda", clipping=clipping))
     assert res.steps == 7 and all(v.device.type == "cpu" for v in res.checkpoints[-1][1].values())
     assert next(model.parameters()).device.type == "cuda"
+    assert all(math.isfinite(v) for v in res.losses)
+    assert any(not torch.equal(v, res.checkpoints[0][1][k]) for k, v in res.checkpoints[-1][1].items())
 
 
 def test_seeds_are_independent_and_the_public_seed_feeds_nothing() -> None:
