@@ -25,7 +25,11 @@ CODE_PATHS = ("privflow", "models", "privacy", "tasks", "flows", "benchmarks", "
 
 
 def git_commit() -> str:
-    """HEAD's hash, with the code files that differ from it: a figure is tied to the code that made it."""
+    """HEAD's hash, with the code files that differ from it: a figure is tied to the code that made it.
+    PRIVFLOW_COMMIT, when set, names it instead: a copy of the tree on another machine (a GPU
+    machine's) may carry no .git, or a stale one."""
+    if os.environ.get("PRIVFLOW_COMMIT"):
+        return os.environ["PRIVFLOW_COMMIT"] + " (PRIVFLOW_COMMIT: a copy of that commit's tree)"
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -38,8 +42,7 @@ def git_commit() -> str:
             check=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        # a copy of the tree without .git (a GPU machine's): the commit it was copied from, if given
-        return os.environ.get("PRIVFLOW_COMMIT", "unknown (not a git checkout)")
+        return "unknown (not a git checkout)"
     dirty = [line[3:] for line in status.splitlines() if line[3:].endswith(".py") or line[3:].endswith(".toml")]
     more = f" and {len(dirty) - 8} more" if len(dirty) > 8 else ""
     return head + (f" (uncommitted changes in {', '.join(dirty[:8])}{more})" if dirty else "")

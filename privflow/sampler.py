@@ -73,6 +73,21 @@ def _draw(flow: Any, m: int, generator: Any) -> tuple[Any, bool]:
     return flow.sample(m, generator, batch_size=m), False
 
 
+def _load_cuda_libraries(flows: list[Any]) -> None:
+    """Map one all-zero row through each flow on a GPU, on the calling thread, before the worker
+    threads start. CUDA's linear-algebra libraries load on first use and torch's loader must not
+    be raced: two workers meeting the LU inverse's first triangular solve at once failed with
+    "lazy wrapper should be called at most once" (torch 2.11, H100). Zeros, not draws: the
+    sampling generator's sequence, and so the rows, stay as they are."""
+    import torch
+
+    for flow in flows:
+        p = next(flow.parameters(), None)
+        if p is not None and p.device.type == "cuda" and hasattr(flow, "from_base"):
+            with torch.inference_mode():
+                flow.from_base(torch.zeros(1, flow.d, dtype=p.dtype, device=p.device))
+
+
 def _jitter(codec: Any, m: int, generator: Any) -> Any:
     """The uniform offsets of the copula codec's randomised rank transform (None for other
     codecs), drawn on the calling thread from the one sampling generator."""
@@ -144,6 +159,7 @@ def iter_samples(
     ]
     threads = torch.get_num_threads()
     if workers > 1:
+        _load_cuda_libraries(flows)
         torch.set_num_threads(1)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="privflow-sample")
     pending: deque[Any] = deque()
