@@ -467,10 +467,11 @@ def _generate(
     model: str, n: int, out: Path, seed: int | None, store: Path, verbose: bool, device: str = "auto"
 ) -> None:
     from privflow.errors import ConfigError
-    from privflow.preflight import resolve_device
+    from privflow.preflight import check_output, resolve_device
 
-    if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
-        raise ConfigError(f"Output '{out}' must end in .csv or .parquet.")
+    check_output(out)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise ConfigError(f"--seed must be a whole number from 0 to 2**63 - 1, got {seed}.")
     if device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"--device must be auto, cpu or cuda, got '{device}'.")
     device = resolve_device(device)  # before the store is opened: a missing GPU costs nothing
@@ -564,9 +565,9 @@ def _score(
 
     from privflow.config import SelectConfig
     from privflow.errors import ConfigError
+    from privflow.preflight import check_output
 
-    if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
-        raise ConfigError(f"Output '{out}' must end in .csv or .parquet.")
+    check_output(out)
     dp_args = {"--fpr": fpr, "--reference": reference, "--epsilon": epsilon}
     if threshold is not None:
         given = [k for k, v in dp_args.items() if v is not None]
@@ -909,10 +910,9 @@ def _dpad_score(
     from privflow.errors import ConfigError
 
     env.set_verbosity(verbose)
-    if out.suffix.lower() not in (".csv", ".parquet", ".pq"):
-        raise ConfigError(f"Output '{out}' must end in .csv or .parquet.")
-    if out.is_dir():
-        raise ConfigError(f"Output '{out}' is a folder; pass a file name ending in .csv or .parquet.")
+    from privflow.preflight import check_output
+
+    check_output(out)
     if not svt and (max_flags is not None or svt_threshold is not None):
         raise ConfigError("--max-flags and --svt-threshold belong to the sparse vector option: add --svt.")
     if svt and max_flags is None:

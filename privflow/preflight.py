@@ -242,6 +242,38 @@ def check_stream(config: RunConfig, schema: Schema) -> bool:
     return True
 
 
+def _existing_ancestor(p: Path) -> Path:
+    """`p`, or the nearest folder above it that exists (where creating `p` would start)."""
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    return p
+
+
+OUTPUT_SUFFIXES = (".csv", ".parquet", ".pq")
+
+
+def check_output(out: Path) -> None:
+    """An output table's name and place, before any model is loaded or rows are read: a .csv or
+    .parquet name, not a folder, in a folder that takes a new file or can be created there
+    (a test file is made and removed; nothing else is created)."""
+    out = Path(out)
+    if out.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise ConfigError(f"Output '{out}' must end in .csv or .parquet.")
+    if out.is_dir():
+        raise ConfigError(f"Output '{out}' is a folder; pass a file name ending in .csv or .parquet.")
+    folder = _existing_ancestor(out.parent if str(out.parent) else Path("."))
+    if not folder.is_dir():
+        raise ConfigError(f"Output '{out}' cannot be written: '{folder}' is a file, not a folder.")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".privflow-write-test-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"Output '{out}' cannot be written: the folder '{folder}' does not take new files "
+            f"({exc.strerror or exc}). Pass -o a path in a folder you can write to."
+        ) from None
+
+
 def check_store(store: Path) -> None:
     """The store folder exists and is writable, or can be created (nothing is created here)."""
     p = Path(store)
@@ -264,11 +296,7 @@ def check_store(store: Path) -> None:
                     "--store another folder."
                 )
         return
-    ancestor = p
-    while not ancestor.exists():
-        if ancestor.parent == ancestor:
-            break
-        ancestor = ancestor.parent
+    ancestor = _existing_ancestor(p)
     if ancestor.exists() and not ancestor.is_dir():
         raise StoreError(
             f"Store '{p}' cannot be created: '{ancestor}' is a file, not a folder. Pass --store a folder path."

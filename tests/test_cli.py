@@ -239,3 +239,38 @@ def test_generate_refuses_a_device_it_cannot_use_before_opening_the_store(
     assert result.exit_code == 2, result.output
     assert all(e in result.output for e in expect) and "Traceback" not in result.output
     assert not store.exists()
+
+
+def _under_a_file(tmp_path: Path) -> str:
+    (tmp_path / "plain").write_text("x")
+    return str(tmp_path / "plain" / "rows.csv")
+
+
+@pytest.mark.parametrize(
+    ("command", "out", "extra", "expect"),
+    [
+        ("generate", lambda t: str(t / "rows.txt"), [], ["must end in .csv or .parquet"]),
+        ("generate", lambda t: (t / "d.csv").mkdir() or str(t / "d.csv"), [], ["is a folder"]),
+        ("generate", _under_a_file, [], ["is a file, not a folder"]),
+        ("generate", lambda t: "/proc/privflow-rows.csv", [], ["does not take new files"]),
+        ("generate", lambda t: str(t / "rows.csv"), ["--seed", str(2**64)], ["--seed", "2**63 - 1"]),
+        ("generate", lambda t: str(t / "rows.csv"), ["--seed", "-1"], ["--seed"]),
+        ("score", _under_a_file, ["--data", "x.csv", "--threshold", "-5"], ["is a file, not a folder"]),
+    ],
+)
+def test_output_and_seed_mistakes_are_refused_before_the_model_is_loaded(
+    tmp_path: Path, command: str, out, extra: list[str], expect: list[str]
+) -> None:
+    """A table that could not be written (or an out-of-range seed) is a user error: exit 2, one
+    paragraph, before the store is opened (so no model needs to exist)."""
+    target = out(tmp_path)
+    if target.startswith("/proc/") and not Path("/proc/self").exists():
+        pytest.skip("no /proc on this machine")
+    store = tmp_path / "store"
+    args = [command, "--model", "m@a", "-o", target, "--store", str(store), *extra]
+    if command == "generate":
+        args += ["-n", "10"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert all(e in result.output for e in expect) and "Traceback" not in result.output
+    assert not store.exists()
