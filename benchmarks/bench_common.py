@@ -178,3 +178,11 @@ def cpu_with_children() -> float:
     """CPU seconds of this process and of its children that have been waited for (the workers)."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def publish(text: str, out: Path | None) -> None:
+    """Write a results file (its folder made if missing) when `out` is given, and print it."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    print(text)

@@ -155,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     text = render(rows, {d: device_name(d) for d in args.devices}, started, load, commit)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    print(text)
+    common.publish(text, args.out)
     return 0
 
 

@@ -328,10 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             prof = _run_child(["--profile-child"], args)
     text = render(args, rows, prof, started, load, commit)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    print(text)
+    common.publish(text, args.out)
     return 0
 
 

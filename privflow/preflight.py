@@ -249,6 +249,16 @@ def _existing_ancestor(p: Path) -> Path:
     return p
 
 
+def _refuses_new_files(folder: Path) -> str | None:
+    """Why `folder` takes no new file (a test file made and removed), or None when it does.
+    Permission bits alone do not say it: root passes them, and some file systems refuse anyway."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".privflow-write-test-"):
+            return None
+    except OSError as exc:
+        return str(exc.strerror or exc)
+
+
 OUTPUT_SUFFIXES = (".csv", ".parquet", ".pq")
 
 
@@ -264,14 +274,12 @@ def check_output(out: Path) -> None:
     folder = _existing_ancestor(out.parent if str(out.parent) else Path("."))
     if not folder.is_dir():
         raise ConfigError(f"Output '{out}' cannot be written: '{folder}' is a file, not a folder.")
-    try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".privflow-write-test-"):
-            pass
-    except OSError as exc:
+    refused = _refuses_new_files(folder)
+    if refused:
         raise ConfigError(
-            f"Output '{out}' cannot be written: the folder '{folder}' does not take new files "
-            f"({exc.strerror or exc}). Pass -o a path in a folder you can write to."
-        ) from None
+            f"Output '{out}' cannot be written: the folder '{folder}' does not take new files ({refused}). "
+            "Pass -o a path in a folder you can write to."
+        )
 
 
 def check_store(store: Path) -> None:
@@ -280,14 +288,12 @@ def check_store(store: Path) -> None:
     if p.exists() and not p.is_dir():
         raise StoreError(f"Store '{p}' is a file, not a folder; pass --store a folder (it is created if missing).")
     if p.is_dir():
-        try:
-            with tempfile.NamedTemporaryFile(dir=p, prefix=".privflow-write-test-"):
-                pass
-        except OSError as exc:
+        refused = _refuses_new_files(p)
+        if refused:
             raise StoreError(
-                f"Store folder '{p}' is not writable ({exc.strerror or exc}); privflow keeps its ledger, MLflow "
+                f"Store folder '{p}' is not writable ({refused}); privflow keeps its ledger, MLflow "
                 "database and artifacts there. Make it writable or pass --store another folder."
-            ) from None
+            )
         for name in ("ledger.db", "mlflow.db"):
             f = p / name
             if f.exists() and not os.access(f, os.R_OK | os.W_OK):
