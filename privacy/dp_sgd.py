@@ -252,10 +252,19 @@ def noisy_gradients(
 
 
 def resolve_device(name: str) -> torch.device:
-    """ "auto" -> cuda when available, else cpu; anything else as torch names it."""
+    """ "auto" -> cuda when available, else cpu; anything else as torch names it. CUDA asked for
+    where torch sees none is the user's DeviceUnavailable (pre-flight refuses it first on the CLI;
+    this guards the trainer called from Python)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        from privflow.errors import DeviceUnavailable
+
+        raise DeviceUnavailable(
+            f"device '{name}' was requested, but torch sees no CUDA device on this machine; use cpu or auto."
+        )
+    return device
 
 
 def _state_copy(model: nn.Module) -> dict:

@@ -15,21 +15,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from privflow.chunked import DiskRows
 from privflow.config import TrainConfig
-from privflow.errors import ConfigError
 from privflow.privacy.distributed import train_data_parallel
 from privflow.privacy.dp_sgd import TrainResult, TrainSettings, train
 from privflow.privacy.events import PoissonGaussianEvent
 from privflow.privacy.plan import SGDShape, StagePlan
 from privflow.tasks._options import PRIVATE
-
-
-def resolve_device(choice: str) -> str:
-    """auto -> cuda when present; asking for cuda without one is a clear error."""
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was requested but torch sees no CUDA device on this machine.")
-    return choice
 
 
 def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | None = None) -> TrainSettings:
@@ -55,7 +45,7 @@ def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | No
         checkpoint_every=cfg.checkpoint_every,
         ema_decay=cfg.ema_decay,
         expected_batch_size=float(cfg.batch_size),
-        device=resolve_device(cfg.device),
+        device=cfg.device,  # resolved by the trainer (privacy/dp_sgd.resolve_device)
         seed=cfg.seed,
         private=private,
         workers=cfg.workers,

@@ -302,3 +302,13 @@ def test_dequantization_noise_comes_from_an_explicit_generator(monkeypatch: pyte
     assert len(gens) >= 3 and all(isinstance(gen, torch.Generator) for gen in gens)
     assert len({id(gen) for gen in gens}) == 1  # one dequantization stream for the run
     assert res.nonfinite_examples == 0 and all(math.isfinite(v) for v in res.losses)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_a_gpu_is_the_users_error() -> None:
+    """The trainer called from Python (not through the CLI's pre-flight) refuses CUDA it cannot
+    use with the user-error class, before any step."""
+    from privflow.errors import DeviceUnavailable
+
+    with pytest.raises(DeviceUnavailable, match="no CUDA device"):
+        train(TinyFlow(seed=0), data(), settings(device="cuda"))
