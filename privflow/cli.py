@@ -685,7 +685,12 @@ def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> Non
     path = store / "ledger.db"
     if not path.is_file():
         raise StoreError(f"No ledger at '{path}': no run has used this store yet (pass --store to pick another).")
-    Console().print(Ledger(path).describe(dataset), highlight=False, soft_wrap=True, markup=False)
+    ledger = Ledger(path)
+    names = [d.name for d in ledger.datasets()]
+    if dataset is not None and dataset not in names:  # a script asking for one dataset gets an error, not a blank
+        held = f"it holds {', '.join(repr(n) for n in names)}" if names else "it holds no dataset yet"
+        raise StoreError(f"Dataset '{dataset}' is not in the privacy ledger at '{path}': {held}.")
+    Console().print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
 
 
 @app.command()

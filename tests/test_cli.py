@@ -222,6 +222,15 @@ def test_ledger_show_without_ledger(tmp_path: Path) -> None:
     _assert_user_error(result, "No ledger")
 
 
+def test_ledger_show_of_a_dataset_the_ledger_does_not_hold(tmp_path: Path) -> None:
+    from privflow.privacy.ledger import Ledger
+
+    Ledger(tmp_path / "ledger.db")
+    result = runner.invoke(app, ["ledger", "show", "nope", "--store", str(tmp_path)])
+    _assert_user_error(result, "'nope' is not in the privacy ledger")
+    assert "holds no dataset yet" in result.output
+
+
 @pytest.mark.parametrize(
     ("device", "expect"),
     [("cuda", ["cuda", "--device cpu"]), ("gpu", ["--device", "auto, cpu or cuda"])],
