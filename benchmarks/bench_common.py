@@ -186,3 +186,25 @@ def publish(text: str, out: Path | None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     print(text)
+
+
+def cuda_missing(device: str) -> bool:
+    """True (after saying so) when `device` asks for CUDA that torch cannot see: a GPU benchmark
+    then measures nothing and its script exits 2."""
+    if not device.startswith("cuda"):
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    print(f"--device {device}: no CUDA device on this machine; nothing measured.")
+    return True
+
+
+def device_name(device: str) -> str:
+    """'cpu', or 'cuda (NAME)' as torch names the GPU: for a results file's notes."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    import torch
+
+    return f"cuda ({torch.cuda.get_device_name(0)})"

@@ -65,9 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be at least 11 (medians over interleaved rounds)")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"--device {args.device}: no CUDA device on this machine; nothing measured.")
-        return 0
+    if common.cuda_missing(args.device):
+        return 2
 
     from privflow.models import build_flow
     from privflow.privacy.clipping import clipped_gradient_sum, model_layers

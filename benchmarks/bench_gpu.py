@@ -79,13 +79,11 @@ def child(device: str, store: Path) -> None:
     print(json.dumps(out), flush=True)
 
 
-def device_name(device: str) -> str:
-    """'cpu' with its thread count, or the CUDA device's name."""
+def _device_name(device: str) -> str:
+    """The device's name; for the CPU with the thread count a child's torch starts with."""
     import torch
 
-    if device == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(0)}"
-    return f"cpu: {torch.get_num_threads()} torch threads"
+    return common.device_name(device) + ("" if device == "cuda" else f", {torch.get_num_threads()} torch threads")
 
 
 def render(rows: list[dict[str, Any]], names: dict[str, str], started: datetime, load: str, commit: str) -> str:
@@ -136,10 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args.child[0], Path(args.child[1]))
         return 0
-    import torch
-
-    if "cuda" in args.devices and not torch.cuda.is_available():
-        print("--devices cuda: no CUDA device on this machine; nothing measured.")
+    if any(common.cuda_missing(d) for d in args.devices):
         return 2
     started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
     rows = []
@@ -154,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"the {device} run failed (exit {res.returncode})")
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    text = render(rows, {d: device_name(d) for d in args.devices}, started, load, commit)
+    text = render(rows, {d: _device_name(d) for d in args.devices}, started, load, commit)
     common.publish(text, args.out)
     return 0
 

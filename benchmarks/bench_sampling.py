@@ -104,9 +104,7 @@ def child(n: int, path: str, args: argparse.Namespace) -> None:
     flow = flow.to(args.device)  # the flow's inverse on the device; draws and decode stay on the CPU
     start_rss = common.peak_rss_mb()
     t0, c0 = time.perf_counter(), common.cpu_seconds()
-    write_samples([flow], codec, n, path, seed=0, batch=args.batch, workers=args.workers)
-    if args.device == "cuda":
-        torch.cuda.synchronize()
+    write_samples([flow], codec, n, path, seed=0, batch=args.batch, workers=args.workers)  # each batch ends on the CPU
     dt, dc = time.perf_counter() - t0, common.cpu_seconds() - c0
     out = {"n": n, "seconds": dt, "cpu": dc, "peak_rss_mb": common.peak_rss_mb(), "startup_rss_mb": start_rss}
     print(json.dumps({**out, "bytes": os.path.getsize(path)}))
@@ -182,15 +180,6 @@ def profile(args: argparse.Namespace) -> None:
     print(json.dumps({"batch": m, "stages": stages, "flow_matmul_share": matmul_share(flow, z)}))
 
 
-def _device_name(device: str) -> str:
-    """'cpu', or the CUDA device's name as torch reports it."""
-    if device != "cuda":
-        return "cpu"
-    import torch
-
-    return f"cuda ({torch.cuda.get_device_name(0)})"
-
-
 def _run_child(extra: list[str], args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--threads", str(args.threads), "--batch", str(args.batch)]
     cmd += ["--workers", str(args.workers), "--repeats", str(args.repeats), "--device", args.device]
@@ -217,7 +206,8 @@ def render(
         f"the schema's target; {args.format}, batch {args.batch:,}, "
         f"{args.workers} worker threads x {args.threads} torch thread; one subprocess per size; "
         "`privflow.sampler.write_samples` with seed 0.",
-        f"Device: {_device_name(args.device)} (the flow's inverse; base draws, decode and the writer on the CPU).",
+        f"Device: {common.device_name(args.device)} (the flow's inverse; base draws, decode and the writer on "
+        "the CPU).",
         "Write s / CPU s: the child's `write_samples` call (start-up excluded); CPU counts every thread. Peak RSS: "
         "the child's VmHWM (the interpreter with torch, polars and the model included).",
     ]
@@ -307,12 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile_child:
         profile(args)
         return 0
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("--device cuda: no CUDA device on this machine; nothing measured.")
-            return 2
+    if common.cuda_missing(args.device):
+        return 2
     started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
     rows = []
     prof = None

@@ -32,6 +32,7 @@ from prefect.states import Failed, State
 from privflow.config import RunConfig
 from privflow.errors import BudgetExceeded, DataError
 from privflow.flows.train import train_pipeline
+from privflow.io import TABLE_SUFFIXES
 from privflow.privacy.events import Event
 from privflow.privacy.ledger import Ledger
 from privflow.schema import Schema
@@ -68,7 +69,7 @@ def check_new_file(data_path: str, schema: Schema) -> str:
     path = Path(data_path).expanduser().resolve()
     if not path.is_file():
         raise DataError(f"New data file '{path}' does not exist or is not a regular file.")
-    if path.suffix.lower() not in (".csv", ".parquet", ".pq"):
+    if path.suffix.lower() not in TABLE_SUFFIXES:
         raise DataError(f"New data file '{path}' is neither CSV (.csv) nor Parquet (.parquet, .pq).")
     if path.stat().st_size == 0:
         raise DataError(f"New data file '{path}' is empty.")

@@ -29,6 +29,7 @@ from privflow.errors import DataError
 
 CSV_SUFFIXES = (".csv", ".tsv", ".txt")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+TABLE_SUFFIXES = (".csv", *PARQUET_SUFFIXES)  # the tables privflow writes and takes as new data
 _SUPPORTED = "CSV (.csv) or Parquet (.parquet, .pq), optionally gzip-compressed (.gz)"
 DELIMITERS = (",", ";", "\t", "|")
 DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}

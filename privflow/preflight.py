@@ -259,19 +259,18 @@ def _refuses_new_files(folder: Path) -> str | None:
         return str(exc.strerror or exc)
 
 
-OUTPUT_SUFFIXES = (".csv", ".parquet", ".pq")
-
-
 def check_output(out: Path) -> None:
     """An output table's name and place, before any model is loaded or rows are read: a .csv or
     .parquet name, not a folder, in a folder that takes a new file or can be created there
     (a test file is made and removed; nothing else is created)."""
+    from privflow.io import TABLE_SUFFIXES
+
     out = Path(out)
-    if out.suffix.lower() not in OUTPUT_SUFFIXES:
+    if out.suffix.lower() not in TABLE_SUFFIXES:
         raise ConfigError(f"Output '{out}' must end in .csv or .parquet.")
     if out.is_dir():
         raise ConfigError(f"Output '{out}' is a folder; pass a file name ending in .csv or .parquet.")
-    folder = _existing_ancestor(out.parent if str(out.parent) else Path("."))
+    folder = _existing_ancestor(out.parent)
     if not folder.is_dir():
         raise ConfigError(f"Output '{out}' cannot be written: '{folder}' is a file, not a folder.")
     refused = _refuses_new_files(folder)

@@ -211,9 +211,11 @@ def write_samples(
     are appended after one header, Parquet goes through one pyarrow ParquetWriter (a row
     group per batch). Memory stays bounded by `batch` whatever `n` is. `progress` shows a
     rich progress bar. Integer columns are written as integers (nulls as empty fields)."""
+    from privflow.io import TABLE_SUFFIXES
+
     out = Path(path)
     suffix = out.suffix.lower()
-    if suffix not in (".csv", ".parquet", ".pq"):
+    if suffix not in TABLE_SUFFIXES:
         raise ValueError(f"Output '{out}' must end in .csv or .parquet.")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
