@@ -189,3 +189,20 @@ def test_large_dp_sgd_plds_are_not_kept_among_the_small_ones() -> None:
         pld.epsilon([GaussianEvent(5.0), PoissonGaussianEvent(0.01, 1.0, steps)], 1e-5)
     assert accountant._small_pld.cache_info().currsize == 1  # the Gaussian only
     assert accountant._poisson_pld.cache_info().currsize == 4
+
+
+def test_an_epsilon_curve_builds_one_dp_sgd_step_and_composes_it_per_checkpoint() -> None:
+    """The single subsampled-Gaussian step (the costly part) is built once per (q, sigma) and
+    self-composed for each step count; the figures equal those of a step built afresh."""
+    from dp_accounting.pld import privacy_loss_distribution as reference
+
+    from privflow.privacy import accountant
+
+    accountant._COMPOSED.clear()
+    accountant._one_step_pld.cache_clear()
+    accountant._poisson_pld.cache_clear()
+    curve = [PLDAccountant().epsilon([PoissonGaussianEvent(0.02, 1.1, t)], 1e-5) for t in (50, 100, 200)]
+    assert accountant._one_step_pld.cache_info().misses == 1
+    for t, eps in zip((50, 100, 200), curve, strict=True):
+        one = reference.from_gaussian_mechanism(1.1, sampling_prob=0.02, value_discretization_interval=1e-4)
+        assert eps == pytest.approx(one.self_compose(t).get_epsilon_for_delta(1e-5), rel=1e-12)
