@@ -7,7 +7,7 @@ trained, fidelity diagnostics only, ``--promote always`` so that runs stay compa
 fresh subprocess per run. Each run's child is this script in ``--child`` mode: it puts timing
 wrappers around module attributes the CLI and the train flow look up at call time (the
 pre-flight function, ``privflow.env`` hooks the CLI calls just before and after it imports the
-flow, the flow's steps in ``privflow.flows.train``, each Prefect task and its ``.fn``, Great
+flow, the pipeline's steps in ``privflow.flows.pipeline``, each Prefect task and its ``.fn``, Great
 Expectations' ``get_context``), then calls ``privflow.cli.main()``. Nothing in the package is
 edited; the wrappers only read the clock (``time.monotonic``: one clock for parent and child,
 so the interpreter's start and the exit after ``main`` returns, with Prefect's atexit shutdown
@@ -138,22 +138,23 @@ class TimedTask:
 
 
 def _instrument_flow(tl: Timeline) -> None:
-    """Wrap the train flow's steps; called once the CLI has imported privflow.flows.train."""
+    """Wrap the train pipeline's steps; called once the CLI has imported the pipeline (and, with
+    a Prefect server, privflow.flows.train, the flow that runs it)."""
     import mlflow
 
     from privflow import validation
-    from privflow.flows import train
+    from privflow.flows import pipeline
     from privflow.tasks import fit, mlflow_store
 
     for name in ("_reserve", "resolve_parent", "keyed_fingerprint", "curator_dir", "_read_and_gate", "prepare"):
-        setattr(train, name, tl.wrap(name, getattr(train, name)))
+        setattr(pipeline, name, tl.wrap(name, getattr(pipeline, name)))
     for name in ("fit", "_account", "_release_table", "_diagnose", "_register", "_compare_with_holder"):
-        setattr(train, name, tl.wrap(name, getattr(train, name)))
+        setattr(pipeline, name, tl.wrap(name, getattr(pipeline, name)))
     for name in ("tracking", "experiment_for", "log_run_header", "log_synthetic"):
         setattr(mlflow_store, name, tl.wrap(f"mlflow.{name}", getattr(mlflow_store, name)))
     mlflow.start_run = tl.wrap("mlflow.start_run", mlflow.start_run)
     for name in ("plan_privacy", "validate_data", "evaluate_run", "register_model"):
-        setattr(train, name, TimedTask(tl, name, getattr(train, name)))
+        setattr(pipeline, name, TimedTask(tl, name, getattr(pipeline, name)))
     for name in ("dp_marginal_codec", "encode_rows", "dp_statistics", "dp_prior", "train_flow_model"):
         setattr(fit, name, TimedTask(tl, name, getattr(fit, name)))
     fit.select_checkpoints = TimedTask(tl, "select_checkpoints", fit.select_checkpoints)

@@ -73,7 +73,6 @@ from privflow.privacy.plan import Remainder, make_plan  # noqa: E402
 from privflow.privacy.run_plan import run_plan  # noqa: E402
 from privflow.sampler import sample_rows  # noqa: E402
 from privflow.target_head import TargetCodec, conditional_loglik  # noqa: E402
-from privflow.tasks._options import PRIVATE  # noqa: E402
 from privflow.tasks.encode import encode_rows  # noqa: E402
 from privflow.tasks.evaluation.fidelity import fidelity  # noqa: E402
 from privflow.tasks.evaluation.figures import utility_vs_epsilon_figure  # noqa: E402
@@ -90,6 +89,7 @@ from privflow.tasks.fit import (  # noqa: E402
     initialise,
     prepare,
 )
+from privflow.tasks.lazy_task import private_options  # noqa: E402
 from privflow.tasks.select import row_loglik  # noqa: E402
 
 __all__ = [
@@ -482,7 +482,7 @@ def run_cell(cell: dict[str, Any], quick: bool = False, work_dir: str | None = N
     return record
 
 
-cell_task = task(run_cell, name="benchmark-cell", **PRIVATE)
+cell_task = task(run_cell, name="benchmark-cell", **private_options())
 
 
 # ---------------------------------------------------------------------------- runners and flow

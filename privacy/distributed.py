@@ -21,7 +21,7 @@ processes:
 
 Privacy: the run's event is ``dp_sgd_event(settings)``, ``PoissonGaussianEvent(q, sigma,
 steps)`` with the global q, whatever W: the caller records it once, exactly as for one
-process. The ledger is the caller's (flows/train.py reserves the whole plan before any row
+process. The ledger is the caller's (flows/pipeline.py reserves the whole plan before any row
 is read, hence before any worker starts, and settles, abandons or releases the run exactly
 as for one process: a failure here happens inside the DP-SGD mechanism and keeps the
 reservation counted). Seeds: rank 0 draws them from the OS CSPRNG and broadcasts them; they

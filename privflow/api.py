@@ -29,7 +29,7 @@ from privflow.schema import Schema
 from privflow.target_head import conditional_loglik, release_codec
 
 if TYPE_CHECKING:
-    from privflow.flows.train import RunSummary
+    from privflow.flows.pipeline import RunSummary
 
 
 @dataclass

@@ -312,12 +312,14 @@ def _run_body(
         from privflow.flows.prefect_server import start_early
 
         ready = start_early()
-    from privflow.flows.train import train_in_process, train_pipeline
+    if server:
+        from privflow.flows.train import train_pipeline as pipeline
+    else:  # the same chain without Prefect's engine, and without importing Prefect
+        from privflow.flows.pipeline import train_in_process as pipeline
 
     env.quiet_imported(verbose)
     if ready is not None:
         ready()
-    pipeline = train_pipeline if server else train_in_process
     summary = pipeline(cfg, show_progress=not quiet)
     _print_summary(summary)
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from prefect import task
 
 from privflow.chunked import DiskRows
 from privflow.config import HeadConfig
@@ -16,7 +15,7 @@ from privflow.privacy.mechanisms import dp_head as mechanism
 from privflow.privacy.plan import SGDShape, StagePlan
 from privflow.schema import Schema
 from privflow.target_head import TargetHead, class_count, head_widths, target_codes
-from privflow.tasks._options import PRIVATE
+from privflow.tasks.lazy_task import task
 
 
 def head_rows(schema: Schema, df: pl.DataFrame, knots: int) -> np.ndarray:
@@ -48,7 +47,7 @@ def fit_head(
     return TargetHead(schema.target, weight, bias, cfg.numeric_knots)
 
 
-@task(name="dp_head", **PRIVATE)
+@task(name="dp_head", private=True)
 def dp_target_head(df: pl.DataFrame, schema: Schema, cfg: HeadConfig, stage: StagePlan) -> TargetHead:
     """Spend the planned stage: the head's DP-SGD run of the stage's shape and noise."""
     return fit_head_planned(head_rows(schema, df, cfg.numeric_knots), schema, cfg, stage)

@@ -6,13 +6,12 @@ from typing import Literal
 
 import numpy as np
 import polars as pl
-from prefect import task
 
 from privflow.copula import CopulaCodec
 from privflow.privacy.mechanisms import dp_marginals as mechanism
 from privflow.privacy.plan import StagePlan
 from privflow.schema import Schema
-from privflow.tasks._options import PRIVATE
+from privflow.tasks.lazy_task import task
 
 
 def planned_grid_bins(schema: Schema, stage: StagePlan, grid_bins: int | Literal["auto"]) -> int:
@@ -24,7 +23,7 @@ def planned_grid_bins(schema: Schema, stage: StagePlan, grid_bins: int | Literal
     return mechanism.auto_grid_bins(schema.dataset.expected_rows, sigma)
 
 
-@task(name="dp_marginals", **PRIVATE)
+@task(name="dp_marginals", private=True)
 def dp_marginal_codec(
     df: pl.DataFrame, schema: Schema, stage: StagePlan, grid_bins: int | Literal["auto"]
 ) -> CopulaCodec:

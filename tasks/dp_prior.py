@@ -6,14 +6,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from prefect import task
 
 from privflow.chunked import DiskRows
 from privflow.privacy.events import GaussianEvent, RepeatedEvent
 from privflow.privacy.mechanisms import dp_mog
 from privflow.privacy.noise import preprocess_private, secret_generator
 from privflow.privacy.plan import StagePlan
-from privflow.tasks._options import PRIVATE
+from privflow.tasks.lazy_task import task
 
 # DP-EM runs on features standardised by the DP statistics; a public box of +-4 keeps
 # the sufficient statistics bounded while covering nearly all standardised mass.
@@ -39,7 +38,7 @@ def _standardised(model: torch.nn.Module, x: np.ndarray | DiskRows, mean: np.nda
     return out
 
 
-@task(name="dp_prior", **PRIVATE)
+@task(name="dp_prior", private=True)
 def dp_prior(
     model: torch.nn.Module, x: np.ndarray, mean: np.ndarray, std: np.ndarray, stage: StagePlan, components: int
 ) -> dp_mog.MoGParams:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from prefect import task
 
 from privflow.privacy.mechanisms import dp_stats
 from privflow.privacy.noise import preprocess_private, secret_generator
 from privflow.privacy.plan import StagePlan
-from privflow.tasks._options import PRIVATE
+from privflow.tasks.lazy_task import task
 
 # Public clip for the features the first actnorm sees: the logit map sends [0, 1] into
 # roughly [-7, 7], so clipping there bounds each row's contribution without touching most.
@@ -38,7 +37,7 @@ def preprocessed_statistics(model: torch.nn.Module, x: np.ndarray) -> np.ndarray
     return stats
 
 
-@task(name="dp_stats", **PRIVATE)
+@task(name="dp_stats", private=True)
 def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tuple[np.ndarray, np.ndarray]:
     """Release the clipped mean/std with the planned Gaussian noise and set the actnorm from them.
 

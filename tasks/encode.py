@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from prefect import task
 
 from privflow.codec import Codec
 from privflow.row_hash import unit_hash
-from privflow.tasks._options import PRIVATE
+from privflow.tasks.lazy_task import task
 
 
 def selection_coins(df: pl.DataFrame, validation_fraction: float, seed: int) -> np.ndarray:
@@ -30,7 +29,7 @@ def encode_split(
     return x[~coin], x[coin]
 
 
-@task(name="encode", **PRIVATE)
+@task(name="encode", private=True)
 def encode_rows(df: pl.DataFrame, codec: Codec, validation_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Encode every row (float32, what the flows train on) and split off the selection rows
     (`selection_coins`), chunk by chunk into the two outputs. Integer columns and atoms are

@@ -7,13 +7,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
-from prefect import task
 
 from privflow.codec import Codec
 from privflow.config import EvaluateConfig
 from privflow.schema import Schema
-from privflow.tasks._options import PRIVATE
 from privflow.tasks.evaluation.report import EvaluationResult, evaluate
+from privflow.tasks.lazy_task import task
 from privflow.tasks.select import row_loglik
 
 _MIA_ROWS = 4000  # rows per side for the membership test: enough for a stable AUROC
@@ -25,7 +24,7 @@ def _some_rows(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.sort(rng.choice(n, size=min(n, _MIA_ROWS), replace=False))
 
 
-@task(name="evaluate", **PRIVATE)
+@task(name="evaluate", private=True)
 def evaluate_run(
     schema: Schema,
     codec: Codec,

@@ -2,10 +2,10 @@
 
     plan -> DP statistics -> [DP prior] -> DP-SGD -> Report-Noisy-Max -> sample
 
-The train flow (flows/train.py, and through it retraining and the Python API) and the
+The train pipeline (flows/pipeline.py, and through it retraining and the Python API) and the
 benchmark (flows/benchmark.py) all call `fit`. Privacy: each mechanism's event is added to
 `spend` as soon as it completes, and `spend.in_mechanism` is set while one runs, so that a
-caller can settle a failed run truthfully (flows/train.py). With `private=False` the same
+caller can settle a failed run truthfully (flows/pipeline.py). With `private=False` the same
 steps run without clipping or noise (exact clipped statistics, non-noisy EM, noise-free
 SGD, argmax selection): the benchmark's non-private reference, never a release.
 """

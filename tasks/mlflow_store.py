@@ -24,7 +24,6 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import ModelSignature
 from mlflow.types import ColSpec
 from mlflow.types import Schema as MLSchema
-from prefect import task
 
 import privflow
 from privflow import env, models
@@ -35,6 +34,7 @@ from privflow.privacy.events import Event, events_to_json
 from privflow.privacy.plan import PrivacyPlan
 from privflow.schema import Schema
 from privflow.target_head import release_codec
+from privflow.tasks.lazy_task import task
 
 _REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
 # The parts of privflow/ the sampler imports; bundled without the demo data or the CLI.

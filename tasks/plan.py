@@ -7,12 +7,11 @@ runs, and is recorded, before any private value is read. The plan itself is buil
 
 from __future__ import annotations
 
-from prefect import task
-
 from privflow.config import RunConfig
 from privflow.privacy.plan import PrivacyPlan
 from privflow.privacy.run_plan import run_plan, sgd_shape
 from privflow.schema import Schema
+from privflow.tasks.lazy_task import task
 
 
 @task(name="plan")

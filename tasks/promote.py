@@ -23,8 +23,6 @@ import numpy as np
 import polars as pl
 import torch
 from mlflow import MlflowClient
-from prefect import task
-from prefect.runtime import task_run
 
 from privflow.codec import Codec
 from privflow.config import RunConfig
@@ -43,8 +41,8 @@ from privflow.privacy.mechanisms.promotion import (
 from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator, secret_seed
 from privflow.schema import Schema
 from privflow.target_head import TargetCodec, conditional_loglik
-from privflow.tasks._options import PRIVATE
 from privflow.tasks.encode import selection_coins
+from privflow.tasks.lazy_task import task, task_run_count
 from privflow.tasks.mlflow_store import PROMOTION_TAG, LoadedVersion, alias_holder, load_version
 from privflow.tasks.mlflow_store import record_promotion as record
 from privflow.validation import validate
@@ -183,7 +181,7 @@ def codecs_comparable(new: LoadedVersion, old: LoadedVersion, schema: Schema) ->
     return isinstance(a, CopulaCodec | TargetCodec) and type(a) is type(b) and a.same_cells(b)
 
 
-@task(name="promote", retries=1, retry_delay_seconds=2, **PRIVATE)
+@task(name="promote", retries=1, retry_delay_seconds=2, private=True)
 def promote_if_better(
     model_name: str,
     candidate_version: str,
@@ -238,7 +236,7 @@ def _compare(
     client, alias, champion = MlflowClient(), settings.alias, base["champion_version"]
     ledger = Ledger(ledger_path)
     event = settings.event()
-    lid = ledger_id(promotion_id, int(task_run.run_count or 1))
+    lid = ledger_id(promotion_id, task_run_count())
     try:
         ledger.reserve(
             schema.dataset.name, lid, [event], {"promote": f"{settings.mechanism} epsilon={settings.epsilon:g}"}

@@ -14,14 +14,13 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from prefect import task
 
 from privflow.config import SelectConfig
 from privflow.privacy.events import PureDPEvent, RepeatedEvent
 from privflow.privacy.mechanisms import report_noisy_max
 from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator
 from privflow.privacy.plan import StagePlan
-from privflow.tasks._options import PRIVATE
+from privflow.tasks.lazy_task import task
 
 
 def per_pick_epsilon(stage: StagePlan) -> float:
@@ -59,7 +58,7 @@ def loglik_matrix(make_model: Callable[[dict], torch.nn.Module], states: list[di
     return np.stack([row_loglik(make_model(state), x).astype(np.float64) for state in states])
 
 
-@task(name="select", **PRIVATE)
+@task(name="select", private=True)
 def select_checkpoints(
     make_model: Callable[[dict], torch.nn.Module],
     checkpoints: list[tuple[int, dict]],

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from prefect import task
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from privflow.chunked import DiskRows, parquet_chunks, parquet_rows
@@ -42,11 +41,11 @@ from privflow.privacy.plan import PrivacyPlan
 from privflow.row_hash import unit_hash
 from privflow.schema import Schema
 from privflow.target_head import TargetCodec, head_widths
-from privflow.tasks._options import PRIVATE
 from privflow.tasks.dp_head import fit_head_planned, head_rows
 from privflow.tasks.dp_marginals import codec_from_counts, planned_grid_bins
 from privflow.tasks.encode import encode_split
 from privflow.tasks.fit import Spend
+from privflow.tasks.lazy_task import task
 from privflow.validation import ValidationReport, validate, validate_chunks
 
 DIAGNOSTIC_SALT = 0x5A3E_D1A6  # public: the diagnostics' coins differ from the selection split's
@@ -72,7 +71,7 @@ def _chunks(config: RunConfig, what: str, show_progress: bool) -> Iterator[pl.Da
             progress.advance(bar, chunk.height)
 
 
-@task(name="validate", **PRIVATE)
+@task(name="validate", private=True)
 def first_pass(
     config: RunConfig,
     schema: Schema,
@@ -135,11 +134,11 @@ def stream_prepare(
     return codec, x_train, x_val, sample
 
 
-dp_marginals_from_counts = task(name="dp_marginals", **PRIVATE)(codec_from_counts)
-dp_head_from_rows = task(name="dp_head", **PRIVATE)(fit_head_planned)
+dp_marginals_from_counts = task(name="dp_marginals", private=True)(codec_from_counts)
+dp_head_from_rows = task(name="dp_head", private=True)(fit_head_planned)
 
 
-@task(name="encode", **PRIVATE)
+@task(name="encode", private=True)
 def encode_chunks(
     config: RunConfig, schema: Schema, codec: Any, work: Path, show_progress: bool = False
 ) -> tuple[DiskRows, DiskRows, pl.DataFrame]:

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from prefect import task
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from privflow.chunked import DiskRows
@@ -19,7 +18,7 @@ from privflow.privacy.distributed import train_data_parallel
 from privflow.privacy.dp_sgd import TrainResult, TrainSettings, train
 from privflow.privacy.events import PoissonGaussianEvent
 from privflow.privacy.plan import SGDShape, StagePlan
-from privflow.tasks._options import PRIVATE
+from privflow.tasks.lazy_task import task
 
 
 def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | None = None) -> TrainSettings:
@@ -52,7 +51,7 @@ def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | No
     )
 
 
-@task(name="train", **PRIVATE)
+@task(name="train", private=True)
 def train_flow_model(
     model: torch.nn.Module, x: np.ndarray | DiskRows, settings: TrainSettings, show_progress: bool = True
 ) -> TrainResult:

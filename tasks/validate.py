@@ -6,15 +6,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
-from prefect import task
 
 from privflow.io import read_table
 from privflow.schema import Schema
-from privflow.tasks._options import PRIVATE
+from privflow.tasks.lazy_task import task
 from privflow.validation import ValidationReport, validate
 
 
-@task(name="validate", **PRIVATE)
+@task(name="validate", private=True)
 def validate_data(
     data_path: Path,
     schema: Schema,

@@ -168,7 +168,7 @@ def test_gate_limit_is_raised_to_the_configured_false_stop_floor(tmp_path: Path,
     """gate.false_stop sets the noise floor: the count a clean table exceeds with that probability."""
     from types import SimpleNamespace
 
-    from privflow.flows.train import _gate_threshold
+    from privflow.flows.pipeline import _gate_threshold
     from privflow.schema import Schema
 
     data, schema_path = _slice(tmp_path, demo_dir, 2000)

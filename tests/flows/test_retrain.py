@@ -475,10 +475,11 @@ def test_retried_flow_run_that_failed_before_any_mechanism_counts_once(
     tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Same flow run id, second attempt: the reservation is not counted twice."""
+    import privflow.flows.pipeline as pipeline
     import privflow.flows.train as train
 
     config = _train_config(tmp_path, "adult-retry-early")
-    calls = _flaky(monkeypatch, train, "validate_data", ConnectionError("data share unreachable"))
+    calls = _flaky(monkeypatch, pipeline, "validate_data", ConnectionError("data share unreachable"))
     summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)
     assert calls["n"] == 2
     ledger = Ledger(config.store / "ledger.db")
@@ -495,10 +496,11 @@ def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
     tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The retry reruns DP statistics, DP-SGD and selection with fresh noise: a second access."""
+    import privflow.flows.pipeline as pipeline
     import privflow.flows.train as train
 
     config = _train_config(tmp_path, "adult-retry-late")
-    calls = _flaky(monkeypatch, train, "evaluate_run", RuntimeError("diagnostics crashed"))
+    calls = _flaky(monkeypatch, pipeline, "evaluate_run", RuntimeError("diagnostics crashed"))
     summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)
     assert calls["n"] == 2
     ledger = Ledger(config.store / "ledger.db")

@@ -1,4 +1,4 @@
-"""`privflow run --no-server` (flows/train.py `train_in_process`): the same pipeline without
+"""`privflow run --no-server` (flows/pipeline.py `train_in_process`): the same pipeline without
 Prefect's engine records what the Prefect flow records, and never reaches a Prefect API.
 
 One small run each way, into the same store under two model names: the MLflow run (param
@@ -38,7 +38,8 @@ def runs(tmp_path_factory, demo_dir: Path):
     import prefect.client.orchestration as orchestration
     from prefect.server.api.server import SubprocessASGIServer
 
-    from privflow.flows.train import train_in_process, train_pipeline
+    from privflow.flows.pipeline import train_in_process
+    from privflow.flows.train import train_pipeline
 
     tmp = tmp_path_factory.mktemp("inprocess")
     data, schema = adult_slice(tmp, demo_dir, ROWS)

@@ -37,7 +37,7 @@ def runs(tmp_path_factory, demo_dir: Path):
     from prefect.server.api.server import SubprocessASGIServer
 
     import privflow.tasks.validate as whole_reader
-    from privflow.flows.train import train_in_process
+    from privflow.flows.pipeline import train_in_process
 
     tmp = tmp_path_factory.mktemp("stream")
     csv, schema = adult_slice(tmp, demo_dir, ROWS)
