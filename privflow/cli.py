@@ -288,8 +288,23 @@ def _run_body(
     config_path: Path | None, overrides: dict, quiet: bool, verbose: bool, promote: str | None, server: bool = True
 ) -> None:
     from privflow import env
+    from privflow.startup import imports_without_gc
 
     env.set_verbosity(verbose)  # before anything logs (the accountant's absl warnings included)
+    with imports_without_gc():  # pre-flight and the flow stack's imports (privflow/startup.py)
+        pipeline, ready, cfg = _start_run(config_path, overrides, verbose, promote, server)
+    if ready is not None:
+        ready()
+    summary = pipeline(cfg, show_progress=not quiet)
+    _print_summary(summary)
+
+
+def _start_run(
+    config_path: Path | None, overrides: dict, verbose: bool, promote: str | None, server: bool
+) -> tuple[Callable[..., Any], Callable[[], None] | None, Any]:
+    """Configuration, pre-flight, then (Prefect's temporary server spawned when `server`) the
+    pipeline's import: (the pipeline to call, the wait for that server or None, the config)."""
+    from privflow import env
     from privflow.preflight import preflight
 
     cfg = _load_config(config_path, overrides, promote)
@@ -312,16 +327,12 @@ def _run_body(
         from privflow.flows.prefect_server import start_early
 
         ready = start_early()
-    if server:
         from privflow.flows.train import train_pipeline as pipeline
     else:  # the same chain without Prefect's engine, and without importing Prefect
         from privflow.flows.pipeline import train_in_process as pipeline
 
     env.quiet_imported(verbose)
-    if ready is not None:
-        ready()
-    summary = pipeline(cfg, show_progress=not quiet)
-    _print_summary(summary)
+    return pipeline, ready, cfg
 
 
 def _print_summary(summary: object) -> None:

@@ -1,0 +1,35 @@
+"""privflow/startup.py: the CLI's start-up runs without cyclic collection, and leaves the
+collector as it found it, with what start-up built frozen out of later collections."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from privflow.startup import imports_without_gc
+
+
+@pytest.fixture(autouse=True)
+def _restore_collector():
+    enabled = gc.isenabled()
+    yield
+    gc.unfreeze()
+    (gc.enable if enabled else gc.disable)()
+
+
+def test_no_collection_inside_and_the_collector_back_after() -> None:
+    gc.enable()
+    frozen = gc.get_freeze_count()
+    with imports_without_gc():
+        assert not gc.isenabled()
+        built = [[i] for i in range(1000)]
+    assert gc.isenabled()
+    assert gc.get_freeze_count() >= frozen + len(built)
+
+
+def test_a_disabled_collector_stays_disabled_even_when_the_block_fails() -> None:
+    gc.disable()
+    with pytest.raises(RuntimeError), imports_without_gc():
+        raise RuntimeError("pre-flight refused the run")
+    assert not gc.isenabled()
