@@ -440,9 +440,12 @@ def _pretrain(config_path: Path | None, overrides: dict, quiet: bool, verbose: b
         highlight=False,
         soft_wrap=True,
     )
-    from privflow.flows.pretrain import pretrain_pipeline
+    from privflow.startup import imports_without_gc
 
-    env.quiet_imported(verbose)
+    with imports_without_gc():  # the flow stack's imports (privflow/startup.py)
+        from privflow.flows.pretrain import pretrain_pipeline
+
+        env.quiet_imported(verbose)
     s = pretrain_pipeline(cfg, show_progress=not quiet)
     Console(soft_wrap=True).print(
         f"registered {s.model_name} v{s.model_version} (@{s.alias}) from {s.rows} public rows"
@@ -489,15 +492,16 @@ def _generate(
         raise ConfigError(f"--device must be auto, cpu or cuda, got '{device}'.")
     device = resolve_device(device)  # before the store is opened: a missing GPU costs nothing
     from privflow import env
+    from privflow.startup import imports_without_gc
 
     env.configure(store, verbose=verbose)
-    import mlflow  # noqa: F401 - imported here so its event messages can be switched off
+    with imports_without_gc():  # MLflow's import and the model's load (privflow/startup.py)
+        import mlflow  # noqa: F401 - imported here so its event messages can be switched off
 
-    from privflow.registry import load_generator
+        from privflow.registry import load_generator
 
-    env.quiet_imported(verbose)
-
-    generator = load_generator(model, store)
+        env.quiet_imported(verbose)
+        generator = load_generator(model, store)
     sampler = _generator_sampler(generator)
     if sampler is not None:
         # Stream: the released flows sample batch by batch straight into the file (bounded
@@ -613,15 +617,17 @@ def _score(
         except ValueError as exc:
             raise ConfigError(f"Bad --fpr/--epsilon/--score-low/--score-high: {exc}.") from None
     from privflow import env
+    from privflow.startup import imports_without_gc
 
     env.configure(store, verbose=verbose)
-    import mlflow  # noqa: F401 - imported here so its event messages can be switched off
+    with imports_without_gc():  # MLflow's import and the model's load (privflow/startup.py)
+        import mlflow  # noqa: F401 - imported here so its event messages can be switched off
 
-    from privflow.preflight import check_table
-    from privflow.tasks.score import dp_threshold, load_model, score_table
+        from privflow.preflight import check_table
+        from privflow.tasks.score import dp_threshold, load_model, score_table
 
-    env.quiet_imported(verbose)
-    name, loaded = load_model(model, store)
+        env.quiet_imported(verbose)
+        name, loaded = load_model(model, store)
     check_table(data, loaded.schema, "Data file")  # header against the model's public schema
     if reference is not None:
         check_table(reference, loaded.schema, "Reference file")  # header only, before the ledger reserves
