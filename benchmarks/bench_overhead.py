@@ -281,7 +281,7 @@ def breakdown(
             "import privflow.cli": span("import privflow.cli"),
             "CLI start (arguments, settings, config)": first_pf[k] - m["child_main"][k] - span("import privflow.cli"),
             "pre-flight": span("preflight"),
-            "import of the flow stack (torch, Prefect, MLflow, ...; with Prefect, its server spawned)": m[
+            "import of the flow stack (torch, MLflow, ...; Prefect and its server spawned only with a server)": m[
                 "flow_imported"
             ][k]
             - preflight_end,
