@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # torch only where a generator is made: planning (pre-flight)
 _MAX_WIDEN = 64
 
 
+@lru_cache(maxsize=1)
 def _dp() -> Any:
     """The parts of OpenDP used here as one namespace, like ``opendp.prelude`` without its extras
     (``opendp.prelude`` imports scikit-learn through ``opendp.extras.sklearn``: 0.5 s of every

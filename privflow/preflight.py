@@ -326,6 +326,8 @@ def resolve_device(choice: str) -> str:
     Without an NVIDIA driver on the machine, CUDA is absent and torch is not imported (3 s);
     with one, torch decides.
     """
+    if choice not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"--device must be auto, cpu or cuda, got '{choice}'.")
     if choice == "cpu":
         return "cpu"
     driver = nvidia_driver()

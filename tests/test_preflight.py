@@ -71,6 +71,8 @@ def test_minimum_rows_follows_the_validation_fraction() -> None:
 def test_device() -> None:
     assert resolve_device("cpu") == "cpu"
     assert resolve_device("auto") in ("cpu", "cuda")
+    with pytest.raises(ConfigError, match="auto, cpu or cuda"):
+        resolve_device("gpu")
     if not Path("/proc/driver/nvidia/version").exists():
         with pytest.raises(DeviceUnavailable, match="--device cpu"):
             resolve_device("cuda")
