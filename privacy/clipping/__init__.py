@@ -11,7 +11,13 @@ from privflow.privacy.clipping.flat import clip_flat, flat_factors
 from privflow.privacy.clipping.per_layer import clip_per_layer, layer_thresholds, per_layer_factors
 from privflow.privacy.clipping.per_unit import clip_per_unit, row_stats, unit_factors, unit_thresholds
 from privflow.privacy.clipping.registry import CLIPPING_STRATEGIES, StepContext, get_clipping, register_clipping
-from privflow.privacy.clipping.sparsify import clip_sparsify, sparsify_k, stochastic_sparsify
+from privflow.privacy.clipping.sparsify import (
+    clip_sparsify,
+    sparsify_k,
+    stochastic_sparsify,
+    threshold,
+    threshold_positions,
+)
 from privflow.privacy.clipping.structure import LayerInfo, model_layers
 
 __all__ = [
@@ -35,6 +41,8 @@ __all__ = [
     "row_stats",
     "sparsify_k",
     "stochastic_sparsify",
+    "threshold",
+    "threshold_positions",
     "unit_factors",
     "unit_thresholds",
 ]

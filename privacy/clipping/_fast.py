@@ -15,9 +15,10 @@ from torch import Tensor, nn
 
 from privflow.privacy.clipping.per_layer import layer_thresholds
 from privflow.privacy.clipping.per_unit import clip_per_unit, unit_factors
-from privflow.privacy.clipping.sparsify import sparsify_clipped_sum, sparsify_k
+from privflow.privacy.clipping.sparsify import sparsify_clipped_sum, sparsify_k, threshold_positions
 from privflow.privacy.clipping.structure import LayerInfo
 from privflow.privacy.grad_samplers import GHOST_OPS, materialise
+from privflow.privacy.grad_samplers._common import flat_select
 from privflow.privacy.grad_samplers.registry import Call
 
 Method = Literal["fast", "hooks"]
@@ -125,14 +126,21 @@ def per_unit_layer(
 
 
 def sparsify_layer(
-    layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, thr: float, sparsity: float, gamma: Tensor
+    layer: LayerInfo,
+    calls: Sequence[Call],
+    n: int,
+    method: Method,
+    thr: float,
+    sparsity: float,
+    gamma: Tensor,
+    positions: Tensor | None = None,
 ) -> dict[nn.Parameter, Tensor]:
     """sum_i clip_{C_l}(T(g_i)) for one layer, in chunks of examples. Structurally zero
-    entries (a MADE mask, the fixed triangles of LU) are left out of the selection: they are 0
-    and stay 0 under T, and the k-th largest entry is the same with or without them
-    (k <= free entries)."""
+    entries (a MADE mask, the fixed triangles of LU) are left out: they are 0 and stay 0 under
+    T, and the k-th largest entry is the same with or without them (k <= free entries).
+    `positions` index the free entries (``sparsify.threshold_positions``)."""
     ops = ghost_ops(layer, calls, method)
-    index = ops.free_index(layer.module) if ops is not None else {}  # type: ignore[attr-defined]
+    index = free_index(layer)
     k = sparsify_k(layer.complexity, sparsity)
     total: Tensor | None = None
     for sl in chunks(n, layer):
@@ -140,8 +148,8 @@ def sparsify_layer(
             v = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
         else:
             g = materialise(layer.module, calls, sl)
-            v = torch.cat([g[p].reshape(g[p].shape[0], -1) for p in layer.params], 1)
-        part = sparsify_clipped_sum(v, k, gamma[sl], thr)
+            v = torch.cat([flat_select(g[p], index.get(p)) for p in layer.params], 1)
+        part = sparsify_clipped_sum(v, k, gamma[sl], thr, positions)
         total = part if total is None else total + part
     out, start = {}, 0
     assert total is not None
@@ -156,6 +164,13 @@ def sparsify_layer(
     return out
 
 
+def free_index(layer: LayerInfo) -> dict[nn.Parameter, Tensor | None]:
+    """Flat indices of each parameter's free entries (absent or None: all), from the layer
+    type's ghost ops whether or not they apply to this batch (the mask is the module's)."""
+    ops = GHOST_OPS.get(type(layer.module))
+    return ops.free_index(layer.module) if ops is not None else {}  # type: ignore[attr-defined]
+
+
 def thresholds(layers: Sequence[LayerInfo], max_grad_norm: float, active: Sequence[LayerInfo]) -> list[float]:
     """Thresholds of the active layers, from the split over ALL layers (a fixed, public split)."""
     all_thr = dict(zip((id(layer) for layer in layers), layer_thresholds(layers, max_grad_norm), strict=False))
@@ -168,3 +183,11 @@ def gammas(
     gen_device = generator.device if generator is not None else device
     u = 1.0 - torch.rand((count, n), generator=generator, device=gen_device, dtype=dtype).to(device)  # (0, 1]
     return list(u)
+
+
+def positions(
+    layers: Sequence[LayerInfo], generator: torch.Generator | None, device: torch.device
+) -> list[Tensor | None]:
+    """Each layer's tau positions for the step (``sparsify.threshold_positions``), drawn after
+    the gammas: the fast path and the reference draw the same."""
+    return [threshold_positions(layer.complexity, generator, device) for layer in layers]

@@ -12,10 +12,12 @@ from torch import Tensor, nn
 
 from privflow.privacy.clipping._fast import (
     add_into,
+    free_index,
     gammas,
     layer_sq,
     layer_sum,
     per_unit_layer,
+    positions,
     sparsify_layer,
     thresholds,
 )
@@ -91,22 +93,27 @@ class PerUnit:
 
 @register_clipping("sparsify")
 class Sparsify:
-    """One uniform draw per example and layer, all drawn at once per step ([layers, n])."""
+    """One uniform draw per example and layer, all drawn at once per step ([layers, n]), then
+    each long layer's tau positions (``sparsify.threshold_positions``)."""
 
     bounded = True
 
     def fast(self, ctx: StepContext) -> tuple[Sums | None, Tensor | None]:
         out: Sums = {}
-        gs = gammas(ctx.n, len(ctx.active), ctx.generator, ctx.device, ctx.dtype)
-        for (layer, c), t, gamma in zip(ctx.active, _active_thresholds(ctx), gs, strict=False):
-            add_into(out, sparsify_layer(layer, c, ctx.n, ctx.method, t, ctx.sparsity, gamma))  # type: ignore[arg-type]
+        layers = [layer for layer, _ in ctx.active]
+        gs = gammas(ctx.n, len(layers), ctx.generator, ctx.device, ctx.dtype)
+        pos = positions(layers, ctx.generator, ctx.device)
+        for (layer, c), t, gamma, p in zip(ctx.active, _active_thresholds(ctx), gs, pos, strict=True):
+            add_into(out, sparsify_layer(layer, c, ctx.n, ctx.method, t, ctx.sparsity, gamma, p))  # type: ignore[arg-type]
         return out, None
 
     def reference(self, ctx: StepContext, grads: list[list[Tensor]]) -> list[list[Tensor]]:
-        gs = gammas(ctx.n, len(ctx.active), ctx.generator, grads[0][0].device, grads[0][0].dtype)
-        return clip_sparsify(
-            grads, _active_thresholds(ctx), ctx.sparsity, [layer.complexity for layer, _ in ctx.active], gs
-        )
+        layers = [layer for layer, _ in ctx.active]
+        device = grads[0][0].device
+        gs = gammas(ctx.n, len(layers), ctx.generator, device, grads[0][0].dtype)
+        pos = positions(layers, ctx.generator, device)
+        index = [[free_index(layer).get(p) for p in layer.params] for layer in layers]
+        return clip_sparsify(grads, _active_thresholds(ctx), ctx.sparsity, gs, pos, index)
 
 
 @register_clipping("none")

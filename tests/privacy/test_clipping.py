@@ -23,6 +23,8 @@ from privflow.privacy.clipping import (
     row_stats,
     sparsify_k,
     stochastic_sparsify,
+    threshold,
+    threshold_positions,
     unit_thresholds,
 )
 from tests.privacy.test_grad_samplers import TinyFlow
@@ -78,7 +80,7 @@ def clip_with(
         return clip_per_unit(grads, thr)
     gen = torch.Generator().manual_seed(seed)
     gammas = [torch.rand(grads[0][0].shape[0], generator=gen, dtype=DT) for _ in grads]
-    return clip_sparsify(grads, thr, 0.5, [layer.complexity for layer in layers], gammas)
+    return clip_sparsify(grads, thr, 0.5, gammas)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -194,9 +196,69 @@ def test_sparsify_is_unbiased() -> None:
     assert bool((t.ne(0).sum(1) < 40).any())  # it does sparsify
 
 
+def test_sampled_tau_is_the_same_rank_share_among_the_positions() -> None:
+    """tau from positions: the round(k S / m)-th largest of the entries there (S positions);
+    all positions give the exact k-th largest; rows up to EXACT_ROW get no positions."""
+    from privflow.privacy.clipping.sparsify import EXACT_ROW, THRESHOLD_SAMPLE, kth_largest
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(5, 100, generator=g, dtype=DT)
+    pos = torch.tensor([3, 17, 40, 41, 99, 0, 58, 77])
+    for k in (1, 30, 50, 100):
+        want = torch.sort(a[:, pos], dim=1, descending=True).values[:, [max(1, round(k * 8 / 100)) - 1]]
+        torch.testing.assert_close(threshold(a, k, pos), want, atol=0, rtol=0)
+        torch.testing.assert_close(threshold(a, k, torch.randperm(100, generator=g)), kth_largest(a, k))
+    assert threshold_positions(EXACT_ROW, g, torch.device("cpu")) is None
+    p = threshold_positions(EXACT_ROW + 1, g, torch.device("cpu"))
+    assert p is not None and p.numel() == THRESHOLD_SAMPLE == p.unique().numel()
+    assert int(p.min()) >= 0 and int(p.max()) <= EXACT_ROW
+
+
+def test_sampled_tau_keeps_about_one_minus_s_and_stays_unbiased() -> None:
+    """On long rows (heavy-tailed, a third exact zeros) the share of entries at least tau is
+    1 - s within 4 standard errors of the S-position estimate, and T with the estimated tau is
+    still unbiased (5 standard errors over gamma)."""
+    from privflow.privacy.clipping.sparsify import THRESHOLD_SAMPLE
+
+    g = torch.Generator().manual_seed(1)
+    m, s = 20000, 0.5
+    v = torch.randn(64, m, generator=g, dtype=DT) ** 3 * (torch.rand(64, m, generator=g) > 1 / 3)
+    k = sparsify_k(m, s)
+    kept = []
+    for _ in range(10):
+        pos = threshold_positions(m, g, torch.device("cpu"))
+        assert pos is not None
+        kept.append((v.abs() >= threshold(v.abs(), k, pos)).to(DT).mean(1))
+    share = torch.cat(kept)
+    assert abs(float(share.mean()) - (1 - s)) < 4 * math.sqrt(s * (1 - s) / THRESHOLD_SAMPLE / share.numel())
+    assert float((share - (1 - s)).abs().max()) < 4 * math.sqrt(s * (1 - s) / THRESHOLD_SAMPLE) + 0.01
+    row = (torch.randn(1, 2000, generator=g, dtype=DT).sign() * torch.logspace(-1, 1, 2000, dtype=DT))[
+        :, torch.randperm(2000, generator=g)
+    ]
+    pos = threshold_positions(2000, g, torch.device("cpu"))
+    draws = 20000
+    t = stochastic_sparsify(row.expand(draws, -1), 1000, torch.rand(draws, generator=g, dtype=DT), pos)
+    mean, se = t.mean(0), t.std(0) / math.sqrt(draws)
+    assert bool(((mean - row[0]).abs() <= 5 * se + 1e-12).all())
+    assert float(t.ne(0).to(DT).mean()) < 0.9  # it does sparsify
+
+
+def sampled_tau(strategy: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`sparsify-sampled`: sparsify with tau estimated on every layer of more than 8 free
+    entries, from 4 positions (the small test models' layers are all under the real limit)."""
+    from privflow.privacy.clipping import sparsify
+
+    if strategy != "sparsify-sampled":
+        return strategy
+    monkeypatch.setattr(sparsify, "EXACT_ROW", 8)
+    monkeypatch.setattr(sparsify, "THRESHOLD_SAMPLE", 4)
+    return "sparsify"
+
+
 # ---------------------------------------------------------------- the engine on a model
-@pytest.mark.parametrize("strategy", STRATEGIES + ["none"])
-def test_fast_path_equals_reference(strategy: str) -> None:
+@pytest.mark.parametrize("strategy", STRATEGIES + ["none", "sparsify-sampled"])
+def test_fast_path_equals_reference(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    strategy = sampled_tau(strategy, monkeypatch)
     model = TinyFlow(d=4, hidden=8, blocks=3, seed=1).to(DT)
     x = torch.randn(9, 4, dtype=DT, generator=torch.Generator().manual_seed(2))
     kw = dict(clipping=strategy, max_grad_norm=0.7, sparsity=0.4)
@@ -377,14 +439,21 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_dphflow_fast_path_equals_torch_func_per_example_clipping(strategy: str, device: str) -> None:
+@pytest.mark.parametrize("strategy", STRATEGIES + ["sparsify-sampled"])
+def test_dphflow_fast_path_equals_torch_func_per_example_clipping(
+    strategy: str, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The default DP-HFlow architecture (shared MADE called once per block, LU flows,
     actnorm, embedding): the fast clipped sum equals clipping torch.func per-example gradients
     by the strategy's definition and summing them, to 1e-6 in float64. On CUDA the fast path
-    runs on the GPU against the same reference computed on the CPU."""
+    runs on the GPU against the same reference computed on the CPU. `sparsify-sampled`: every
+    layer of more than 8 free entries estimates tau from positions (on the same draws)."""
     from privflow.models import build_flow
+    from privflow.privacy.clipping._fast import free_index
     from privflow.privacy.clipping._fast import gammas as draw_gammas
+    from privflow.privacy.clipping._fast import positions as draw_positions
+
+    strategy = sampled_tau(strategy, monkeypatch)
     from privflow.privacy.noise import dequantization_noise
 
     cards = [None, 3, None, 5, 2, None]
@@ -416,8 +485,13 @@ def test_dphflow_fast_path_equals_torch_func_per_example_clipping(strategy: str,
     elif strategy == "per_unit":
         clipped = clip_per_unit(grads, thr)
     else:
-        gs = [g.cpu() for g in draw_gammas(n, len(layers), torch.Generator(device=device).manual_seed(3), device, DT)]
-        clipped = clip_sparsify(grads, thr, 0.5, [layer.complexity for layer in layers], gs)
+        gen = torch.Generator(device=device).manual_seed(3)
+        gs = [g.cpu() for g in draw_gammas(n, len(layers), gen, device, DT)]
+        pos = [None if p is None else p.cpu() for p in draw_positions(layers, gen, torch.device(device))]
+        index = [
+            [None if (i := free_index(layer).get(p)) is None else i.cpu() for p in layer.params] for layer in layers
+        ]
+        clipped = clip_sparsify(grads, thr, 0.5, gs, pos, index)
     assert bool((total_norms(clipped) <= c * SLACK).all())
     model.to(device)  # the same Parameter objects: `layers` still names them
     fast = clipped_gradient_sum(
