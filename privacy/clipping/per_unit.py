@@ -16,20 +16,24 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from privflow.privacy.clipping._base import factor, row_view
+from privflow.privacy.clipping._base import row_view
 from privflow.privacy.grad_samplers._common import row_stats
 
 
 def unit_thresholds(l1: Tensor, layer_threshold: float) -> Tensor:
-    """C_l[i] = C_l sqrt(||G_i||_1 / sum_j ||G_j||_1), per example: [n, U] from L1 norms [n, U]."""
-    total = l1.sum(1, keepdim=True)
-    share = torch.where(total > 0, l1 / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(l1))
-    return layer_threshold * torch.sqrt(share)
+    """C_l[i] = C_l sqrt(||G_i||_1 / sum_j ||G_j||_1), per example: [n, U] from L1 norms [n, U].
+    An example whose layer gradient is 0 (every ||G_i||_1 = 0) gets thresholds 0 (nothing to clip)."""
+    total = l1.sum(1, keepdim=True).clamp_(min=torch.finfo(l1.dtype).tiny)
+    return torch.div(l1, total).sqrt_().mul_(layer_threshold)
 
 
 def unit_factors(l1: Tensor, sq: Tensor, layer_threshold: float) -> Tensor:
-    """Per-example, per-unit scale [n, U]."""
-    return factor(torch.sqrt(sq), unit_thresholds(l1, layer_threshold))
+    """Per-example, per-unit scale [n, U]: min(1, C_l[i] / ||G_i||) (1 where ||G_i|| = 0).
+    The step's unit count is small, but the step runs this per layer: one pass per operation,
+    no masks built (a unit over its threshold has a positive norm, so the quotient is finite)."""
+    thr = unit_thresholds(l1, layer_threshold)
+    norm = sq.sqrt()
+    return torch.where(norm > thr, thr.div_(norm), 1.0)
 
 
 def clip_per_unit(grads: Sequence[Sequence[Tensor]], thresholds: Sequence[float]) -> list[list[Tensor]]:
