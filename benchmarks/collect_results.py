@@ -41,6 +41,7 @@ SOURCES = (
     Source("sampling.md", "Sampling rate and memory", "15", ("", "Verdict")),
     Source("overhead.md", "Fixed overhead of a run, time to an early error", "15", ("Verdict",)),
     Source("dp_step.md", "DP step against the non-private step", "15", ("",)),
+    Source("sparsify_tau.md", "Sparsification: the exact threshold against the sampled one", "15", ("",)),
     Source("scaling.md", "Training time and memory against rows", "15", ("", "Verdict")),
     Source("stream.md", "privflow run on tables up to 3.2M rows: read whole against streamed", "15", ("", "Verdict")),
     Source("poisson.md", "DP-SGD's Poisson sample: batch-sized draw against n coins", "15", ("",)),
