@@ -15,10 +15,15 @@ from torch import Tensor, nn
 
 from privflow.privacy.clipping.per_layer import layer_thresholds
 from privflow.privacy.clipping.per_unit import clip_per_unit, unit_factors
-from privflow.privacy.clipping.sparsify import sparsify_clipped_sum, sparsify_k, threshold_positions
+from privflow.privacy.clipping.sparsify import (
+    free_rows,
+    from_free_rows,
+    sparsify_clipped_sum,
+    sparsify_k,
+    threshold_positions,
+)
 from privflow.privacy.clipping.structure import LayerInfo
 from privflow.privacy.grad_samplers import GHOST_OPS, materialise
-from privflow.privacy.grad_samplers._common import flat_select
 from privflow.privacy.grad_samplers.registry import Call
 
 Method = Literal["fast", "hooks"]
@@ -148,20 +153,12 @@ def sparsify_layer(
             v = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
         else:
             g = materialise(layer.module, calls, sl)
-            v = torch.cat([flat_select(g[p], index.get(p)) for p in layer.params], 1)
+            v = free_rows([g[p] for p in layer.params], [index.get(p) for p in layer.params])
         part = sparsify_clipped_sum(v, k, gamma[sl], thr, positions)
         total = part if total is None else total + part
-    out, start = {}, 0
     assert total is not None
-    for p in layer.params:
-        idx = index.get(p)
-        size = p.numel() if idx is None else idx.numel()
-        piece = total[start : start + size]
-        if idx is not None:
-            piece = torch.zeros(p.numel(), dtype=piece.dtype, device=piece.device).index_copy_(0, idx, piece)
-        out[p] = piece.reshape(p.shape)
-        start += size
-    return out
+    sums = from_free_rows(total[None], [p.shape for p in layer.params], [index.get(p) for p in layer.params])
+    return {p: s[0] for p, s in zip(layer.params, sums, strict=True)}
 
 
 def free_index(layer: LayerInfo) -> dict[nn.Parameter, Tensor | None]:

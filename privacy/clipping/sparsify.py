@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from privflow.privacy.clipping._base import factor, flat_view
+from privflow.privacy.clipping._base import factor
 from privflow.privacy.grad_samplers._common import flat_select
 
 
@@ -155,17 +155,30 @@ def clip_sparsify(
     out = []
     for i, (layer, thr, gamma) in enumerate(zip(grads, thresholds, gammas, strict=True)):
         index = free_index[i] if free_index is not None else [None] * len(layer)
-        flat = torch.cat([flat_select(g, idx) for g, idx in zip(layer, index, strict=True)], 1)
+        flat = free_rows(layer, index)
         pos = positions[i] if positions is not None else None
         t = stochastic_sparsify(flat, sparsify_k(flat.shape[1], sparsity), gamma, pos)
         t = t * factor(t.norm(dim=1), thr)[:, None]
-        parts, start = [], 0
-        for g, idx in zip(layer, index, strict=True):
-            size = flat_view(g).shape[1] if idx is None else idx.numel()
-            piece = t[:, start : start + size]
-            if idx is not None:
-                piece = piece.new_zeros(g.shape[0], flat_view(g).shape[1]).index_copy_(1, idx, piece)
-            parts.append(piece.reshape(g.shape))
-            start += size
-        out.append(parts)
+        out.append(from_free_rows(t, [g.shape[1:] for g in layer], index))
     return out
+
+
+def free_rows(grads: Sequence[Tensor], index: Sequence[Tensor | None]) -> Tensor:
+    """A layer's per-example gradients [n, *shape_j] -> [n, m]: each parameter's free entries
+    (``index[j]``, None: all) in turn, the layout T and the tau positions work on."""
+    return torch.cat([flat_select(g, idx) for g, idx in zip(grads, index, strict=True)], 1)
+
+
+def from_free_rows(t: Tensor, shapes: Sequence[Sequence[int]], index: Sequence[Tensor | None]) -> list[Tensor]:
+    """The inverse of ``free_rows``: t [r, m] -> one [r, *shape_j] per parameter, its
+    structural zeros 0."""
+    parts, start = [], 0
+    for shape, idx in zip(shapes, index, strict=True):
+        numel = math.prod(shape)
+        size = numel if idx is None else idx.numel()
+        piece = t[:, start : start + size]
+        if idx is not None:
+            piece = piece.new_zeros(t.shape[0], numel).index_copy_(1, idx, piece)
+        parts.append(piece.reshape(t.shape[0], *shape))
+        start += size
+    return parts
