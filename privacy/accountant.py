@@ -15,9 +15,12 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
+from privflow.privacy.composed_cache import ComposedCache, cache_key, default_path
 from privflow.privacy.events import (
     Event,
     GaussianEvent,
@@ -59,6 +62,9 @@ class Accountant(ABC):
     """Composes events; every subclass answers the same questions the same way."""
 
     name: str
+    # the distribution that composes, whose version is part of a remembered answer's key (None:
+    # answers are not kept on disk)
+    library: str | None = None
 
     def epsilon(self, events: Sequence[Event], delta: float) -> float:
         """Smallest epsilon such that the composition is (epsilon, delta)-DP."""
@@ -80,7 +86,12 @@ class Accountant(ABC):
             if cached is not None:
                 _COMPOSED.move_to_end(key)
                 return cached
-        value = float(self._epsilon(pairs, delta))
+        disk = _DISK if self.library is not None else None
+        disk_key = cache_key(self.name, str(self.library), self._settings(), pairs, delta) if disk is not None else ""
+        stored = disk.get(disk_key) if disk is not None else None
+        value = stored if stored is not None else float(self._epsilon(pairs, delta))
+        if disk is not None and stored is None:
+            disk.put(disk_key, value)
         with _COMPOSED_LOCK:
             _COMPOSED[key] = value
             if len(_COMPOSED) > _COMPOSED_MAX:
@@ -102,6 +113,17 @@ class Accountant(ABC):
 _COMPOSED: OrderedDict[tuple[object, ...], float] = OrderedDict()
 _COMPOSED_MAX = 1024
 _COMPOSED_LOCK = threading.Lock()
+_DISK: ComposedCache | None = None  # the same, across processes (`remember_on_disk`)
+
+
+def remember_on_disk(path: Path | None | Literal["default"] = "default") -> None:
+    """Keep composed epsilons in a file as well (privacy/composed_cache.py): the CLI's runs do,
+    so a scheduled run with an unchanged plan skips its calibration's compositions. The
+    default is `composed_cache.default_path()`; None stops it."""
+    global _DISK
+    if path == "default":
+        path = default_path()
+    _DISK = ComposedCache(path) if path is not None else None
 
 
 def _pld_of(event: Event, h: float):  # noqa: ANN202 - dp-accounting's own type
@@ -168,6 +190,7 @@ class PLDAccountant(Accountant):
     """Privacy-loss-distribution composition (Koskela et al.; dp-accounting), the reported figure."""
 
     name = "pld"
+    library = "dp-accounting"
 
     def __init__(self, discretization: float = 1e-4) -> None:
         self.discretization = discretization
@@ -201,6 +224,7 @@ class RDPAccountant(Accountant):
     """Renyi-DP composition (Mironov 2017; dp-accounting), looser than PLD: a cross-check."""
 
     name = "rdp"
+    library = "dp-accounting"
 
     def _epsilon(self, pairs: list[tuple[Event, int]], delta: float) -> float:
         from dp_accounting import dp_event as dpe
@@ -229,6 +253,7 @@ class PRVAccountant(Accountant):
     """Privacy-random-variable composition (Gopi et al. 2021; prv-accountant): an independent check."""
 
     name = "prv"
+    library = "prv-accountant"
 
     def __init__(self, eps_error: float = 0.001, delta_error: float = 1e-10) -> None:
         self.eps_error = eps_error
@@ -274,6 +299,7 @@ __all__ = [
     "PRVAccountant",
     "RDPAccountant",
     "pld_points",
+    "remember_on_disk",
     "reported_epsilon",
 ]
 

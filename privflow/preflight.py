@@ -389,6 +389,7 @@ def _recorded_budget(config: RunConfig, schema: Schema) -> tuple[float, float]:
 
 def _check_budget(config: RunConfig, schema: Schema) -> object:
     from privflow.errors import BudgetExceeded
+    from privflow.privacy.accountant import remember_on_disk
     from privflow.privacy.ledger import check_budget_at
     from privflow.privacy.run_plan import run_plan
 
@@ -403,6 +404,7 @@ def _check_budget(config: RunConfig, schema: Schema) -> object:
             f"epsilon={spent:.4g}, leaving {max(0.0, total - spent):.4g}). Lower --epsilon, or raise the "
             "dataset's budget deliberately (Ledger.set_budget) if the data owner agrees."
         )
+    remember_on_disk()  # a plan made before from the same public inputs is looked up, not recomposed
     plan = run_plan(config, schema)
     budget = schema.dataset.budget
     check_budget_at(config.store / "ledger.db", schema.dataset.name, plan.events, (budget.epsilon, budget.delta))

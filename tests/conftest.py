@@ -14,6 +14,8 @@ os.environ["PRIVFLOW_HOME"] = str(_HOME)
 os.environ["PREFECT_HOME"] = str(_HOME / "prefect")
 os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+# every test composes for itself (tests/privacy/test_composed_cache.py turns the cache on)
+os.environ["PRIVFLOW_ACCOUNTING_CACHE"] = "off"
 
 from privflow import env  # noqa: E402
 
