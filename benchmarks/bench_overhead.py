@@ -353,6 +353,8 @@ def _env_for(store: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PRIVFLOW_", "MLFLOW_"))}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # Python's default: compiled modules cached (render's note)
     env["PRIVFLOW_HOME"] = str(store)
+    # the store's own accounting cache (privacy/composed_cache.py), empty before its first run
+    env["PRIVFLOW_ACCOUNTING_CACHE"] = str(store.parent / f"{store.name}-composed-epsilons.sqlite")
     return env
 
 
@@ -521,8 +523,10 @@ def render(
         + TINY_CONFIG.splitlines()[2]
         + "`.",
         "Modes: " + "; ".join(f"**{m}**: {MODES[m]}" for m in results) + ".",
-        "In each mode run 1 uses a new store (MLflow, and Prefect with a server, create their databases); later "
-        "runs reuse it. Every run is a fresh process, as a CLI call is, with Python's default of caching "
+        "In each mode run 1 uses a new store (MLflow, and Prefect with a server, create their databases) and an "
+        "empty accounting cache (privacy/composed_cache.py: its plan is composed, as a first run's is); later "
+        "runs reuse both (the same plan is looked up). Every run is a fresh process, as a CLI call is, with "
+        "Python's default of caching "
         "compiled modules (this machine's shell sets PYTHONDONTWRITEBYTECODE=1, which the runs do not inherit: "
         "compiling privflow's own modules costs about 0.25 s a run, paid by the first run only).",
         "Wall: seconds on the clock. CPU: seconds of CPU used by the run's process (all threads); the last row's "

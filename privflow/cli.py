@@ -288,13 +288,16 @@ def _run_body(
     config_path: Path | None, overrides: dict, quiet: bool, verbose: bool, promote: str | None, server: bool = True
 ) -> None:
     from privflow import env
-    from privflow.startup import imports_without_gc
+    from privflow.startup import imports_without_gc, meanwhile
 
     env.set_verbosity(verbose)  # before anything logs (the accountant's absl warnings included)
     with imports_without_gc():  # pre-flight and the flow stack's imports (privflow/startup.py)
         pipeline, ready, cfg = _start_run(config_path, overrides, verbose, promote, server)
-    if ready is not None:
-        ready()
+        if ready is not None:
+            from privflow.validation import import_gx
+
+            with meanwhile(import_gx):  # this process waits idle for the server meanwhile
+                ready()
     summary = pipeline(cfg, show_progress=not quiet)
     _print_summary(summary)
 

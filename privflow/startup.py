@@ -11,7 +11,8 @@ reference counting still frees everything as usual, and collection resumes for t
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -29,4 +30,24 @@ def imports_without_gc() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["imports_without_gc"]
+@contextmanager
+def meanwhile(work: Callable[[], object]) -> Iterator[None]:
+    """Run `work` in a thread while the block waits on something outside this process (Prefect's
+    temporary server starting in its own), and wait for it at the end. For imports the run makes
+    later anyway: a failure is dropped here and raised where the run imports for real."""
+
+    def run() -> None:
+        try:
+            work()
+        except Exception:  # noqa: BLE001, S110 - the real import reports it, in its place
+            pass
+
+    thread = threading.Thread(target=run, name="privflow-warm-imports", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
+__all__ = ["imports_without_gc", "meanwhile"]

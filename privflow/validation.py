@@ -238,6 +238,14 @@ def _gx_quiet() -> None:
     os.environ.setdefault("GE_USAGE_STATS", "FALSE")
 
 
+def import_gx() -> None:
+    """Import Great Expectations (about a second here) with its usage statistics off, without
+    building a context: the CLI does it while Prefect's temporary server starts."""
+    _gx_quiet()
+    import great_expectations  # noqa: F401
+    import great_expectations.expectations  # noqa: F401
+
+
 def _gx_exception(info: Any) -> str | None:
     """GX reports an evaluation error either flat or keyed by metric; find any raised one."""
     if not isinstance(info, dict):

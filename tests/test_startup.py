@@ -4,10 +4,12 @@ collector as it found it, with what start-up built frozen out of later collectio
 from __future__ import annotations
 
 import gc
+import threading
+import time
 
 import pytest
 
-from privflow.startup import imports_without_gc
+from privflow.startup import imports_without_gc, meanwhile
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +35,26 @@ def test_a_disabled_collector_stays_disabled_even_when_the_block_fails() -> None
     with pytest.raises(RuntimeError), imports_without_gc():
         raise RuntimeError("pre-flight refused the run")
     assert not gc.isenabled()
+
+
+def test_meanwhile_works_during_the_wait_and_is_finished_after() -> None:
+    started, done = threading.Event(), []
+
+    def work() -> None:
+        started.set()
+        time.sleep(0.05)
+        done.append(True)
+
+    with meanwhile(work):
+        assert started.wait(5)  # running while the block waits
+    assert done == [True]  # and finished when the block ends
+
+
+def test_meanwhile_drops_the_works_error_and_keeps_the_blocks() -> None:
+    def failing() -> None:
+        raise ImportError("no such module")
+
+    with meanwhile(failing):
+        pass  # the real import raises later, where the run needs the module
+    with pytest.raises(RuntimeError), meanwhile(lambda: None):
+        raise RuntimeError("the server never answered")
