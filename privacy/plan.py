@@ -19,7 +19,7 @@ from privflow.errors import PrivacyPlanError
 from privflow.privacy.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.events import Event, PoissonGaussianEvent, event_to_dict
 
-__all__ = ["MAX_EPSILON", "PrivacyPlan", "Remainder", "SGDShape", "StagePlan", "make_plan"]
+__all__ = ["MAX_EPSILON", "MAX_STEPS", "PrivacyPlan", "Remainder", "SGDShape", "StagePlan", "make_plan"]
 
 _COARSE = 1e-3  # PLD discretisation while searching; the final figure uses the fine default
 
@@ -27,6 +27,9 @@ _COARSE = 1e-3  # PLD discretisation while searching; the final figure uses the 
 # about 1e43), and the small stages' noise shrinks until their privacy-loss distributions
 # need gigabytes; a clear refusal is better than either.
 MAX_EPSILON = 100.0
+# The most DP-SGD steps a plan accepts: at epsilon 1 even 10 million steps at a 1.6% sample rate
+# need more noise than any search reaches, and a billion would keep the accountant busy for hours.
+MAX_STEPS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,11 @@ class SGDShape:
     def __post_init__(self) -> None:
         if not 0 < self.sample_rate <= 1 or self.steps < 1:
             raise PrivacyPlanError(f"DP-SGD needs a sample rate in (0, 1] and at least one step, got {self}.")
+        if self.steps > MAX_STEPS:  # accounting for billions of steps alone would take hours
+            raise PrivacyPlanError(
+                f"DP-SGD of {self.steps:,} steps is past privflow's limit of {MAX_STEPS:,} (steps = epochs / sample "
+                "rate, the sample rate being batch_size / expected_rows); use fewer epochs or a larger batch."
+            )
 
     def event(self, noise_multiplier: float) -> PoissonGaussianEvent:
         return PoissonGaussianEvent(self.sample_rate, noise_multiplier, self.steps)

@@ -6,6 +6,8 @@ Everything here is public: none of it is read off the private rows.
 
 from __future__ import annotations
 
+import posixpath
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -16,7 +18,9 @@ from privflow.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # no infinite or NaN setting anywhere: `lr: .inf` passes gt=0 and trains nothing, epochs: .inf
+    # has no step count
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PrivacyConfig(_Section):
@@ -224,6 +228,11 @@ class SelectConfig(_Section):
     def _bounds(self) -> SelectConfig:
         if not self.score_low < self.score_high:
             raise ValueError("score_low must be below score_high")
+        if self.top_k > self.max_candidates:
+            raise ValueError(
+                f"top_k ({self.top_k}) checkpoints cannot be chosen among max_candidates ({self.max_candidates}); "
+                "lower top_k or raise max_candidates"
+            )
         return self
 
 
@@ -300,6 +309,34 @@ class RunConfig(_Section):
     select: SelectConfig = SelectConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     stream: StreamConfig = StreamConfig()
+
+    @field_validator("model_name")
+    @classmethod
+    def _registrable_name(cls, v: str | None) -> str | None:
+        """MLflow's own rules for a registered model's name (mlflow.utils.validation, checked here so
+        that a name the registry refuses never gets as far as a run that spends budget), and no '@'
+        (privflow reads NAME@ALIAS)."""
+        if v is None:
+            return v
+        norm = posixpath.normpath(v)
+        if not v.strip() or any(c in v for c in "/:@") or norm != v or norm == "." or norm.startswith(".."):
+            raise ValueError(
+                f"{v!r} cannot name a registered model: it must not be blank, contain '/', ':' or '@', or be a "
+                "relative path such as '.' or '..'"
+            )
+        return v
+
+    @field_validator("alias")
+    @classmethod
+    def _registrable_alias(cls, v: str) -> str:
+        """MLflow's rules for an alias: letters, digits, '_' and '-', at most 255 characters, and
+        neither 'latest' nor v<number> (both name versions)."""
+        if not re.fullmatch(r"[\w\-]{1,255}", v) or v.lower() == "latest" or re.fullmatch(r"[vV]\d+", v):
+            raise ValueError(
+                f"{v!r} cannot be an alias: use 1 to 255 letters, digits, '_' or '-', and neither 'latest' nor "
+                "v<number> (the registry reserves both to name versions), e.g. 'champion'"
+            )
+        return v
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: object) -> RunConfig:
