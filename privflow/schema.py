@@ -20,10 +20,26 @@ ColumnType = Literal["numeric", "integer", "categorical"]
 Transform = Literal["none", "log1p"]
 
 
+def yaml_strings(v: object, field: str) -> object:
+    """A YAML list of values as they are written in the data: numbers become their text, and
+    booleans or nulls are refused (YAML reads unquoted yes/no/on/off/true/false as booleans and
+    null or ~ as no value, which would never match the data's text)."""
+    if not isinstance(v, list | tuple):
+        return v
+    odd = [x for x in v if isinstance(x, bool) or x is None]
+    if odd:
+        raise ValueError(
+            f"{field} {list(v)} hold {', '.join(repr(x) for x in odd)}, not text: YAML reads unquoted yes, no, on, "
+            "off, true, false as booleans and null or ~ as no value; quote each one as it appears in the data, "
+            "e.g. ['yes', 'no']"
+        )
+    return tuple(str(x) for x in v)
+
+
 class Budget(BaseModel):
     """A dataset's total (epsilon, delta) across all runs, composed by the ledger."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     epsilon: float = Field(gt=0)
     delta: float = Field(gt=0, lt=1)
 
@@ -31,7 +47,7 @@ class Budget(BaseModel):
 class Column(BaseModel):
     """One column: numeric/integer with public bounds, or categorical with a public list."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: str = Field(min_length=1)
     type: ColumnType
     bounds: tuple[float, float] | None = None
@@ -49,6 +65,11 @@ class Column(BaseModel):
                 raise ValueError(
                     f"column '{self.name}': bounds must be finite with low < high, got {list(self.bounds)}"
                 )
+            if not math.isfinite(high - low):  # e.g. [-1e308, 1e308]: every scaled value is 0 or NaN
+                raise ValueError(
+                    f"column '{self.name}': bounds {list(self.bounds)} span more than a float can hold; "
+                    "declare the range the values really take"
+                )
             if self.categories is not None:
                 raise ValueError(f"column '{self.name}' is {self.type}; 'categories' is only for categorical columns")
             if self.transform == "log1p" and low < 0:
@@ -65,9 +86,7 @@ class Column(BaseModel):
     @field_validator("categories", mode="before")
     @classmethod
     def _as_strings(cls, v: object) -> object:
-        if isinstance(v, list | tuple):
-            return tuple(str(x) for x in v)
-        return v
+        return yaml_strings(v, "categories")
 
     @property
     def is_categorical(self) -> bool:
@@ -77,7 +96,7 @@ class Column(BaseModel):
 class DatasetInfo(BaseModel):
     """The dataset's identity (the ledger's key) and its total privacy budget."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     budget: Budget = Budget(epsilon=10.0, delta=1e-5)
     expected_rows: int | None = Field(
@@ -86,12 +105,22 @@ class DatasetInfo(BaseModel):
         description="public, approximate row count; turns batch size and epochs into a Poisson "
         "sample rate and a step count without reading the data",
     )
+    missing_values: tuple[str, ...] = Field(
+        (),
+        description="text that means a missing value besides an empty field (e.g. '?' or 'NA'), in any "
+        "text column (every CSV column); where a column is not nullable such a value fails its check",
+    )
+
+    @field_validator("missing_values", mode="before")
+    @classmethod
+    def _as_strings(cls, v: object) -> object:
+        return yaml_strings(v, "missing_values")
 
 
 class Schema(BaseModel):
     """A table's public schema; `target` names the label used by utility diagnostics."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     dataset: DatasetInfo
     columns: tuple[Column, ...] = Field(min_length=1)
     target: str | None = None
@@ -133,12 +162,16 @@ class Schema(BaseModel):
     def from_yaml(cls, path: str | Path) -> Schema:
         """Read a schema file; any problem becomes a SchemaError naming the file and the field."""
         p = Path(path)
+        if p.is_dir():
+            raise SchemaError(f"Schema path '{p}' is a folder; pass the schema's YAML file.")
         if not p.is_file():
             raise SchemaError(f"Schema file '{p}' does not exist.")
         try:
-            raw = yaml.safe_load(p.read_text())
+            raw = yaml.safe_load(p.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
             raise SchemaError(f"Schema file '{p}' is not valid YAML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SchemaError(f"Schema file '{p}' cannot be read as UTF-8 text ({exc}).") from None
         if not isinstance(raw, dict):
             raise SchemaError(f"Schema file '{p}' must hold a mapping with 'dataset' and 'columns'.")
         try:

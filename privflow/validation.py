@@ -159,14 +159,19 @@ class _Coerced:
     schema_failures: list[Failure]
 
 
-def _normalise(df: pl.DataFrame) -> pl.DataFrame:
-    """Empty strings are missing values; Enum/Categorical columns are compared as strings."""
+def _normalise(df: pl.DataFrame, missing: tuple[str, ...] = ()) -> pl.DataFrame:
+    """Empty strings, and the schema's `missing_values`, are missing values in text columns;
+    Enum/Categorical columns are compared as strings."""
+    tokens = pl.Series(["", *missing], dtype=pl.String)
     exprs = []
     for name, dtype in df.schema.items():
         if isinstance(dtype, (pl.Enum, pl.Categorical)):
-            exprs.append(pl.col(name).cast(pl.String))
+            text = pl.col(name).cast(pl.String)
         elif dtype == pl.String:
-            exprs.append(pl.when(pl.col(name) == "").then(None).otherwise(pl.col(name)).alias(name))
+            text = pl.col(name)
+        else:
+            continue
+        exprs.append(pl.when(text.is_in(tokens)).then(None).otherwise(text).alias(name))
     return df.with_columns(exprs) if exprs else df
 
 
@@ -501,7 +506,7 @@ def validate(
             f"Dataset '{schema.dataset.name}': the table has no rows, so there is nothing to validate or train on."
         )
 
-    raw = _normalise(df)
+    raw = _normalise(df, schema.dataset.missing_values)
     n = raw.height
     co = _coerce(raw, schema)
     gx_out = _run_gx(raw, co.frame, schema)

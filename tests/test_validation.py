@@ -69,6 +69,34 @@ def adult_schema() -> Schema:
     return Schema.from_yaml(DEMO / "adult.yaml")
 
 
+def _with_missing_values(*tokens: str) -> Schema:
+    doc = SMALL.model_dump(mode="json")
+    doc["dataset"]["missing_values"] = list(tokens)
+    return Schema.model_validate(doc)
+
+
+def test_declared_missing_values_are_missing_in_every_text_column() -> None:
+    """'?' and 'NA' (declared) read as missing: allowed where nullable, a not-null failure elsewhere."""
+    schema = _with_missing_values("?", "NA")
+    df = set_cells(set_cells(toy(), "income", [1, 2], "NA"), "size", [3], "?")
+    typed, report = validate(df, schema)
+    assert typed["income"].null_count() == toy()["income"].null_count() + 2 and typed["size"][3] is None
+    assert report.failing_rows == 0
+    err = fails(set_cells(toy(), "color", [4], "?"), schema)  # color is not nullable
+    assert [(f.column, f.check, f.failing_rows) for f in err.report.failures] == [("color", "not_null", 1)]
+    fails(set_cells(toy(), "income", [1], "NA"))  # undeclared, 'NA' is a word in a numeric column
+
+
+def test_missing_values_are_text_as_written() -> None:
+    assert _with_missing_values("-999", "?").dataset.missing_values == ("-999", "?")
+    doc = SMALL.model_dump(mode="json")
+    doc["dataset"]["missing_values"] = [-999, "?"]  # YAML's number: its text
+    assert Schema.model_validate(doc).dataset.missing_values == ("-999", "?")
+    doc["dataset"]["missing_values"] = [None]  # YAML's `~`
+    with pytest.raises(ValueError, match="quote each one"):
+        Schema.model_validate(doc)
+
+
 def test_valid_toy_is_typed_in_schema_order() -> None:
     df = toy().select(["size", "color", "income", "age"])  # column order in the file does not matter
     out, rep = validate(df, SMALL)
