@@ -449,6 +449,8 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
         _settle_failure(ledger, run_id, spend)
         raise
     registered = _compare_with_holder(config, model_name, registered, store, run_id)
+    # the DP comparison with the alias's holder is charged to the same dataset: the summary's total counts it
+    figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(schema.dataset.name)
     outputs = {
         "synthetic_path": str(synthetic_path),
         "curator_dir": str(curator),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from privflow.errors import BudgetExceeded, PrivacyPlanError
+from privflow.errors import BudgetExceeded, PrivacyPlanError, StoreError
 from privflow.privacy.accountant import PLDAccountant
 from privflow.privacy.events import (
     Event,
@@ -211,16 +211,25 @@ class Ledger:
         self.timeout = timeout
         if not self.path.parent.is_dir():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        con = self._connect()
         try:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("BEGIN IMMEDIATE")
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    con.execute(statement)
-            con.execute("COMMIT")
-        finally:
-            con.close()
+            con = self._connect()
+            try:
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        con.execute(statement)
+                con.execute("COMMIT")
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise  # another process holds it past the timeout: not the file's fault
+            raise StoreError(
+                f"The privacy ledger '{self.path}' cannot be opened as a SQLite database ({exc}). It holds every "
+                "epsilon spent on its datasets, so privflow will not replace it: restore it from a backup (do not "
+                "delete it, that would forget what was spent). Nothing was changed."
+            ) from None
 
     # -- connections -------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -88,12 +89,24 @@ def demo_paths() -> tuple[Path, Path, Path]:
     return root / "adult_train.csv", root / "adult.yaml", root / "adult_test.csv"
 
 
+_LONG_WORD = 300  # characters: longer runs (a garbage header echoed from a file) are cut to 120
+
+
 def _paragraph(text: str) -> str:
-    return " ".join(str(text).split())
+    """One line; any run of non-space characters longer than _LONG_WORD shortened, saying so."""
+
+    def cut(m: re.Match[str]) -> str:
+        word = m.group()
+        return f"{word[:120]}... ({len(word):,} characters)"
+
+    return re.sub(rf"\S{{{_LONG_WORD + 1},}}", cut, " ".join(str(text).split()))
 
 
 def _fail(message: str, code: int = EXIT_USER) -> None:
-    console.print(f"[bold red]error:[/] {_paragraph(message)}", highlight=False, soft_wrap=True, markup=True)
+    from rich.markup import escape
+
+    # the message is text, not markup: "[low, high]" or a value in brackets must print as it is
+    console.print(f"[bold red]error:[/] {escape(_paragraph(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -486,12 +499,13 @@ def _generate(
     model: str, n: int, out: Path, seed: int | None, store: Path, verbose: bool, device: str = "auto"
 ) -> None:
     from privflow.errors import ConfigError
-    from privflow.preflight import check_output, resolve_device
+    from privflow.preflight import check_output, check_registry, check_room, resolve_device
 
     check_output(out)
     if seed is not None and not 0 <= seed < 2**63:
         raise ConfigError(f"--seed must be a whole number from 0 to 2**63 - 1, got {seed}.")
     device = resolve_device(device)  # before the store is opened: a missing GPU costs nothing
+    check_registry(store, f"--model {model}", "Train and register one first (`privflow run`) with the same --store.")
     from privflow import env
     from privflow.startup import imports_without_gc
 
@@ -504,6 +518,8 @@ def _generate(
         env.quiet_imported(verbose)
         generator = load_generator(model, store)
     sampler = _generator_sampler(generator)
+    schema = sampler.codec.schema if sampler is not None else _generator_schema(generator)
+    check_room(out, n, len(schema.columns) if schema is not None else 1)
     if sampler is not None:
         # Stream: the released flows sample batch by batch straight into the file (bounded
         # memory, one explicit generator from `--seed` or the OS CSPRNG, privflow.sampler).
@@ -518,7 +534,6 @@ def _generate(
 
     frame = generator.predict(pd.DataFrame({"n": [n], **({"seed": [seed]} if seed is not None else {})}))
     table = pl.from_pandas(frame)
-    schema = _generator_schema(generator)
     if schema is not None:
         from privflow.codec import restore_types
 
@@ -583,9 +598,10 @@ def _score(
 
     from privflow.config import SelectConfig
     from privflow.errors import ConfigError
-    from privflow.preflight import check_output
+    from privflow.preflight import check_output, check_registry
 
     check_output(out)
+    check_registry(store, f"--model {model}", "Train and register one first (`privflow run`) with the same --store.")
     dp_args = {"--fpr": fpr, "--reference": reference, "--epsilon": epsilon}
     if threshold is not None:
         given = [k for k, v in dp_args.items() if v is not None]
@@ -625,13 +641,14 @@ def _score(
         import mlflow  # noqa: F401 - imported here so its event messages can be switched off
 
         from privflow.preflight import check_table
-        from privflow.tasks.score import dp_threshold, load_model, score_table
+        from privflow.tasks.score import dp_threshold, flag, load_model, scored_rows
 
         env.quiet_imported(verbose)
         name, loaded = load_model(model, store)
     check_table(data, loaded.schema, "Data file")  # header against the model's public schema
     if reference is not None:
         check_table(reference, loaded.schema, "Reference file")  # header only, before the ledger reserves
+    raw, loglik = scored_rows(loaded, data)  # the table read and checked before any budget is spent
     say = Console().print
     spent = 0.0
     if mechanism is not None:
@@ -649,7 +666,7 @@ def _score(
         say(f"public threshold: {threshold:g} nats; epsilon spent 0", highlight=False, soft_wrap=True)
     from privflow.io import write_table
 
-    table = score_table(loaded, data, float(threshold))  # type: ignore[arg-type]
+    table = flag(raw, loglik, float(threshold))  # type: ignore[arg-type]
     write_table(table, out)
     flagged = int(table["anomaly"].sum())
     say(

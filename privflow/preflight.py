@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import os
-import re
+import shutil
 import sys
 import tempfile
 import time
@@ -259,6 +259,22 @@ def _refuses_new_files(folder: Path) -> str | None:
         return str(exc.strerror or exc)
 
 
+def check_room(out: Path, rows: int, columns: int) -> None:
+    """Refuse a table that cannot fit on the output's disk, before any row is sampled. The
+    sizes are lower bounds (one character and a separator per value in CSV, a quarter byte
+    per value in compressed Parquet): a refusal is certain, a pass is not a promise."""
+    per_value = 2.0 if Path(out).suffix.lower() == ".csv" else 0.25
+    need = float(rows) * max(1, columns) * per_value
+    folder = _existing_ancestor(Path(out).parent)
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise ConfigError(
+            f"{rows:,} rows of {columns} columns need at least {need / 1e9:,.1f} GB as {Path(out).suffix.lower()[1:]}, "
+            f"more than the {free / 1e9:,.1f} GB free under '{folder}'. Ask for fewer rows (-n), or write to a "
+            "disk with room."
+        )
+
+
 def check_output(out: Path) -> None:
     """An output table's name and place, before any model is loaded or rows are read: a .csv or
     .parquet name, not a folder, in a folder that takes a new file or can be created there
@@ -306,10 +322,11 @@ def check_store(store: Path) -> None:
         raise StoreError(
             f"Store '{p}' cannot be created: '{ancestor}' is a file, not a folder. Pass --store a folder path."
         )
-    if not os.access(ancestor, os.W_OK | os.X_OK):
+    refused = "not writable" if not os.access(ancestor, os.W_OK | os.X_OK) else _refuses_new_files(ancestor)
+    if refused:  # permission bits pass for root, and /proc or a read-only mount refuse anyway
         raise StoreError(
-            f"Store folder '{p}' cannot be created: '{ancestor}' is not writable. Pass --store a folder you can "
-            "write to."
+            f"Store folder '{p}' cannot be created: '{ancestor}' takes no new files ({refused}). Pass --store a "
+            "folder you can write to."
         )
 
 
@@ -411,20 +428,35 @@ def _check_budget(config: RunConfig, schema: Schema) -> object:
     return plan
 
 
+def check_registry(store: Path, wanted: str, remedy: str) -> None:
+    """A command that reads registered models has a registry to read: the store is a folder with
+    MLflow's database, unless an operator's tracking server is configured. Nothing is created
+    (a mistyped --store must not become a new, empty store)."""
+    from privflow import env
+    from privflow.errors import ModelNotFound
+
+    p = Path(store)
+    if p.exists() and not p.is_dir():
+        raise StoreError(f"Store '{p}' is a file, not a folder; pass --store the folder privflow run wrote to.")
+    db = p / "mlflow.db"
+    if env.operator_tracking_uri() is None and not db.is_file():
+        raise ModelNotFound(
+            f"{wanted}: there is no model registry in the store '{p}' (no '{db.name}'). {remedy} Relative store "
+            f"paths start in {Path.cwd()}."
+        )
+
+
 def check_init_from(config: RunConfig, schema: Schema) -> str:
     """The warm start's parent exists and fits this run; returns it as NAME/VERSION, so the
     run uses exactly the version checked here even if an alias moves meanwhile."""
     from privflow import env
-    from privflow.errors import ModelNotFound
 
     assert config.init_from is not None
-    db = Path(config.store) / "mlflow.db"
-    if env.operator_tracking_uri() is None and not db.is_file():
-        raise ModelNotFound(
-            f"--init-from {config.init_from}: there is no model registry in the store '{config.store}' (no "
-            f"'{db.name}'), so there is nothing to warm-start from. Register a parent first (`privflow pretrain` on "
-            "public data, or `privflow run`) with the same --store."
-        )
+    check_registry(
+        config.store,
+        f"--init-from {config.init_from}",
+        "Register a parent first (`privflow pretrain` on public data, or `privflow run`) with the same --store.",
+    )
     env.configure(config.store)  # offline, quiet settings before mlflow and prefect are imported
     from privflow.tasks import mlflow_store
     from privflow.tasks.warm_start import resolve_parent
@@ -477,11 +509,6 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
         raise ConfigError(
             "Pretraining starts from the config's random initialisation; remove 'init_from' from --config."
         )
-    if config.alias.lower() == "latest" or re.fullmatch(r"v\d+", config.alias, re.IGNORECASE):
-        raise ConfigError(
-            f"--alias '{config.alias}' is reserved by the MLflow registry ('latest' and v<number> name versions); "
-            "pick another alias, e.g. the default 'pretrained'."
-        )
     schema = _check_schema(config)
     fmt, rows = check_table(Path(config.data), schema, "Public data file", min_rows(config))
     check_store(config.store)
@@ -494,6 +521,8 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
 
 __all__ = [
     "MIN_ROWS_FLOOR",
+    "check_registry",
+    "check_room",
     "Preflight",
     "check_privacy_parameters",
     "check_store",

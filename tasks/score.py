@@ -82,18 +82,26 @@ def score_rows(model: LoadedVersion, df: pl.DataFrame) -> np.ndarray:
     return version_loglik(model.flows, x) + conditional_loglik(codec, df)
 
 
-def score_table(model: LoadedVersion, path: Path, threshold: float) -> pl.DataFrame:
-    """The user's table with `loglik` and `anomaly` (loglik < threshold) appended, in file order.
-
-    Rows must pass the schema's checks (strict): a row the model cannot encode has no score.
-    """
+def scored_rows(model: LoadedVersion, path: Path) -> tuple[pl.DataFrame, np.ndarray]:
+    """The user's table as read and each row's log-likelihood, in file order. Rows must pass the
+    schema's checks (strict): a row the model cannot encode has no score. Costs nothing, so the
+    CLI runs it before a DP threshold is charged: a table it refuses spends no budget."""
     raw = read_table(path)
     clash = [c for c in (LOGLIK, ANOMALY) if c in raw.columns]
     if clash:
         raise DataError(f"Data file '{path}' already has column(s) {clash}; rename them, score writes its own.")
     typed, _ = validate(raw, model.schema, "strict")
-    ll = score_rows(model, typed)
-    return raw.with_columns(pl.Series(LOGLIK, ll, dtype=pl.Float64), pl.Series(ANOMALY, ll < threshold))
+    return raw, score_rows(model, typed)
+
+
+def flag(raw: pl.DataFrame, loglik: np.ndarray, threshold: float) -> pl.DataFrame:
+    """`raw` with `loglik` and `anomaly` (loglik < threshold) appended."""
+    return raw.with_columns(pl.Series(LOGLIK, loglik, dtype=pl.Float64), pl.Series(ANOMALY, loglik < threshold))
+
+
+def score_table(model: LoadedVersion, path: Path, threshold: float) -> pl.DataFrame:
+    """The user's table with `loglik` and `anomaly` (loglik < threshold) appended, in file order."""
+    return flag(*scored_rows(model, path), threshold)
 
 
 def dp_threshold(model: LoadedVersion, reference: Path, mechanism: DPQuantile, store: Path) -> DPThreshold:
@@ -133,4 +141,14 @@ def dp_threshold(model: LoadedVersion, reference: Path, mechanism: DPQuantile, s
     return DPThreshold(threshold, float(mechanism.epsilon), dataset, lid)
 
 
-__all__ = ["ANOMALY", "LOGLIK", "DPThreshold", "dp_threshold", "load_model", "score_rows", "score_table"]
+__all__ = [
+    "ANOMALY",
+    "LOGLIK",
+    "DPThreshold",
+    "dp_threshold",
+    "flag",
+    "load_model",
+    "score_rows",
+    "score_table",
+    "scored_rows",
+]
