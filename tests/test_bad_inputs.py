@@ -272,6 +272,42 @@ def _flag(*args: str) -> Callable[[dict], list[str]]:
     return lambda ws: list(args)
 
 
+def _config(text: str) -> Callable[[dict], list[str]]:
+    def build(ws: dict) -> list[str]:
+        p = ws["dir"] / "case-config.yaml"
+        p.write_text(text)
+        return ["--config", str(p)]
+
+    return build
+
+
+def _column_change(column: str, **change: object) -> Callable[[dict], list[str]]:
+    def build(ws: dict) -> list[str]:
+        doc = _schema_doc(ws)
+        for col in doc["columns"]:
+            if col["name"] == column:
+                col.update(change)
+        return _write_schema(ws, doc, "changed.yaml")
+
+    return build
+
+
+def schema_is_dir(ws):
+    return ["--schema", str(ws["dir"])]
+
+
+def store_on_proc(ws):
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    return ["--store", "/proc/privflow-store"]
+
+
+def long_garbage_header(ws):
+    p = ws["dir"] / "long.csv"
+    p.write_text("D" * 5000 + "\n1\n2\n")
+    return _data(ws, p)
+
+
 CASES = [
     ("device-cuda-without-cuda", device_cuda, 2, ["cuda", "--device cpu"]),
     ("three-rows", few_rows, 2, ["3 data row", "at least"]),
@@ -312,6 +348,22 @@ CASES = [
     ("config-not-yaml", bad_config_yaml, 2, ["Config file", "YAML"]),
     ("config-unknown-key", config_unknown_key, 2, ["train.epoch"]),
     ("promote-unknown", bad_promote, 2, ["--promote", "if-better"]),
+    # found by fuzzing the CLI: each once reached a charged run or a traceback
+    ("model-name-with-slash", _flag("--model-name", "a/b"), 2, ["'a/b' cannot name a registered model"]),
+    ("alias-with-bad-characters", _flag("--alias", "bad alias/@x"), 2, ["cannot be an alias"]),
+    ("alias-naming-a-version", _flag("--alias", "v1"), 2, ["cannot be an alias", "v<number>"]),
+    ("config-lr-infinite", _config("train: {lr: .inf}\n"), 2, ["train.lr", "finite"]),
+    ("config-epochs-infinite", _config("train: {epochs: .inf}\n"), 2, ["train.epochs", "finite"]),
+    ("epochs-a-billion", _flag("--epochs", "1e9"), 2, ["limit of 10,000,000", "fewer epochs"]),
+    ("top-k-above-candidates", _config("select: {top_k: 1000}\n"), 2, ["top_k", "max_candidates"]),
+    ("bounds-spanning-more-than-a-float", _column_change("age", bounds=[-1e308, 1e308]), 2, ["more than a float"]),
+    ("bounds-missing", _column_change("age", bounds=None), 2, ["needs public bounds [low, high]"]),
+    ("bounds-nan", _column_change("age", bounds=[float("nan"), 100]), 2, ["bounds", "finite number"]),
+    # what YAML makes of an unquoted `categories: [yes, no]`
+    ("categories-yaml-booleans", _column_change("income", categories=[True, False]), 2, ["booleans", "quote each"]),
+    ("schema-is-a-folder", schema_is_dir, 2, ["is a folder"]),
+    ("store-on-proc", store_on_proc, 2, ["cannot be created", "takes no new files"]),
+    ("long-garbage-header", long_garbage_header, 2, ["does not match the schema"]),
 ]
 
 
@@ -333,6 +385,7 @@ def test_bad_input(ws: dict, name: str, build, status: int, needles: list[str]) 
     assert "Traceback" not in out and result.exception is None or isinstance(result.exception, SystemExit), out
     assert out.count("error:") == 1, out  # the message once
     text = " ".join(out.split())
+    assert len(text) < 1500, text  # one paragraph, however long a value in the file was
     for needle in needles:
         assert needle.lower() in text.lower(), (needle, text)
     # caught before spending: the ledger is as it was (no file created where there was none)

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from privflow.cli import app
 
 runner = CliRunner()
+DEMO = Path(__file__).resolve().parents[1] / "privflow" / "demo"
 
 
 @pytest.mark.parametrize(
@@ -283,3 +284,41 @@ def test_output_and_seed_mistakes_are_refused_before_the_model_is_loaded(
     assert result.exit_code == 2, result.output
     assert all(e in result.output for e in expect) and "Traceback" not in result.output
     assert not store.exists()
+
+
+@pytest.mark.parametrize("store_kind", ["missing", "file"])
+def test_generate_and_score_refuse_a_store_without_a_registry_and_create_nothing(
+    tmp_path: Path, store_kind: str
+) -> None:
+    """A mistyped --store is an error, not a new empty store (nor a Prefect home inside it)."""
+    store = tmp_path / "store"
+    if store_kind == "file":
+        store.write_text("x")
+    out = str(tmp_path / "o.csv")
+    gen = runner.invoke(app, ["generate", "--model", "m@a", "-n", "5", "-o", out, "--store", str(store)])
+    scored = runner.invoke(
+        app, ["score", "--model", "m@a", "--data", str(DEMO / "adult_test.csv"), "-o", out, "--threshold", "1",
+              "--store", str(store)],
+    )  # fmt: skip
+    needle = "no model registry in the store" if store_kind == "missing" else "is a file, not a folder"
+    for result in (gen, scored):
+        _assert_user_error(result, needle)
+    assert not store.exists() if store_kind == "missing" else store.read_text() == "x"
+
+
+def test_a_ledger_that_is_not_a_database_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "ledger.db").write_text("not a sqlite db")
+    for args in (
+        ["ledger", "show", "--store", str(tmp_path)],
+        [
+            "run",
+            "--data",
+            str(DEMO / "adult_train.csv"),
+            "--schema",
+            str(DEMO / "adult.yaml"),
+            "--store",
+            str(tmp_path),
+        ],
+    ):
+        _assert_user_error(runner.invoke(app, args), "cannot be opened as a SQLite database", "restore it")
+    assert (tmp_path / "ledger.db").read_text() == "not a sqlite db"

@@ -128,3 +128,38 @@ def test_bad_inputs_exit_2_without_traceback(trained, case: str) -> None:
     assert "error:" in res.output and "Traceback" not in res.output
     if case == "wrong_header":
         assert "'Age' for 'age'" in res.output
+
+
+def test_a_data_table_that_fails_its_checks_is_refused_before_the_dp_threshold_spends(trained) -> None:
+    """--data is read and checked first: a table score refuses costs the reference's dataset nothing."""
+    store, tmp = trained["store"], trained["tmp"]
+    bad = tmp / "words.csv"
+    pl.read_csv(trained["new"], infer_schema=False).with_columns(pl.lit("abc").alias("age")).write_csv(bad)
+    before = _runs(store, trained["dataset"])
+    res = _invoke(
+        "score", "--model", f"{MODEL}@champion", "--data", str(bad), "-o", str(tmp / "never2.csv"),
+        "--fpr", "0.05", "--reference", str(trained["ref"]), "--epsilon", "0.25", "--store", str(store),
+    )  # fmt: skip
+    assert res.exit_code == 2 and "'age'" in res.output and "Traceback" not in res.output, res.output
+    assert "DP threshold" not in res.output
+    assert _runs(store, trained["dataset"]) == before
+
+
+def test_generate_refuses_a_table_the_disk_cannot_hold(trained, monkeypatch) -> None:
+    import shutil as sh
+
+    from privflow import preflight
+
+    usage = sh.disk_usage(trained["tmp"])
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda _p: usage._replace(free=10_000_000))  # 10 MB free
+    out = trained["tmp"] / "huge.csv"
+    res = _invoke(
+        "generate", "--model", f"{MODEL}@champion", "-n", "1000000", "-o", str(out), "--store", str(trained["store"])
+    )
+    assert res.exit_code == 2 and "need at least" in res.output and "-n" in res.output, res.output
+    assert not out.exists() and not out.with_name(out.name + ".part").exists()
+    small = trained["tmp"] / "small.csv"  # 100 rows fit in 10 MB
+    res = _invoke(
+        "generate", "--model", f"{MODEL}@champion", "-n", "100", "-o", str(small), "--store", str(trained["store"])
+    )
+    assert res.exit_code == 0 and pl.read_csv(small).height == 100, res.output

@@ -509,3 +509,20 @@ def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
     assert runs[0].status in {"settled", "failed"}  # spent before diagnostics crashed: stays counted
     assert runs[0].events == runs[1].events
     assert ledger.spent("adult-retry-late")[0] > summary.epsilon * 1.2
+
+
+@pytest.mark.slow
+def test_the_run_summary_counts_its_own_promotion_comparison(tmp_path: Path) -> None:
+    """`--promote if-better` against a holder charges a DP comparison after the run settles; the
+    summary's dataset total is the ledger's after it, as `privflow ledger show` prints it."""
+    from privflow.config import RunConfig
+    from privflow.flows.pipeline import train_in_process
+
+    schema_path = _schema(tmp_path, "adult-summary", 5.0, 600)
+    data = _slice(DEMO / "adult_train.csv", tmp_path / "rows.csv", 0, 600)
+    config = RunConfig.build(data=data, schema_path=schema_path, store=tmp_path / "store", **TINY)
+    train_in_process(config, show_progress=False)  # the first version takes the alias at no cost
+    second = train_in_process(config, show_progress=False)
+    ledger = Ledger(tmp_path / "store" / "ledger.db")
+    assert f"{second.run_id}:promote" in {r.run_id for r in ledger.runs("adult-summary")}
+    assert second.dataset_epsilon == pytest.approx(ledger.spent("adult-summary")[0], rel=1e-12)
