@@ -285,7 +285,9 @@ def breakdown(
                 "flow_imported"
             ][k]
             - preflight_end,
-            "Prefect flow start (waiting for its temporary server; flow run)": (tracking[k] - m["flow_called"][k])
+            "Prefect flow start (waiting for its temporary server, Great Expectations imported meanwhile; flow run)": (
+                tracking[k] - m["flow_called"][k]
+            )
             if tracking
             else 0,
             "MLflow setup (tracking, experiment, run, header)": sum(

@@ -21,11 +21,17 @@ import atexit
 import time
 from collections.abc import Callable
 
-__all__ = ["start_early"]
+__all__ = ["start_early", "waits"]
 
 
 def _nothing() -> None:
     """Prefect starts (or reaches) its server itself."""
+
+
+def waits(ready: Callable[[], None]) -> bool:
+    """Whether `ready` (from `start_early`) waits for a server this process spawned: time the
+    CLI can spend on imports the run needs later."""
+    return ready is not _nothing
 
 
 def start_early() -> Callable[[], None]:

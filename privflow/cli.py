@@ -17,6 +17,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable
+from contextlib import nullcontext
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -307,9 +308,11 @@ def _run_body(
     with imports_without_gc():  # pre-flight and the flow stack's imports (privflow/startup.py)
         pipeline, ready, cfg = _start_run(config_path, overrides, verbose, promote, server)
         if ready is not None:
+            from privflow.flows.prefect_server import waits
             from privflow.validation import import_gx
 
-            with meanwhile(import_gx):  # this process waits idle for the server meanwhile
+            # while Prefect's temporary server starts, this process would wait idle: import GX meanwhile
+            with meanwhile(import_gx) if waits(ready) else nullcontext():
                 ready()
     summary = pipeline(cfg, show_progress=not quiet)
     _print_summary(summary)
