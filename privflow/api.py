@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 import torch
+from pydantic import ValidationError
 
 from privflow import env
 from privflow.config import RunConfig
+from privflow.errors import ConfigError, SchemaError
 from privflow.privacy.mechanisms.promotion import mixture_loglik
 from privflow.schema import Schema
 from privflow.target_head import conditional_loglik, release_codec
@@ -52,18 +54,33 @@ class Synthesizer:
         return None if self.summary is None else self.summary.epsilon
 
     def sample(self, n: int, seed: int | None = None) -> pl.DataFrame:
-        """`n` synthetic rows; `seed` makes the draw reproducible (else a CSPRNG seed)."""
+        """`n` synthetic rows; `seed` makes the draw reproducible (else a CSPRNG seed). The table
+        is built in memory: `n` it could not hold is refused before sampling (stream larger
+        tables to a file with `privflow generate`)."""
         from privflow.sampler import sample_rows  # imports mlflow: after env.configure
 
+        _check_count(n, "n", 1)
+        _check_seed(seed)
+        need = float(n) * len(self.schema.columns) * _BYTES_PER_VALUE
+        if need > _available_memory():
+            raise ConfigError(
+                f"sample({n:,}) needs about {need / 1e9:,.1f} GB of memory for {len(self.schema.columns)} columns, "
+                f"more than this machine has free ({_available_memory() / 1e9:,.1f} GB); sample fewer rows at a "
+                "time, or stream them to a file with `privflow generate`."
+            )
         return sample_rows(self.flows, self.codec, n, seed=seed)
 
     def score(self, rows: pl.DataFrame | Any, seed: int | None = None) -> np.ndarray:
         """Per-row log-likelihood (nats, privflow's encoded space) of `rows` under the released
         model: the equal-weight mixture of its checkpoints, as `sample` draws from it, plus the
-        target head's log-probability of the row's target when the model has one."""
+        target head's log-probability of the row's target when the model has one. Rows must
+        pass the schema's checks (as `privflow score` requires): a row the model cannot encode
+        has no score."""
         from privflow.tasks.select import row_loglik  # imports prefect: after env.configure
+        from privflow.validation import validate
 
-        df = rows if isinstance(rows, pl.DataFrame) else pl.from_pandas(rows)
+        _check_seed(seed)
+        df, _ = validate(_frame(rows, "rows"), self.schema, "strict")
         x = self.codec.encode(df.select(self.schema.names), np.random.default_rng(seed))
         if len(x) == 0:
             return np.empty(0)
@@ -74,20 +91,74 @@ class Synthesizer:
         return mixture_loglik(np.stack(per)) + conditional_loglik(self.codec, df)
 
     @classmethod
-    def load(cls, model_name: str, version: str, store: str | Path = ".privflow") -> Synthesizer:
-        """A registered version from the store's MLflow registry."""
+    def load(cls, model_name: str, version: str | int, store: str | Path = ".privflow") -> Synthesizer:
+        """A registered version from the store's MLflow registry: `version` a number or an alias
+        (e.g. "champion"). ModelNotFound when the store has no such version."""
+        from privflow.preflight import check_registry
+
+        spec = f"{model_name}/{version}" if str(version).isdigit() else f"{model_name}@{version}"
+        check_registry(Path(store), f"model {spec}", "Train and register one first (`fit` or `privflow run`).")
         env.configure(store)
         from privflow.tasks import mlflow_store  # imports mlflow and prefect: after env.configure
 
         mlflow_store.tracking(Path(store).resolve())
-        loaded = mlflow_store.load_version(model_name, version)
+        name, number, _ = mlflow_store.resolve_version(spec)
+        loaded = mlflow_store.load_version(name, number)
         return cls(loaded.schema, loaded.flows, marginals=loaded.marginals, head=loaded.head)
+
+
+_BYTES_PER_VALUE = 64.0  # a sampled value's peak memory: the encoded batch, the decoded frame and its columns
+
+
+def _available_memory() -> float:
+    """Bytes of memory free for a new allocation (Linux: MemAvailable; elsewhere: no limit)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def _check_count(value: Any, name: str, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ConfigError(f"{name} must be a whole number of at least {low}, got {value!r}.")
+
+
+def _check_seed(seed: Any) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**63):
+        raise ConfigError(f"seed must be None or a whole number from 0 to 2**63 - 1, got {seed!r}.")
+
+
+def _frame(data: Any, what: str) -> pl.DataFrame:
+    """A polars DataFrame from a polars or pandas one; anything else is a user error."""
+    if isinstance(data, pl.DataFrame):
+        return data
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas comes with mlflow
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return pl.from_pandas(data)
+    raise ConfigError(
+        f"{what} must be a polars or pandas DataFrame (or, for fit, a CSV/Parquet path), got {type(data).__name__}."
+    )
 
 
 def _schema_path(schema: str | Path | Schema | dict[str, Any], tmp: Path) -> Path:
     if isinstance(schema, (str, Path)):
         return Path(schema)
-    obj = schema if isinstance(schema, Schema) else Schema.model_validate(schema)
+    if isinstance(schema, Schema):
+        obj = schema
+    elif isinstance(schema, dict):
+        try:
+            obj = Schema.model_validate(schema)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'schema'}: {e['msg']}" for e in exc.errors())
+            raise SchemaError(f"The schema is invalid: {problems}.") from None
+    else:
+        raise SchemaError(f"schema must be a YAML path, a Schema or its dict, got {type(schema).__name__}.")
     path = tmp / "schema.yaml"
     path.write_text(obj.to_yaml())
     return path
@@ -96,9 +167,8 @@ def _schema_path(schema: str | Path | Schema | dict[str, Any], tmp: Path) -> Pat
 def _data_path(data: str | Path | pl.DataFrame | Any, tmp: Path) -> Path:
     if isinstance(data, (str, Path)):
         return Path(data)
-    df = data if isinstance(data, pl.DataFrame) else pl.from_pandas(data)
     path = tmp / "data.csv"
-    df.write_csv(path)
+    _frame(data, "data").write_csv(path)
     return path
 
 
@@ -118,17 +188,24 @@ def fit(
     `config` holds RunConfig sections and fields (privflow/config.py), e.g.
     `model={"name": "maf"}, train={"epochs": 2}, promotion="never"`.
     """
-    env.configure(store)  # offline, quiet settings before prefect and mlflow are imported
-    from privflow.flows.train import train_pipeline  # imports prefect: after env.configure
+    from privflow.preflight import preflight
 
+    privacy = config.pop("privacy", {})
+    if not isinstance(privacy, dict):
+        raise ConfigError(f"privacy must be a mapping of privacy settings, got {type(privacy).__name__}.")
     with tempfile.TemporaryDirectory(prefix="privflow-api-") as tmp:
         run = RunConfig.build(
             data=_data_path(data, Path(tmp)),
             schema_path=_schema_path(schema, Path(tmp)),
             store=Path(store),
-            privacy={**config.pop("privacy", {}), "epsilon": epsilon, "delta": delta},
+            privacy={**privacy, "epsilon": epsilon, "delta": delta},
             **config,
         )
+        # the CLI's checks, before the store is set up, any server starts or the ledger reserves
+        run = preflight(run).config
+        env.configure(store)  # offline, quiet settings before prefect and mlflow are imported
+        from privflow.flows.train import train_pipeline  # imports prefect: after env.configure
+
         summary = train_pipeline(run, show_progress=show_progress)
     synth = Synthesizer.load(summary.model_name, summary.model_version, store)
     synth.summary = summary
