@@ -18,6 +18,10 @@ STATS_CLIP = 7.0
 # makes DP-SGD diverge (seen on Adult and pinwheel). Logit-space features spread at least this
 # much, so flooring here is post-processing that only removes the harmful tail.
 STATS_STD_FLOOR = 0.5
+# Public prior the release is shrunk towards by its noise (`mean_std_from_statistics`): mean 0 and
+# the spread of the logit of a uniform value, pi / sqrt(3): what a feature known only by its
+# bounds looks like in logit space.
+STATS_PRIOR_STD = float(np.pi / np.sqrt(3.0))
 
 
 STATS_CHUNK_ROWS = 65_536  # rows preprocessed at a time: bounded memory on large tables (a few float64 copies)
@@ -46,6 +50,8 @@ def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tu
     """
     stats = preprocessed_statistics(model, x)
     noisy = dp_stats.release_statistics(stats, stage.event.noise_multiplier)
-    mean, std = dp_stats.mean_std_from_statistics(noisy, STATS_CLIP, std_floor=STATS_STD_FLOOR)
+    mean, std = dp_stats.mean_std_from_statistics(
+        noisy, STATS_CLIP, STATS_STD_FLOOR, stage.event.noise_multiplier, STATS_PRIOR_STD
+    )
     model.init_actnorm(torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
     return mean, std

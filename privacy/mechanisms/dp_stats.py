@@ -56,11 +56,23 @@ def release_statistics(stats: np.ndarray, noise_multiplier: float) -> np.ndarray
 
 
 def mean_std_from_statistics(
-    noisy: np.ndarray, clip: float, std_floor: float | None = None
+    noisy: np.ndarray,
+    clip: float,
+    std_floor: float | None = None,
+    noise_multiplier: float | None = None,
+    prior_std: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Post-processing: mean clipped to [-clip, clip]; std in [std_floor, clip] (public bounds).
 
     The count is floored at 1 so a tiny or negative noisy count cannot divide by zero.
+
+    With the release's `noise_multiplier` and a public `prior_std`, each estimate is shrunk
+    towards the public prior (mean 0, std `prior_std`) by its own noise: weight
+    tau^2 / (tau^2 + se^2), se the noise's standard deviation on that estimate (sigma *
+    sensitivity * clip / count for the mean, * clip^2 / count for the variance). On a large
+    table se is small and the release stands; on a few hundred rows the noise is larger than
+    the domain, and the unshrunk mean lands on +-clip with the floor std, which made the start
+    model (and the fallback to it) one row at the bounds.
     """
     noisy = np.asarray(noisy, dtype=np.float64)
     d = (noisy.size - 1) // 2
@@ -71,6 +83,13 @@ def mean_std_from_statistics(
     mean = np.clip(clip * noisy[1 : 1 + d] / count, -clip, clip)
     second = np.clip(clip * clip * noisy[1 + d :] / count, 0.0, clip * clip)
     var = np.clip(second - mean * mean, floor * floor, clip * clip)
+    if noise_multiplier is not None and prior_std is not None:
+        noise = float(noise_multiplier) * mean_std_sensitivity(d)
+        tau2 = float(prior_std) ** 2
+        se_mean, se_var = clip * noise / count, clip * clip * noise / count
+        mean = mean * (tau2 / (tau2 + se_mean**2))
+        w = tau2 * tau2 / (tau2 * tau2 + se_var**2)
+        var = np.clip(w * var + (1.0 - w) * tau2, floor * floor, clip * clip)
     return mean, np.sqrt(var)
 
 

@@ -402,6 +402,27 @@ def test_dp_mean_std_post_processing_guards() -> None:
     assert np.isfinite(mean).all() and np.isfinite(std).all()
 
 
+def test_shrinkage_leaves_a_large_tables_release_and_replaces_a_noise_only_one() -> None:
+    """The released moments are shrunk to the public prior by their own noise: a negligible change
+    at 32,000 rows, the prior itself when the noise dwarfs a few hundred rows (the start model was
+    one row at the bounds there)."""
+    rng = np.random.default_rng(0)
+    clip, prior, sigma = 7.0, float(np.pi / np.sqrt(3.0)), 50.0
+    d = 4
+    big = mean_std_statistics(rng.normal(1.0, 2.0, size=(32_000, d)), clip)
+    raw = mean_std_from_statistics(big, clip, 0.5)
+    shrunk = mean_std_from_statistics(big, clip, 0.5, noise_multiplier=sigma, prior_std=prior)
+    assert np.allclose(shrunk[0], raw[0], rtol=2e-2) and np.allclose(shrunk[1], raw[1], rtol=5e-2)
+    se = clip * sigma * mean_std_sensitivity(d) / 32_000  # the noise on the released mean
+    assert np.allclose(shrunk[0], raw[0] * prior**2 / (prior**2 + se**2))  # the stated weight
+    # a small table whose noisy count and sums put the mean at the clip: then the floor std
+    small = np.array([3.0, *[40.0] * d, *[0.0] * d])  # a noisy count of 3 against sums of 40
+    raw = mean_std_from_statistics(small, clip, 0.5)
+    assert np.allclose(np.abs(raw[0]), clip) and np.allclose(raw[1], 0.5)
+    mean, std = mean_std_from_statistics(small, clip, 0.5, noise_multiplier=sigma, prior_std=prior)
+    assert np.all(np.abs(mean) < 0.05) and np.allclose(std, prior, rtol=1e-2)
+
+
 def test_dp_stats_event_and_calibration() -> None:
     sigma = dp_stats.noise_for_epsilon(0.1, DELTA)
     assert dp_stats_event(sigma) == GaussianEvent(sigma)
