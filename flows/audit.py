@@ -82,10 +82,11 @@ def audit_pipeline(
     folder.mkdir(parents=True, exist_ok=True)
     with cpu_threads(config.train.threads), torch.random.fork_rng(devices=[]):
         torch.manual_seed(secrets.randbits(63) if seed is None else seed)
+        model = initial_model(config, codec)
+        slots = audit.canary_slots(model, canaries)  # from the architecture alone: before any row is read
         quarantine = folder / f"{audit_id}-quarantine.csv"  # curator-only, like the train flow's
         df, _ = validate(read_table(config.data), schema, config.policy, quarantine)
         x_train, _ = encode_rows.fn(df, codec, config.select.validation_fraction, config.train.seed)
-        model = initial_model(config, codec)
         initialise(model, config, plan, x_train, Spend())  # in memory only: no ledger, no MLflow
         shipped = settings_for(config.train, plan.stage("train"))
         settings = audit.mutate(shipped, mutation)
@@ -93,7 +94,6 @@ def audit_pipeline(
             from dataclasses import replace
 
             settings = replace(settings, noise_seed=seed)
-        slots = audit.canary_slots(model, canaries)
         coins = audit.inclusion_coins(canaries, seed)
         norm = audit.CANARY_NORM_FACTOR * shipped.max_grad_norm
         with audit.inject_canaries(slots, coins, settings.sample_rate, norm, seed) as run:

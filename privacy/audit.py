@@ -43,6 +43,7 @@ from scipy import stats
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from privflow.errors import ConfigError
 from privflow.privacy import dp_sgd
 from privflow.privacy.dp_sgd import TrainSettings
 
@@ -155,9 +156,10 @@ def canary_slots(model: nn.Module, m: int) -> list[tuple[nn.Parameter, int]]:
             zeros = (mask.reshape(-1) == 0).nonzero().squeeze(1).tolist()
             slots.extend((weight, int(j)) for j in zeros)
     if len(slots) < m:
-        raise ValueError(
-            f"the model has {len(slots)} masked-out weights, fewer than the {m} canaries asked for "
-            "(use fewer canaries or a wider / deeper MADE)"
+        raise ConfigError(
+            f"The audit's model has {len(slots)} masked-out weights to hold gradient canaries, fewer than the {m} "
+            f"asked for: pass --canaries {len(slots)} or fewer, or a wider or deeper MADE (model.hidden, "
+            "model.blocks) in --config."
         )
     pick = np.linspace(0, len(slots) - 1, m).round().astype(int) if m else np.array([], dtype=int)
     return [slots[i] for i in pick]

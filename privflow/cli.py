@@ -770,6 +770,9 @@ def _audit(
         raise ConfigError(f"--mutate must be none, noise/10 or no-clip, not '{mutate}'.")
     overrides = {"data": data, "schema_path": schema, "store": store, "privacy": {"epsilon": epsilon}}
     cfg = _load_config(config, overrides, None)
+    from privflow.preflight import preflight_audit
+
+    preflight_audit(cfg)  # before torch, Prefect or MLflow are imported
     env.configure(cfg.store, verbose=verbose)
     from privflow.flows.audit import audit_pipeline
 
@@ -883,7 +886,18 @@ def _dpad_fit(
     cfg = _load_config(config_path, overrides, None)  # its model and train sections; marginals do not apply
     sch = Schema.from_yaml(schema_path)
     check_store(store)
-    check_table(data, sch, "Data file", need_rows=partitions)  # header and row count only: no value is read
+    # header and row count only: no value is read
+    _, rows = check_table(data, sch, "Data file", need_rows=partitions, why="one row for each of the --partitions")
+    from privflow.config import DPAD_MIN_PART_ROWS
+
+    share = 1.0 - (0.2 if threshold is None and holdout is None else (holdout or 0.0))
+    if rows // partitions * share < DPAD_MIN_PART_ROWS:  # every part would vote "normal" on every query
+        most = max(1, int(rows * share // DPAD_MIN_PART_ROWS))
+        raise ConfigError(
+            f"With --partitions {partitions}, each part of the {rows} rows gets about {rows // partitions * share:.0f} "
+            f"training rows, fewer than the {DPAD_MIN_PART_ROWS} a part needs to train a flow: no part could vote, "
+            f"yet every query would be charged. Use at most {most} partitions, or a larger table."
+        )
     env.configure(store, verbose=verbose)
     from privflow.tasks.dpad import EnsembleSettings, fit_ensemble
 

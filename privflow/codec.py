@@ -27,7 +27,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from privflow.errors import DataError, SchemaError
+from privflow.errors import DataError
 from privflow.schema import Column, Schema
 
 
@@ -60,9 +60,6 @@ class Codec:
                 k = len(col.categories or ())
                 feats.append(Feature(col.name, col.name, "categorical", k + 1 if col.nullable else k))
             else:
-                lo, hi = col.bounds  # type: ignore[misc]
-                if col.type == "integer" and math.ceil(lo) > math.floor(hi):
-                    raise SchemaError(f"Column '{col.name}' is integer but its bounds [{lo}, {hi}] hold no integer.")
                 feats.append(Feature(col.name, col.name, "continuous", None))
                 if col.nullable:
                     feats.append(Feature(f"{col.name}__missing", col.name, "categorical", 2))

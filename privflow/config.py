@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from privflow.errors import ConfigError
 
+# `privflow dpad`: a part with fewer training rows trains no flow and votes "normal" on every query
+DPAD_MIN_PART_ROWS = 10
+
 
 class _Section(BaseModel):
     # no infinite or NaN setting anywhere: `lr: .inf` passes gt=0 and trains nothing, epochs: .inf

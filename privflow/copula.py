@@ -57,7 +57,7 @@ import numpy as np
 import polars as pl
 from scipy import special
 
-from privflow.errors import DataError, SchemaError
+from privflow.errors import DataError
 from privflow.schema import Column, Schema
 
 DEFAULT_MAX_ATOMS = 1024
@@ -129,9 +129,7 @@ def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int
     if col.type == "numeric":
         edges = np.linspace(float(_t(lo, col.transform)), float(_t(hi, col.transform)), grid_bins + 1)
         return Cells(col.name, "numeric", col.nullable, col.transform, edges=edges, bounds=(float(lo), float(hi)))
-    lo_i, hi_i = math.ceil(lo), math.floor(hi)
-    if lo_i > hi_i:
-        raise SchemaError(f"Column '{col.name}' is integer but its bounds [{lo}, {hi}] hold no integer.")
+    lo_i, hi_i = math.ceil(lo), math.floor(hi)  # at least one integer: the schema refuses bounds without
     if hi_i - lo_i + 1 <= max_atoms:
         starts = np.arange(lo_i, hi_i + 1, dtype=np.int64)
     else:

@@ -148,7 +148,12 @@ def _type_fits(col: Column, dtype: object) -> bool:
     return False
 
 
-def check_table(path: Path, schema: Schema, what: str = "Data file", need_rows: int = 1) -> tuple[str, int]:
+SELECTION_NEEDS = "so that the checkpoint-selection split gets validation rows"
+
+
+def check_table(
+    path: Path, schema: Schema, what: str = "Data file", need_rows: int = 1, why: str = SELECTION_NEEDS
+) -> tuple[str, int]:
     """The file parses as a table with the schema's header (and dtypes, for Parquet) and at
     least `need_rows` data rows. Returns (format description, row count). Values are not read."""
     from privflow.io import DELIMITER_NAMES, count_rows, read_header
@@ -213,8 +218,8 @@ def check_table(path: Path, schema: Schema, what: str = "Data file", need_rows: 
         if rows == 0:
             raise DataError(f"{what} '{path}' has a header but no data rows; there is nothing to use.")
         raise DataError(
-            f"{what} '{path}' has {rows} data row(s); privflow needs at least {need_rows} (a public minimum, so "
-            "that the checkpoint-selection split gets validation rows). Use a larger table."
+            f"{what} '{path}' has {rows} data row(s); privflow needs at least {need_rows} (a public minimum, {why}). "
+            "Use a larger table."
         )
     return fmt.describe(), rows
 
@@ -497,6 +502,16 @@ def preflight(config: RunConfig) -> Preflight:
     return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings)
 
 
+def preflight_audit(config: RunConfig) -> None:
+    """`privflow audit`'s checks before any library is imported: the privacy parameters, the
+    schema, the data file's header and rows, and the store (the audit charges no ledger)."""
+    check_privacy_parameters(config)
+    schema = _check_schema(config)
+    check_privacy_parameters(config, schema)
+    check_table(Path(config.data), schema, "Data file", min_rows(config))
+    check_store(config.store)
+
+
 def preflight_pretrain(config: RunConfig) -> Preflight:
     """`privflow pretrain`'s checks: the schema, the public table's header and rows, the store,
     the device, and that the ledger does not know the file as private data. No plan (nothing
@@ -531,6 +546,7 @@ __all__ = [
     "check_workers",
     "min_rows",
     "preflight",
+    "preflight_audit",
     "preflight_pretrain",
     "resolve_device",
 ]

@@ -20,6 +20,9 @@ ColumnType = Literal["numeric", "integer", "categorical"]
 Transform = Literal["none", "log1p"]
 
 
+SCORE_COLUMNS = ("loglik", "anomaly")  # the columns `privflow score` writes beside a table's own
+
+
 def yaml_strings(v: object, field: str) -> object:
     """A YAML list of values as they are written in the data: numbers become their text, and
     booleans or nulls are refused (YAML reads unquoted yes/no/on/off/true/false as booleans and
@@ -64,6 +67,10 @@ class Column(BaseModel):
             if not (math.isfinite(low) and math.isfinite(high) and low < high):
                 raise ValueError(
                     f"column '{self.name}': bounds must be finite with low < high, got {list(self.bounds)}"
+                )
+            if self.type == "integer" and math.ceil(low) > math.floor(high):
+                raise ValueError(
+                    f"column '{self.name}' is integer but its bounds {list(self.bounds)} hold no whole number"
                 )
             if not math.isfinite(high - low):  # e.g. [-1e308, 1e308]: every scaled value is 0 or NaN
                 raise ValueError(
@@ -131,6 +138,12 @@ class Schema(BaseModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"duplicate column names: {dup}")
+        reserved = [n for n in names if n in SCORE_COLUMNS]
+        if reserved:
+            raise ValueError(
+                f"column name(s) {reserved} are reserved: `privflow score` appends columns of those names to a "
+                "table's own, so rename them in the schema and the data"
+            )
         if self.target is not None:
             if self.target not in names:
                 raise ValueError(f"target '{self.target}' is not a declared column")

@@ -38,7 +38,7 @@ import polars as pl
 import torch
 
 from privflow.codec import Codec
-from privflow.config import RunConfig
+from privflow.config import DPAD_MIN_PART_ROWS, RunConfig
 from privflow.curator import curator_dir, write_json
 from privflow.errors import DataError, ModelNotFound, PrivacyPlanError
 from privflow.io import read_table
@@ -63,7 +63,7 @@ from privflow.validation import validate
 ENSEMBLE_FILE = "ensemble.json"
 ID_PREFIX = "dpad-"
 ANOMALY = "anomaly"
-MIN_PART_ROWS = 10  # a part with fewer training rows trains no flow and votes "normal" on every query
+MIN_PART_ROWS = DPAD_MIN_PART_ROWS  # a part with fewer training rows trains no flow and votes "normal"
 
 
 @dataclass(frozen=True)

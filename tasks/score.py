@@ -29,13 +29,13 @@ from privflow.errors import DataError, ModelNotFound
 from privflow.io import read_table
 from privflow.privacy.ledger import Ledger
 from privflow.privacy.mechanisms.dp_quantile import DPQuantile
-from privflow.schema import Schema
+from privflow.schema import SCORE_COLUMNS, Schema
 from privflow.target_head import conditional_loglik
 from privflow.tasks.mlflow_store import LoadedVersion, load_version, model_uri, tracking
 from privflow.tasks.promote import version_loglik
 from privflow.validation import validate
 
-LOGLIK, ANOMALY = "loglik", "anomaly"
+LOGLIK, ANOMALY = SCORE_COLUMNS  # appended to the scored table (the schema reserves both names)
 
 
 @dataclass(frozen=True)

@@ -364,6 +364,8 @@ CASES = [
     ("schema-is-a-folder", schema_is_dir, 2, ["is a folder"]),
     ("store-on-proc", store_on_proc, 2, ["cannot be created", "takes no new files"]),
     ("long-garbage-header", long_garbage_header, 2, ["does not match the schema"]),
+    ("integer-bounds-without-an-integer", _column_change("age", bounds=[0.2, 0.8]), 2, ["hold no whole number"]),
+    ("column-named-like-scores-output", _column_change("age", name="loglik"), 2, ["reserved", "privflow score"]),
 ]
 
 

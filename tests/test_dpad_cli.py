@@ -147,3 +147,15 @@ def test_fit_user_errors_exit_2_before_reading(cli: dict, case: str) -> None:
     assert res.exit_code == 2, res.output
     assert "error:" in res.output and "Traceback" not in res.output
     assert not (store / "curator").exists()
+
+
+def test_more_partitions_than_the_rows_can_train_is_refused_before_anything_is_created(tmp_path: Path, cli) -> None:
+    """1,200 rows in 200 parts: 4-5 training rows each, below what a part needs to train a flow, so
+    every part would vote 'normal' while every query is charged; refused, naming the most that fit."""
+    store = tmp_path / "store"
+    res = _invoke(
+        "dpad", "fit", "--data", cli["train"], "--schema", cli["schema"], "--partitions", 200,
+        "--epsilon-per-query", 0.05, "--store", store,
+    )  # fmt: skip
+    assert res.exit_code == 2 and "Use at most 96 partitions" in " ".join(res.output.split()), res.output
+    assert not store.exists()

@@ -52,3 +52,15 @@ def test_mutations_adjust_the_settings() -> None:
     assert nc.max_grad_norm * nc.noise_multiplier == pytest.approx(2.0) and nc.max_grad_norm > 1e5
     with pytest.raises(ValueError):
         mutate(s, "bogus")
+
+
+def test_more_canaries_than_masked_out_weights_is_a_user_error_naming_the_most() -> None:
+    from privflow.errors import ConfigError
+    from privflow.models import build_flow
+    from privflow.privacy.audit import canary_slots
+
+    model = build_flow("maf", [None, None], blocks=1, hidden=8)  # two numeric columns: few masked-out weights
+    with pytest.raises(ConfigError, match=r"pass --canaries \d+ or fewer") as exc:
+        canary_slots(model, 10**6)
+    room = int(str(exc.value).split("--canaries ")[1].split()[0])
+    assert len(canary_slots(model, room)) == room  # the number it names fits
