@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from privflow import env
 from privflow.config import RunConfig
-from privflow.errors import ConfigError, SchemaError
+from privflow.errors import ConfigError, DataError, SchemaError
 from privflow.privacy.mechanisms.promotion import mixture_loglik
 from privflow.schema import Schema
 from privflow.target_head import conditional_loglik, release_codec
@@ -97,7 +97,8 @@ class Synthesizer:
         from privflow.preflight import check_registry
 
         spec = f"{model_name}/{version}" if str(version).isdigit() else f"{model_name}@{version}"
-        check_registry(Path(store), f"model {spec}", "Train and register one first (`fit` or `privflow run`).")
+        store = _store(store)
+        check_registry(store, f"model {spec}", "Train and register one first (`fit` or `privflow run`).")
         env.configure(store)
         from privflow.tasks import mlflow_store  # imports mlflow and prefect: after env.configure
 
@@ -140,7 +141,11 @@ def _frame(data: Any, what: str) -> pl.DataFrame:
     except ImportError:  # pragma: no cover - pandas comes with mlflow
         pd = None
     if pd is not None and isinstance(data, pd.DataFrame):
-        return pl.from_pandas(data)
+        try:
+            return pl.from_pandas(data)
+        except Exception as exc:  # noqa: BLE001 - pyarrow's conversion errors: a column of mixed types
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DataError(f"{what} cannot be read as a table ({first}); give each column one type.") from None
     raise ConfigError(
         f"{what} must be a polars or pandas DataFrame (or, for fit, a CSV/Parquet path), got {type(data).__name__}."
     )
@@ -168,8 +173,18 @@ def _data_path(data: str | Path | pl.DataFrame | Any, tmp: Path) -> Path:
     if isinstance(data, (str, Path)):
         return Path(data)
     path = tmp / "data.csv"
-    _frame(data, "data").write_csv(path)
+    try:
+        _frame(data, "data").write_csv(path)
+    except pl.exceptions.PolarsError as exc:  # nested (list, struct) columns have no CSV form
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"data cannot be written as a table ({first}); give every column plain values.") from None
     return path
+
+
+def _store(store: Any) -> Path:
+    if not isinstance(store, str | Path):
+        raise ConfigError(f"store must be a folder path (str or Path), got {type(store).__name__}.")
+    return Path(store)
 
 
 def fit(
@@ -197,7 +212,7 @@ def fit(
         run = RunConfig.build(
             data=_data_path(data, Path(tmp)),
             schema_path=_schema_path(schema, Path(tmp)),
-            store=Path(store),
+            store=_store(store),
             privacy={**privacy, "epsilon": epsilon, "delta": delta},
             **config,
         )

@@ -604,6 +604,8 @@ def _score(
     from privflow.preflight import check_output, check_registry
 
     check_output(out)
+    if Path(out).resolve() == Path(data).resolve():
+        raise ConfigError(f"-o '{out}' is the --data table itself; write the scores to another file.")
     check_registry(store, f"--model {model}", "Train and register one first (`privflow run`) with the same --store.")
     dp_args = {"--fpr": fpr, "--reference": reference, "--epsilon": epsilon}
     if threshold is not None:

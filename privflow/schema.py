@@ -29,6 +29,9 @@ def yaml_strings(v: object, field: str) -> object:
     null or ~ as no value, which would never match the data's text)."""
     if not isinstance(v, list | tuple):
         return v
+    nested = [x for x in v if not isinstance(x, str | int | float | bool) and x is not None]
+    if nested:
+        raise ValueError(f"{field} must be a flat list of values as written in the data, got {nested[0]!r} in it")
     odd = [x for x in v if isinstance(x, bool) or x is None]
     if odd:
         raise ValueError(
@@ -138,6 +141,13 @@ class Schema(BaseModel):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"duplicate column names: {dup}")
+        for col in self.columns:
+            clash = sorted(set(col.categories or ()) & set(self.dataset.missing_values))
+            if clash:
+                raise ValueError(
+                    f"{clash} of column '{col.name}' is both a declared category and a dataset.missing_values "
+                    "token; a value cannot be both, so drop it from one of the two"
+                )
         reserved = [n for n in names if n in SCORE_COLUMNS]
         if reserved:
             raise ValueError(

@@ -96,3 +96,20 @@ def test_load_of_a_store_without_a_registry(tmp_path: Path) -> None:
 def test_score_names_rows_of_the_wrong_type(schema: Schema, rows_arg: object) -> None:
     with pytest.raises(ConfigError, match="DataFrame"):
         Synthesizer(schema, flows=[]).score(rows_arg)
+
+
+def test_a_store_that_is_not_a_path_is_named(tmp_path: Path, rows: pl.DataFrame, schema: Schema) -> None:
+    with pytest.raises(ConfigError, match="store must be a folder path"):
+        fit(rows, schema, 1.0, store=123)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="store must be a folder path"):
+        Synthesizer.load("m", "champion", None)  # type: ignore[arg-type]
+
+
+def test_columns_of_mixed_or_nested_values_are_data_errors(tmp_path: Path, rows: pl.DataFrame, schema: Schema) -> None:
+    mixed = rows.to_pandas().assign(age=["a", 1] * (rows.height // 2))
+    with pytest.raises(DataError, match="one type"):
+        fit(mixed, schema, 1.0, store=tmp_path / "store")
+    nested = rows.with_columns(pl.Series("age", [[1]] * rows.height))
+    with pytest.raises(DataError, match="plain values"):
+        fit(nested, schema, 1.0, store=tmp_path / "store")
+    assert not (tmp_path / "store").exists()

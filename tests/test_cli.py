@@ -322,3 +322,15 @@ def test_a_ledger_that_is_not_a_database_is_refused_and_left_as_it_is(tmp_path: 
     ):
         _assert_user_error(runner.invoke(app, args), "cannot be opened as a SQLite database", "restore it")
     assert (tmp_path / "ledger.db").read_text() == "not a sqlite db"
+
+
+def test_score_will_not_write_over_its_own_input(tmp_path: Path) -> None:
+    table = tmp_path / "rows.csv"
+    table.write_text((DEMO / "adult_test.csv").read_text())
+    before = table.read_text()
+    result = runner.invoke(
+        app, ["score", "--model", "m@a", "--data", str(table), "-o", str(table), "--threshold", "1", "--store",
+              str(tmp_path / "store")],
+    )  # fmt: skip
+    _assert_user_error(result, "is the --data table itself")
+    assert table.read_text() == before

@@ -95,6 +95,15 @@ def test_missing_values_are_text_as_written() -> None:
     doc["dataset"]["missing_values"] = [None]  # YAML's `~`
     with pytest.raises(ValueError, match="quote each one"):
         Schema.model_validate(doc)
+    doc["dataset"]["missing_values"] = [["?"]]  # a nested list is not a token
+    with pytest.raises(ValueError, match="flat list"):
+        Schema.model_validate(doc)
+
+
+def test_a_missing_value_token_that_is_also_a_category_is_refused() -> None:
+    """'red' cannot mean both a color and no value: refused with the schema, not discovered by the gate."""
+    with pytest.raises(ValueError, match="both a declared category and a dataset.missing_values"):
+        _with_missing_values("?", "red")
 
 
 def test_valid_toy_is_typed_in_schema_order() -> None:
