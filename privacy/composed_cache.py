@@ -85,32 +85,30 @@ class ComposedCache:
         con.execute("CREATE TABLE IF NOT EXISTS composed (key TEXT PRIMARY KEY, epsilon REAL NOT NULL)")
         return con
 
-    def get(self, key: str) -> float | None:
-        if self._broken or not self.path.exists():
+    def _execute(self, sql: str, args: tuple[object, ...]) -> tuple[object, ...] | None:
+        """One statement on a fresh connection; the first row, or None. A failing file is never
+        asked again in this process."""
+        if self._broken:
             return None
         try:
             with self._lock:
                 con = self._connect()
                 try:
-                    row = con.execute("SELECT epsilon FROM composed WHERE key = ?", (key,)).fetchone()
+                    return con.execute(sql, args).fetchone()
                 finally:
                     con.close()
         except (OSError, sqlite3.Error):
-            self._broken = True  # never ask a failing file again in this process
+            self._broken = True
             return None
+
+    def get(self, key: str) -> float | None:
+        if not self.path.exists():
+            return None
+        row = self._execute("SELECT epsilon FROM composed WHERE key = ?", (key,))
         if row is None or not isinstance(row[0], float) or not math.isfinite(row[0]) or row[0] < 0:
             return None
         return row[0]
 
     def put(self, key: str, epsilon: float) -> None:
-        if self._broken or not (math.isfinite(epsilon) and epsilon >= 0):
-            return
-        try:
-            with self._lock:
-                con = self._connect()
-                try:
-                    con.execute("INSERT OR REPLACE INTO composed (key, epsilon) VALUES (?, ?)", (key, float(epsilon)))
-                finally:
-                    con.close()
-        except (OSError, sqlite3.Error):
-            self._broken = True
+        if math.isfinite(epsilon) and epsilon >= 0:
+            self._execute("INSERT OR REPLACE INTO composed (key, epsilon) VALUES (?, ?)", (key, float(epsilon)))

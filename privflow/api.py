@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 import torch
-from pydantic import ValidationError
 
 from privflow import env
 from privflow.config import RunConfig
@@ -57,16 +56,17 @@ class Synthesizer:
         """`n` synthetic rows; `seed` makes the draw reproducible (else a CSPRNG seed). The table
         is built in memory: `n` it could not hold is refused before sampling (stream larger
         tables to a file with `privflow generate`)."""
+        from privflow.preflight import check_seed
         from privflow.sampler import sample_rows  # imports mlflow: after env.configure
 
         _check_count(n, "n", 1)
-        _check_seed(seed)
-        need = float(n) * len(self.schema.columns) * _BYTES_PER_VALUE
-        if need > _available_memory():
+        check_seed(seed, "seed")
+        need, free = float(n) * len(self.schema.columns) * _BYTES_PER_VALUE, _available_memory()
+        if need > free:
             raise ConfigError(
                 f"sample({n:,}) needs about {need / 1e9:,.1f} GB of memory for {len(self.schema.columns)} columns, "
-                f"more than this machine has free ({_available_memory() / 1e9:,.1f} GB); sample fewer rows at a "
-                "time, or stream them to a file with `privflow generate`."
+                f"more than this machine has free ({free / 1e9:,.1f} GB); sample fewer rows at a time, or stream "
+                "them to a file with `privflow generate`."
             )
         return sample_rows(self.flows, self.codec, n, seed=seed)
 
@@ -76,10 +76,11 @@ class Synthesizer:
         target head's log-probability of the row's target when the model has one. Rows must
         pass the schema's checks (as `privflow score` requires): a row the model cannot encode
         has no score."""
+        from privflow.preflight import check_seed
         from privflow.tasks.select import row_loglik  # imports prefect: after env.configure
         from privflow.validation import validate
 
-        _check_seed(seed)
+        check_seed(seed, "seed")
         df, _ = validate(_frame(rows, "rows"), self.schema, "strict")
         x = self.codec.encode(df.select(self.schema.names), np.random.default_rng(seed))
         if len(x) == 0:
@@ -127,11 +128,6 @@ def _check_count(value: Any, name: str, low: int) -> None:
         raise ConfigError(f"{name} must be a whole number of at least {low}, got {value!r}.")
 
 
-def _check_seed(seed: Any) -> None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**63):
-        raise ConfigError(f"seed must be None or a whole number from 0 to 2**63 - 1, got {seed!r}.")
-
-
 def _frame(data: Any, what: str) -> pl.DataFrame:
     """A polars DataFrame from a polars or pandas one; anything else is a user error."""
     if isinstance(data, pl.DataFrame):
@@ -157,11 +153,7 @@ def _schema_path(schema: str | Path | Schema | dict[str, Any], tmp: Path) -> Pat
     if isinstance(schema, Schema):
         obj = schema
     elif isinstance(schema, dict):
-        try:
-            obj = Schema.model_validate(schema)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'schema'}: {e['msg']}" for e in exc.errors())
-            raise SchemaError(f"The schema is invalid: {problems}.") from None
+        obj = Schema.validated(schema)
     else:
         raise SchemaError(f"schema must be a YAML path, a Schema or its dict, got {type(schema).__name__}.")
     path = tmp / "schema.yaml"

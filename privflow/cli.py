@@ -501,12 +501,10 @@ def generate(
 def _generate(
     model: str, n: int, out: Path, seed: int | None, store: Path, verbose: bool, device: str = "auto"
 ) -> None:
-    from privflow.errors import ConfigError
-    from privflow.preflight import check_output, check_registry, check_room, resolve_device
+    from privflow.preflight import check_output, check_registry, check_room, check_seed, resolve_device
 
     check_output(out)
-    if seed is not None and not 0 <= seed < 2**63:
-        raise ConfigError(f"--seed must be a whole number from 0 to 2**63 - 1, got {seed}.")
+    check_seed(seed)
     device = resolve_device(device)  # before the store is opened: a missing GPU costs nothing
     check_registry(store, f"--model {model}", "Train and register one first (`privflow run`) with the same --store.")
     from privflow import env
@@ -892,7 +890,9 @@ def _dpad_fit(
     _, rows = check_table(data, sch, "Data file", need_rows=partitions, why="one row for each of the --partitions")
     from privflow.config import DPAD_MIN_PART_ROWS
 
-    share = 1.0 - (0.2 if threshold is None and holdout is None else (holdout or 0.0))
+    if threshold is None:  # a per-part threshold from held-out rows, by default
+        fpr, holdout = (0.05 if fpr is None else fpr), (0.2 if holdout is None else holdout)
+    share = 1.0 - (holdout or 0.0)
     if rows // partitions * share < DPAD_MIN_PART_ROWS:  # every part would vote "normal" on every query
         most = max(1, int(rows * share // DPAD_MIN_PART_ROWS))
         raise ConfigError(
@@ -904,8 +904,6 @@ def _dpad_fit(
     from privflow.tasks.dpad import EnsembleSettings, fit_ensemble
 
     env.quiet_imported(verbose)
-    if threshold is None:
-        fpr, holdout = (0.05 if fpr is None else fpr), (0.2 if holdout is None else holdout)
     try:
         settings = EnsembleSettings(partitions, epsilon_per_query, fpr, threshold, 0.0 if holdout is None else holdout)
     except ValueError as exc:

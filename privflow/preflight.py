@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from numbers import Integral
 from pathlib import Path
 
 from privflow.config import RunConfig
@@ -262,6 +263,12 @@ def _refuses_new_files(folder: Path) -> str | None:
             return None
     except OSError as exc:
         return str(exc.strerror or exc)
+
+
+def check_seed(seed: object, name: str = "--seed") -> None:
+    """A public sampling seed: None, or a whole number in [0, 2**63) (torch's and numpy's range)."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**63):
+        raise ConfigError(f"{name} must be a whole number from 0 to 2**63 - 1 (or none), got {seed!r}.")
 
 
 def check_room(out: Path, rows: int, columns: int) -> None:
@@ -538,6 +545,7 @@ __all__ = [
     "MIN_ROWS_FLOOR",
     "check_registry",
     "check_room",
+    "check_seed",
     "Preflight",
     "check_privacy_parameters",
     "check_store",

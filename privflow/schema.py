@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -197,11 +197,16 @@ class Schema(BaseModel):
             raise SchemaError(f"Schema file '{p}' cannot be read as UTF-8 text ({exc}).") from None
         if not isinstance(raw, dict):
             raise SchemaError(f"Schema file '{p}' must hold a mapping with 'dataset' and 'columns'.")
+        return cls.validated(raw, f"Schema file '{p}'")
+
+    @classmethod
+    def validated(cls, raw: dict[str, Any], source: str = "The schema") -> Schema:
+        """`raw` as a Schema; any problem becomes one SchemaError naming `source` and each field."""
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'schema'}: {e['msg']}" for e in exc.errors())
-            raise SchemaError(f"Schema file '{p}' is invalid: {problems}.") from None
+            raise SchemaError(f"{source} is invalid: {problems}.") from None
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -40,7 +40,7 @@ import torch
 from privflow.codec import Codec
 from privflow.config import DPAD_MIN_PART_ROWS, RunConfig
 from privflow.curator import curator_dir, write_json
-from privflow.errors import DataError, ModelNotFound, PrivacyPlanError
+from privflow.errors import ModelNotFound, PrivacyPlanError
 from privflow.io import read_table
 from privflow.models import build_flow
 from privflow.privacy.events import Event
@@ -411,9 +411,7 @@ class DPADScore:
 def read_queries(ens: Ensemble, path: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(raw, typed) query rows; every row must pass the schema's checks (strict). These are the
     analyst's rows, not the private table: reading them spends nothing."""
-    raw = read_table(path)
-    if ANOMALY in raw.columns:
-        raise DataError(f"Data file '{path}' already has a column '{ANOMALY}'; rename it, dpad score writes its own.")
+    raw = read_table(path)  # no column can clash with `anomaly`: the schema reserves the name
     typed, _ = validate(raw, ens.schema, "strict")
     return raw, typed
 

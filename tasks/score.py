@@ -25,7 +25,7 @@ from mlflow.exceptions import MlflowException
 
 from privflow import env
 from privflow.curator import curator_dir
-from privflow.errors import DataError, ModelNotFound
+from privflow.errors import ModelNotFound
 from privflow.io import read_table
 from privflow.privacy.ledger import Ledger
 from privflow.privacy.mechanisms.dp_quantile import DPQuantile
@@ -86,10 +86,7 @@ def scored_rows(model: LoadedVersion, path: Path) -> tuple[pl.DataFrame, np.ndar
     """The user's table as read and each row's log-likelihood, in file order. Rows must pass the
     schema's checks (strict): a row the model cannot encode has no score. Costs nothing, so the
     CLI runs it before a DP threshold is charged: a table it refuses spends no budget."""
-    raw = read_table(path)
-    clash = [c for c in (LOGLIK, ANOMALY) if c in raw.columns]
-    if clash:
-        raise DataError(f"Data file '{path}' already has column(s) {clash}; rename them, score writes its own.")
+    raw = read_table(path)  # no column can clash with the scores: the schema reserves their names
     typed, _ = validate(raw, model.schema, "strict")
     return raw, score_rows(model, typed)
 
