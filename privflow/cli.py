@@ -893,10 +893,11 @@ def _dpad_fit(
     if threshold is None:  # a per-part threshold from held-out rows, by default
         fpr, holdout = (0.05 if fpr is None else fpr), (0.2 if holdout is None else holdout)
     share = 1.0 - (holdout or 0.0)
-    if rows // partitions * share < DPAD_MIN_PART_ROWS:  # every part would vote "normal" on every query
-        most = max(1, int(rows * share // DPAD_MIN_PART_ROWS))
+    n = sch.dataset.expected_rows or rows  # the public row count where the schema declares one
+    if n // partitions * share < DPAD_MIN_PART_ROWS:  # every part would vote "normal" on every query
+        most = max(1, int(n * share // DPAD_MIN_PART_ROWS))
         raise ConfigError(
-            f"With --partitions {partitions}, each part of the {rows} rows gets about {rows // partitions * share:.0f} "
+            f"With --partitions {partitions}, each part of about {n} rows gets about {n // partitions * share:.0f} "
             f"training rows, fewer than the {DPAD_MIN_PART_ROWS} a part needs to train a flow: no part could vote, "
             f"yet every query would be charged. Use at most {most} partitions, or a larger table."
         )
