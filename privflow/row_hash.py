@@ -1,14 +1,26 @@
-"""A uniform number per row from the row itself: for coins that must not depend on a row's position.
+"""A uniform number per row from the row itself and its occurrence rank, for coins that must
+not depend on a row's position.
 
-Adding or removing one row then changes that row's coin only (a coin per position would
-shift every later row), which is what the selection split (tasks/encode.py) and DP-AD's
-partitions (privacy/mechanisms/dp_ad.py) need for their sensitivity arguments.
+Each row's number is a salted hash of its values together with how many earlier rows equal it
+(`occurrence_ranks`). Seen as multisets, adding or removing one row then changes one coin: the
+added copy of a value takes the next rank of that value, and every other (value, rank) pair
+keeps its coin. A coin per position would shift every later row; a coin of the values alone
+would send every copy of a row to the same side, so a table of few distinct rows would split
+by value (every copy in the selection split or none). The selection split (tasks/encode.py)
+and DP-AD's partitions (privacy/mechanisms/dp_ad.py) rest on this for their sensitivity.
+
+A table read in chunks (tasks/stream.py) ranks through `RunningRanks`: it counts 128-bit
+salted row hashes across chunks (20 bytes per distinct row), and gives the same ranks as the
+whole table's exact ranks unless two distinct rows share all 128 bits.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
+
+_KEY_SEEDS = (0x243F_6A88, 0x85A3_08D3)  # public: two row hashes, one 128-bit equality key
+_RANK_SALT = np.uint64(0x6A09_E667_F3BC_C908)
 
 
 def mix64(h: np.ndarray) -> np.ndarray:
@@ -22,10 +34,65 @@ def mix64(h: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def unit_hash(df: pl.DataFrame, salt: int) -> np.ndarray:
-    """A uniform number in [0, 1) per row from the top 53 bits of its salted, mixed 64-bit hash."""
-    h = mix64(df.hash_rows(seed=int(salt)).to_numpy())
-    return (h >> np.uint64(11)).astype(np.float64) / float(2**53)
+def occurrence_ranks(df: pl.DataFrame) -> np.ndarray:
+    """For each row, how many earlier rows are equal to it (0 for a value's first copy).
+
+    Rows are compared exactly (polars groups by every column), and also by their row hash so
+    that two rows polars groups together (0.0 and -0.0) but hashes apart rank apart too."""
+    if df.height == 0:
+        return np.zeros(0, dtype=np.uint64)
+    key = "__privflow_row_hash__"
+    keyed = df.with_columns(df.hash_rows(seed=_KEY_SEEDS[0]).alias(key))
+    rank = pl.int_range(pl.len(), dtype=pl.UInt64).over([key, *df.columns])
+    return keyed.select(rank).to_series().to_numpy().astype(np.uint64, copy=False)
 
 
-__all__ = ["mix64", "unit_hash"]
+def row_units(df: pl.DataFrame, salt: int, ranks: np.ndarray | None = None) -> np.ndarray:
+    """A uniform number in [0, 1) per row: the top 53 bits of a mixed hash of the row's salted
+    hash and its occurrence rank (`occurrence_ranks` unless given, e.g. by `RunningRanks`)."""
+    ranks = occurrence_ranks(df) if ranks is None else np.asarray(ranks, dtype=np.uint64)
+    if len(ranks) != df.height:
+        raise ValueError(f"{len(ranks)} ranks for {df.height} rows")
+    with np.errstate(over="ignore"):
+        word = mix64(mix64(df.hash_rows(seed=int(salt)).to_numpy()) + mix64(ranks ^ _RANK_SALT))
+    return (word >> np.uint64(11)).astype(np.float64) / float(2**53)
+
+
+class RunningRanks:
+    """`occurrence_ranks` of a table read in chunks: each chunk's ranks count the equal rows of
+    every earlier chunk. Holds one 128-bit key and a count per distinct row seen so far."""
+
+    def __init__(self) -> None:
+        self._keys = np.zeros(0, dtype="V16")  # sorted
+        self._counts = np.zeros(0, dtype=np.uint64)
+
+    @property
+    def distinct(self) -> int:
+        return len(self._keys)
+
+    def ranks(self, chunk: pl.DataFrame) -> np.ndarray:
+        """The chunk's ranks in the whole table read so far, and the counts updated with it."""
+        n = chunk.height
+        if n == 0:
+            return np.zeros(0, dtype=np.uint64)
+        words = np.empty((n, 2), dtype=np.uint64)
+        for j, seed in enumerate(_KEY_SEEDS):
+            words[:, j] = chunk.hash_rows(seed=seed).to_numpy()
+        keys = words.view("V16").ravel()
+        uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+        order = np.argsort(inverse, kind="stable")  # each key's rows in table order
+        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        within = np.empty(n, dtype=np.uint64)
+        within[order] = np.arange(n, dtype=np.uint64) - np.repeat(first, counts).astype(np.uint64)
+        pos = np.searchsorted(self._keys, uniq)
+        found = pos < len(self._keys)
+        found[found] = self._keys[pos[found]] == uniq[found]
+        before = np.zeros(len(uniq), dtype=np.uint64)
+        before[found] = self._counts[pos[found]]
+        self._counts[pos[found]] += counts[found].astype(np.uint64)
+        self._keys = np.insert(self._keys, pos[~found], uniq[~found])
+        self._counts = np.insert(self._counts, pos[~found], counts[~found].astype(np.uint64))
+        return before[inverse] + within
+
+
+__all__ = ["RunningRanks", "mix64", "occurrence_ranks", "row_units"]

@@ -12,7 +12,8 @@ only the order of the reads differs:
    by DP-SGD over its rows on disk (each step gathers its Poisson sample, at the rate the
    public expected_rows sets); then the chunks again, validated again (the same checks drop
    the same rows, no quarantine written twice), encoded through the released codec into the
-   training and selection files (the same salted row-hash split), and a hash-coin sample of
+   training and selection files (the same salted row-hash split, occurrence ranks counted
+   across chunks by `privflow.row_hash.RunningRanks`), and a hash-coin sample of
    about `stream.diagnostic_rows` clean rows kept for the curator-only diagnostics.
 
 The stages after these read the encoded rows from their files: DP-SGD gathers each Poisson
@@ -38,12 +39,12 @@ from privflow.config import RunConfig
 from privflow.copula import CopulaCodec
 from privflow.privacy.mechanisms import dp_marginals as marginals_mechanism
 from privflow.privacy.plan import PrivacyPlan
-from privflow.row_hash import unit_hash
+from privflow.row_hash import RunningRanks, row_units
 from privflow.schema import Schema
 from privflow.target_head import TargetCodec, head_widths
 from privflow.tasks.dp_head import fit_head_planned, head_rows
 from privflow.tasks.dp_marginals import codec_from_counts, planned_grid_bins
-from privflow.tasks.encode import encode_split
+from privflow.tasks.encode import encode_split, selection_coins
 from privflow.tasks.fit import Spend
 from privflow.tasks.lazy_task import task
 from privflow.validation import ValidationReport, validate, validate_chunks
@@ -149,15 +150,18 @@ def encode_chunks(
     x_train, x_val = DiskRows(work / "train.f32", codec.dim), DiskRows(work / "select.f32", codec.dim)
     rate = min(1.0, config.stream.diagnostic_rows / max(1, schema.dataset.expected_rows or 1))
     rng = np.random.default_rng()
+    ranks = RunningRanks()  # occurrence ranks across chunks, as the whole table's would be
     sample: list[pl.DataFrame] = []
     for chunk in _chunks(config, "Encoding (pass 2 of 2)", show_progress):
         if not chunk.height:
             continue
         clean = validate(chunk, schema, "strict", None, lambda _: False)[0]  # the first pass's checks
-        train, val = encode_split(clean, codec, config.select.validation_fraction, config.train.seed, rng)
+        rank = ranks.ranks(clean)
+        coin = selection_coins(clean, config.select.validation_fraction, config.train.seed, rank)
+        train, val = encode_split(clean, coin, codec, rng)
         x_train.append(train)
         x_val.append(val)
-        sample.append(clean.filter(pl.Series(unit_hash(clean, config.train.seed ^ DIAGNOSTIC_SALT) < rate)))
+        sample.append(clean.filter(pl.Series(row_units(clean, config.train.seed ^ DIAGNOSTIC_SALT, rank) < rate)))
     return x_train, x_val, pl.concat(sample)
 
 

@@ -61,7 +61,7 @@ def train_flow_model(
     # rows on disk (a streamed run, privflow/chunked.py) stay there: each step gathers its sample
     data: Any = x if isinstance(x, DiskRows) else torch.as_tensor(x, dtype=torch.float32)
     columns = [
-        TextColumn("[bold]DP training"),
+        TextColumn("[bold]DP training" if settings.private else "[bold]Training (not private)"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]:.3f}"),

@@ -2,11 +2,12 @@
 Algorithm 2) and its privacy events.
 
 Partitions. The private table D is split into k disjoint parts by a salted hash of each row
-(`partition_of`): the part a row lands in is a function of that row alone (the salt is drawn
-from the OS CSPRNG and kept curator-only), so adding or removing one row changes exactly one
-part and leaves every other part as it was (a position-based split would shift every later
-row). Each part trains a NON-private density estimator and sets its own threshold tau_i from
-its own held-out rows (`partition_threshold`, the empirical fpr-quantile of their
+and its occurrence rank (`partition_of`, `privflow.row_hash`): the part of a row's k-th copy is
+a function of that row and k alone (the salt is drawn from the OS CSPRNG and kept
+curator-only), so adding or removing one row changes exactly one part, as a multiset, and
+leaves every other part as it was (a position-based split would shift every later row). Each
+part trains a NON-private density estimator and sets its own threshold tau_i from its own
+held-out rows (`partition_threshold`, the empirical fpr-quantile of their
 log-likelihoods; or a public tau for every part, the paper's "known likelihood threshold").
 Everything a part computes is a function of that part only.
 
@@ -76,7 +77,7 @@ import polars as pl
 
 from privflow.privacy.events import Event, PureDPEvent, RepeatedEvent
 from privflow.privacy.noise import _calibrated, _dp, noisy_max_measurement
-from privflow.row_hash import unit_hash
+from privflow.row_hash import row_units
 
 MAX_PARTITIONS = 1000
 IN, OUT = 0, 1  # candidate indices of the aggregation: in-distribution, anomalous
@@ -97,18 +98,20 @@ def _check_partitions(k: int) -> None:
 
 
 def partition_of(df: pl.DataFrame, k: int, salt: int) -> np.ndarray:
-    """The part (0..k-1) of every row: a salted hash of the row itself, so adding or removing a
-    row changes only that row's part (DP-NF Algorithm 2, line 2: disjoint partitions)."""
+    """The part (0..k-1) of every row: a salted hash of the row and its occurrence rank
+    (`privflow.row_hash`), so adding or removing a row changes only that row's part, as
+    multisets (DP-NF Algorithm 2, line 2: disjoint partitions), and a repeated row's copies
+    spread over the parts."""
     _check_partitions(k)
-    return np.minimum((unit_hash(df, salt) * int(k)).astype(np.int64), int(k) - 1)
+    return np.minimum((row_units(df, salt) * int(k)).astype(np.int64), int(k) - 1)
 
 
 def holdout_coins(df: pl.DataFrame, fraction: float, salt: int) -> np.ndarray:
-    """True for a part's held-out rows (its threshold's rows), by a salted hash of the row
-    (another salt than the partition's): inside one part, so covered by its sensitivity."""
+    """True for a part's held-out rows (its threshold's rows), by a salted hash of the row and
+    its rank (another salt than the partition's): inside one part, so covered by its sensitivity."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"the held-out fraction must lie in [0, 1), got {fraction!r}")
-    return unit_hash(df, salt) < float(fraction)
+    return row_units(df, salt) < float(fraction)
 
 
 def partition_threshold(holdout_loglik: np.ndarray, fpr: float) -> float:

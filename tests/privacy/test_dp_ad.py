@@ -48,6 +48,16 @@ def test_removing_a_row_moves_no_other_row_between_parts() -> None:
     assert np.array_equal(added[:-1], part)
 
 
+def test_a_repeated_rows_copies_spread_over_the_parts() -> None:
+    """Parts by a coin of the values alone put every copy of a row in one part: a table of
+    three distinct rows trained three parts and left the rest empty."""
+    df = pl.DataFrame({"a": [1, 2, 3] * 1000})
+    part = partition_of(df, 10, salt=5)
+    for value in (1, 2, 3):
+        sizes = np.bincount(part[(df["a"] == value).to_numpy()], minlength=10)
+        assert sizes.min() > 60 and sizes.max() < 140  # 100 per part: sd 9.5
+
+
 def test_parts_are_balanced_and_salted() -> None:
     df = _rows(20_000)
     part = partition_of(df, 10, salt=1)

@@ -45,3 +45,48 @@ def test_rows_are_encoded_in_chunks_into_the_two_splits(demo_dir, monkeypatch) -
     assert x_train.dtype == np.float32 and len(x_train) + len(x_val) == 1000 and len(x_val) == coin.sum()
     np.testing.assert_array_equal(x_train[:, exact], whole[~coin][:, exact])
     np.testing.assert_array_equal(x_val[:, exact], whole[coin][:, exact])
+
+
+def test_a_table_of_few_distinct_rows_still_gets_its_selection_share(demo_dir) -> None:
+    """1,000 rows over 24 distinct ones (the fuzzing run's allcat table) used to give no selection
+    row at all: every copy of a row took its values' coin."""
+    df = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=24)
+    repeated = pl.concat([df] * 42).head(1000)
+    coins = selection_coins(repeated, 0.1, seed=0)
+    assert 60 <= coins.sum() <= 140  # 1,000 coins at 0.1: sd 9.5
+    # each distinct row's ~42 copies split on their own: nearly every one has a copy selected
+    assert repeated.filter(pl.Series(coins)).unique().height >= 18  # values' coins alone: ~2.4 of 24
+
+
+def test_a_streamed_encoding_splits_as_the_whole_table_does(demo_dir, tmp_path) -> None:
+    """The streamed path counts occurrence ranks across its chunks: on a table of repeated rows
+    read 1,000 rows at a time (3 chunks) it puts the same rows in the selection file as encoding it whole."""
+    import numpy as np
+
+    from privflow.codec import Codec
+    from privflow.config import RunConfig
+    from privflow.schema import Schema
+    from privflow.tasks import encode, stream
+    from privflow.validation import validate
+
+    schema_path = demo_dir / "adult.yaml"
+    schema = Schema.from_yaml(schema_path)
+    head = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=150)
+    df, _ = validate(pl.concat([head] * 20), schema, "strict")
+    data = tmp_path / "repeated.parquet"
+    df.write_parquet(data)
+    config = RunConfig.build(
+        data=data,
+        schema_path=schema_path,
+        store=tmp_path / "store",
+        select={"validation_fraction": 0.2},
+        train={"seed": 4},
+        stream={"enabled": True, "chunk_rows": 1000, "diagnostic_rows": 1000},
+    )
+    codec = Codec.from_schema(schema)
+    x_train, x_val, _ = stream.encode_chunks.fn(config, schema, codec, tmp_path)
+    whole_train, whole_val = encode.encode_rows.fn(df, codec, 0.2, seed=4)
+    exact = [j for j, f in enumerate(codec.features) if f.kind == "categorical"]
+    streamed_val = x_val[:]  # the selection file, in table order
+    assert x_train.rows == len(whole_train) and x_val.rows == len(whole_val) > 0
+    np.testing.assert_array_equal(streamed_val[:, exact], whole_val[:, exact])
