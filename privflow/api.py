@@ -78,10 +78,10 @@ class Synthesizer:
         has no score."""
         from privflow.preflight import check_seed
         from privflow.tasks.select import row_loglik  # imports prefect: after env.configure
-        from privflow.validation import validate
+        from privflow.validation import SCORED_ADVICE, validate
 
         check_seed(seed, "seed")
-        df, _ = validate(_frame(rows, "rows"), self.schema, "strict")
+        df, _ = validate(_frame(rows, "rows"), self.schema, "strict", advice=SCORED_ADVICE)
         x = self.codec.encode(df.select(self.schema.names), np.random.default_rng(seed))
         if len(x) == 0:
             return np.empty(0)

@@ -403,13 +403,14 @@ def _detail(col: Column, check: str, n: int) -> str:
     raise ValueError(check)
 
 
-def _message(report: ValidationReport, reason: str) -> str:
+QUARANTINE_ADVICE = "Fix those rows, or use the quarantine policy to set them aside and train on the rest."
+SCORED_ADVICE = "Fix those rows: every row of this table is answered, so none can be set aside."
+
+
+def _message(report: ValidationReport, reason: str, advice: str = QUARANTINE_ADVICE) -> str:
     parts = "; ".join(f.sentence() for f in report.failures)
-    advice = (
-        "Missing, undeclared or wrongly typed columns cannot be quarantined: fix the file or the schema."
-        if report.schema_level
-        else "Fix those rows, or use the quarantine policy to set them aside and train on the rest."
-    )
+    if report.schema_level:
+        advice = "Missing, undeclared or wrongly typed columns cannot be quarantined: fix the file or the schema."
     return (
         f"Validation of dataset '{report.dataset}' against its schema failed ({reason}): "
         f"{report.failing_rows} of {report.total_rows} rows fail. {parts}. Counts only are shown; this "
@@ -417,8 +418,8 @@ def _message(report: ValidationReport, reason: str) -> str:
     )
 
 
-def _fail(report: ValidationReport, reason: str) -> ValidationFailed:
-    err = ValidationFailed(_message(report, reason))
+def _fail(report: ValidationReport, reason: str, advice: str = QUARANTINE_ADVICE) -> ValidationFailed:
+    err = ValidationFailed(_message(report, reason, advice))
     err.report = report  # type: ignore[attr-defined]
     return err
 
@@ -475,6 +476,7 @@ def validate(
     *,
     row_offset: int = 0,
     append: bool = False,
+    advice: str = QUARANTINE_ADVICE,
 ) -> tuple[pl.DataFrame, ValidationReport]:
     """Check `df` against `schema`; return the clean typed frame (schema order) and the report.
 
@@ -495,7 +497,8 @@ def validate(
     `validate_chunks` writes one file for a table read in chunks) and left out of the returned
     frame. Schema-level failures (missing or undeclared column, a whole column of the wrong
     type) and a quarantine that leaves no row always raise.
-    A raised ValidationFailed carries the report as `.report`.
+    A raised ValidationFailed carries the report as `.report`; its message ends with `advice`
+    for failing rows (`SCORED_ADVICE` where every row must be answered: score, the API).
     """
     if policy not in ("strict", "quarantine"):
         raise ConfigError(f"Validation policy must be 'strict' or 'quarantine', got '{policy}'.")
@@ -574,7 +577,7 @@ def validate(
             err.report = report(0, None)  # type: ignore[attr-defined]
             raise err
     elif failures and policy == "strict":
-        raise _fail(report(0, None), "strict policy")
+        raise _fail(report(0, None), "strict policy", advice)
 
     if policy == "quarantine":
         assert quarantine_path is not None

@@ -58,7 +58,7 @@ from privflow.privacy.mechanisms.dp_ad import (
 from privflow.schema import Schema
 from privflow.tasks.fit import Spend, fit, prepare
 from privflow.tasks.select import row_loglik
-from privflow.validation import validate
+from privflow.validation import SCORED_ADVICE, validate
 
 ENSEMBLE_FILE = "ensemble.json"
 ID_PREFIX = "dpad-"
@@ -412,7 +412,7 @@ def read_queries(ens: Ensemble, path: Path) -> tuple[pl.DataFrame, pl.DataFrame]
     """(raw, typed) query rows; every row must pass the schema's checks (strict). These are the
     analyst's rows, not the private table: reading them spends nothing."""
     raw = read_table(path)  # no column can clash with `anomaly`: the schema reserves the name
-    typed, _ = validate(raw, ens.schema, "strict")
+    typed, _ = validate(raw, ens.schema, "strict", advice=SCORED_ADVICE)
     return raw, typed
 
 

@@ -33,7 +33,7 @@ from privflow.schema import SCORE_COLUMNS, Schema
 from privflow.target_head import conditional_loglik
 from privflow.tasks.mlflow_store import LoadedVersion, load_version, model_uri, tracking
 from privflow.tasks.promote import version_loglik
-from privflow.validation import validate
+from privflow.validation import SCORED_ADVICE, validate
 
 LOGLIK, ANOMALY = SCORE_COLUMNS  # appended to the scored table (the schema reserves both names)
 
@@ -87,7 +87,7 @@ def scored_rows(model: LoadedVersion, path: Path) -> tuple[pl.DataFrame, np.ndar
     schema's checks (strict): a row the model cannot encode has no score. Costs nothing, so the
     CLI runs it before a DP threshold is charged: a table it refuses spends no budget."""
     raw = read_table(path)  # no column can clash with the scores: the schema reserves their names
-    typed, _ = validate(raw, model.schema, "strict")
+    typed, _ = validate(raw, model.schema, "strict", advice=SCORED_ADVICE)
     return raw, score_rows(model, typed)
 
 

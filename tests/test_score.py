@@ -145,6 +145,21 @@ def test_a_data_table_that_fails_its_checks_is_refused_before_the_dp_threshold_s
     assert _runs(store, trained["dataset"]) == before
 
 
+def test_a_row_that_fails_its_checks_is_refused_without_advising_a_quarantine(trained) -> None:
+    """score answers every row, so it offers no quarantine policy and its message does not
+    suggest one (it did: 'use the quarantine policy ... and train on the rest')."""
+    store, tmp = trained["store"], trained["tmp"]
+    bad = tmp / "one_old.csv"
+    rows = pl.read_csv(trained["new"], infer_schema=False)
+    rows.with_columns(pl.when(pl.int_range(pl.len()) == 3).then(pl.lit("999")).otherwise("age").alias("age")).write_csv(
+        bad
+    )
+    res = _invoke("score", "--model", f"{MODEL}@champion", "--data", str(bad), "-o", str(tmp / "n3.csv"),
+                  "--threshold", "-30", "--store", str(store))  # fmt: skip
+    assert res.exit_code == 2 and "1 row outside the public bounds" in res.output, res.output
+    assert "every row of this table is answered" in res.output and "quarantine" not in res.output
+
+
 def test_generate_refuses_a_table_the_disk_cannot_hold(trained, monkeypatch) -> None:
     import shutil as sh
 
