@@ -187,15 +187,20 @@ def fit(
     *,
     store: str | Path = ".privflow",
     show_progress: bool = False,
+    prefect: bool | None = None,
     **config: Any,
 ) -> Synthesizer:
     """Train a DP flow on `data` (a CSV/Parquet path, or a polars/pandas DataFrame) described by
     `schema` (a YAML path, a Schema or its dict) at (epsilon, delta), and return the released model.
 
     `config` holds RunConfig sections and fields (privflow/config.py), e.g.
-    `model={"name": "maf"}, train={"epochs": 2}, promotion="never"`.
+    `model={"name": "maf"}, train={"epochs": 2}, promotion="never"`. `prefect` runs the
+    pipeline as a Prefect flow (True) or in this process without Prefect's engine (False);
+    None, the default, decides as `privflow run` does: a flow when PREFECT_API_URL is set.
+    What is charged, recorded and registered is the same either way.
     """
     from privflow.preflight import preflight
+    from privflow.startup import use_prefect
 
     privacy = config.pop("privacy", {})
     if not isinstance(privacy, dict):
@@ -210,10 +215,13 @@ def fit(
         )
         # the CLI's checks, before the store is set up, any server starts or the ledger reserves
         run = preflight(run).config
+        engine = use_prefect(prefect is True, prefect is False)
         env.configure(store)  # offline, quiet settings before prefect and mlflow are imported
-        from privflow.flows.train import train_pipeline  # imports prefect: after env.configure
-
-        summary = train_pipeline(run, show_progress=show_progress)
+        if engine:  # imports prefect: after env.configure
+            from privflow.flows.train import train_pipeline as pipeline
+        else:
+            from privflow.flows.pipeline import train_in_process as pipeline
+        summary = pipeline(run, show_progress=show_progress)
     synth = Synthesizer.load(summary.model_name, summary.model_version, store)
     synth.summary = summary
     return synth

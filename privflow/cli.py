@@ -25,6 +25,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from privflow.startup import use_prefect
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -68,20 +70,6 @@ PrefectOpt = Annotated[
     ),
 ]
 _PROMOTE = {"if-better": "if_better", "if_better": "if_better", "always": "always", "never": "never"}
-
-
-def use_prefect(prefect: bool, no_server: bool) -> bool:
-    """Prefect's engine when asked for (--prefect) or when an operator configured a Prefect API
-    (PREFECT_API_URL: a deployment's server records the run); otherwise the same pipeline in this
-    process, since a temporary server would only add start-up (issue 15: fixed overhead)."""
-    if prefect and no_server:
-        from privflow.errors import ConfigError
-
-        raise ConfigError(
-            "--prefect and --no-server (or PRIVFLOW_PREFECT and PRIVFLOW_NO_SERVER) contradict each other; "
-            "give at most one."
-        )
-    return not no_server and (prefect or bool(os.environ.get("PREFECT_API_URL")))
 
 
 def demo_paths() -> tuple[Path, Path, Path]:

@@ -11,6 +11,7 @@ reference counting still frees everything as usual, and collection resumes for t
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -50,4 +51,19 @@ def meanwhile(work: Callable[[], object]) -> Iterator[None]:
         thread.join()
 
 
-__all__ = ["imports_without_gc", "meanwhile"]
+def use_prefect(prefect: bool, no_server: bool) -> bool:
+    """Prefect's engine when asked for (--prefect) or when an operator configured a Prefect API
+    (PREFECT_API_URL: a deployment's server records the run); otherwise the same pipeline in this
+    process, since a temporary server would only add start-up (issue 15: fixed overhead). The
+    CLI's run and the Python API's `fit` decide by this one rule."""
+    if prefect and no_server:
+        from privflow.errors import ConfigError
+
+        raise ConfigError(
+            "--prefect and --no-server (or PRIVFLOW_PREFECT and PRIVFLOW_NO_SERVER) contradict each other; "
+            "give at most one."
+        )
+    return not no_server and (prefect or bool(os.environ.get("PREFECT_API_URL")))
+
+
+__all__ = ["imports_without_gc", "meanwhile", "use_prefect"]

@@ -16,7 +16,19 @@ from privflow.validation import validate
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
 
-def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path) -> None:
+def _no_prefect(*args: object, **kwargs: object) -> None:
+    raise AssertionError("fit reached Prefect's engine or server")
+
+
+def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monkeypatch) -> None:
+    """With no PREFECT_API_URL, fit runs in this process as `privflow run` does: no Prefect
+    client or temporary server (a server took 13-24 s of a fit's start)."""
+    import prefect.client.orchestration as orchestration
+    from prefect.server.api.server import SubprocessASGIServer
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(orchestration, "get_client", _no_prefect)
+    monkeypatch.setattr(SubprocessASGIServer, "start", _no_prefect)
     rows = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=1500)
     doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
     doc["dataset"]["expected_rows"] = 1500
@@ -63,6 +75,7 @@ def test_score_adds_the_target_heads_log_probability(tmp_path: Path, demo_dir: P
         delta=1e-5,
         store=tmp_path / "store",
         model_name="privflow-adult-headtest",
+        prefect=True,  # as a Prefect flow (the test session's server)
         model={"name": "maf", "blocks": 1, "hidden": 8},
         train={"epochs": 1, "batch_size": 256, "min_effective_batch": 0},
         evaluate={"synthetic_rows": 100, "utility": False, "privacy_risk": False, "report": False},
