@@ -760,7 +760,7 @@ def _audit(
     cfg = _load_config(config, overrides, None)
     from privflow.preflight import preflight_audit
 
-    preflight_audit(cfg)  # before torch, Prefect or MLflow are imported
+    preflight_audit(cfg, canaries)  # before Prefect or MLflow are imported
     env.configure(cfg.store, verbose=verbose)
     from privflow.flows.audit import audit_pipeline
 

@@ -509,14 +509,29 @@ def preflight(config: RunConfig) -> Preflight:
     return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings)
 
 
-def preflight_audit(config: RunConfig) -> None:
-    """`privflow audit`'s checks before any library is imported: the privacy parameters, the
-    schema, the data file's header and rows, and the store (the audit charges no ledger)."""
+def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
+    """`privflow audit`'s checks before Prefect or MLflow is imported: the privacy parameters,
+    the schema, the data file's header and rows, the store (the audit charges no ledger), and
+    that the model holds `canaries` gradient canaries (building it imports torch only; in the
+    flow, behind a Prefect server, the refusal took ~18 s)."""
     check_privacy_parameters(config)
     schema = _check_schema(config)
     check_privacy_parameters(config, schema)
     check_table(Path(config.data), schema, "Data file", min_rows(config))
     check_store(config.store)
+    if canaries is not None:
+        import torch
+
+        from privflow.codec import Codec
+        from privflow.models import build_flow
+        from privflow.privacy.audit import canary_slots
+
+        with torch.random.fork_rng(devices=[]):  # the flow's weights from the public seed, as the audit's
+            torch.manual_seed(config.train.seed)
+            model = build_flow(
+                config.model.name, Codec.from_schema(schema).cardinalities, **config.model.model_dump(exclude={"name"})
+            )
+        canary_slots(model, canaries)  # a ConfigError naming the most that fit
 
 
 def preflight_pretrain(config: RunConfig) -> Preflight:

@@ -561,6 +561,28 @@ def _runs(store: Path) -> list[tuple[str, float]]:
 
 
 @pytest.mark.slow
+def test_audit_refuses_more_canaries_than_the_model_holds_before_prefect(ws: dict, monkeypatch) -> None:
+    """`privflow audit --canaries` above the model's masked-out weights is refused in pre-flight,
+    naming the most that fit, before Prefect's engine or server (the flow's refusal took ~18 s)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the audit reached Prefect before refusing")
+
+    monkeypatch.setattr(SubprocessASGIServer, "start", never)
+    t0 = time.perf_counter()
+    result = runner.invoke(
+        app,
+        ["audit", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store", str(ws["store"]),
+         "--epsilon", "1", "--canaries", "10000000"],
+    )  # fmt: skip
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "or fewer" in text and "Traceback" not in text, text
+    assert int(text.split("--canaries ")[1].split()[0]) < 10_000_000
+    assert not (ws["store"] / "audits").exists()
+    assert time.perf_counter() - t0 < 10
+
+
 def test_ctrl_c_during_training_exits_130_and_keeps_the_spend(ws: dict) -> None:
     store = ws["dir"] / "sigint"
     proc = _spawn_run(ws, store)
