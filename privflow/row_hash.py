@@ -10,7 +10,7 @@ by value (every copy in the selection split or none). The selection split (tasks
 and DP-AD's partitions (privacy/mechanisms/dp_ad.py) rest on this for their sensitivity.
 
 A table read in chunks (tasks/stream.py) ranks through `RunningRanks`: it counts 128-bit
-salted row hashes across chunks (20 bytes per distinct row), and gives the same ranks as the
+salted row hashes across chunks (24 bytes per distinct row), and gives the same ranks as the
 whole table's exact ranks unless two distinct rows share all 128 bits.
 """
 
