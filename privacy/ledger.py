@@ -203,6 +203,10 @@ def describe_event(event: Event) -> str:
     return repr(event)
 
 
+# SQLite's words for a disk that is full or failing, not a damaged file (kept, never replaced)
+_MACHINE_FAULTS = ("disk I/O error", "database or disk is full")
+
+
 class Ledger:
     """Persistent privacy ledger in one SQLite file; safe across threads and processes."""
 
@@ -225,6 +229,11 @@ class Ledger:
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
                 raise  # another process holds it past the timeout: not the file's fault
+            if isinstance(exc, sqlite3.OperationalError) and any(s in str(exc) for s in _MACHINE_FAULTS):
+                raise StoreError(
+                    f"The privacy ledger '{self.path}' cannot be used ({exc}): the disk that holds it may be full "
+                    "or failing. Free some space on it (or fix the disk) and rerun; the ledger is left as it is."
+                ) from None
             raise StoreError(
                 f"The privacy ledger '{self.path}' cannot be opened as a SQLite database ({exc}). It holds every "
                 "epsilon spent on its datasets, so privflow will not replace it: restore it from a backup (do not "

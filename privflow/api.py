@@ -24,7 +24,7 @@ import torch
 
 from privflow import env
 from privflow.config import RunConfig
-from privflow.errors import ConfigError, DataError, SchemaError
+from privflow.errors import ConfigError, DataError, SchemaError, byte_size
 from privflow.privacy.mechanisms.promotion import mixture_loglik
 from privflow.schema import Schema
 from privflow.target_head import conditional_loglik, release_codec
@@ -64,8 +64,8 @@ class Synthesizer:
         need, free = float(n) * len(self.schema.columns) * _BYTES_PER_VALUE, _available_memory()
         if need > free:
             raise ConfigError(
-                f"sample({n:,}) needs about {need / 1e9:,.1f} GB of memory for {len(self.schema.columns)} columns, "
-                f"more than this machine has free ({free / 1e9:,.1f} GB); sample fewer rows at a time, or stream "
+                f"sample({n:,}) needs about {byte_size(need)} of memory for {len(self.schema.columns)} columns, "
+                f"more than this machine has free ({byte_size(free)}); sample fewer rows at a time, or stream "
                 "them to a file with `privflow generate`."
             )
         return sample_rows(self.flows, self.codec, n, seed=seed)

@@ -101,7 +101,7 @@ def _fail(message: str, code: int = EXIT_USER) -> None:
 
 def _guarded(verbose: bool, body: Callable[[], Any]) -> Any:
     """Run a command body with the CLI's exit-status contract (module docstring)."""
-    from privflow.errors import PrivflowError
+    from privflow.errors import PrivflowError, disk_full
 
     try:
         return body()
@@ -124,6 +124,14 @@ def _guarded(verbose: bool, body: Callable[[], Any]) -> Any:
     except Exception as exc:  # noqa: BLE001 - the one place a bug becomes a message
         if verbose:
             traceback.print_exc()
+        full = disk_full(exc)
+        if full is not None:
+            _fail(
+                f"out of disk space ({_paragraph(str(full))[:300]}). Free some space, or point --store (and -o) at a "
+                "disk with room, and rerun. No partial output table is left under its name; any privacy a run had "
+                "already spent stays recorded in the ledger (`privflow ledger show`).",
+                EXIT_USER,
+            )
         detail = _paragraph(f"{type(exc).__name__}: {exc}")[:400]
         _fail(
             f"internal error: privflow hit an unexpected problem ({detail}). This is a bug, not a problem with "

@@ -7,6 +7,8 @@ calls it an internal error and exits with status 1.
 
 from __future__ import annotations
 
+import errno
+
 
 class PrivflowError(Exception):
     """Base class for errors caused by the user's input, settings, budget or machine, not by a bug."""
@@ -46,3 +48,30 @@ class BudgetExceeded(PrivflowError):
 
 class ModelNotFound(PrivflowError):
     """A registered model name, version or alias does not exist."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(exc: BaseException) -> BaseException | None:
+    """The error in `exc`'s chain that says a disk or quota is full (an OSError ENOSPC / EDQUOT,
+    or SQLite's "database or disk is full" as MLflow and the ledger wrap it), or None. A full
+    disk is the machine's state, not a bug: the CLI words it as a problem the user can fix."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in _FULL:
+            return cur
+        if "database or disk is full" in str(cur):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def byte_size(n: float) -> str:
+    """A byte count as people read it: '812 kB', '1.8 MB', '37.5 GB'."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} bytes"

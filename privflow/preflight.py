@@ -47,7 +47,7 @@ from numbers import Integral
 from pathlib import Path
 
 from privflow.config import RunConfig
-from privflow.errors import ConfigError, DataError, DeviceUnavailable, StoreError
+from privflow.errors import ConfigError, DataError, DeviceUnavailable, StoreError, byte_size
 from privflow.schema import Column, Schema
 
 # Fewest rows for which the selection split (validation_fraction of the rows, by coin flip)
@@ -281,8 +281,8 @@ def check_room(out: Path, rows: int, columns: int) -> None:
     free = shutil.disk_usage(folder).free
     if need > free:
         raise ConfigError(
-            f"{rows:,} rows of {columns} columns need at least {need / 1e9:,.1f} GB as {Path(out).suffix.lower()[1:]}, "
-            f"more than the {free / 1e9:,.1f} GB free under '{folder}'. Ask for fewer rows (-n), or write to a "
+            f"{rows:,} rows of {columns} columns need at least {byte_size(need)} as {Path(out).suffix.lower()[1:]}, "
+            f"more than the {byte_size(free)} free under '{folder}'. Ask for fewer rows (-n), or write to a "
             "disk with room."
         )
 

@@ -7,6 +7,7 @@ Prefect; MLflow bundles `models/` and `privflow/` with it (code_paths).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -246,10 +247,10 @@ def write_samples(
                 writer = None
         tmp.replace(out)  # a partial file never takes the output's name
     finally:
-        if writer is not None:
-            writer.close()
+        if writer is not None:  # the write failed: its error is the one to report, and the file goes
+            with contextlib.suppress(Exception):
+                writer.close()
         if bar is not None:
             bar.stop()
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
     return out

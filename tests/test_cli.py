@@ -324,6 +324,23 @@ def test_a_ledger_that_is_not_a_database_is_refused_and_left_as_it_is(tmp_path: 
     assert (tmp_path / "ledger.db").read_text() == "not a sqlite db"
 
 
+def test_a_ledger_on_a_full_or_failing_disk_is_not_called_damaged(tmp_path: Path, monkeypatch) -> None:
+    """SQLite's 'disk I/O error' (seen with the store on a full disk) is the machine's state: the
+    message says to free space, not to restore the ledger from a backup."""
+    import sqlite3
+
+    from privflow.privacy.ledger import Ledger
+
+    def failing(self):  # noqa: ANN001
+        raise sqlite3.OperationalError("disk I/O error")
+
+    (tmp_path / "ledger.db").touch()
+    monkeypatch.setattr(Ledger, "_connect", failing)
+    result = runner.invoke(app, ["ledger", "show", "--store", str(tmp_path)])
+    _assert_user_error(result, "disk I/O error", "may be full or failing", "free some space")
+    assert "backup" not in result.output
+
+
 def test_score_will_not_write_over_its_own_input(tmp_path: Path) -> None:
     table = tmp_path / "rows.csv"
     table.write_text((DEMO / "adult_test.csv").read_text())

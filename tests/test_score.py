@@ -171,10 +171,34 @@ def test_generate_refuses_a_table_the_disk_cannot_hold(trained, monkeypatch) -> 
     res = _invoke(
         "generate", "--model", f"{MODEL}@champion", "-n", "1000000", "-o", str(out), "--store", str(trained["store"])
     )
-    assert res.exit_code == 2 and "need at least" in res.output and "-n" in res.output, res.output
+    assert res.exit_code == 2 and "need at least 30.0 MB" in res.output and "10.0 MB free" in res.output, res.output
     assert not out.exists() and not out.with_name(out.name + ".part").exists()
     small = trained["tmp"] / "small.csv"  # 100 rows fit in 10 MB
     res = _invoke(
         "generate", "--model", f"{MODEL}@champion", "-n", "100", "-o", str(small), "--store", str(trained["store"])
     )
     assert res.exit_code == 0 and pl.read_csv(small).height == 100, res.output
+
+
+def test_a_disk_that_fills_while_generating_is_a_user_error_and_leaves_no_table(trained, monkeypatch) -> None:
+    """The pre-flight's room check is a lower bound: a disk that fills during the write (ENOSPC)
+    exits 2 with advice, not 'internal error ... a bug', and no partial table keeps the name."""
+    import errno
+
+    import privflow.sampler as sampler
+
+    real = sampler.iter_samples
+
+    def fills_up(*args, **kwargs):
+        it = real(*args, **kwargs)
+        yield next(it)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sampler, "iter_samples", fills_up)
+    out = trained["tmp"] / "full.parquet"
+    res = _invoke("generate", "--model", f"{MODEL}@champion", "-n", "40000", "-o", str(out),
+                  "--store", str(trained["store"]))  # fmt: skip
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "out of disk space" in text and "No space left on device" in text, text
+    assert "internal error" not in text and "Traceback" not in text
+    assert not out.exists() and not out.with_name(out.name + ".part").exists()
