@@ -42,7 +42,7 @@ from privflow.config import RunConfig
 from privflow.copula import CopulaCodec
 from privflow.curator import curator_dir, write_json
 from privflow.errors import ValidationFailed
-from privflow.io import read_table
+from privflow.io import read_table, write_table
 from privflow.privacy.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.fingerprint import keyed_fingerprint, store_key
 from privflow.privacy.ledger import Ledger
@@ -253,9 +253,7 @@ def _release_table(
     """The synthetic table from the chosen checkpoint(s): an explicit generator, a public size."""
     n_rows = config.evaluate.synthetic_rows or schema.dataset.expected_rows or 10_000
     synthetic = fitted.sample(n_rows, seed=config.evaluate.sampling_seed)
-    path = store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    synthetic.write_csv(path)
+    path = write_table(synthetic, store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv")  # whole or none
     store_ml.log_synthetic(path)
     return synthetic, path
 

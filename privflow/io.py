@@ -389,12 +389,19 @@ def read_table(path: str | Path) -> pl.DataFrame:
 
 
 def write_table(df: pl.DataFrame, path: str | Path) -> Path:
-    """Write `df` as CSV or Parquet, chosen by the suffix; creates the parent folder."""
+    """Write `df` as CSV or Parquet, chosen by the suffix; creates the parent folder. Written
+    beside it and renamed when complete, so a failed write (a full disk) leaves no partial
+    table under the name, and an earlier file of that name stays as it was."""
     p = Path(path)
     kind = _kind(p)
     p.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "csv":
-        df.write_csv(p)
-    else:
-        df.write_parquet(p)
+    tmp = p.with_name(p.name + ".part")
+    try:
+        if kind == "csv":
+            df.write_csv(tmp)
+        else:
+            df.write_parquet(tmp)
+        tmp.replace(p)
+    finally:
+        tmp.unlink(missing_ok=True)
     return p

@@ -175,3 +175,21 @@ def test_csv_write_then_read(tmp_path: Path) -> None:
     assert back.to_dicts() == [{"a": "1", "b": "x,y"}, {"a": None, "b": "z"}]
     with pytest.raises(DataError, match="suffix"):
         write_table(df, tmp_path / "o.xlsx")
+
+
+def test_a_failed_write_leaves_no_partial_table_and_keeps_the_old_one(tmp_path: Path, monkeypatch) -> None:
+    """A write that fails half-way (a full disk) leaves neither a partial table under the name
+    nor its temporary file, and an earlier table of that name is untouched."""
+    import errno
+
+    target = tmp_path / "o.csv"
+    target.write_text("a\n1\n")
+
+    def fills_up(self, file, *args, **kwargs):  # noqa: ANN001
+        Path(file).write_text("a\n")  # part of the rows, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pl.DataFrame, "write_csv", fills_up)
+    with pytest.raises(OSError, match="No space"):
+        write_table(pl.DataFrame({"a": [2, 3]}), target)
+    assert target.read_text() == "a\n1\n" and list(tmp_path.iterdir()) == [target]
