@@ -6,7 +6,9 @@ before Prefect, MLflow or Great Expectations is imported and before the ledger r
 
 Exit statuses: 0 success; 2 any PrivflowError (a user error, over budget, the validation
 gate stopping a run), printed once as one paragraph with no traceback; 1 an unexpected
-(internal) error, one paragraph, with the traceback under `--verbose`; 130 Ctrl-C.
+(internal) error, one paragraph, with the traceback under `--verbose`; 130 Ctrl-C; 143 SIGTERM
+(a scheduler cancelling the job), unwound like Ctrl-C so that the ledger, the MLflow run and
+the working files are closed as they are then.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -36,7 +39,25 @@ ledger_app = typer.Typer(no_args_is_help=True, help="Inspect the per-dataset pri
 app.add_typer(ledger_app, name="ledger")
 console = Console(stderr=True)
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is: a KeyboardInterrupt, so every cleanup that
+    Ctrl-C runs (the ledger's abandon, the scratch folder's removal, MLflow's run end) runs."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
+def _stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """The message and exit status of an interrupted command."""
+    if isinstance(exc, Terminated):
+        return "terminated (SIGTERM).", EXIT_TERMINATED
+    return "interrupted (Ctrl-C).", EXIT_INTERRUPTED
+
 
 StoreOpt = Annotated[
     Path, typer.Option("--store", help="Folder for the MLflow SQLite store, artifacts, ledger and synthetic tables.")
@@ -107,16 +128,16 @@ def _guarded(verbose: bool, body: Callable[[], Any]) -> Any:
         return body()
     except (typer.Exit, typer.Abort):
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if verbose:
             traceback.print_exc()
+        what, status = _stopped(exc)
         console.print(
-            "interrupted (Ctrl-C). Any privacy already spent by the run stays recorded in the ledger; "
-            "see `privflow ledger show`.",
+            f"{what} Any privacy already spent by the run stays recorded in the ledger; see `privflow ledger show`.",
             highlight=False,
             soft_wrap=True,
         )
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(status) from None
     except PrivflowError as exc:
         if verbose:
             traceback.print_exc()
@@ -1056,14 +1077,16 @@ _FAST_EXIT = _FastExit()
 
 
 def main() -> None:
-    """Entry point: friendly errors, no tracebacks for user mistakes; 130 on Ctrl-C."""
+    """Entry point: friendly errors, no tracebacks for user mistakes; 130 on Ctrl-C, 143 on SIGTERM."""
     _FAST_EXIT.arm()
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         app()
-    except KeyboardInterrupt:
-        console.print("interrupted (Ctrl-C).", highlight=False)
-        _FAST_EXIT.code = EXIT_INTERRUPTED
-        sys.exit(EXIT_INTERRUPTED)
+    except KeyboardInterrupt as exc:
+        what, status = _stopped(exc)
+        console.print(what, highlight=False)
+        _FAST_EXIT.code = status
+        sys.exit(status)
     except SystemExit as exc:
         code = exc.code
         _FAST_EXIT.code = code if isinstance(code, int) else (0 if code is None else EXIT_INTERNAL)

@@ -601,6 +601,25 @@ def test_ctrl_c_during_training_exits_130_and_keeps_the_spend(ws: dict) -> None:
 
 
 @pytest.mark.slow
+def test_sigterm_during_training_exits_143_and_unwinds_like_ctrl_c(ws: dict) -> None:
+    """A scheduler cancels a job with SIGTERM: the run unwinds (it used to die where it stood,
+    the reservation left open, the MLflow run left RUNNING and no cleanup run) and says so."""
+    store = ws["dir"] / "sigterm"
+    proc = _spawn_run(ws, store)
+    _wait_reserved(store, proc)
+    time.sleep(4)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out
+    assert "Traceback" not in out and "terminated (SIGTERM)" in out, out
+    ((status, eps),) = _runs(store)
+    assert status == "failed" and eps > 0.9  # abandoned: still counted, mechanisms ran
+    with sqlite3.connect(store / "mlflow.db") as con:
+        statuses = {r[0] for r in con.execute("SELECT status FROM runs")}
+    assert statuses and "RUNNING" not in statuses, statuses
+
+
+@pytest.mark.slow
 def test_sigkill_during_training_keeps_the_spend_and_the_store_works(ws: dict) -> None:
     store = ws["dir"] / "sigkill"
     doc = yaml.safe_load(ws["schema"].read_text())
