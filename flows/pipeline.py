@@ -251,7 +251,7 @@ def _release_table(
     config: RunConfig, schema: Schema, fitted: FitResult, store: Path, run_id: str
 ) -> tuple[pl.DataFrame, Path]:
     """The synthetic table from the chosen checkpoint(s): an explicit generator, a public size."""
-    n_rows = config.evaluate.synthetic_rows or schema.dataset.expected_rows or 10_000
+    n_rows = config.evaluate.rows(schema.dataset.expected_rows)
     synthetic = fitted.sample(n_rows, seed=config.evaluate.sampling_seed)
     path = write_table(synthetic, store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv")  # whole or none
     store_ml.log_synthetic(path)
@@ -281,7 +281,7 @@ def _register(
             "dataset_epsilon_cumulative": f"{figures['dataset_epsilon']:.6g}",
             "privflow_run_id": run_id,
             "chosen_checkpoint_steps": json.dumps(fitted.chosen_steps),
-            "release": "independent-copula" if fitted.release_note else "flow",
+            "release": "independent-copula" if fitted.copula_only or fitted.fell_back else "flow",
         },
         config.promotion,
         *release_parts(fitted.codec),  # DP marginals and target head, as release_codec reads them

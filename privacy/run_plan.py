@@ -15,7 +15,7 @@ from privflow.errors import ConfigError
 from privflow.privacy.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.events import Event
 from privflow.privacy.mechanisms import dp_head, dp_marginals, dp_mog, dp_stats, report_noisy_max, validation_gate
-from privflow.privacy.plan import PrivacyPlan, Remainder, SGDShape, make_plan
+from privflow.privacy.plan import MAX_STEPS, PrivacyPlan, Remainder, SGDShape, make_plan
 from privflow.schema import Schema
 from privflow.target_head import head_applies
 
@@ -35,7 +35,8 @@ def sgd_shape(config: RunConfig, schema: Schema) -> SGDShape:
     """Poisson sample rate and step count from the batch size, epochs and the PUBLIC row count."""
     rows = _expected_rows(schema)
     rate = min(1.0, config.train.batch_size / rows)
-    return SGDShape(rate, max(1, math.ceil(config.train.epochs / rate)))
+    steps = min(config.train.epochs / rate, MAX_STEPS + 1)  # epochs: 1e308 is a float, not a count
+    return SGDShape(rate, max(1, math.ceil(steps)))
 
 
 def head_planned(config: RunConfig, schema: Schema) -> bool:

@@ -24,7 +24,7 @@ import torch
 
 from privflow import env
 from privflow.config import RunConfig
-from privflow.errors import ConfigError, DataError, SchemaError, byte_size
+from privflow.errors import ConfigError, DataError, SchemaError
 from privflow.privacy.mechanisms.promotion import mixture_loglik
 from privflow.schema import Schema
 from privflow.target_head import conditional_loglik, release_codec
@@ -56,18 +56,13 @@ class Synthesizer:
         """`n` synthetic rows; `seed` makes the draw reproducible (else a CSPRNG seed). The table
         is built in memory: `n` it could not hold is refused before sampling (stream larger
         tables to a file with `privflow generate`)."""
-        from privflow.preflight import check_seed
+        from privflow.preflight import check_memory, check_seed
         from privflow.sampler import sample_rows  # imports mlflow: after env.configure
 
         _check_count(n, "n", 1)
         check_seed(seed, "seed")
-        need, free = float(n) * len(self.schema.columns) * _BYTES_PER_VALUE, _available_memory()
-        if need > free:
-            raise ConfigError(
-                f"sample({n:,}) needs about {byte_size(need)} of memory for {len(self.schema.columns)} columns, "
-                f"more than this machine has free ({byte_size(free)}); sample fewer rows at a time, or stream "
-                "them to a file with `privflow generate`."
-            )
+        fewer = "sample fewer rows at a time, or stream them to a file with `privflow generate`"
+        check_memory(n, len(self.schema.columns), f"sample({n:,})", fewer)
         return sample_rows(self.flows, self.codec, n, seed=seed)
 
     def score(self, rows: pl.DataFrame | Any, seed: int | None = None) -> np.ndarray:
@@ -107,20 +102,6 @@ class Synthesizer:
         name, number, _ = mlflow_store.resolve_version(spec)
         loaded = mlflow_store.load_version(name, number)
         return cls(loaded.schema, loaded.flows, marginals=loaded.marginals, head=loaded.head)
-
-
-_BYTES_PER_VALUE = 64.0  # a sampled value's peak memory: the encoded batch, the decoded frame and its columns
-
-
-def _available_memory() -> float:
-    """Bytes of memory free for a new allocation (Linux: MemAvailable; elsewhere: no limit)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float("inf")
 
 
 def _check_count(value: Any, name: str, low: int) -> None:

@@ -14,6 +14,7 @@ the working files are closed as they are then.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import re
 import signal
@@ -272,11 +273,20 @@ def demo(
     _run(config, overrides, quiet, verbose, promote, server=server)
 
 
-def _merge(base: dict, overrides: dict) -> dict:
+def _merge(base: dict, overrides: dict, where: str = "") -> dict:
+    """The config file's settings with the command line's on top (None: not given)."""
     out = dict(base)
     for key, value in overrides.items():
         if isinstance(value, dict):
-            merged = _merge(out.get(key) or {}, value)
+            section = out.get(key)
+            if section is not None and not isinstance(section, dict):
+                from privflow.errors import ConfigError
+
+                raise ConfigError(
+                    f"Config section '{where}{key}' must be a mapping of settings (e.g. 'train: {{epochs: 2}}'), "
+                    f"not a {type(section).__name__}."
+                )
+            merged = _merge(section or {}, value, f"{where}{key}.")
             if merged:
                 out[key] = merged
         elif value is not None:
@@ -296,19 +306,11 @@ def _load_config(config_path: Path | None, overrides: dict, promote: str | None)
 
     base: dict = {}
     if config_path is not None:
-        import yaml
+        from privflow.yaml_file import read_mapping
 
         if not config_path.is_file():
             raise ConfigError(f"Config file '{config_path}' does not exist or is not a file.")
-        try:
-            base = yaml.safe_load(config_path.read_text()) or {}
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ConfigError(f"Config file '{config_path}' cannot be read as YAML: {_paragraph(exc)}") from None
-        if not isinstance(base, dict):
-            raise ConfigError(
-                f"Config file '{config_path}' must hold a mapping of settings (e.g. 'train: {{epochs: 2}}'), "
-                f"not a {type(base).__name__}."
-            )
+        base = read_mapping(config_path, "Config file", ConfigError)
     promotion = _promotion(promote)
     if promotion is not None:
         overrides = {**overrides, "promotion": promotion}
@@ -486,8 +488,13 @@ def _pretrain(config_path: Path | None, overrides: dict, quiet: bool, verbose: b
     Console(soft_wrap=True).print(
         f"registered {s.model_name} v{s.model_version} (@{s.alias}) from {s.rows} public rows"
         + (f" ({s.quarantined_rows} set aside by validation)" if s.quarantined_rows else "")
-        + f", {s.steps} steps, checkpoint of step {s.chosen_step}, validation {s.validation_nats_per_row:.3f} "
-        f"nats/row, {s.wall_seconds:.1f} s. Tagged privflow.pretrained=public; no privacy was spent. Warm-start a "
+        + f", {s.steps} steps, checkpoint of step {s.chosen_step}, "
+        + (
+            f"validation {s.validation_nats_per_row:.3f} nats/row"
+            if math.isfinite(s.validation_nats_per_row)
+            else "validation not measured (no row fell in the selection split)"
+        )
+        + f", {s.wall_seconds:.1f} s. Tagged privflow.pretrained=public; no privacy was spent. Warm-start a "
         f"DP run with: privflow run ... --init-from {s.model_name}/{s.model_version}  (MLflow run {s.mlflow_run_id})",
         highlight=False,
         markup=False,

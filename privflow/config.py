@@ -6,18 +6,26 @@ Everything here is public: none of it is read off the private rows.
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from privflow.errors import ConfigError
+from privflow.yaml_file import read_mapping
 
+# Fewest data rows a run or a pretraining takes (the selection split sets the rest: SelectConfig.min_rows)
+MIN_ROWS_FLOOR = 10
 # `privflow dpad`: a part with fewer training rows trains no flow and votes "normal" on every query
 DPAD_MIN_PART_ROWS = 10
+# Sanity bounds on settings that go into float32 arithmetic or 64-bit hashes: past them a run
+# would overflow after spending (lr 1e300 did, in the optimizer; seed -5 in the row hash).
+MAX_LR = 10.0  # a step size over 10 diverges with Adam or SGD on these flows
+MAX_CLIP = 1e6  # a clipping norm past any gradient these flows give
+MAX_SEED = 2**63 - 1  # torch's and numpy's seeds, and polars' row-hash salts
 
 
 class _Section(BaseModel):
@@ -61,10 +69,10 @@ class TrainConfig(_Section):
     """DP-SGD/DP-Adam with Poisson sampling (privacy/dp_sgd.py)."""
 
     optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(3e-3, gt=0, le=MAX_LR)
     batch_size: int = Field(512, ge=1, description="expected Poisson batch size")
     epochs: float = Field(8.0, gt=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, le=MAX_CLIP)
     clipping: Literal["flat", "per_layer", "per_unit", "sparsify"] = Field(
         "flat",
         description="flat by default: per-layer clipping (DP-HFlow) made DP-Adam diverge on the pinwheel "
@@ -88,7 +96,7 @@ class TrainConfig(_Section):
         "(privacy/averaging.py; post-processing, free); 0 keeps the raw iterates",
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="public seed of the model's initial weights and the split")
     threads: int = Field(
         1,
         ge=1,
@@ -178,8 +186,8 @@ class HeadConfig(_Section):
         description="expected batch; auto: expected_rows / 64, at least 256, at most a quarter of the table and 4,096",
     )
     steps: int = Field(200, ge=1, le=100_000)
-    lr: float = Field(0.02, gt=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    lr: float = Field(0.02, gt=0, le=MAX_LR)
+    max_grad_norm: float = Field(1.0, gt=0, le=MAX_CLIP)
     ema_decay: float = Field(0.95, ge=0, lt=1, description="released weights: the EMA of the iterates (free)")
     numeric_knots: int = Field(
         5,
@@ -238,6 +246,11 @@ class SelectConfig(_Section):
             )
         return self
 
+    def min_rows(self) -> int:
+        """Public minimum number of data rows: the selection split must expect >= 2 rows, and
+        never fewer than MIN_ROWS_FLOOR rows overall."""
+        return max(math.ceil(2.0 / self.validation_fraction), MIN_ROWS_FLOOR)
+
 
 class StreamConfig(_Section):
     """Reading the table in chunks, for tables larger than memory (privflow/chunked.py, tasks/stream.py).
@@ -268,8 +281,16 @@ class EvaluateConfig(_Section):
     synthetic_rows: int | None = Field(
         None, ge=1, description="default: the schema's public expected_rows (never the private row count)"
     )
+
+    def rows(self, expected_rows: int | None) -> int:
+        """Rows of the run's synthetic table: `synthetic_rows`, else the schema's public
+        expected_rows, else 10,000 (never the private row count)."""
+        return self.synthetic_rows or expected_rows or 10_000
+
     sampling_seed: int | None = Field(
         None,
+        ge=0,
+        le=MAX_SEED,
         description="public seed of the released synthetic table (reproducible post-processing); "
         "default: drawn from the OS CSPRNG and not recorded",
     )
@@ -343,11 +364,7 @@ class RunConfig(_Section):
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: object) -> RunConfig:
-        p = Path(path)
-        try:
-            raw = yaml.safe_load(p.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"Config file '{p}' cannot be read: {exc}") from None
+        raw = read_mapping(path, "Config file", ConfigError)
         raw.update({k: v for k, v in overrides.items() if v is not None})
         return cls.build(**raw)
 

@@ -46,13 +46,9 @@ from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
 
-from privflow.config import RunConfig
+from privflow.config import MIN_ROWS_FLOOR, RunConfig
 from privflow.errors import ConfigError, DataError, DeviceUnavailable, StoreError, byte_size
 from privflow.schema import Column, Schema
-
-# Fewest rows for which the selection split (validation_fraction of the rows, by coin flip)
-# expects at least two validation rows; and never fewer than ten rows overall.
-MIN_ROWS_FLOOR = 10
 
 
 @dataclass(frozen=True)
@@ -75,8 +71,8 @@ class Preflight:
 
 
 def min_rows(config: RunConfig) -> int:
-    """Public minimum number of data rows: the selection split must expect >= 2 rows."""
-    return max(math.ceil(2.0 / config.select.validation_fraction), MIN_ROWS_FLOOR)
+    """Public minimum number of data rows (`SelectConfig.min_rows`)."""
+    return config.select.min_rows()
 
 
 def check_privacy_parameters(config: RunConfig, schema: Schema | None = None) -> None:
@@ -271,7 +267,7 @@ def check_seed(seed: object, name: str = "--seed") -> None:
         raise ConfigError(f"{name} must be a whole number from 0 to 2**63 - 1 (or none), got {seed!r}.")
 
 
-def check_room(out: Path, rows: int, columns: int) -> None:
+def check_room(out: Path, rows: int, columns: int, fewer: str = "Ask for fewer rows (-n)") -> None:
     """Refuse a table that cannot fit on the output's disk, before any row is sampled. The
     sizes are lower bounds (one character and a separator per value in CSV, a quarter byte
     per value in compressed Parquet): a refusal is certain, a pass is not a promise."""
@@ -282,9 +278,41 @@ def check_room(out: Path, rows: int, columns: int) -> None:
     if need > free:
         raise ConfigError(
             f"{rows:,} rows of {columns} columns need at least {byte_size(need)} as {Path(out).suffix.lower()[1:]}, "
-            f"more than the {byte_size(free)} free under '{folder}'. Ask for fewer rows (-n), or write to a "
-            "disk with room."
+            f"more than the {byte_size(free)} free under '{folder}'. {fewer}, or write to a disk with room."
         )
+
+
+BYTES_PER_SAMPLED_VALUE = 64.0  # peak memory of a value sampled in memory: the encoded batch, the frame, its columns
+
+
+def available_memory() -> float:
+    """Bytes of memory free for a new allocation (Linux: MemAvailable; elsewhere: no limit)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def check_memory(rows: int, columns: int, what: str, fewer: str) -> None:
+    """Refuse a table sampled in memory that this machine cannot hold, before any row is drawn."""
+    need, free = float(rows) * max(1, columns) * BYTES_PER_SAMPLED_VALUE, available_memory()
+    if need > free:
+        raise ConfigError(
+            f"{what} needs about {byte_size(need)} of memory for {columns} columns, more than this machine has "
+            f"free ({byte_size(free)}); {fewer}."
+        )
+
+
+def check_synthetic(config: RunConfig, schema: Schema) -> None:
+    """The run's synthetic table (sampled in memory, evaluated, written to the store as CSV)
+    fits in memory and on the store's disk: a run spends its budget before it samples."""
+    n, columns = config.evaluate.rows(schema.dataset.expected_rows), len(schema.columns)
+    fewer = "set evaluate.synthetic_rows lower in --config (its default is the schema's expected_rows)"
+    check_memory(n, columns, f"The run's synthetic table of {n:,} rows", fewer)
+    check_room(Path(config.store) / "synthetic" / "table.csv", n, columns, fewer[0].upper() + fewer[1:])
 
 
 def check_output(out: Path) -> None:
@@ -500,6 +528,7 @@ def preflight(config: RunConfig) -> Preflight:
     if config.evaluate.test_data is not None:
         test_fmt, _ = timed("test data", check_table, Path(config.evaluate.test_data), schema, "Test data file", 1)
     timed("store", check_store, config.store)
+    timed("synthetic table", check_synthetic, config, schema)
     device = timed("device", resolve_device, config.train.device)
     timed("workers", check_workers, config.train.workers, device)
     if config.init_from is not None:
@@ -559,7 +588,10 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
 __all__ = [
     "MIN_ROWS_FLOOR",
     "check_registry",
+    "available_memory",
+    "check_memory",
     "check_room",
+    "check_synthetic",
     "check_seed",
     "Preflight",
     "check_privacy_parameters",

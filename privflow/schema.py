@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from privflow.errors import SchemaError
+from privflow.yaml_file import read_mapping
 
 ColumnType = Literal["numeric", "integer", "categorical"]
 Transform = Literal["none", "log1p"]
@@ -189,13 +190,8 @@ class Schema(BaseModel):
             raise SchemaError(f"Schema path '{p}' is a folder; pass the schema's YAML file.")
         if not p.is_file():
             raise SchemaError(f"Schema file '{p}' does not exist.")
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise SchemaError(f"Schema file '{p}' is not valid YAML: {exc}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SchemaError(f"Schema file '{p}' cannot be read as UTF-8 text ({exc}).") from None
-        if not isinstance(raw, dict):
+        raw = read_mapping(p, "Schema file", SchemaError)
+        if not raw:
             raise SchemaError(f"Schema file '{p}' must hold a mapping with 'dataset' and 'columns'.")
         return cls.validated(raw, f"Schema file '{p}'")
 

@@ -39,10 +39,13 @@ ROW_LEVEL = "row"
 ROW_COLUMN = "_privflow_row"  # quarantine file: the row's 0-based position in the input
 REASON_COLUMN = "_privflow_failed_checks"  # quarantine file: "column:check;..." for the row
 
-_NUMERIC_DTYPES = (
-    pl.Float32, pl.Float64, pl.Int8, pl.Int16, pl.Int32, pl.Int64,
-    pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64, pl.Boolean, pl.Null,
-)  # fmt: skip
+
+def _numeric_dtype(dtype: pl.DataType) -> bool:
+    """Whether a column's dtype holds numbers (every width of int and float, Decimal, booleans
+    as 0/1): the same rule as pre-flight's `_type_fits`, so a column it accepts is read here."""
+    return bool(dtype.is_numeric()) or dtype in (pl.Boolean, pl.Null)
+
+
 _CHECK_ORDER = {c: i for i, c in enumerate(
     ("missing_column", "extra_column", "type", "integer", "not_null", "bounds", "category")
 )}  # fmt: skip
@@ -210,7 +213,7 @@ def _coerce(raw: pl.DataFrame, schema: Schema) -> _Coerced:
             parsed = s.str.strip_chars().cast(pl.Float64, strict=False)
             bad = s.is_not_null() & (parsed.is_null() | parsed.is_nan().fill_null(False))
             parsed = _null_where(bad, parsed)
-        elif s.dtype in _NUMERIC_DTYPES:
+        elif _numeric_dtype(s.dtype):
             parsed = s.cast(pl.Float64)
             parsed = _null_where(parsed.is_nan().fill_null(False), parsed)  # NaN counts as missing
             bad = pl.Series(col.name, [False] * n)
@@ -328,6 +331,16 @@ def _build_gx(schema: Schema, raw_columns: list[str], coerced_columns: list[str]
     return batch_def, structure, values
 
 
+_WIDE_INTEGERS = (pl.Int128, pl.UInt128)  # no pandas / Arrow conversion
+
+
+def _pandas_ready(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` with the numeric storages pandas cannot take (128-bit integers) as floats: the
+    structure suite looks at columns and nulls only, and the value suite gets coerced floats."""
+    wide = [c for c, t in frame.schema.items() if t in _WIDE_INTEGERS]
+    return frame.with_columns(pl.col(wide).cast(pl.Float64)) if wide else frame
+
+
 def _run_gx(raw: pl.DataFrame, coerced: pl.DataFrame, schema: Schema) -> _GxOutcome:
     """Run the schema's two suites (`_gx_setup`) on whole-dataframe batches of `raw` and
     `coerced`. Results are kept at counts (no unexpected values)."""
@@ -341,7 +354,7 @@ def _run_gx(raw: pl.DataFrame, coerced: pl.DataFrame, schema: Schema) -> _GxOutc
         # GX validates a pandas copy: chunks of rows keep that copy bounded on large tables (the
         # row-level counts add up; the table-level checks see the same columns in every chunk)
         for k, start in enumerate(range(0, max(frame.height, 1), GX_CHUNK_ROWS)):
-            chunk = frame.slice(start, GX_CHUNK_ROWS).to_pandas()
+            chunk = _pandas_ready(frame.slice(start, GX_CHUNK_ROWS)).to_pandas()
             for r in (
                 batch_def.get_batch(batch_parameters={"dataframe": chunk}).validate(suite, result_format=fmt).results
             ):

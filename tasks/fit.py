@@ -71,6 +71,7 @@ class FitResult:
     mean: np.ndarray
     std: np.ndarray
     copula_only: bool = False
+    warm_start: str | None = None  # the parent (config.init_from: public) whose weights training began from
 
     @property
     def release_note(self) -> str | None:
@@ -93,6 +94,11 @@ class FitResult:
                 "independent columns, so the synthetic columns are drawn independently"
                 + (" from the DP marginals." if isinstance(self.codec, CopulaCodec) else ".")
             )
+        if self.warm_start is not None and self.chosen_steps == [0]:
+            return (
+                f"Selection chose step 0, the weights of the warm start's parent '{self.warm_start}': on held-out "
+                "rows no DP-SGD checkpoint beat them, so the release is the parent's flow through this run's codec."
+            )
         return None
 
     @property
@@ -107,8 +113,9 @@ class FitResult:
     def fell_back(self) -> bool:
         """Selection chose the flow before DP-SGD (`select.include_start`): training did not beat
         independent columns on held-out rows, so the release is the DP marginals (or DP statistics)
-        with independent columns. Public: a function of the DP selection's output."""
-        return self.chosen_steps == [0]
+        with independent columns. Public: a function of the DP selection's output. Never for a
+        warm start, whose step 0 is its parent's trained flow."""
+        return self.chosen_steps == [0] and self.warm_start is None
 
     def sample(self, n: int, seed: int | None = None) -> pl.DataFrame:
         """`n` synthetic rows in equal shares from the chosen flows (post-processing; explicit generator)."""
@@ -412,7 +419,9 @@ def fit(
         spend.add(report_noisy_max.rnm_event(per_pick_epsilon(stage), len(chosen)))
     flows = [make(result.checkpoints[i][1]) for i in chosen]
     codec = calibrated(codec, flows, config.train.seed)
-    return FitResult(codec, result, settings, chosen, flows, list(spend.events), points, mean, std)
+    return FitResult(
+        codec, result, settings, chosen, flows, list(spend.events), points, mean, std, warm_start=config.init_from
+    )
 
 
 __all__ = [

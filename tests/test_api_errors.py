@@ -9,7 +9,6 @@ import polars as pl
 import pytest
 import yaml
 
-from privflow import api
 from privflow.api import Synthesizer, fit
 from privflow.errors import ConfigError, DataError, DeviceUnavailable, ModelNotFound, PrivflowError, SchemaError
 from privflow.schema import Schema
@@ -81,7 +80,9 @@ def test_sample_arguments_are_checked_before_sampling(schema: Schema, n: object,
 
 
 def test_sample_refuses_a_table_memory_cannot_hold(schema: Schema, monkeypatch) -> None:
-    monkeypatch.setattr(api, "_available_memory", lambda: 1e9)
+    from privflow import preflight
+
+    monkeypatch.setattr(preflight, "available_memory", lambda: 1e9)
     with pytest.raises(ConfigError, match="privflow generate"):
         Synthesizer(schema, flows=[]).sample(10**9)
 

@@ -308,6 +308,11 @@ def long_garbage_header(ws):
     return _data(ws, p)
 
 
+def schema_nested_deep(ws):
+    ws["schema"].write_text("dataset: " + "[" * 5000 + "]" * 5000 + "\n")
+    return []
+
+
 CASES = [
     ("device-cuda-without-cuda", device_cuda, 2, ["cuda", "--device cpu"]),
     ("three-rows", few_rows, 2, ["3 data row", "at least"]),
@@ -366,6 +371,20 @@ CASES = [
     ("long-garbage-header", long_garbage_header, 2, ["does not match the schema"]),
     ("integer-bounds-without-an-integer", _column_change("age", bounds=[0.2, 0.8]), 2, ["hold no whole number"]),
     ("column-named-like-scores-output", _column_change("age", name="loglik"), 2, ["reserved", "privflow score"]),
+    # found by the fourth fuzzing round: each reached a charged run, a crash or a hang
+    ("config-section-not-a-mapping", _config("privacy: 1\n"), 2, ["'privacy' must be a mapping", "int"]),
+    ("config-nested-past-the-parser", _config("train: " + "[" * 5000 + "]" * 5000 + "\n"), 2, ["too deeply"]),
+    ("config-epochs-1e308", _config("train: {epochs: 1e308}\n"), 2, ["limit of 10,000,000"]),
+    ("config-seed-negative", _config("train: {seed: -5}\n"), 2, ["train.seed", "greater than or equal to 0"]),
+    ("config-seed-past-64-bits", _config("train: {seed: 99999999999999999999999}\n"), 2, ["train.seed"]),
+    ("config-lr-1e300", _config("train: {lr: 1e300}\n"), 2, ["train.lr", "less than or equal to 10"]),
+    (
+        "synthetic-table-past-memory",
+        _config("evaluate: {synthetic_rows: 100000000000}\n"),
+        2,
+        ["synthetic table of 100,000,000,000 rows", "evaluate.synthetic_rows"],
+    ),
+    ("schema-nested-past-the-parser", schema_nested_deep, 2, ["too deeply"]),
 ]
 
 

@@ -477,3 +477,21 @@ def test_great_expectations_is_set_up_once_per_schema_and_columns() -> None:
     fails(df.drop("size"))  # other columns: another setup, built once
     fails(df.drop("size"))
     assert len(validation._GX_SETUPS) == before + 1
+
+
+def test_every_numeric_storage_pre_flight_accepts_is_read_as_numbers() -> None:
+    """Parquet decimals (and 128-bit integers) pass pre-flight's type check, so validation must
+    read them: it used to fail every row of a Decimal column, a charged gate stop."""
+    from decimal import Decimal
+
+    from privflow.preflight import _type_fits
+
+    n = 6
+    df = toy(n).with_columns(
+        pl.Series("age", [Decimal(20 + i) for i in range(n)], dtype=pl.Decimal(10, 2)),
+        pl.Series("income", [1000 * i for i in range(n)], dtype=pl.Int128),
+    )
+    assert _type_fits(SMALL.columns[0], df["age"].dtype) and _type_fits(SMALL.columns[1], df["income"].dtype)
+    clean, report = validate(df, SMALL, "strict")
+    assert clean.height == n and report.failing_rows == 0
+    assert clean["age"].to_list() == [20 + i for i in range(n)] and clean["income"][5] == 5000.0

@@ -202,3 +202,28 @@ def test_pretrain_refuses_a_file_the_ledger_knows_as_private(runs: dict) -> None
     )
     assert result.exit_code == 2, result.output
     assert "private data, not public" in " ".join(result.output.split())
+
+
+def test_pretrain_refuses_a_public_table_with_too_few_rows_left_after_quarantine(
+    tmp_path: Path, demo_dir: Path
+) -> None:
+    """Pre-flight counts the file's rows; the quarantine policy may set most aside. 3 usable rows
+    of 40 used to register a model with 'validation nan nats/row'."""
+    rows = pl.read_csv(demo_dir / "adult_test.csv", infer_schema=False, n_rows=40)
+    bad = rows.with_columns(pl.when(pl.int_range(pl.len()) < 37).then(pl.lit("7")).otherwise("age").alias("age"))
+    data = tmp_path / "mostly-bad.csv"
+    bad.write_csv(data)
+    config = tmp_path / "quarantine.yaml"
+    config.write_text("policy: quarantine\ntrain: {epochs: 1}\n")
+    store = tmp_path / "few-store"
+    result = CliRunner().invoke(
+        app,
+        ["pretrain", "--data", str(data), "--schema", str(demo_dir / "adult.yaml"), "--config", str(config),
+         "--store", str(store), "--quiet"],
+    )  # fmt: skip
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Only 3 of the public file's 40 rows" in text and "at least 20" in text, text
+    assert (
+        not (store / "mlflow.db").exists()
+        or not MlflowClient(f"sqlite:///{store / 'mlflow.db'}").search_registered_models()
+    )

@@ -98,6 +98,13 @@ def test_selection_falls_back_to_the_start_when_training_breaks_the_flow(monkeyp
     fitted = run(config(), rows=3000)
     assert fitted.chosen_steps == [0]  # type: ignore[attr-defined]
     assert fitted.fell_back  # type: ignore[attr-defined]
+    assert "drawn independently" in fitted.release_note  # type: ignore[attr-defined]
+    # a warm start's step 0 is its parent's trained flow, not independent columns
+    from dataclasses import replace
+
+    warm = replace(fitted, warm_start="privflow-adult-public/1")  # type: ignore[type-var]
+    assert not warm.fell_back and "parent 'privflow-adult-public/1'" in warm.release_note
+    assert "independently" not in warm.release_note
 
 
 def test_a_run_that_learns_moves_off_the_start() -> None:
