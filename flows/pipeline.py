@@ -88,6 +88,7 @@ class RunSummary:
     dataset_delta: float = 0.0  # the delta dataset_epsilon is stated at: the dataset budget's, not the run's
     init_from: str | None = None  # a warm start's parent version, NAME/VERSION
     release_note: str | None = None  # why the release is not a trained flow (FitResult.release_note)
+    diagnostics_note: str | None = None  # curator-only: diagnostics skipped, and why (never released)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,22 +161,43 @@ def _diagnose(
     synthetic: pl.DataFrame,
     curator: Path,
     extra: dict[str, Any],
-) -> tuple[dict[str, float], str | None]:
-    """Evaluation on the real rows, written to the curator-only folder (never to MLflow)."""
+) -> tuple[dict[str, float], str | None, str | None]:
+    """Evaluation on the real rows, written to the curator-only folder (never to MLflow):
+    (metrics, report path, a note for the curator when part or all of it was skipped).
+
+    Diagnostics come after the release and spend nothing: a test file none of whose rows pass
+    its checks, or any other failure in them, is noted (curator-only) and never costs the
+    run its registered model."""
     write_json(curator, "training.json", extra)
-    test_df = None
-    if config.evaluate.test_data is not None:
-        test_df, _ = validate(
-            read_table(config.evaluate.test_data), schema, "quarantine", curator / "test_quarantine.csv"
+    test_df, notes = None, []
+    try:
+        if config.evaluate.test_data is not None:
+            try:
+                test_df, _ = validate(
+                    read_table(config.evaluate.test_data), schema, "quarantine", curator / "test_quarantine.csv"
+                )
+            except ValidationFailed as exc:
+                notes.append(f"--test-data was not used: {exc}")
+        if df.height == 0:
+            return {}, None, _note(curator, notes)
+        evaluation = _step(evaluate_run)(
+            schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate, curator / "evaluation"
         )
-    if df.height == 0:
-        return {}, None
-    evaluation = _step(evaluate_run)(
-        schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate, curator / "evaluation"
-    )
+    except Exception as exc:  # noqa: BLE001 - the release stands; the curator is told what failed
+        notes.append(f"diagnostics failed ({type(exc).__name__}: {exc})")
+        return {}, None, _note(curator, notes)
     metrics = {k: float(v) for k, v in evaluation.metrics.items() if np.isfinite(v)}
     write_json(curator, "metrics.json", {"metrics": metrics})
-    return metrics, str(evaluation.html_path) if evaluation.html_path is not None else None
+    return metrics, str(evaluation.html_path) if evaluation.html_path is not None else None, _note(curator, notes)
+
+
+def _note(curator: Path, notes: list[str]) -> str | None:
+    """The curator's note on skipped diagnostics, also kept in the curator-only folder."""
+    if not notes:
+        return None
+    text = " ".join(" ".join(n.split())[:600] for n in notes)
+    write_json(curator, "diagnostics_notes.json", {"notes": notes})
+    return text
 
 
 def _settle_failure(ledger: Ledger, run_id: str, spend: Spend) -> None:
@@ -439,7 +461,7 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
             )
             figures = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
             synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
-            metrics, report_path = _diagnose(
+            metrics, report_path, diagnostics_note = _diagnose(
                 config, schema, codec, fitted.flows[0], df, x_train, x_val, synthetic, curator, fitted.diagnostics()
             )
             registered = _register(config, schema, model_name, fitted, figures, plan.delta, run_id)
@@ -455,6 +477,7 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
         "report_path": report_path,
         "init_from": config.init_from,
         "release_note": fitted.release_note,
+        "diagnostics_note": diagnostics_note,
     }
     return _summary(
         config, plan, run_id, active.info.run_id, model_name, registered, figures, outputs, metrics, decision, started

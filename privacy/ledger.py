@@ -203,6 +203,8 @@ def describe_event(event: Event) -> str:
     return repr(event)
 
 
+_LEDGER_TABLES = {"datasets", "runs"}  # a database holding tables but neither of these is someone else's
+
 # SQLite's words for a disk that is full or failing, not a damaged file (kept, never replaced)
 _MACHINE_FAULTS = ("disk I/O error", "database or disk is full")
 
@@ -218,6 +220,13 @@ class Ledger:
         try:
             con = self._connect()
             try:
+                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if tables and not tables & _LEDGER_TABLES:
+                    raise StoreError(
+                        f"'{self.path}' is a SQLite database but not a privacy ledger (it holds the tables "
+                        f"{', '.join(sorted(tables)[:5])}); privflow will not write into it. Point --store at the "
+                        "store folder privflow runs used, or move that file out of the way. Nothing was changed."
+                    )
                 con.execute("PRAGMA journal_mode=WAL")
                 con.execute("BEGIN IMMEDIATE")
                 for statement in _SCHEMA.split(";"):

@@ -423,6 +423,8 @@ def _print_summary(summary: object) -> None:
         lines.append(f"note: {get('release_note')}")
     if get("report_path"):
         lines.append(f"diagnostics report (not DP, curator only): {s.report_path}")
+    if get("diagnostics_note"):
+        lines.append(f"diagnostics note (not DP, curator only): {get('diagnostics_note')}")
     if get("curator_dir"):
         lines.append(f"curator-only diagnostics folder (not DP): {get('curator_dir')}")
     if get("mlflow_run_id"):
@@ -747,6 +749,10 @@ def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> Non
     from privflow.privacy.ledger import Ledger
 
     path = store / "ledger.db"
+    if store.exists() and not store.is_dir():
+        raise StoreError(f"--store '{store}' is a file, not a folder; pass the store folder privflow runs used.")
+    if path.is_dir():
+        raise StoreError(f"'{path}' is a folder, not a privacy ledger; this store's ledger is missing or was moved.")
     if not path.is_file():
         raise StoreError(f"No ledger at '{path}': no run has used this store yet (pass --store to pick another).")
     ledger = Ledger(path)

@@ -26,6 +26,7 @@ DPAD_MIN_PART_ROWS = 10
 MAX_LR = 10.0  # a step size over 10 diverges with Adam or SGD on these flows
 MAX_CLIP = 1e6  # a clipping norm past any gradient these flows give
 MAX_SEED = 2**63 - 1  # torch's and numpy's seeds, and polars' row-hash salts
+MAX_NATS = 1e6  # score clipping bounds: their span is a sensitivity, and 1e308 made the noise's scale inf
 
 
 class _Section(BaseModel):
@@ -222,7 +223,7 @@ class SelectConfig(_Section):
         description="relative: each row's log-likelihood minus its median over checkpoints, clipped to "
         "+-relative_clip (sensitivity relative_clip); absolute: clipped to [score_low, score_high]",
     )
-    relative_clip: float = Field(1.0, gt=0, description="nats; the relative score's per-row bound")
+    relative_clip: float = Field(1.0, gt=0, le=MAX_NATS, description="nats; the relative score's per-row bound")
     max_candidates: int = Field(
         16, ge=1, description="checkpoints scored by selection: evenly spaced, the last always among them"
     )
@@ -232,8 +233,8 @@ class SelectConfig(_Section):
         "exactly the independent copula) is a candidate, so selection falls back to it when training "
         "did not help (small tables); the report says so",
     )
-    score_low: float = Field(-20.0, description="per-row log-likelihood clipped below here (nats)")
-    score_high: float = Field(10.0, description="per-row log-likelihood clipped above here (nats)")
+    score_low: float = Field(-20.0, ge=-MAX_NATS, description="per-row log-likelihood clipped below here (nats)")
+    score_high: float = Field(10.0, le=MAX_NATS, description="per-row log-likelihood clipped above here (nats)")
 
     @model_validator(mode="after")
     def _bounds(self) -> SelectConfig:

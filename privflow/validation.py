@@ -203,7 +203,7 @@ def _coerce(raw: pl.DataFrame, schema: Schema) -> _Coerced:
         s = raw.get_column(col.name)
         if col.is_categorical:
             try:
-                out[col.name] = s.cast(pl.String)
+                out[col.name] = _labels(s, col)
             except Exception:
                 detail = f"holds {s.dtype} values, which cannot be read as category labels"
                 failures.append(Failure(col.name, "type", n, SCHEMA_LEVEL, detail))
@@ -331,6 +331,25 @@ def _build_gx(schema: Schema, raw_columns: list[str], coerced_columns: list[str]
     return batch_def, structure, values
 
 
+def _labels(s: pl.Series, col: Column) -> pl.Series:
+    """A categorical column's values as label text. Numbers stored for numeric labels (a
+    Parquet column of 0.0 / 1.0 for categories '0' / '1', as pre-flight's `_type_fits` admits)
+    take the declared label of the same value; anything else is cast to text (and, if not a
+    label, fails the category check)."""
+    text = s.cast(pl.String)
+    if s.dtype == pl.Boolean or not s.dtype.is_numeric():
+        return text
+    labels: dict[float, str] = {}
+    for label in col.categories or ():
+        try:
+            labels.setdefault(float(label), label)
+        except ValueError:
+            continue
+    if not labels:
+        return text
+    return s.cast(pl.Float64).replace_strict(labels, default=text, return_dtype=pl.String)
+
+
 _WIDE_INTEGERS = (pl.Int128, pl.UInt128)  # no pandas / Arrow conversion
 
 
@@ -417,6 +436,7 @@ def _detail(col: Column, check: str, n: int) -> str:
 
 
 QUARANTINE_ADVICE = "Fix those rows, or use the quarantine policy to set them aside and train on the rest."
+_NOTHING_PASSES = "Fix the file or the schema: with every row set aside, there is nothing to use."
 SCORED_ADVICE = "Fix those rows: every row of this table is answered, so none can be set aside."
 
 
@@ -600,7 +620,9 @@ def validate(
         rep = report(0, None)
     clean = co.frame.filter(~row_fail)
     if clean.height == 0 and gate is None:
-        raise _fail(rep, "no row passes, nothing is left to train on")
+        raise _fail(
+            rep, "no row passes, nothing is left to train on", _NOTHING_PASSES if policy == "quarantine" else advice
+        )
     return _typed(clean, schema), rep
 
 

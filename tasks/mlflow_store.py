@@ -318,7 +318,15 @@ def resolve_version(spec: str) -> tuple[str, str, dict[str, str]]:
     try:
         mv = client.get_model_version_by_alias(name, key) if by_alias else client.get_model_version(name, key)
     except MlflowException:
-        known = [m.name for m in client.search_registered_models(max_results=20)]
+        known = {m.name: m for m in client.search_registered_models(max_results=20)}
+        if name in known:  # the model is there; its alias or version is not
+            model = known[name]
+            aliases = ", ".join(f"@{a}" for a in sorted(getattr(model, "aliases", None) or {})) or "none"
+            versions = ", ".join(sorted((str(v.version) for v in model.latest_versions or []), key=int)) or "none"
+            raise ModelNotFound(
+                f"Model '{name}' has no {'alias @' if by_alias else 'version '}{key} (its aliases: {aliases}; "
+                f"latest version: {versions}). Pass NAME@ALIAS or NAME/VERSION of one it has."
+            ) from None
         raise ModelNotFound(
             f"Model '{spec}' is not in the registry (registered models here: {', '.join(known) or 'none'}). "
             "Pass NAME@ALIAS or NAME/VERSION of a registered version (`privflow pretrain` registers one from "

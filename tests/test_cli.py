@@ -324,6 +324,28 @@ def test_a_ledger_that_is_not_a_database_is_refused_and_left_as_it_is(tmp_path: 
     assert (tmp_path / "ledger.db").read_text() == "not a sqlite db"
 
 
+def test_ledger_show_names_what_is_wrong_with_the_store(tmp_path: Path) -> None:
+    """A store that is a file, a ledger.db that is a folder, and another program's SQLite file
+    (which privflow used to write its tables into) are each named as what they are."""
+    import sqlite3
+
+    as_file = tmp_path / "store-file"
+    as_file.write_text("x")
+    _assert_user_error(runner.invoke(app, ["ledger", "show", "--store", str(as_file)]), "is a file, not a folder")
+    folder = tmp_path / "folder-store"
+    (folder / "ledger.db").mkdir(parents=True)
+    _assert_user_error(runner.invoke(app, ["ledger", "show", "--store", str(folder)]), "is a folder, not a privacy")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    with sqlite3.connect(foreign / "ledger.db") as con:
+        con.execute("CREATE TABLE invoices (id INTEGER)")
+    _assert_user_error(
+        runner.invoke(app, ["ledger", "show", "--store", str(foreign)]), "not a privacy ledger", "invoices"
+    )
+    with sqlite3.connect(foreign / "ledger.db") as con:
+        assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["invoices"]  # untouched
+
+
 def test_a_ledger_on_a_full_or_failing_disk_is_not_called_damaged(tmp_path: Path, monkeypatch) -> None:
     """SQLite's 'disk I/O error' (seen with the store on a full disk) is the machine's state: the
     message says to free space, not to restore the ledger from a backup."""

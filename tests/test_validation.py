@@ -495,3 +495,22 @@ def test_every_numeric_storage_pre_flight_accepts_is_read_as_numbers() -> None:
     clean, report = validate(df, SMALL, "strict")
     assert clean.height == n and report.failing_rows == 0
     assert clean["age"].to_list() == [20 + i for i in range(n)] and clean["income"][5] == 5000.0
+
+
+def test_numeric_labels_stored_as_floats_take_their_declared_label() -> None:
+    """A Parquet column of 0.0 / 1.0 for categories '0' / '1' (pre-flight accepts it) is read as
+    those labels; it used to read '0.0' and fail every row at the charged gate."""
+    from privflow.preflight import _type_fits
+
+    schema = Schema.model_validate(
+        {
+            "dataset": {"name": "flags"},
+            "columns": [{"name": "flag", "type": "categorical", "categories": ["0", "1", "2.5"]}],
+        }
+    )
+    df = pl.DataFrame({"flag": [0.0, 1.0, 2.5, 1.0]})
+    assert _type_fits(schema.columns[0], df["flag"].dtype)
+    clean, report = validate(df, schema, "strict")
+    assert clean["flag"].cast(pl.String).to_list() == ["0", "1", "2.5", "1"] and report.failing_rows == 0
+    with pytest.raises(ValidationFailed, match="category not in the declared list"):
+        validate(pl.DataFrame({"flag": [0.0, 3.0]}), schema, "strict")

@@ -137,7 +137,10 @@ def _refused(setup: dict, init_from: str, *needles: str, extra: tuple[str, ...] 
 
 def test_missing_model_is_refused(setup: dict) -> None:
     _refused(setup, "no-such-model@champion", "not in the registry", "privflow pretrain")
-    _refused(setup, f"parents/{int(setup['v']['untagged']) + 50}", "not in the registry")
+    # the model exists, its version or alias does not: say what it has
+    missing = int(setup["v"]["untagged"]) + 50
+    _refused(setup, f"parents/{missing}", f"'parents' has no version {missing}", "latest version")
+    _refused(setup, "parents@nosuch", "'parents' has no alias @nosuch", "its aliases")
 
 
 def test_missing_registry_is_refused(setup: dict) -> None:

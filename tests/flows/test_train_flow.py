@@ -237,3 +237,34 @@ def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: 
     synthetic = pl.read_csv(summary.synthetic_path, infer_schema=False)
     clean, _ = validate(synthetic, Schema.from_yaml(schema), policy="strict", quarantine_path=None)
     assert clean.height == 600
+
+
+def test_a_test_file_whose_rows_all_fail_skips_its_diagnostics_and_keeps_the_release(
+    tmp_path: Path, demo_dir: Path
+) -> None:
+    """Diagnostics come after the release: a --test-data file none of whose rows pass its checks
+    used to end the run with a validation error after the budget was spent and before the model
+    was registered. Now the curator is told and the release stands."""
+    from privflow.flows.pipeline import train_in_process
+
+    data, schema = adult_slice(tmp_path, demo_dir, 1500)
+    test = tmp_path / "bad_test.csv"
+    pl.read_csv(demo_dir / "adult_test.csv", infer_schema=False, n_rows=50).with_columns(
+        pl.lit("500").alias("age")
+    ).write_csv(test)
+    cfg = RunConfig.build(
+        data=data,
+        schema_path=schema,
+        store=tmp_path / "store",
+        model_name="privflow-adult-badtest",
+        privacy={"epsilon": 1.0, "delta": 1e-5},
+        model={"name": "maf", "blocks": 1, "hidden": 8},
+        train={"epochs": 1, "batch_size": 256, "min_effective_batch": 0},
+        evaluate={"synthetic_rows": 300, "utility": False, "privacy_risk": False, "report": False, "test_data": test},
+    )
+    summary = train_in_process(cfg, show_progress=False)
+    assert summary.model_version and Path(summary.synthetic_path).is_file()
+    assert summary.diagnostics_note and "--test-data was not used" in summary.diagnostics_note
+    assert (Path(summary.curator_dir) / "diagnostics_notes.json").is_file()
+    version = MlflowClient().get_model_version(summary.model_name, summary.model_version)
+    assert "--test-data" not in json.dumps(dict(version.tags))  # a curator-only note: never released
