@@ -500,7 +500,9 @@ def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
     import privflow.flows.train as train
 
     config = _train_config(tmp_path, "adult-retry-late")
-    calls = _flaky(monkeypatch, pipeline, "evaluate_run", RuntimeError("diagnostics crashed"))
+    # sampling the release fails once, after every mechanism ran (a diagnostics failure no longer
+    # fails a run: test_a_diagnostics_crash_keeps_the_release)
+    calls = _flaky(monkeypatch, pipeline, "_release_table", RuntimeError("sampling crashed"))
     summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)
     assert calls["n"] == 2
     ledger = Ledger(config.store / "ledger.db")
@@ -509,6 +511,22 @@ def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
     assert runs[0].status in {"settled", "failed"}  # spent before diagnostics crashed: stays counted
     assert runs[0].events == runs[1].events
     assert ledger.spent("adult-retry-late")[0] > summary.epsilon * 1.2
+
+
+@pytest.mark.slow
+def test_a_diagnostics_crash_keeps_the_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Curator-only diagnostics run after the release and spend nothing: their failure is a note
+    for the curator, not a failed run that spent its budget and registered nothing."""
+    import privflow.flows.pipeline as pipeline
+
+    config = _train_config(tmp_path, "adult-diagnostics-crash")
+    _flaky(monkeypatch, pipeline.evaluate_run, "fn", RuntimeError("diagnostics crashed"))  # in process: the task's fn
+    summary = pipeline.train_in_process(config, show_progress=False)
+    assert summary.model_version and "diagnostics failed (RuntimeError: diagnostics crashed)" in (
+        summary.diagnostics_note or ""
+    )
+    ((run,),) = [Ledger(config.store / "ledger.db").runs("adult-diagnostics-crash")]
+    assert run.status == "settled" and run.run_id == summary.run_id
 
 
 @pytest.mark.slow
