@@ -626,16 +626,29 @@ def test_sigterm_during_training_exits_143_and_unwinds_like_ctrl_c(ws: dict) -> 
     store = ws["dir"] / "sigterm"
     proc = _spawn_run(ws, store)
     _wait_reserved(store, proc)
-    time.sleep(4)
+    t0 = time.time()
+    while not _mlflow_statuses(store) and time.time() - t0 < 120:  # the MLflow run is open (RUNNING)
+        assert proc.poll() is None
+        time.sleep(0.2)
+    assert _mlflow_statuses(store) == {"RUNNING"}
+    time.sleep(2)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, out
     assert "Traceback" not in out and "terminated (SIGTERM)" in out, out
     ((status, eps),) = _runs(store)
     assert status == "failed" and eps > 0.9  # abandoned: still counted, mechanisms ran
-    with sqlite3.connect(store / "mlflow.db") as con:
-        statuses = {r[0] for r in con.execute("SELECT status FROM runs")}
+    statuses = _mlflow_statuses(store)
     assert statuses and "RUNNING" not in statuses, statuses
+
+
+def _mlflow_statuses(store: Path) -> set[str]:
+    """The statuses of the store's MLflow runs (none while its database is being set up)."""
+    try:
+        with sqlite3.connect(f"file:{store / 'mlflow.db'}?mode=ro", uri=True) as con:  # never creates the file
+            return {r[0] for r in con.execute("SELECT status FROM runs")}
+    except sqlite3.Error:
+        return set()
 
 
 @pytest.mark.slow
