@@ -24,7 +24,7 @@ from privflow.privacy.events import events_from_json
 from privflow.privacy.ledger import Ledger
 from privflow.schema import Schema
 from privflow.validation import validate
-from tests.data_slices import adult_slice
+from tests.data_slices import adult_slice, small_config
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
@@ -175,16 +175,15 @@ def test_dp_marginals_are_planned_spent_released_and_decoded_through(tmp_path: P
     from privflow.tasks.mlflow_store import load_version
 
     data, schema = adult_slice(tmp_path, demo_dir, 2000)
-    cfg = RunConfig.build(
-        data=data,
-        schema_path=schema,
-        store=tmp_path / "store",
-        model_name="privflow-adult-marginals",
-        privacy={"epsilon": 3.0, "delta": 1e-5},
+    cfg = small_config(
+        data,
+        schema,
+        tmp_path / "store",
+        "privflow-adult-marginals",
+        3.0,
         marginals={"enabled": True, "share": 0.3, "grid_bins": 64},
-        model={"name": "maf", "blocks": 1, "hidden": 8},
-        train={"epochs": 1, "batch_size": 256, "checkpoint_every": 4},
-        evaluate={"synthetic_rows": 400, "utility": False, "privacy_risk": False, "report": False},
+        train={"checkpoint_every": 4},
+        evaluate={"synthetic_rows": 400},
     )
     summary = train_pipeline(cfg, show_progress=False)
     assert "dp_marginals" in summary.stages and summary.epsilon <= 3.0
@@ -252,15 +251,14 @@ def test_a_test_file_whose_rows_all_fail_skips_its_diagnostics_and_keeps_the_rel
     pl.read_csv(demo_dir / "adult_test.csv", infer_schema=False, n_rows=50).with_columns(
         pl.lit("500").alias("age")
     ).write_csv(test)
-    cfg = RunConfig.build(
-        data=data,
-        schema_path=schema,
-        store=tmp_path / "store",
-        model_name="privflow-adult-badtest",
-        privacy={"epsilon": 1.0, "delta": 1e-5},
-        model={"name": "maf", "blocks": 1, "hidden": 8},
-        train={"epochs": 1, "batch_size": 256, "min_effective_batch": 0},
-        evaluate={"synthetic_rows": 300, "utility": False, "privacy_risk": False, "report": False, "test_data": test},
+    cfg = small_config(
+        data,
+        schema,
+        tmp_path / "store",
+        "privflow-adult-badtest",
+        1.0,
+        train={"min_effective_batch": 0},
+        evaluate={"test_data": test},
     )
     summary = train_in_process(cfg, show_progress=False)
     assert summary.model_version and Path(summary.synthetic_path).is_file()

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from privflow.config import RunConfig
 from privflow.privacy.distributed import train_data_parallel
 from privflow.privacy.events import PoissonGaussianEvent
 from privflow.privacy.ledger import Ledger
 from privflow.privacy.run_plan import run_plan
 from privflow.schema import Schema
 from privflow.tasks import train as train_task
-from tests.data_slices import adult_slice
+from tests.data_slices import adult_slice, small_config
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
@@ -40,15 +39,14 @@ def test_two_workers_settle_one_planned_dp_sgd_event(
         return train_data_parallel(model, data, settings, on_step)
 
     monkeypatch.setattr(train_task, "train_data_parallel", spy)
-    cfg = RunConfig.build(
-        data=data,
-        schema_path=schema_path,
-        store=tmp_path / "store",
-        model_name="privflow-adult-workers",
-        privacy={"epsilon": 2.0, "delta": 1e-5},
-        model={"name": "maf", "blocks": 1, "hidden": 8},
-        train={"epochs": 1, "batch_size": 256, "checkpoint_every": 2, "workers": 2, "min_effective_batch": 0},
-        evaluate={"synthetic_rows": 200, "utility": False, "privacy_risk": False, "report": False},
+    cfg = small_config(
+        data,
+        schema_path,
+        tmp_path / "store",
+        "privflow-adult-workers",
+        2.0,
+        train={"checkpoint_every": 2, "workers": 2, "min_effective_batch": 0},
+        evaluate={"synthetic_rows": 200},
     )
     plan = run_plan(cfg, Schema.from_yaml(schema_path))
     planned = plan.stage("train").event
