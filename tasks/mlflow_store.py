@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,16 +56,39 @@ def tracking(store: Path) -> str:
 
 
 def experiment_for(dataset: str, store: Path) -> str:
-    """The dataset's experiment, with artifacts under the store (not ./mlruns of the cwd)."""
+    """The dataset's experiment, with artifacts under the store (not ./mlruns of the cwd).
+
+    Under the store's lock (`store_lock`): the first use of a store creates MLflow's SQLite
+    schema and the experiment, and two runs started together on a new store raced there (one
+    failed in MLflow's migrations, or on 'table ... already exists')."""
     name = f"privflow-{dataset}"
-    client = MlflowClient()
-    if client.get_experiment_by_name(name) is None:
-        # Against a tracking server, artifacts go through its --artifacts-destination.
-        remote = mlflow.get_tracking_uri().startswith(("http://", "https://"))
-        location = None if remote else (store.resolve() / "artifacts").as_uri()
-        client.create_experiment(name, artifact_location=location)
+    with store_lock(store):
+        client = MlflowClient()
+        if client.get_experiment_by_name(name) is None:
+            # Against a tracking server, artifacts go through its --artifacts-destination.
+            remote = mlflow.get_tracking_uri().startswith(("http://", "https://"))
+            location = None if remote else (store.resolve() / "artifacts").as_uri()
+            client.create_experiment(name, artifact_location=location)
     mlflow.set_experiment(name)
     return name
+
+
+@contextmanager
+def store_lock(store: Path) -> Iterator[None]:
+    """An exclusive lock on the store across processes (an flock on `<store>/.mlflow.lock`),
+    held while MLflow's database and experiments are set up; a no-op where flock is missing."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (runs on one store are then the user's to serialise)
+        yield
+        return
+    store.mkdir(parents=True, exist_ok=True)
+    with open(store / ".mlflow.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # -- what a run logs (tasks/release.py says why each entry may be there) -------------------------
