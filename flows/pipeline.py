@@ -143,7 +143,11 @@ def _read_and_gate(
             f"The exact per-column counts are in the curator-only report {curator / 'validation.json'}. "
             f"The gate's DP count cost epsilon={decisions[-1].epsilon:.3g}, which the ledger has charged; "
             "nothing else was spent. Fix the rows (or the schema's bounds), or raise the policy's limit "
-            "(gate.strict_max_failing / gate.quarantine_max_failing), or use --policy quarantine."
+            + (
+                "(gate.strict_max_failing), or use --policy quarantine."
+                if config.policy == "strict"
+                else "(gate.quarantine_max_failing)."
+            )
         ) from None
     write_json(curator, "validation.json", report.to_dict())
     store_ml.log_gate(decisions[-1].noisy_failing)

@@ -6,7 +6,8 @@ before Prefect, MLflow or Great Expectations is imported and before the ledger r
 
 Exit statuses: 0 success; 2 any PrivflowError (a user error, over budget, the validation
 gate stopping a run), printed once as one paragraph with no traceback; 1 an unexpected
-(internal) error, one paragraph, with the traceback under `--verbose`; 130 Ctrl-C; 143 SIGTERM
+(internal) error, one paragraph, with the traceback under `--verbose`; 3 `privflow audit`'s verdict
+is not the healthy one; 130 Ctrl-C; 143 SIGTERM
 (a scheduler cancelling the job), unwound like Ctrl-C so that the ledger, the MLflow run and
 the working files are closed as they are then.
 """
@@ -41,6 +42,7 @@ app.add_typer(ledger_app, name="ledger")
 console = Console(stderr=True)
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
+EXIT_AUDIT = 3  # `privflow audit`: the shipped configuration failed, or a mutant was not caught
 
 
 class Terminated(KeyboardInterrupt):
@@ -769,7 +771,12 @@ def audit(
     schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML).")],
     epsilon: Annotated[float, typer.Option("--epsilon", help="Total epsilon of the audited configuration.")],
     config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML).")] = None,
-    canaries: Annotated[int, typer.Option("--canaries", help="Number of gradient canaries m.", min=2)] = 1000,
+    canaries: Annotated[
+        int,
+        typer.Option(
+            "--canaries", help="Number of gradient canaries m (at least 100: fewer certify no epsilon).", min=100
+        ),
+    ] = 1000,
     mutate: Annotated[str, typer.Option("--mutate", help="none | noise/10 | no-clip (a check of the check).")] = "none",
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
@@ -809,6 +816,8 @@ def _audit(
     env.quiet_imported(verbose)
     r = audit_pipeline(cfg, canaries=canaries, mutation=mutate)
     verdict = "PASS (lower bound <= claimed)" if r.passed else "FAIL (lower bound > claimed epsilon)"
+    # the verdict a healthy configuration gives: PASS for the shipped one, FAIL for a mutant
+    expected = r.passed == (mutate == "none")
     Console().print(
         f"audit {r.audit_id} ({r.mutation}): {r.canaries} canaries ({r.included} included), {r.correct}/{r.guesses} "
         f"guesses correct -> epsilon >= {r.epsilon_lower_bound:.3f} at {r.confidence:.0%} confidence (delta "
@@ -818,6 +827,8 @@ def _audit(
         soft_wrap=True,
         markup=False,
     )
+    if not expected:  # a scheduled or CI audit must see this in the exit status
+        raise typer.Exit(EXIT_AUDIT)
 
 
 # -- dpad: DP anomaly detection by sample-and-aggregate (issue 14; DP-NF section 5, Algorithm 2) --
@@ -922,23 +933,26 @@ def _dpad_fit(
 
     if threshold is None:  # a per-part threshold from held-out rows, by default
         fpr, holdout = (0.05 if fpr is None else fpr), (0.2 if holdout is None else holdout)
-    share = 1.0 - (holdout or 0.0)
-    n = sch.dataset.expected_rows or rows  # the public row count where the schema declares one
-    if n // partitions * share < DPAD_MIN_PART_ROWS:  # every part would vote "normal" on every query
-        most = max(1, int(n * share // DPAD_MIN_PART_ROWS))
-        raise ConfigError(
-            f"With --partitions {partitions}, each part of about {n} rows gets about {n // partitions * share:.0f} "
-            f"training rows, fewer than the {DPAD_MIN_PART_ROWS} a part needs to train a flow: no part could vote, "
-            f"yet every query would be charged. Use at most {most} partitions, or a larger table."
-        )
-    env.configure(store, verbose=verbose)
-    from privflow.tasks.dpad import EnsembleSettings, fit_ensemble
+    from privflow.privacy.mechanisms.dp_ad import EnsembleSettings  # no Prefect, no MLflow
 
-    env.quiet_imported(verbose)
-    try:
+    try:  # the settings' own ranges first: the row rule below uses the held-out share
         settings = EnsembleSettings(partitions, epsilon_per_query, fpr, threshold, 0.0 if holdout is None else holdout)
     except ValueError as exc:
         raise ConfigError(f"Bad dpad settings: {exc}.") from None
+    share = 1.0 - settings.holdout_fraction
+    n = sch.dataset.expected_rows or rows  # the public row count where the schema declares one
+    if n // partitions * share < DPAD_MIN_PART_ROWS:  # every part would vote "normal" on every query
+        most = int(n * share // DPAD_MIN_PART_ROWS)
+        advice = f"Use at most {most} partitions, or a larger table." if most >= 2 else "Use a larger table."
+        raise ConfigError(
+            f"With --partitions {partitions}, each part of about {n // partitions} rows gets about "
+            f"{n // partitions * share:.0f} training rows, fewer than the {DPAD_MIN_PART_ROWS} a part needs to train "
+            f"a flow: no part could vote, yet every query would be charged. {advice}"
+        )
+    env.configure(store, verbose=verbose)
+    from privflow.tasks.dpad import fit_ensemble
+
+    env.quiet_imported(verbose)
     say = Console().print
     ens = fit_ensemble(
         data,

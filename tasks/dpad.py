@@ -48,8 +48,8 @@ from privflow.privacy.ledger import Ledger, compose_epsilon
 from privflow.privacy.mechanisms.dp_ad import (
     FLAGGED,
     NOT_ANSWERED,
+    EnsembleSettings,
     SparseVector,
-    VoteAggregation,
     holdout_coins,
     partition_of,
     partition_threshold,
@@ -64,39 +64,6 @@ ENSEMBLE_FILE = "ensemble.json"
 ID_PREFIX = "dpad-"
 ANOMALY = "anomaly"
 MIN_PART_ROWS = DPAD_MIN_PART_ROWS  # a part with fewer training rows trains no flow and votes "normal"
-
-
-@dataclass(frozen=True)
-class EnsembleSettings:
-    """Public settings of a DP-AD ensemble (nothing here is read off the rows).
-
-    Each part's threshold is either the empirical `fpr`-quantile of its own held-out rows
-    (`holdout_fraction` of its rows, by a salted hash) or one public `threshold` for all parts.
-    """
-
-    partitions: int
-    epsilon_per_query: float
-    fpr: float | None = 0.05
-    threshold: float | None = None
-    holdout_fraction: float = 0.2
-
-    def __post_init__(self) -> None:
-        VoteAggregation(self.partitions, self.epsilon_per_query)  # validates k and epsilon
-        if (self.fpr is None) == (self.threshold is None):
-            raise ValueError("give exactly one of a per-part false-positive rate (fpr) or a public threshold")
-        if self.fpr is not None and not 0.0 < self.fpr < 1.0:
-            raise ValueError(f"fpr must lie strictly between 0 and 1, got {self.fpr!r}")
-        if self.threshold is not None and not math.isfinite(self.threshold):
-            raise ValueError(f"the public threshold must be a finite number, got {self.threshold!r}")
-        low = 0.0 if self.fpr is None else 0.01
-        if not low <= self.holdout_fraction < 0.9:
-            raise ValueError(
-                f"the held-out fraction must lie in [{low:g}, 0.9) (a per-part fpr needs held-out rows), "
-                f"got {self.holdout_fraction!r}"
-            )
-
-    def aggregation(self) -> VoteAggregation:
-        return VoteAggregation(int(self.partitions), float(self.epsilon_per_query))
 
 
 @dataclass

@@ -158,4 +158,16 @@ def test_more_partitions_than_the_rows_can_train_is_refused_before_anything_is_c
         "--epsilon-per-query", 0.05, "--store", store,
     )  # fmt: skip
     assert res.exit_code == 2 and "Use at most 96 partitions" in " ".join(res.output.split()), res.output
+    assert "each part of about 6 rows" in " ".join(res.output.split())
     assert not store.exists()
+
+
+def test_a_held_out_share_out_of_range_is_named_before_the_row_rule(tmp_path: Path, cli) -> None:
+    """--holdout 1 used to be reported as 'each part gets about 0 training rows ... use at most 1
+    partitions' (impossible advice); the setting's own range is checked first."""
+    res = _invoke(
+        "dpad", "fit", "--data", cli["train"], "--schema", cli["schema"], "--partitions", 4,
+        "--epsilon-per-query", 0.5, "--holdout", 1, "--store", tmp_path / "store",
+    )  # fmt: skip
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2 and "held-out fraction must lie in [0.01, 0.9)" in text and "partitions" not in text

@@ -31,10 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from privflow.config import MAX_NATS
 from privflow.privacy.events import Event, PureDPEvent
 from privflow.privacy.noise import _calibrated, _dp
 
 DEFAULT_GRID_POINTS = 301  # 0.1 nat steps over the default [-20, 10]
+MIN_STEP = 1e-6  # nats between grid points: float32 log-likelihoods of tens of nats resolve no finer
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,15 @@ class DPQuantile:
             raise ValueError(f"the quantile's epsilon must be a finite positive number, got {self.epsilon!r}")
         if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low < self.high):
             raise ValueError(f"need a finite clip range low < high, got [{self.low}, {self.high}]")
+        if max(abs(self.low), abs(self.high)) > MAX_NATS:
+            raise ValueError(f"the clip range [{self.low:g}, {self.high:g}] reaches past +-{MAX_NATS:g} nats")
         if int(self.grid_points) < 2:
             raise ValueError(f"the candidate grid needs at least 2 points, got {self.grid_points}")
+        if self.step < MIN_STEP:  # no log-likelihood is resolved that finely: the release would be noise
+            raise ValueError(
+                f"the clip range [{self.low:g}, {self.high:g}] over {self.grid_points} points gives steps of "
+                f"{self.step:.3g} nats, under {MIN_STEP:g}; widen it"
+            )
 
     def grid(self) -> np.ndarray:
         """The public candidate thresholds: evenly spaced over [low, high], both ends included."""

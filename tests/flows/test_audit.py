@@ -49,3 +49,48 @@ def test_shipped_default_passes_and_writes_only_the_audit_report(config: RunConf
     assert path.parent == config.store.resolve() / "audits"
     assert json.loads(path.read_text())["correct"] == report.correct
     assert not (config.store / "ledger.db").exists()  # no ledger spend, nothing registered
+
+
+@pytest.fixture(scope="module")
+def small_report(config: RunConfig):
+    return audit_pipeline.fn(config, canaries=100, seed=5)
+
+
+@pytest.mark.parametrize(
+    ("mutation", "passed", "status"),
+    [("none", True, 0), ("none", False, 3), ("no-clip", False, 0), ("no-clip", True, 3)],
+)
+def test_the_exit_status_says_whether_the_verdict_is_the_healthy_one(
+    config: RunConfig, small_report, monkeypatch: pytest.MonkeyPatch, mutation: str, passed: bool, status: int
+) -> None:
+    """A scheduled or CI audit reads the exit status: 3 when the shipped configuration FAILs or a
+    mutant PASSes (is not caught); it used to exit 0 either way."""
+    from dataclasses import replace
+
+    from typer.testing import CliRunner
+
+    import privflow.flows.audit as audit_flow
+    from privflow.cli import app
+
+    def canned(*args: object, **kwargs: object) -> object:  # a real report, its verdict set
+        return replace(small_report, mutation=mutation, passed=passed)
+
+    monkeypatch.setattr(audit_flow, "audit_pipeline", canned)
+    result = CliRunner().invoke(
+        app,
+        ["audit", "--data", str(config.data), "--schema", str(config.schema_path), "--epsilon", "1",
+         "--canaries", "100", "--mutate", mutation, "--store", str(config.store)],
+    )  # fmt: skip
+    assert result.exit_code == status, result.output
+    assert ("PASS" if passed else "FAIL") in result.output
+
+
+def test_fewer_than_100_canaries_are_refused() -> None:
+    from typer.testing import CliRunner
+
+    from privflow.cli import app
+
+    result = CliRunner().invoke(
+        app, ["audit", "--data", "x.csv", "--schema", "x.yaml", "--epsilon", "1", "--canaries", "2"]
+    )
+    assert result.exit_code == 2 and "--canaries" in result.output

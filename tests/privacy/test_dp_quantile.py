@@ -58,6 +58,9 @@ def test_clipping_and_infinite_scores() -> None:
         dict(q=1.0, epsilon=1.0),
         dict(q=0.1, epsilon=0.0),
         dict(q=0.1, epsilon=1.0, low=1.0, high=0.0),
+        # found by fuzzing: both were charged, and released a threshold that resolved nothing
+        dict(q=0.1, epsilon=1.0, low=-1e300, high=1e300),
+        dict(q=0.1, epsilon=1.0, low=0.0, high=1e-300),
     ],
 )
 def test_bad_settings_are_refused(kwargs: dict) -> None:
