@@ -60,7 +60,7 @@ class Synthesizer:
         from privflow.sampler import sample_rows  # imports mlflow: after env.configure
 
         _check_count(n, "n", 1)
-        check_seed(seed, "seed")
+        n, seed = int(n), check_seed(seed, "seed")
         fewer = "sample fewer rows at a time, or stream them to a file with `privflow generate`"
         check_memory(n, len(self.schema.columns), f"sample({n:,})", fewer)
         return sample_rows(self.flows, self.codec, n, seed=seed)
@@ -75,7 +75,7 @@ class Synthesizer:
         from privflow.tasks.select import row_loglik  # imports prefect: after env.configure
         from privflow.validation import SCORED_ADVICE, validate
 
-        check_seed(seed, "seed")
+        seed = check_seed(seed, "seed")
         df, _ = validate(_frame(rows, "rows"), self.schema, "strict", advice=SCORED_ADVICE)
         x = self.codec.encode(df.select(self.schema.names), np.random.default_rng(seed))
         if len(x) == 0:
@@ -145,9 +145,19 @@ def _schema_path(schema: str | Path | Schema | dict[str, Any], tmp: Path) -> Pat
 def _data_path(data: str | Path | pl.DataFrame | Any, tmp: Path) -> Path:
     if isinstance(data, (str, Path)):
         return Path(data)
+    frame = _frame(data, "data")
+    # written as CSV, a date or bytes would become text that fails every row at the charged
+    # validation gate: refused here, for free, as pre-flight refuses such a Parquet column
+    odd = {c: t for c, t in frame.schema.items() if t.is_temporal() or t in (pl.Binary, pl.Object)}
+    if odd:
+        listed = ", ".join(f"'{c}' ({t})" for c, t in odd.items())
+        raise DataError(
+            f"data has columns privflow cannot read: {listed}. It reads numbers, whole numbers and category "
+            "labels; convert those columns (e.g. a date to a number of days) first."
+        )
     path = tmp / "data.csv"
     try:
-        _frame(data, "data").write_csv(path)
+        frame.write_csv(path)
     except pl.exceptions.PolarsError as exc:  # nested (list, struct) columns have no CSV form
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(f"data cannot be written as a table ({first}); give every column plain values.") from None

@@ -532,7 +532,7 @@ def _generate(
     from privflow.preflight import check_output, check_registry, check_room, check_seed, resolve_device
 
     check_output(out)
-    check_seed(seed)
+    seed = check_seed(seed)
     device = resolve_device(device)  # before the store is opened: a missing GPU costs nothing
     check_registry(store, f"--model {model}", "Train and register one first (`privflow run`) with the same --store.")
     from privflow import env

@@ -261,10 +261,12 @@ def _refuses_new_files(folder: Path) -> str | None:
         return str(exc.strerror or exc)
 
 
-def check_seed(seed: object, name: str = "--seed") -> None:
-    """A public sampling seed: None, or a whole number in [0, 2**63) (torch's and numpy's range)."""
+def check_seed(seed: object, name: str = "--seed") -> int | None:
+    """A public sampling seed: None, or a whole number in [0, 2**63) (torch's and numpy's range),
+    returned as a Python int (torch takes no numpy integer)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**63):
         raise ConfigError(f"{name} must be a whole number from 0 to 2**63 - 1 (or none), got {seed!r}.")
+    return None if seed is None else int(seed)  # type: ignore[call-overload]
 
 
 def check_room(out: Path, rows: int, columns: int, fewer: str = "Ask for fewer rows (-n)") -> None:

@@ -374,19 +374,26 @@ def model_uri(spec: str) -> str:
     )
 
 
+def open_registry(store: Path) -> None:
+    """Point MLflow at the store's registry (or the operator's tracking server); ModelNotFound
+    when the store has none, so that reading a model never creates a store."""
+    db = store.resolve() / "mlflow.db"
+    if env.operator_tracking_uri() is None and not db.exists():
+        raise ModelNotFound(
+            f"No MLflow store at '{db}': run `privflow run` (or `privflow demo`) first, or pass --store."
+        )
+    tracking(store)
+
+
 def load_generator(spec: str, store: Path) -> Any:
     """Load the registered pyfunc sampler from the store's MLflow registry."""
-    uri = model_uri(spec)
-    db = store.resolve() / "mlflow.db"
-    if env.operator_tracking_uri() is None:
-        if not db.exists():
-            raise ModelNotFound(f"No MLflow store at '{db}': run `privflow run` (or `privflow demo`) first.")
-        mlflow.set_tracking_uri(f"sqlite:///{db}")
-        mlflow.set_registry_uri(f"sqlite:///{db}")
+    model_uri(spec)  # raises ModelNotFound on a malformed reference, before the store is touched
+    open_registry(store)
+    name, version, _ = resolve_version(spec)  # a missing alias or version: what the model has
     try:
-        return mlflow.pyfunc.load_model(uri)
+        return mlflow.pyfunc.load_model(f"models:/{name}/{version}")
     except MlflowException as exc:
-        raise ModelNotFound(f"Model '{spec}' was not found in the registry ({exc.message.splitlines()[0]}).") from None
+        raise ModelNotFound(f"Model '{spec}' could not be loaded ({exc.message.splitlines()[0]}).") from None
 
 
 __all__ = [
@@ -396,6 +403,7 @@ __all__ = [
     "experiment_for",
     "flat_params",
     "load_generator",
+    "open_registry",
     "load_version",
     "log_cumulative_epsilon",
     "log_gate",

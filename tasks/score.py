@@ -20,18 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
 
-from privflow import env
 from privflow.curator import curator_dir
-from privflow.errors import ModelNotFound
 from privflow.io import read_table
 from privflow.privacy.ledger import Ledger
 from privflow.privacy.mechanisms.dp_quantile import DPQuantile
 from privflow.schema import SCORE_COLUMNS, Schema
 from privflow.target_head import conditional_loglik
-from privflow.tasks.mlflow_store import LoadedVersion, load_version, model_uri, tracking
+from privflow.tasks.mlflow_store import LoadedVersion, load_version, model_uri, open_registry, resolve_version
 from privflow.tasks.promote import version_loglik
 from privflow.validation import SCORED_ADVICE, validate
 
@@ -50,24 +46,9 @@ class DPThreshold:
 
 def load_model(spec: str, store: Path) -> tuple[str, LoadedVersion]:
     """NAME@ALIAS or NAME/VERSION -> (name, the loaded version); ModelNotFound otherwise."""
-    uri = model_uri(spec)  # raises ModelNotFound on a malformed reference
-    ref = uri.removeprefix("models:/")
-    db = store.resolve() / "mlflow.db"
-    if env.operator_tracking_uri() is None and not db.exists():
-        raise ModelNotFound(
-            f"No MLflow store at '{db}': run `privflow run` (or `privflow demo`) first, or pass --store."
-        )
-    tracking(store)
-    client = MlflowClient()
-    try:
-        if "@" in ref:
-            name, alias = ref.split("@", 1)
-            version = str(client.get_model_version_by_alias(name, alias).version)
-        else:
-            name, version = ref.rsplit("/", 1)
-            client.get_model_version(name, version)
-    except MlflowException as exc:
-        raise ModelNotFound(f"Model '{spec}' was not found in the registry ({exc.message.splitlines()[0]}).") from None
+    model_uri(spec)  # raises ModelNotFound on a malformed reference, before the store is touched
+    open_registry(store)
+    name, version, _ = resolve_version(spec)
     return name, load_version(name, version)
 
 

@@ -49,10 +49,12 @@ def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monk
     table = synth.sample(300, seed=3)
     assert table.height == 300 and table.columns == schema.names
     assert synth.sample(50, seed=3).equals(synth.sample(50, seed=3))  # a public seed reproduces the draw
+    assert synth.sample(np.int64(5), seed=np.int64(4)).equals(synth.sample(5, seed=4))  # numpy integers too
     valid, report = validate(table, schema, "quarantine", tmp_path / "q.csv")
     assert valid.height == 300, report
 
     ll = synth.score(valid, seed=0)
+    assert np.array_equal(synth.score(valid, seed=np.int64(0)), ll)
     assert ll.shape == (300,) and np.isfinite(ll).all()
     # the same model loaded back from the registry scores the same rows identically
     again = Synthesizer.load(synth.summary.model_name, synth.summary.model_version, tmp_path / "store")

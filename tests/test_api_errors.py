@@ -113,4 +113,14 @@ def test_columns_of_mixed_or_nested_values_are_data_errors(tmp_path: Path, rows:
     nested = rows.with_columns(pl.Series("age", [[1]] * rows.height))
     with pytest.raises(DataError, match="plain values"):
         fit(nested, schema, 1.0, store=tmp_path / "store")
+    # a date where a number is declared: it used to reach the validation gate as text, and pay for it
+    dated = rows.to_pandas().assign(age=pd_dates(rows.height))
+    with pytest.raises(DataError, match=r"'age' \(Datetime"):
+        fit(dated, schema, 1.0, store=tmp_path / "store")
     assert not (tmp_path / "store").exists()
+
+
+def pd_dates(n: int):
+    import pandas as pd
+
+    return pd.date_range("2020-01-01", periods=n, freq="D")
