@@ -1,6 +1,6 @@
 """Retraining on new data: the flow a `privflow.data.arrived` event starts (infra/deployments.py).
 
-    check the file (no row read) -> check the ledger (no row read) -> train_pipeline
+    pre-flight (no row read) -> check the ledger with the promotion (no row read) -> train_pipeline
     (validate, plan + reserve, mechanisms, register a version WITHOUT moving the champion)
     -> promote (a DP comparison with the champion, its cost reserved in the ledger first)
 
@@ -16,23 +16,21 @@ with a fresh ledger reservation per attempt (tasks/promote.py).
 
 from __future__ import annotations
 
-import csv
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import polars as pl
 from mlflow import MlflowClient
 from prefect import flow, get_run_logger, task
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from privflow.config import RunConfig
-from privflow.errors import BudgetExceeded, DataError
+from privflow.errors import BudgetExceeded
 from privflow.flows.train import train_pipeline
-from privflow.io import TABLE_SUFFIXES
+from privflow.preflight import preflight
 from privflow.privacy.events import Event
 from privflow.privacy.ledger import Ledger
 from privflow.schema import Schema
@@ -49,46 +47,6 @@ class BudgetCheck:
 
     fits: bool
     message: str
-
-
-def _header(path: Path) -> list[str]:
-    """Column names only: the first line of a CSV, the schema of a Parquet file."""
-    if path.suffix.lower() == ".csv":
-        with path.open(newline="", encoding="utf-8-sig") as fh:
-            return next(csv.reader(fh), [])
-    return list(pl.read_parquet_schema(path))
-
-
-@task(name="check-new-file")
-def check_new_file(data_path: str, schema: Schema) -> str:
-    """Refuse a file that cannot be this dataset, reading its header only (no row).
-
-    The full validation (Great Expectations suite) runs inside the training flow, after the
-    ledger reservation, like every read of the rows.
-    """
-    path = Path(data_path).expanduser().resolve()
-    if not path.is_file():
-        raise DataError(f"New data file '{path}' does not exist or is not a regular file.")
-    if path.suffix.lower() not in TABLE_SUFFIXES:
-        raise DataError(f"New data file '{path}' is neither CSV (.csv) nor Parquet (.parquet, .pq).")
-    if path.stat().st_size == 0:
-        raise DataError(f"New data file '{path}' is empty.")
-    try:
-        header = _header(path)
-    except Exception as exc:  # noqa: BLE001 - any parse failure is the same user error
-        raise DataError(f"New data file '{path}' has no readable header ({type(exc).__name__}: {exc}).") from None
-    expected = [c.name for c in schema.columns]
-    missing = [c for c in expected if c not in header]
-    extra = [c for c in header if c not in expected]
-    if missing or extra:
-        raise DataError(
-            f"New data file '{path}' does not match the schema of dataset '{schema.dataset.name}': "
-            + (f"missing column(s) {', '.join(missing)}" if missing else "")
-            + ("; " if missing and extra else "")
-            + (f"unexpected column(s) {', '.join(extra)}" if extra else "")
-            + ". Nothing was read from its rows and nothing was spent."
-        )
-    return str(path)
 
 
 @task(name="check-budget")
@@ -159,8 +117,17 @@ def retrain_on_new_data(
     config = load_config(data_path, schema_path, config_path, store)
     champion_alias = config.alias
     settings = PromotionSettings(epsilon=promotion_epsilon, mechanism=promotion_mechanism, alias=champion_alias)
-    data_path = check_new_file(data_path, schema)
-    config = candidate_config(RunConfig.build(**{**config.model_dump(), "data": data_path}))
+    # the CLI's pre-flight, before anything is read or reserved: the file (its format, header and
+    # row count; no value), the privacy parameters against the schema's budget, the store, the
+    # device, a warm start's parent and the plan against what is left of the budget
+    data_path = str(Path(data_path).expanduser().resolve())
+    config = RunConfig.build(**{**config.model_dump(), "data": data_path})
+    try:
+        config = candidate_config(preflight(config).config)
+    except BudgetExceeded as exc:  # the run alone does not fit: refused, and the refusal recorded
+        record_refusal(config, schema, data_path, str(exc))
+        log.warning(str(exc))
+        return Failed(message=str(exc))
     store_dir = Path(config.store).resolve()
     ledger_path = str(store_dir / "ledger.db")
 
@@ -207,7 +174,6 @@ __all__ = [
     "REFUSED",
     "candidate_config",
     "check_budget",
-    "check_new_file",
     "load_config",
     "record_refusal",
     "retrain_on_new_data",

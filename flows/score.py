@@ -32,8 +32,8 @@ from mlflow.entities import Metric, Param
 from prefect import flow, get_run_logger
 
 from privflow.errors import ConfigError
-from privflow.flows.retrain import check_new_file
 from privflow.io import write_table
+from privflow.preflight import check_table
 from privflow.tasks import mlflow_store
 from privflow.tasks.score import ANOMALY, load_model, score_table
 
@@ -128,7 +128,8 @@ def score_new_file(
         raise ConfigError(f"The scoring threshold must be a finite number (nats), got {threshold!r}.")
     root = Path(store).expanduser().resolve()
     name, loaded = load_model(model, root)
-    path = Path(check_new_file.fn(data_path, loaded.schema))  # header only: a wrong file reads no row
+    path = Path(data_path).expanduser().resolve()
+    check_table(path, loaded.schema, "New data file")  # format and header only: a wrong file reads no row
     table = score_table(loaded, path, t)
     out = scored_path(path, Path(out_dir).expanduser().resolve() if out_dir else None)
     write_table(table, out)

@@ -444,6 +444,21 @@ def test_new_file_with_wrong_columns_fails_before_anything_is_spent(tmp_path: Pa
     assert not (tmp_path / "store" / "ledger.db").exists() or not Ledger(tmp_path / "store" / "ledger.db").runs()
 
 
+@pytest.mark.slow
+def test_retraining_runs_the_clis_pre_flight(tmp_path: Path, prefect_server) -> None:
+    """The retraining flow used to check only the file's header (comma-separated, no gzip) and the
+    budget: a delta above the budget's was trained on and charged 2.42 while reporting 0.99."""
+    from privflow.flows.retrain import retrain_on_new_data
+
+    schema_path = _schema(tmp_path, "adult-retrain-delta", 5.0, 600)
+    data = _slice(DEMO / "adult_train.csv", tmp_path / "rows.csv", 0, 600)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, "privacy": {"epsilon": 1.0, "delta": 0.01}}))
+    state = retrain_on_new_data(str(data), str(schema_path), str(cfg), str(tmp_path / "store"), return_state=True)
+    assert state.is_failed() and "delta" in state.message
+    assert not (tmp_path / "store" / "ledger.db").exists() or not Ledger(tmp_path / "store" / "ledger.db").runs()
+
+
 # -- retries of the training flow vs the ledger ------------------------------------------------
 
 
