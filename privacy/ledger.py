@@ -302,11 +302,15 @@ class Ledger:
                 if fingerprint is not None:
                     con.execute("INSERT INTO fingerprints VALUES (?, ?, ?)", (name, fingerprint, now))
                 return warnings
-            if (row["budget_epsilon"], row["budget_delta"]) != (float(budget_epsilon), float(budget_delta)):
+            recorded = (float(row["budget_epsilon"]), float(row["budget_delta"]))
+            lowered = (min(recorded[0], float(budget_epsilon)), min(recorded[1], float(budget_delta)))
+            if lowered != recorded:  # a lower budget is always safe to apply: it takes effect at once
+                self._set_budget(con, name, *lowered, "lowered by the schema")
+            if (float(budget_epsilon), float(budget_delta)) != lowered:
                 warnings.append(
-                    f"Dataset '{name}' keeps its recorded budget (epsilon={row['budget_epsilon']:g}, "
-                    f"delta={row['budget_delta']:g}); the requested (epsilon={budget_epsilon:g}, "
-                    f"delta={budget_delta:g}) was not applied. Use Ledger.set_budget to change it on purpose."
+                    f"Dataset '{name}' keeps its recorded budget (epsilon={lowered[0]:g}, delta={lowered[1]:g}); "
+                    f"the schema's higher (epsilon={budget_epsilon:g}, delta={budget_delta:g}) was not applied. "
+                    f"Raise it on purpose with `privflow ledger set-budget {name} --epsilon E --delta D`."
                 )
             if fingerprint is not None and fingerprint != row["fingerprint"]:
                 seen = {r[0] for r in con.execute("SELECT fingerprint FROM fingerprints WHERE dataset = ?", (name,))}
@@ -331,20 +335,21 @@ class Ledger:
         if not (math.isfinite(budget_epsilon) and budget_epsilon > 0) or not 0 < budget_delta < 1:
             raise PrivacyPlanError(f"Dataset '{name}': need epsilon > 0 and 0 < delta < 1.")
         with self._tx() as con:
-            row = self._dataset_row(con, name)
-            con.execute(
-                "UPDATE datasets SET budget_epsilon = ?, budget_delta = ? WHERE name = ?",
-                (float(budget_epsilon), float(budget_delta), name),
-            )
-            msg = (
-                f"budget changed from (epsilon={row['budget_epsilon']:g}, delta={row['budget_delta']:g}) "
-                f"to (epsilon={budget_epsilon:g}, delta={budget_delta:g})"
-            )
-            con.execute("INSERT INTO notes (dataset, at, message) VALUES (?, ?, ?)", (name, _now(), msg))
-            for r in con.execute("SELECT run_id, events FROM runs WHERE dataset = ?", (name,)).fetchall():
-                eps = compose_epsilon(events_from_json(r["events"]), budget_delta)
-                con.execute("UPDATE runs SET epsilon = ? WHERE run_id = ?", (eps, r["run_id"]))
-            self._refresh_spent(con, name, float(budget_delta))
+            self._set_budget(con, name, float(budget_epsilon), float(budget_delta), "set on purpose")
+
+    def _set_budget(self, con: sqlite3.Connection, name: str, epsilon: float, delta: float, why: str) -> None:
+        """The budget update, its note, and every run's epsilon recomposed at the new delta."""
+        row = self._dataset_row(con, name)
+        con.execute("UPDATE datasets SET budget_epsilon = ?, budget_delta = ? WHERE name = ?", (epsilon, delta, name))
+        msg = (
+            f"budget changed from (epsilon={row['budget_epsilon']:g}, delta={row['budget_delta']:g}) "
+            f"to (epsilon={epsilon:g}, delta={delta:g}): {why}"
+        )
+        con.execute("INSERT INTO notes (dataset, at, message) VALUES (?, ?, ?)", (name, _now(), msg))
+        for r in con.execute("SELECT run_id, events FROM runs WHERE dataset = ?", (name,)).fetchall():
+            eps = compose_epsilon(events_from_json(r["events"]), delta)
+            con.execute("UPDATE runs SET epsilon = ? WHERE run_id = ?", (eps, r["run_id"]))
+        self._refresh_spent(con, name, delta)
 
     @staticmethod
     def _dataset_row(con: sqlite3.Connection, name: str) -> sqlite3.Row:
@@ -425,7 +430,8 @@ class Ledger:
                 f"budget of epsilon={budget:.4g} (delta={delta:g}); {n_runs} earlier run(s) spent "
                 f"epsilon={spent:.4g}, leaving {max(0.0, budget - spent):.4g}, and this run requests "
                 f"epsilon={requested:.4g} on its own, which composes to a total of {total:.4g}. "
-                "Lower the run's epsilon, or raise the dataset's budget deliberately."
+                f"Lower the run's epsilon, or raise the dataset's budget deliberately (`privflow ledger "
+                f"set-budget {dataset} --epsilon E --delta D`) if the data owner agrees."
             )
         return requested, total
 
@@ -445,7 +451,11 @@ class Ledger:
                     raise PrivacyPlanError(f"Dataset '{dataset}' is not in the privacy ledger; register it first.")
                 check_budget(dataset, events, budget, who=who)
                 return
-            self._verdict(con, dataset, float(row["budget_epsilon"]), float(row["budget_delta"]), events, who)
+            # a schema that lowered the budget applies at once (ensure_dataset): check against it already
+            eps, delta = float(row["budget_epsilon"]), float(row["budget_delta"])
+            if budget is not None:
+                eps, delta = min(eps, float(budget[0])), min(delta, float(budget[1]))
+            self._verdict(con, dataset, eps, delta, events, who)
 
     def settle(self, run_id: str, events: list[Event]) -> None:
         """Replace a run's reservation by what it actually spent (at most what it reserved).

@@ -743,10 +743,8 @@ def ledger_show(
     _guarded(verbose, lambda: _ledger_show(dataset, store, verbose))
 
 
-def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> None:
-    from privflow import env
-
-    env.set_verbosity(verbose)
+def _ledger_at(store: Path) -> Any:
+    """The store's existing ledger, or a StoreError naming what is there instead."""
     from privflow.errors import StoreError
     from privflow.privacy.ledger import Ledger
 
@@ -757,11 +755,56 @@ def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> Non
         raise StoreError(f"'{path}' is a folder, not a privacy ledger; this store's ledger is missing or was moved.")
     if not path.is_file():
         raise StoreError(f"No ledger at '{path}': no run has used this store yet (pass --store to pick another).")
-    ledger = Ledger(path)
+    return Ledger(path)
+
+
+def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> None:
+    from privflow import env
+
+    env.set_verbosity(verbose)
+    from privflow.errors import StoreError
+
+    ledger = _ledger_at(store)
+    path = ledger.path
     names = [d.name for d in ledger.datasets()]
     if dataset is not None and dataset not in names:  # a script asking for one dataset gets an error, not a blank
         held = f"it holds {', '.join(repr(n) for n in names)}" if names else "it holds no dataset yet"
         raise StoreError(f"Dataset '{dataset}' is not in the privacy ledger at '{path}': {held}.")
+    Console().print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
+
+
+@ledger_app.command("set-budget")
+def ledger_set_budget(
+    dataset: Annotated[str, typer.Argument(help="Dataset name, as its schema's dataset.name.")],
+    epsilon: Annotated[float, typer.Option("--epsilon", help="The dataset's new total epsilon.")],
+    delta: Annotated[float | None, typer.Option("--delta", help="The new total delta (default: unchanged).")] = None,
+    store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """Change a dataset's total privacy budget on purpose (the data owner's decision): recorded in
+    the ledger's notes, every run recomposed at the new delta. A schema can lower the budget by
+    itself; only this raises it."""
+    _guarded(verbose, lambda: _ledger_set_budget(dataset, epsilon, delta, store, verbose))
+
+
+def _ledger_set_budget(dataset: str, epsilon: float, delta: float | None, store: Path, verbose: bool) -> None:
+    from privflow import env
+
+    env.set_verbosity(verbose)
+    from privflow.errors import ConfigError, StoreError
+    from privflow.privacy.plan import MAX_EPSILON
+
+    ledger = _ledger_at(store)
+    records = {d.name: d for d in ledger.datasets()}
+    if dataset not in records:
+        held = ", ".join(repr(n) for n in records) or "no dataset yet"
+        raise StoreError(f"Dataset '{dataset}' is not in the privacy ledger at '{ledger.path}': it holds {held}.")
+    delta = records[dataset].budget_delta if delta is None else delta
+    if not (math.isfinite(epsilon) and 0 < epsilon <= MAX_EPSILON):
+        raise ConfigError(f"--epsilon must be a positive number of at most {MAX_EPSILON:g}, got {epsilon}.")
+    if not (math.isfinite(delta) and 0 < delta < 1):
+        raise ConfigError(f"--delta must lie strictly between 0 and 1, got {delta}.")
+    ledger.set_budget(dataset, epsilon, delta)
     Console().print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
 
 

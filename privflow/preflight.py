@@ -441,8 +441,8 @@ def _recorded_budget(config: RunConfig, schema: Schema) -> tuple[float, float]:
     path = config.store / "ledger.db"
     if path.exists():
         for record in Ledger(path).datasets():
-            if record.name == schema.dataset.name:
-                return record.budget_epsilon, record.spent_epsilon
+            if record.name == schema.dataset.name:  # a schema that lowered it applies (Ledger.ensure_dataset)
+                return min(record.budget_epsilon, schema.dataset.budget.epsilon), record.spent_epsilon
     return schema.dataset.budget.epsilon, 0.0
 
 
@@ -461,7 +461,8 @@ def _check_budget(config: RunConfig, schema: Schema) -> object:
             f"This run was refused before reading any row: it asks for epsilon={config.privacy.epsilon:g}, more "
             f"than the whole budget of dataset '{schema.dataset.name}' (epsilon={total:g}; spent so far "
             f"epsilon={spent:.4g}, leaving {max(0.0, total - spent):.4g}). Lower --epsilon, or raise the "
-            "dataset's budget deliberately (Ledger.set_budget) if the data owner agrees."
+            f"dataset's budget deliberately (`privflow ledger set-budget {schema.dataset.name} --epsilon E "
+            "--delta D`) if the data owner agrees."
         )
     remember_on_disk()  # a plan made before from the same public inputs is looked up, not recomposed
     plan = run_plan(config, schema)

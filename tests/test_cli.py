@@ -346,6 +346,30 @@ def test_ledger_show_names_what_is_wrong_with_the_store(tmp_path: Path) -> None:
         assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["invoices"]  # untouched
 
 
+def test_ledger_set_budget_raises_a_datasets_budget_on_purpose(tmp_path: Path) -> None:
+    """The refusal's advice is a command: `privflow ledger set-budget` (the schema alone can only
+    lower a budget). Bad values and unknown datasets are user errors."""
+    from privflow.privacy.events import GaussianEvent
+    from privflow.privacy.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "ledger.db")
+    ledger.ensure_dataset("adult", 1.0, 1e-5)
+    ledger.reserve("adult", "r1", [GaussianEvent(5.0)])
+    ledger.settle("r1", [GaussianEvent(5.0)])
+    result = runner.invoke(app, ["ledger", "set-budget", "adult", "--epsilon", "4", "--store", str(tmp_path)])
+    assert result.exit_code == 0 and "budget epsilon=4" in result.output, result.output
+    (record,) = ledger.datasets()
+    assert (record.budget_epsilon, record.budget_delta) == (4.0, 1e-5)
+    assert "set on purpose" in ledger.notes("adult")[-1][2]
+    for args, needle in (
+        (["census", "--epsilon", "4"], "not in the privacy ledger"),
+        (["adult", "--epsilon", "0"], "--epsilon"),
+        (["adult", "--epsilon", "2", "--delta", "1"], "--delta"),
+    ):
+        _assert_user_error(runner.invoke(app, ["ledger", "set-budget", *args, "--store", str(tmp_path)]), needle)
+    assert ledger.datasets()[0].budget_epsilon == 4.0
+
+
 def test_a_ledger_on_a_full_or_failing_disk_is_not_called_damaged(tmp_path: Path, monkeypatch) -> None:
     """SQLite's 'disk I/O error' (seen with the store on a full disk) is the machine's state: the
     message says to free space, not to restore the ledger from a backup."""

@@ -166,11 +166,15 @@ def test_fingerprint_and_budget_changes_are_recorded(ledger: Ledger) -> None:
     (ds,) = ledger.datasets()
     assert ds.fingerprint == "fp-2" and ds.fingerprints == ("fp-1", "fp-2")
     warnings = ledger.ensure_dataset("adult", 5.0, DELTA, "fp-2")
-    assert len(warnings) == 1 and "set_budget" in warnings[0]
+    assert len(warnings) == 1 and "privflow ledger set-budget adult" in warnings[0]
     assert ledger.datasets()[0].budget_epsilon == 1.0  # not raised behind the owner's back
     assert len(ledger.notes("adult")) == 2
     ledger.set_budget("adult", 5.0, DELTA)
     assert ledger.datasets()[0].budget_epsilon == 5.0
+    # a schema that lowers the budget needs nobody's leave: it applies at once, with a note
+    assert ledger.ensure_dataset("adult", 2.0, DELTA, "fp-2") == []
+    assert ledger.datasets()[0].budget_epsilon == 2.0 and "lowered by the schema" in ledger.notes("adult")[-1][2]
+    ledger.set_budget("adult", 5.0, DELTA)
     text = ledger.describe("adult")
     assert "fp-2" not in text and "fp-1" not in text and "fingerprint different" in text
 
@@ -413,3 +417,15 @@ def test_sigkill_inside_the_transaction_records_nothing_and_frees_the_lock(tmp_p
     led.reserve("d", "after", [G5])
     assert [r.run_id for r in led.runs("d")] == ["after"]
     print(f"\nkill inside transaction: next reserve took {time.perf_counter() - t0:.3f}s")
+
+
+def test_a_check_against_a_lower_schema_budget_uses_the_lower(ledger: Ledger) -> None:
+    """Pre-flight checks before the run records anything: a schema that lowered the budget must
+    already bind there (a run at 0.5 with 2.88 spent against a schema total of 1 was charged)."""
+    ledger.ensure_dataset("census", 10.0, DELTA, None)
+    ledger.reserve("census", "r1", [G5])
+    ledger.settle("r1", [G5])
+    spent = ledger.spent("census")[0]
+    ledger.check("census", [G5], (10.0, DELTA))  # fits the recorded 10
+    with pytest.raises(BudgetExceeded, match="set-budget census"):
+        ledger.check("census", [G5], (spent * 1.01, DELTA))  # the schema's lower total binds
