@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -233,6 +234,29 @@ def deploy(site: Site, pool: str, image: str | None = None, job_variables: dict[
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a bad flag, file or cron expression is one line on stderr and status 2."""
+    try:
+        return _main(argv)
+    except (ValueError, OSError) as exc:  # pydantic's and Prefect's validation errors are ValueErrors
+        print(f"error: {' '.join(str(exc).split())[:600]}", file=sys.stderr)
+        return 2
+
+
+def check_site(site: Site) -> None:
+    """What a deployment would only find wrong when it runs: its schema and cron expression."""
+    from prefect.client.schemas.schedules import CronSchedule
+
+    if not site.schema.is_file():
+        raise ValueError(f"schema '{site.schema}' is not a file (--schema or PRIVFLOW_SCHEMA)")
+    try:
+        CronSchedule(cron=site.cron, timezone=site.timezone)
+    except ValueError:
+        raise ValueError(
+            f"'{site.cron}' is not a cron expression (--cron or PRIVFLOW_CRON), e.g. '0 3 * * 0'"
+        ) from None
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.deployments", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["serve", "deploy", "show"])
     parser.add_argument("--schema", type=Path)
@@ -255,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         train_data=args.train_data,
         cron=args.cron,
     )
+    check_site(site)
     env.configure(site.store)
     if args.command == "serve":
         serve(site)

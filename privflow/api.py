@@ -24,7 +24,7 @@ import torch
 
 from privflow import env
 from privflow.config import RunConfig
-from privflow.errors import ConfigError, DataError, SchemaError
+from privflow.errors import ConfigError, DataError, PrivflowError, SchemaError
 from privflow.privacy.mechanisms.promotion import mixture_loglik
 from privflow.schema import Schema
 from privflow.target_head import conditional_loglik, release_codec
@@ -205,7 +205,16 @@ def fit(
             **config,
         )
         # the CLI's checks, before the store is set up, any server starts or the ledger reserves
-        run = preflight(run).config
+        try:
+            run = preflight(run).config
+        except PrivflowError as exc:  # name the caller's frame or schema, not this call's temporary copy
+            text = str(exc)
+            for path, what in ((run.data, "the data frame given to fit"), (run.schema_path, "the schema given")):
+                if Path(tmp) in Path(path).parents:
+                    text = text.replace(f"'{path}'", what).replace(str(path), what)
+            if text == str(exc):
+                raise
+            raise type(exc)(text) from None
         engine = use_prefect(prefect is True, prefect is False)
         env.configure(store)  # offline, quiet settings before prefect and mlflow are imported
         if engine:  # imports prefect: after env.configure

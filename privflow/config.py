@@ -335,6 +335,12 @@ class RunConfig(_Section):
     evaluate: EvaluateConfig = EvaluateConfig()
     stream: StreamConfig = StreamConfig()
 
+    @field_validator("promotion", mode="before")
+    @classmethod
+    def _promotion_spelling(cls, v: object) -> object:
+        """The CLI's spelling (`if-better`) is accepted wherever the config is written (the API, YAML)."""
+        return v.strip().lower().replace("-", "_") if isinstance(v, str) else v
+
     @field_validator("model_name")
     @classmethod
     def _registrable_name(cls, v: str | None) -> str | None:

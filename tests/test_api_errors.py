@@ -52,9 +52,11 @@ def test_fit_refuses_before_anything_is_charged_or_created(
 
 
 def test_fit_refuses_a_table_too_small_to_split(tmp_path: Path, rows: pl.DataFrame, schema: Schema) -> None:
-    with pytest.raises(DataError, match="at least"):
+    with pytest.raises(DataError, match="at least") as exc:
         fit(rows.head(5), schema, 1.0, store=tmp_path / "store")
     assert not (tmp_path / "store").exists()
+    # the caller's frame is named, not fit's temporary copy of it
+    assert "the data frame given to fit" in str(exc.value) and "privflow-api-" not in str(exc.value)
 
 
 @pytest.mark.parametrize("data", [None, 42, [[1, 2]]], ids=["none", "int", "list"])

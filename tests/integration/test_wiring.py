@@ -110,6 +110,19 @@ def _site(tmp_path: Path):
     )
 
 
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [(["--cron", "not a cron"], "is not a cron expression"), (["--schema", "nope.yaml"], "is not a file")],
+)
+def test_a_bad_site_is_one_line_and_status_2(tmp_path: Path, capsys, flags: list[str], needle: str) -> None:
+    """`python -m infra.deployments show --cron 'not a cron'` printed a traceback and exited 1."""
+    from infra.deployments import main
+
+    assert main(["show", "--store", str(tmp_path / "store"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and needle in err and "Traceback" not in err
+
+
 def test_deployments_are_declared_once_with_schedule_and_trigger(tmp_path: Path) -> None:
     from infra.deployments import EVENT, FOLDER_LABEL, deployments
 
