@@ -555,6 +555,9 @@ def _spawn_run(ws: dict, store: Path, epochs: str = "3") -> subprocess.Popen:
         text=True,
         cwd=ws["dir"],
         start_new_session=True,
+        # as a user starts it: in-process tests' mlflow.set_tracking_uri writes MLFLOW_TRACKING_URI
+        # into this process's environment, which the CLI would take for an operator's server
+        env={k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")},
     )
 
 
