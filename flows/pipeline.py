@@ -227,7 +227,7 @@ def _compare_with_holder(
     decision = _step(promote_if_better, retry=False)(
         model_name, registered.version, config, settings, str(store / "ledger.db"), f"{run_id}:promote"
     )
-    now = registered.version if decision.promoted else holder
+    now = registered.version if decision.promoted else (decision.champion_version or holder)  # read under the lock
     return Registered(
         registered.version,
         now,

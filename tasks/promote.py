@@ -43,7 +43,7 @@ from privflow.schema import Schema
 from privflow.target_head import TargetCodec, conditional_loglik
 from privflow.tasks.encode import selection_coins
 from privflow.tasks.lazy_task import task, task_run_count
-from privflow.tasks.mlflow_store import PROMOTION_TAG, LoadedVersion, alias_holder, load_version
+from privflow.tasks.mlflow_store import PROMOTION_TAG, LoadedVersion, alias_holder, load_version, store_lock
 from privflow.tasks.mlflow_store import record_promotion as record
 from privflow.validation import validate
 
@@ -196,7 +196,23 @@ def promote_if_better(
     attempt reserves again under its own id: the mechanism reruns, so it is counted again).
     Refuses to compare, keeping the champion, when the budget cannot hold the comparison or
     the two versions encode rows differently.
+
+    Under the store's lock (`mlflow_store.store_lock`): two runs finishing together on one store
+    each compare with the holder of the moment, one after the other (they raced: one reported
+    the alias kept while the other had just moved it).
     """
+    with store_lock(Path(config.store).resolve()):
+        return _decide(model_name, candidate_version, config, settings, ledger_path, promotion_id)
+
+
+def _decide(
+    model_name: str,
+    candidate_version: str,
+    config: RunConfig,
+    settings: PromotionSettings,
+    ledger_path: str,
+    promotion_id: str,
+) -> PromotionDecision:
     client = MlflowClient()
     alias = settings.alias
     champion = alias_holder(client, model_name, alias)
