@@ -246,6 +246,34 @@ def test_first_version_becomes_champion_at_no_cost(registry: dict) -> None:
     assert (len(Ledger(ledger_path).runs()) if ledger_path.exists() else 0) == before
 
 
+def test_a_promotion_waits_for_the_stores_lock(registry: dict) -> None:
+    """Promotions on one store are serialised: while another process (here: this test) holds the
+    store's lock, a promotion neither reads the alias nor moves it."""
+    import threading
+    import time
+
+    from mlflow import MlflowClient
+
+    from privflow.tasks.mlflow_store import store_lock
+    from privflow.tasks.promote import promote_if_better
+
+    name = "pf-locked"
+    v1 = _register(name, _model(0), registry)
+    ledger_path = str(registry["store"] / "ledger.db")
+    decided: list[object] = []
+    run = lambda: decided.append(  # noqa: E731
+        promote_if_better.fn(name, v1, _config(registry), PromotionSettings(epsilon=1.0), ledger_path, "lock:promote")
+    )
+    with store_lock(registry["store"]):
+        worker = threading.Thread(target=run)
+        worker.start()
+        time.sleep(1.0)
+        assert worker.is_alive() and not decided  # waiting on the lock
+        assert MlflowClient().get_registered_model(name).aliases.get("champion") is None
+    worker.join(timeout=60)
+    assert decided and decided[0].promoted  # type: ignore[attr-defined]
+
+
 @pytest.mark.slow
 def test_better_version_is_promoted_and_the_comparison_is_in_the_ledger(registry: dict) -> None:
     import mlflow
