@@ -202,40 +202,29 @@ def promote_if_better(
     the alias kept while the other had just moved it).
     """
     with store_lock(Path(config.store).resolve()):
-        return _decide(model_name, candidate_version, config, settings, ledger_path, promotion_id)
+        client = MlflowClient()
+        alias = settings.alias
+        champion = alias_holder(client, model_name, alias)
+        base = dict(model_name=model_name, candidate_version=candidate_version, champion_version=champion, alias=alias)
+        if champion is None:
+            return record(
+                client, PromotionDecision(True, f"no version held '{alias}': the first one takes it at no cost", **base)
+            )
+        if champion == candidate_version:
+            return record(client, PromotionDecision(True, f"already holds '{alias}'", **base))
 
+        schema = Schema.from_yaml(config.schema_path)
+        new, old = load_version(model_name, candidate_version), load_version(model_name, champion)
+        if not (comparable(new.schema, schema) and comparable(old.schema, schema)) or not codecs_comparable(
+            new, old, schema
+        ):
+            reason = (
+                f"version {champion} encodes rows differently (schema, or the cells of the DP marginals, differ): "
+                f"not compared, '{alias}' kept"
+            )
+            return record(client, PromotionDecision(False, reason, **base))
 
-def _decide(
-    model_name: str,
-    candidate_version: str,
-    config: RunConfig,
-    settings: PromotionSettings,
-    ledger_path: str,
-    promotion_id: str,
-) -> PromotionDecision:
-    client = MlflowClient()
-    alias = settings.alias
-    champion = alias_holder(client, model_name, alias)
-    base = dict(model_name=model_name, candidate_version=candidate_version, champion_version=champion, alias=alias)
-    if champion is None:
-        return record(
-            client, PromotionDecision(True, f"no version held '{alias}': the first one takes it at no cost", **base)
-        )
-    if champion == candidate_version:
-        return record(client, PromotionDecision(True, f"already holds '{alias}'", **base))
-
-    schema = Schema.from_yaml(config.schema_path)
-    new, old = load_version(model_name, candidate_version), load_version(model_name, champion)
-    if not (comparable(new.schema, schema) and comparable(old.schema, schema)) or not codecs_comparable(
-        new, old, schema
-    ):
-        reason = (
-            f"version {champion} encodes rows differently (schema, or the cells of the DP marginals, differ): "
-            f"not compared, '{alias}' kept"
-        )
-        return record(client, PromotionDecision(False, reason, **base))
-
-    return _compare(config, schema, new, old, settings, ledger_path, promotion_id, base)
+        return _compare(config, schema, new, old, settings, ledger_path, promotion_id, base)
 
 
 def _compare(
