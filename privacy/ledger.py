@@ -614,8 +614,9 @@ class Ledger:
                     cells = [row[i].ljust(widths[i]) for i in range(len(widths))]
                     lines.append("  " + "  ".join(cells) + "  " + row[-1])
                 for r in runs:
-                    if r.stages:
-                        lines.append(f"  {r.run_id} stages: " + ", ".join(f"{k}={v}" for k, v in r.stages))
+                    if r.stages:  # the plan's: a run that stopped early (the gate) spent only its events
+                        label = "stages" if tuple(r.events) == tuple(r.reserved_events) else "planned stages"
+                        lines.append(f"  {r.run_id} {label}: " + ", ".join(f"{k}={v}" for k, v in r.stages))
             for _, at, message in self.notes(d.name):
                 lines.append(f"  note {at[:19]}: {_HEX.sub('<redacted>', message)}")
         return "\n".join(lines)

@@ -429,3 +429,18 @@ def test_a_check_against_a_lower_schema_budget_uses_the_lower(ledger: Ledger) ->
     ledger.check("census", [G5], (10.0, DELTA))  # fits the recorded 10
     with pytest.raises(BudgetExceeded, match="set-budget census"):
         ledger.check("census", [G5], (spent * 1.01, DELTA))  # the schema's lower total binds
+
+
+def test_a_run_that_spent_less_than_planned_shows_its_stages_as_planned(ledger: Ledger) -> None:
+    """A run the validation gate stopped spent only the gate: its stage list is the plan's, and
+    says so (it read as if every stage had been charged)."""
+    from privflow.privacy.events import LaplaceEvent
+
+    ledger.ensure_dataset("census", 10.0, DELTA, None)
+    ledger.reserve("census", "stopped", [LaplaceEvent(50.0), G5], {"validate": "eps 0.02 alone", "train": "eps 0.7"})
+    ledger.settle("stopped", [LaplaceEvent(50.0)])
+    ledger.reserve("census", "full", [G5], {"train": "eps 0.7"})
+    ledger.settle("full", [G5])
+    text = ledger.describe("census")
+    assert "stopped planned stages: train=eps 0.7, validate=eps 0.02 alone" in text
+    assert "full stages: train=eps 0.7" in text
