@@ -35,7 +35,6 @@ from privflow.privacy.events import Event
 from privflow.privacy.ledger import Ledger
 from privflow.schema import Schema
 from privflow.tasks import mlflow_store
-from privflow.tasks.plan import plan_privacy
 from privflow.tasks.promote import PromotionSettings, promote_if_better
 
 REFUSED = "refused"
@@ -83,6 +82,14 @@ def record_refusal(config: RunConfig, schema: Schema, data_path: str, message: s
     return mlflow_store.log_refusal(f"{schema.dataset.name}-refused", tags, params)
 
 
+def _refused(config: RunConfig, schema: Schema, data_path: str, message: str) -> State:
+    """A refusal before any row is read: recorded next to the dataset's runs, logged, and the
+    flow run's Failed state."""
+    record_refusal(config, schema, data_path, message)
+    get_run_logger().warning(message)
+    return Failed(message=message)
+
+
 def load_config(data_path: str, schema_path: str, config_path: str | None, store: str) -> RunConfig:
     """The run configuration for this file: the YAML (if any) with data, schema and store set.
 
@@ -123,11 +130,10 @@ def retrain_on_new_data(
     data_path = str(Path(data_path).expanduser().resolve())
     config = RunConfig.build(**{**config.model_dump(), "data": data_path})
     try:
-        config = candidate_config(preflight(config).config)
-    except BudgetExceeded as exc:  # the run alone does not fit: refused, and the refusal recorded
-        record_refusal(config, schema, data_path, str(exc))
-        log.warning(str(exc))
-        return Failed(message=str(exc))
+        checked = preflight(config)
+    except BudgetExceeded as exc:  # the run alone does not fit
+        return _refused(config, schema, data_path, str(exc))
+    config = candidate_config(checked.config)
     store_dir = Path(config.store).resolve()
     ledger_path = str(store_dir / "ledger.db")
 
@@ -136,20 +142,15 @@ def retrain_on_new_data(
     mlflow_store.tracking(store_dir)
     model_name = config.model_name or f"privflow-{schema.dataset.name}"
     has_champion = mlflow_store.alias_holder(MlflowClient(), model_name, champion_alias) is not None
-    plan = plan_privacy(config, schema)
-    events = [*plan.events, *([settings.event()] if has_champion else [])]
+    events = [*checked.plan.events, *([settings.event()] if has_champion else [])]  # type: ignore[attr-defined]
     budget = check_budget(ledger_path, schema, events)
     if not budget.fits:
-        record_refusal(config, schema, data_path, budget.message)
-        log.warning(budget.message)
-        return Failed(message=budget.message)
+        return _refused(config, schema, data_path, budget.message)
 
     try:
         summary = train_pipeline(config, show_progress=False)
     except BudgetExceeded as exc:  # another run took the budget since the check
-        record_refusal(config, schema, data_path, str(exc))
-        log.warning(str(exc))
-        return Failed(message=str(exc))
+        return _refused(config, schema, data_path, str(exc))
     log.info("registered %s version %s (epsilon=%.4f)", summary.model_name, summary.model_version, summary.epsilon)
 
     promotion_id = f"{flow_run.id or uuid.uuid4()}:promote"

@@ -7,13 +7,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from privflow.models.base import TabularFlow
 from privflow.models.dphflow import DPHFlow
 from privflow.models.maf import MAF
 
-__all__ = ["DPHFlow", "MAF", "TabularFlow", "build_flow", "FLOW_OPTIONS"]
+if TYPE_CHECKING:
+    from privflow.config import ModelConfig
+
+__all__ = ["DPHFlow", "MAF", "TabularFlow", "build_flow", "initial_flow", "FLOW_OPTIONS"]
 
 # Options each family takes (ModelConfig field names plus a few model-only knobs).
 FLOW_OPTIONS: dict[str, frozenset[str]] = {
@@ -66,3 +71,12 @@ def build_flow(name: str, cardinalities: list[int | None], **kwargs: Any) -> Tab
     config = {"name": name, "cardinalities": cards, **used}
     cls = MAF if name == "maf" else DPHFlow
     return cls(cards, config=config, **used)
+
+
+def initial_flow(model: ModelConfig, cardinalities: list[int | None], seed: int) -> TabularFlow:
+    """The configured flow before training, its weights drawn from the public `seed` (torch's
+    global RNG is left as it was): what a run trains from, and what the audit's pre-flight counts
+    canary slots on."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_flow(model.name, cardinalities, **model.model_dump(exclude={"name"}))

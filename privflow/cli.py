@@ -93,7 +93,6 @@ PrefectOpt = Annotated[
         "server records the flow run in the store's Prefect database (10-20 s more start-up).",
     ),
 ]
-_PROMOTE = {"if-better": "if_better", "if_better": "if_better", "always": "always", "never": "never"}
 
 
 def demo_paths() -> tuple[Path, Path, Path]:
@@ -170,15 +169,12 @@ def _promotion(value: str | None) -> str | None:
         return None
     from typing import get_args
 
-    from privflow.config import RunConfig
+    from privflow.config import RunConfig, promotion_key
     from privflow.errors import ConfigError
 
-    key = _PROMOTE.get(value.strip().lower())
-    if key is None:
+    key = promotion_key(value)
+    if key not in get_args(RunConfig.model_fields["promotion"].annotation):
         raise ConfigError(f"--promote must be one of if-better, always, never; got '{value}'.")
-    accepted = get_args(RunConfig.model_fields["promotion"].annotation)
-    if key not in accepted and key == "if_better" and "if_absent" in accepted:
-        key = "if_absent"  # the older name of the same default
     return key
 
 
@@ -743,8 +739,9 @@ def ledger_show(
     _guarded(verbose, lambda: _ledger_show(dataset, store, verbose))
 
 
-def _ledger_at(store: Path) -> Any:
-    """The store's existing ledger, or a StoreError naming what is there instead."""
+def _ledger_at(store: Path, dataset: str | None = None) -> Any:
+    """The store's existing ledger (holding `dataset`, when one is named), or a StoreError
+    naming what is there instead."""
     from privflow.errors import StoreError
     from privflow.privacy.ledger import Ledger
 
@@ -755,21 +752,19 @@ def _ledger_at(store: Path) -> Any:
         raise StoreError(f"'{path}' is a folder, not a privacy ledger; this store's ledger is missing or was moved.")
     if not path.is_file():
         raise StoreError(f"No ledger at '{path}': no run has used this store yet (pass --store to pick another).")
-    return Ledger(path)
+    ledger = Ledger(path)
+    names = [d.name for d in ledger.datasets()]
+    if dataset is not None and dataset not in names:  # a script asking for one dataset gets an error, not a blank
+        held = f"it holds {', '.join(repr(n) for n in names)}" if names else "it holds no dataset yet"
+        raise StoreError(f"Dataset '{dataset}' is not in the privacy ledger at '{path}': {held}.")
+    return ledger
 
 
 def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> None:
     from privflow import env
 
     env.set_verbosity(verbose)
-    from privflow.errors import StoreError
-
-    ledger = _ledger_at(store)
-    path = ledger.path
-    names = [d.name for d in ledger.datasets()]
-    if dataset is not None and dataset not in names:  # a script asking for one dataset gets an error, not a blank
-        held = f"it holds {', '.join(repr(n) for n in names)}" if names else "it holds no dataset yet"
-        raise StoreError(f"Dataset '{dataset}' is not in the privacy ledger at '{path}': {held}.")
+    ledger = _ledger_at(store, dataset)
     Console().print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
 
 
@@ -791,15 +786,12 @@ def _ledger_set_budget(dataset: str, epsilon: float, delta: float | None, store:
     from privflow import env
 
     env.set_verbosity(verbose)
-    from privflow.errors import ConfigError, StoreError
+    from privflow.errors import ConfigError
     from privflow.privacy.plan import MAX_EPSILON
 
-    ledger = _ledger_at(store)
-    records = {d.name: d for d in ledger.datasets()}
-    if dataset not in records:
-        held = ", ".join(repr(n) for n in records) or "no dataset yet"
-        raise StoreError(f"Dataset '{dataset}' is not in the privacy ledger at '{ledger.path}': it holds {held}.")
-    delta = records[dataset].budget_delta if delta is None else delta
+    ledger = _ledger_at(store, dataset)
+    if delta is None:
+        delta = next(d.budget_delta for d in ledger.datasets() if d.name == dataset)
     if not (math.isfinite(epsilon) and 0 < epsilon <= MAX_EPSILON):
         raise ConfigError(f"--epsilon must be a positive number of at most {MAX_EPSILON:g}, got {epsilon}.")
     if not (math.isfinite(delta) and 0 < delta < 1):

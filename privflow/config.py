@@ -29,6 +29,11 @@ MAX_SEED = 2**63 - 1  # torch's and numpy's seeds, and polars' row-hash salts
 MAX_NATS = 1e6  # score clipping bounds: their span is a sensitivity, and 1e308 made the noise's scale inf
 
 
+def promotion_key(value: str) -> str:
+    """`--promote if-better` or `promotion: If_Better` -> the config's value, `if_better`."""
+    return value.strip().lower().replace("-", "_")
+
+
 class _Section(BaseModel):
     # no infinite or NaN setting anywhere: `lr: .inf` passes gt=0 and trains nothing, epochs: .inf
     # has no step count
@@ -339,7 +344,7 @@ class RunConfig(_Section):
     @classmethod
     def _promotion_spelling(cls, v: object) -> object:
         """The CLI's spelling (`if-better`) is accepted wherever the config is written (the API, YAML)."""
-        return v.strip().lower().replace("-", "_") if isinstance(v, str) else v
+        return promotion_key(v) if isinstance(v, str) else v
 
     @field_validator("model_name")
     @classmethod

@@ -11,7 +11,7 @@ imported (this module imports none of them) and before the ledger reserves anyth
 - the data path exists, is a file, is readable, and parses as a table (format by content,
   gzip, encoding, CSV delimiter) whose header matches the schema (no missing, undeclared or
   duplicate column); Parquet columns have a physical type that can hold the declared one;
-- it has enough rows for the selection split (`min_rows`): counted from the file's layout
+- it has enough rows for the selection split (`SelectConfig.min_rows`): counted from the file's layout
   (Parquet metadata or a scan of line structure), no value parsed. Row VALUES (bounds,
   types, nulls) are not looked at: that is the validation gate's job, a DP decision made
   inside the flow;
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from numbers import Integral
 from pathlib import Path
 
-from privflow.config import MIN_ROWS_FLOOR, RunConfig
+from privflow.config import RunConfig
 from privflow.errors import ConfigError, DataError, DeviceUnavailable, StoreError, byte_size
 from privflow.schema import Column, Schema
 
@@ -68,11 +68,6 @@ class Preflight:
     @property
     def seconds(self) -> float:
         return sum(self.timings.values())
-
-
-def min_rows(config: RunConfig) -> int:
-    """Public minimum number of data rows (`SelectConfig.min_rows`)."""
-    return config.select.min_rows()
 
 
 def check_privacy_parameters(config: RunConfig, schema: Schema | None = None) -> None:
@@ -126,13 +121,13 @@ def _type_fits(col: Column, dtype: object) -> bool:
     """Whether a Parquet column's physical dtype can hold the schema's type (values not read)."""
     import polars as pl
 
-    if dtype == pl.Null:
-        return True
-    if col.type in ("numeric", "integer"):
-        return bool(dtype.is_numeric()) or dtype == pl.Boolean  # type: ignore[attr-defined]
+    from privflow.validation import numeric_dtype  # the rule validation reads such a column by
+
+    if col.type in ("numeric", "integer") or dtype == pl.Null:
+        return numeric_dtype(dtype)  # type: ignore[arg-type]
     if dtype in (pl.String, pl.Categorical) or isinstance(dtype, pl.Enum | pl.Categorical):
         return True
-    if dtype.is_numeric() or dtype == pl.Boolean:  # type: ignore[attr-defined]
+    if numeric_dtype(dtype):  # type: ignore[arg-type]
         # integer-coded categories ("0", "1", ...) can be stored as numbers
         def numeric(label: str) -> bool:
             try:
@@ -525,7 +520,7 @@ def preflight(config: RunConfig) -> Preflight:
     timed("privacy parameters", check_privacy_parameters, config)
     schema = timed("schema", _check_schema, config)
     timed("privacy parameters", check_privacy_parameters, config, schema)
-    fmt, rows = timed("data file", check_table, Path(config.data), schema, "Data file", min_rows(config))
+    fmt, rows = timed("data file", check_table, Path(config.data), schema, "Data file", config.select.min_rows())
     timed("streaming", check_stream, config, schema)
     test_fmt = None
     if config.evaluate.test_data is not None:
@@ -549,20 +544,14 @@ def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
     check_privacy_parameters(config)
     schema = _check_schema(config)
     check_privacy_parameters(config, schema)
-    check_table(Path(config.data), schema, "Data file", min_rows(config))
+    check_table(Path(config.data), schema, "Data file", config.select.min_rows())
     check_store(config.store)
     if canaries is not None:
-        import torch
-
         from privflow.codec import Codec
-        from privflow.models import build_flow
+        from privflow.models import initial_flow
         from privflow.privacy.audit import canary_slots
 
-        with torch.random.fork_rng(devices=[]):  # the flow's weights from the public seed, as the audit's
-            torch.manual_seed(config.train.seed)
-            model = build_flow(
-                config.model.name, Codec.from_schema(schema).cardinalities, **config.model.model_dump(exclude={"name"})
-            )
+        model = initial_flow(config.model, Codec.from_schema(schema).cardinalities, config.train.seed)  # the audit's
         canary_slots(model, canaries)  # a ConfigError naming the most that fit
 
 
@@ -579,7 +568,7 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
             "Pretraining starts from the config's random initialisation; remove 'init_from' from --config."
         )
     schema = _check_schema(config)
-    fmt, rows = check_table(Path(config.data), schema, "Public data file", min_rows(config))
+    fmt, rows = check_table(Path(config.data), schema, "Public data file", config.select.min_rows())
     check_store(config.store)
     device = resolve_device(config.train.device)
     check_workers(config.train.workers, device)
@@ -589,7 +578,6 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
 
 
 __all__ = [
-    "MIN_ROWS_FLOOR",
     "check_registry",
     "available_memory",
     "check_memory",
@@ -602,7 +590,6 @@ __all__ = [
     "check_table",
     "check_init_from",
     "check_workers",
-    "min_rows",
     "preflight",
     "preflight_audit",
     "preflight_pretrain",

@@ -40,9 +40,10 @@ ROW_COLUMN = "_privflow_row"  # quarantine file: the row's 0-based position in t
 REASON_COLUMN = "_privflow_failed_checks"  # quarantine file: "column:check;..." for the row
 
 
-def _numeric_dtype(dtype: pl.DataType) -> bool:
+def numeric_dtype(dtype: pl.DataType) -> bool:
     """Whether a column's dtype holds numbers (every width of int and float, Decimal, booleans
-    as 0/1): the same rule as pre-flight's `_type_fits`, so a column it accepts is read here."""
+    as 0/1, an all-null column): pre-flight's `_type_fits` admits a Parquet column by this same
+    rule, so a column it accepts is read here."""
     return bool(dtype.is_numeric()) or dtype in (pl.Boolean, pl.Null)
 
 
@@ -213,7 +214,7 @@ def _coerce(raw: pl.DataFrame, schema: Schema) -> _Coerced:
             parsed = s.str.strip_chars().cast(pl.Float64, strict=False)
             bad = s.is_not_null() & (parsed.is_null() | parsed.is_nan().fill_null(False))
             parsed = _null_where(bad, parsed)
-        elif _numeric_dtype(s.dtype):
+        elif numeric_dtype(s.dtype):
             parsed = s.cast(pl.Float64)
             parsed = _null_where(parsed.is_nan().fill_null(False), parsed)  # NaN counts as missing
             bad = pl.Series(col.name, [False] * n)

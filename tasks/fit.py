@@ -23,7 +23,7 @@ import torch
 from privflow.codec import Codec
 from privflow.config import RunConfig
 from privflow.copula import DEFAULT_GRID_BINS, CopulaCodec, Marginals, marginal_of, schema_cells
-from privflow.models import build_flow
+from privflow.models import build_flow, initial_flow
 from privflow.privacy.accountant import PLDAccountant
 from privflow.privacy.dp_sgd import TrainResult, TrainSettings
 from privflow.privacy.events import Event, PoissonGaussianEvent
@@ -147,9 +147,7 @@ def model_factory(config: RunConfig, codec: Codec) -> Callable[[dict | None], to
 def initial_model(config: RunConfig, codec: Codec, state: dict | None = None) -> torch.nn.Module:
     """The untrained flow, its weights drawn from the config's public seed (the global RNG is
     left as it was); with `state`, a warm start: the parent's released weights, in train mode."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.train.seed)
-        model = model_factory(config, codec)(None)
+    model = initial_flow(config.model, codec.cardinalities, config.train.seed)
     if state is not None:
         model.load_state_dict(state)
     return model

@@ -12,7 +12,7 @@ import pytest
 
 from privflow.config import RunConfig
 from privflow.errors import BudgetExceeded, ConfigError, DeviceUnavailable
-from privflow.preflight import min_rows, nvidia_driver, preflight, resolve_device
+from privflow.preflight import nvidia_driver, preflight, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "privflow" / "demo"
@@ -63,9 +63,9 @@ def test_demo_preflight_is_fast_and_imports_no_server_library(tmp_path: Path) ->
 
 def test_minimum_rows_follows_the_validation_fraction() -> None:
     cfg = RunConfig.build(data="x.csv", schema_path="s.yaml")
-    assert min_rows(cfg) == 20  # ceil(2 / 0.1)
+    assert cfg.select.min_rows() == 20  # ceil(2 / 0.1)
     cfg = RunConfig.build(data="x.csv", schema_path="s.yaml", select={"validation_fraction": 0.4})
-    assert min_rows(cfg) == 10
+    assert cfg.select.min_rows() == 10
 
 
 def test_device() -> None:
