@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from privflow.privacy import cpu_kernels
 from privflow.privacy.clipping._base import factor
 from privflow.privacy.grad_samplers._common import flat_select
 
@@ -45,7 +46,8 @@ def sparsify_k(free_entries: int, sparsity: float) -> int:
 
 
 THRESHOLD_SAMPLE = 256  # free entries of a long row that tau is estimated from
-EXACT_ROW = 4 * THRESHOLD_SAMPLE  # free entries up to which tau is selected exactly
+EXACT_ROW = 2 * THRESHOLD_SAMPLE  # free entries up to which tau is selected exactly (beyond, selecting
+# among all of a row costs more than the rest of its sparsification; benchmarks/results/dp_step.md)
 _SHORT_ROW = 1024  # entries: below, one vectorised partition beats a Python loop over rows (~2 us a row)
 _NEGATIVES: dict[tuple[int, np.dtype], np.ndarray] = {}
 
@@ -101,13 +103,19 @@ def threshold_positions(m: int, generator: torch.Generator | None, device: torch
     return torch.randperm(m, generator=generator, device=gen_device)[:THRESHOLD_SAMPLE].to(device)
 
 
-def threshold(a: Tensor, k: int, positions: Tensor | None = None) -> Tensor:
-    """tau [n, 1] of rows a [n, m] >= 0: the k-th largest entry, or with `positions` the
-    entry of the same rank share among those positions (round(k S / m)-th largest of S)."""
+def threshold(v: Tensor, k: int, positions: Tensor | None = None) -> Tensor:
+    """tau [n, 1] of rows v [n, m]: the k-th largest |entry|, or with `positions` the |entry|
+    of the same rank share among those positions (round(k S / m)-th largest of S; only
+    those entries are read)."""
     if positions is None:
-        return kth_largest(a, min(k, a.shape[1]))
+        return kth_largest(v.abs(), min(k, v.shape[1]))
     s = positions.numel()
-    return kth_largest(a.index_select(1, positions), min(s, max(1, round(k * s / a.shape[1]))))
+    return kth_largest(v.index_select(1, positions).abs_(), min(s, max(1, round(k * s / v.shape[1]))))
+
+
+def _gamma(gamma: Tensor, like: Tensor) -> Tensor:
+    """gamma as a column [n, 1] in like's dtype, clamped to [tiny, 1] (``stochastic_sparsify``)."""
+    return gamma.reshape(-1, 1).to(like.dtype).clamp(min=torch.finfo(like.dtype).tiny, max=1.0)
 
 
 def stochastic_sparsify(v: Tensor, k: int, gamma: Tensor, positions: Tensor | None = None) -> Tensor:
@@ -118,9 +126,9 @@ def stochastic_sparsify(v: Tensor, k: int, gamma: Tensor, positions: Tensor | No
     (gamma <= 1, so |x| > tau always passes the indicator). gamma is clamped to at least the
     smallest positive float so that x = 0 is never rounded up to tau (a zero-probability draw).
     """
+    tau = threshold(v, k, positions)
+    g = _gamma(gamma, v)
     a = v.abs()
-    tau = threshold(a, k, positions)
-    g = gamma.reshape(-1, 1).to(v.dtype).clamp(min=torch.finfo(v.dtype).tiny, max=1.0)
     keep = torch.ge(a, tau * g, out=torch.empty_like(a))  # 1.0 / 0.0: ~2.5x faster than a bool mask here
     torch.maximum(a, tau, out=a)
     a.mul_(keep)
@@ -130,7 +138,13 @@ def stochastic_sparsify(v: Tensor, k: int, gamma: Tensor, positions: Tensor | No
 def sparsify_clipped_sum(
     v: Tensor, k: int, gamma: Tensor, clip_threshold: float, positions: Tensor | None = None
 ) -> Tensor:
-    """sum_i clip_C(T(v_i)) over the rows of v [n, m], as one matrix-vector product."""
+    """sum_i clip_C(T(v_i)) over the rows of v [n, m], as one matrix-vector product. v is
+    overwritten: on the CPU T and the norms are one pass of a fused kernel over it
+    (``cpu_kernels.sparsify_rows_``), elsewhere the torch operations above."""
+    if cpu_kernels.usable(v) and v.is_contiguous():
+        tau = threshold(v, k, positions)
+        sq = cpu_kernels.sparsify_rows_(v, tau.to(v.dtype), _gamma(gamma, v))
+        return factor(sq.sqrt_(), clip_threshold) @ v
     t = stochastic_sparsify(v, k, gamma, positions)
     f = factor(torch.linalg.vector_norm(t, dim=1), clip_threshold)
     return f @ t

@@ -15,8 +15,10 @@ MADE's feature-major output layer). The clipped sum sum_n w_n G_n is one matrix 
 Per-row L1 norms (per-unit clipping) of a layer called several times, and the entries that
 stochastic sparsification selects from, need G_n itself. A MADE mask's distinct rows are
 nested (a unit of degree m sees every input of degree < m), so with the columns in a
-"staircase" order every group of rows sees a prefix of them: G_n is formed group by group
-on that prefix only, one batched product per group (about half of the dense entries).
+"staircase" order every row sees a prefix of them: G_n's free entries are those prefixes
+(about half of the dense entries). On the CPU they are formed row by row in a fused kernel
+(``privacy.cpu_kernels``), which reduces them in the same loop for the row norms; elsewhere
+group by group, one batched product per group of equal rows.
 nn.Linear's grad sampler is opacus' own; MaskedLinear's is in ``masked_linear.py``.
 """
 
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from privflow.privacy import cpu_kernels
 from privflow.privacy.grad_samplers._common import (
     StepMemo,
     call_sum,
@@ -53,7 +56,8 @@ class MaskLayout:
     members: the output rows of each group; cols [in]: a column order in which every group
     sees a prefix (None when the rows do not nest); lengths: each group's prefix length;
     back [out]: puts per-row results back in row order from the groups' order (groups with an
-    empty prefix last).
+    empty prefix last); row_lengths [out]: each output row's prefix length (None when the
+    rows do not nest); order [out]: the output rows group by group (``free_index``'s order).
     """
 
     rows: Tensor
@@ -64,6 +68,8 @@ class MaskLayout:
     cols: Tensor | None
     lengths: tuple[int, ...]
     back: Tensor | None
+    row_lengths: Tensor | None
+    order: Tensor
 
     def group_sum(self, t: Tensor) -> Tensor:
         """[n, out] -> [n, k]: t summed within each group of equal mask rows."""
@@ -128,7 +134,8 @@ def mask_layout(layer: nn.Module, mask: Tensor) -> MaskLayout:
         full = [m for m, length in zip(members, lengths, strict=True) if length]
         empty = [m for m, length in zip(members, lengths, strict=True) if not length]
         back = torch.argsort(torch.cat(full + empty))
-    layout = MaskLayout(rows, inverse, onehot, run, members, cols, lengths, back)
+    row_lengths = torch.tensor(lengths, dtype=torch.long, device=mask.device)[inverse] if stair is not None else None
+    layout = MaskLayout(rows, inverse, onehot, run, members, cols, lengths, back, row_lengths, torch.cat(members))
     _LAYOUTS[layer] = (mask, layout)
     return layout
 
@@ -200,12 +207,39 @@ class LinearGhost:
             return None
         return layout
 
+    def _prefixes(self, layer: nn.Module) -> tuple[Tensor | None, Tensor, Tensor] | None:
+        """When every row's free entries are a prefix of one column order (no mask, or a mask
+        whose rows nest): that order (None: as is), each row's prefix length [out] and the
+        rows in ``free_index``'s order; else None."""
+        mask = self.mask(layer)
+        if mask is None:
+            rows, cols = layer.weight.shape
+            device = layer.weight.device
+            return None, torch.full((rows,), cols, dtype=torch.long, device=device), torch.arange(rows, device=device)
+        layout = mask_layout(layer, mask)
+        if layout.row_lengths is None:
+            return None
+        return layout.cols, layout.row_lengths, layout.order
+
+    def _kernel_inputs(self, layer: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """The fused CPU kernels' arguments (``cpu_kernels``) from stacked a [J, c, in] and
+        g [J, c, out]: a in prefix column order [c, J, in], g as [c, out, J], the row prefix
+        lengths and order; None where the kernels do not apply (not on the CPU, rows that
+        do not nest)."""
+        prefixes = self._prefixes(layer)
+        if prefixes is None or not cpu_kernels.usable(a, g):
+            return None
+        cols, lengths, order = prefixes
+        a_s = a if cols is None else a.index_select(2, cols)
+        return a_s.permute(1, 0, 2).contiguous(), g.permute(1, 2, 0).contiguous(), lengths, order
+
     def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
         """Flat indices of the entries ``free_entries`` returns (None: all, row-major)."""
         out: dict[nn.Parameter, Tensor | None] = {}
         if layer.weight.requires_grad:
-            mask, layout = self.mask(layer), self._layout(layer)
-            if layout is not None:
+            mask = self.mask(layer)
+            layout = mask_layout(layer, mask) if mask is not None else None
+            if layout is not None and layout.cols is not None:
                 out[layer.weight] = layout.free_index()
             elif mask is not None:
                 out[layer.weight] = (mask.reshape(-1) != 0).nonzero().squeeze(1)
@@ -218,16 +252,25 @@ class LinearGhost:
     def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> Tensor:
         """Per-example gradient entries that can be non-zero, [c, m], the trainable parameters'
         (weight, bias) in turn, each in the order of ``free_index``: group by group on the
-        staircase, never forming the masked entries, and one copy into the result."""
+        staircase, never forming the masked entries, and one copy into the result (on the
+        CPU the fused kernel writes them in place)."""
+        a, g = self._stack(layer, calls)
+        a, g = a[:, sl], g[:, sl]
+        kernel = self._kernel_inputs(layer, a, g) if layer.weight.requires_grad else None
         layout = self._layout(layer)
-        if layout is None:
+        if kernel is None and layout is None:
             full = self.materialise(layer, calls, sl)
             idx = self.free_index(layer)
             return torch.cat([flat_select(v, idx[p]) for p, v in full.items()], 1)
-        a, g = self._stack(layer, calls)
-        a, g = a[:, sl], g[:, sl]
+        has_bias = layer.bias is not None and layer.bias.requires_grad
+        if kernel is not None:
+            out = cpu_kernels.masked_free_rows(*kernel, extra=g.shape[2] if has_bias else 0)
+            if has_bias:
+                torch.sum(g, 0, out=out[:, out.shape[1] - g.shape[2] :])
+            return out
         parts = []
         if layer.weight.requires_grad:
+            assert layout is not None
             parts += [w.reshape(w.shape[0], -1) for w in _staircase_slabs(a, g, layout)]
         if layer.bias is not None and layer.bias.requires_grad:
             parts.append(g.sum(0))
@@ -259,7 +302,11 @@ class LinearGhost:
     def _materialised_row_stats(self, layer: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
         """Row L1 norms and squared norms of a sum over calls: they need the per-example
         gradient, formed in chunks of examples (group by group on the staircase), keeping only
-        the per-row reductions."""
+        the per-row reductions; on the CPU row by row in the fused kernel, never stored."""
+        kernel = self._kernel_inputs(layer, a, g)
+        if kernel is not None:
+            a_s, g_t, lengths, _ = kernel
+            return cpu_kernels.masked_row_stats(a_s, g_t, lengths)
         n, rows = a.shape[1], g.shape[2]
         layout = self._layout(layer)
         if layout is None:

@@ -256,8 +256,15 @@ def sampled_tau(strategy: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 # ---------------------------------------------------------------- the engine on a model
+@pytest.mark.parametrize("kernels", [True, False], ids=["cpu-kernels", "torch"])
 @pytest.mark.parametrize("strategy", STRATEGIES + ["none", "sparsify-sampled"])
-def test_fast_path_equals_reference(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fast_path_equals_reference(strategy: str, kernels: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path against the materialising reference, with the fused CPU kernels and
+    without them (``torch``: the operations CUDA runs)."""
+    from privflow.privacy import cpu_kernels
+
+    if not kernels:
+        monkeypatch.setattr(cpu_kernels, "usable", lambda *tensors: False)
     strategy = sampled_tau(strategy, monkeypatch)
     model = TinyFlow(d=4, hidden=8, blocks=3, seed=1).to(DT)
     x = torch.randn(9, 4, dtype=DT, generator=torch.Generator().manual_seed(2))

@@ -225,13 +225,21 @@ def _made_mask(d_in: int, groups: int, rows: int, runs: bool, g: torch.Generator
     return (deg_out[:, None] >= deg_in[None, :]).float()
 
 
+@pytest.mark.parametrize("kernels", [True, False], ids=["cpu-kernels", "torch"])
 @pytest.mark.parametrize("uses", [1, 3])
 @pytest.mark.parametrize("runs", [True, False])
-def test_masked_staircase_ops_match_torch_func(runs: bool, uses: int) -> None:
-    """Groups of >= 8 equal mask rows: per-row statistics and free entries are formed group by
-    group on the staircase columns (``linear._staircase_slabs``), group sums by reshape when
-    the groups are runs; all against torch.func."""
+def test_masked_staircase_ops_match_torch_func(
+    runs: bool, uses: int, kernels: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Groups of >= 8 equal mask rows: per-row statistics and free entries are formed row by
+    row on the staircase columns in the fused CPU kernels, or (``torch``: the path CUDA takes)
+    group by group (``linear._staircase_slabs``), group sums by reshape when the groups are
+    runs; all against torch.func."""
+    from privflow.privacy import cpu_kernels
     from privflow.privacy.grad_samplers.linear import _STAIRCASE_MIN_ROWS, mask_layout
+
+    if not kernels:
+        monkeypatch.setattr(cpu_kernels, "usable", lambda *tensors: False)
 
     g = torch.Generator().manual_seed(3)
     d_in, groups, rows = 7, 4, _STAIRCASE_MIN_ROWS + 1

@@ -1,0 +1,89 @@
+"""The fused CPU kernels against the torch operations they replace (``privacy.cpu_kernels``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from privflow.privacy import cpu_kernels
+from privflow.privacy.clipping.sparsify import stochastic_sparsify, threshold
+
+
+def _inputs(n: int, calls: int, cols: int, rows: int, dtype: torch.dtype, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    """a [n, calls, cols], g [n, rows, calls] with some exact zeros, and row prefix lengths
+    covering 0 and every column."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, calls, cols, generator=gen, dtype=dtype)
+    g = torch.randn(n, rows, calls, generator=gen, dtype=dtype)
+    g[:, ::5] = 0  # rows that get no gradient (a ReLU unit that is off)
+    lengths = torch.randint(0, cols + 1, (rows,), generator=gen)
+    lengths[0], lengths[-1] = 0, cols
+    return a, g, lengths
+
+
+def _dense(a: Tensor, g: Tensor, lengths: Tensor) -> Tensor:
+    """G_n = sum_u g_u a_u^T [n, rows, cols], each row past its prefix zeroed."""
+    full = torch.einsum("nru,nuk->nrk", g, a)
+    keep = torch.arange(a.shape[2])[None, :] < lengths[:, None]
+    return full * keep
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> object:
+    """Run with 1 and 2 torch threads: with 2 the examples are split between two kernel calls."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("calls", [1, 4])
+def test_row_stats_match_dense_rows(dtype: torch.dtype, calls: int, threads: int) -> None:
+    a, g, lengths = _inputs(150, calls, 11, 9, dtype, seed=calls)
+    l1, sq = cpu_kernels.masked_row_stats(a, g, lengths)
+    dense = _dense(a, g, lengths)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(l1, dense.abs().sum(2), atol=tol, rtol=tol)
+    torch.testing.assert_close(sq, dense.pow(2).sum(2), atol=tol, rtol=tol)
+    assert l1.dtype == dtype and bool((l1[:, 0] == 0).all())  # an empty prefix has norm 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_free_rows_are_the_prefixes_in_the_given_order(dtype: torch.dtype, threads: int) -> None:
+    a, g, lengths = _inputs(130, 3, 8, 7, dtype, seed=5)
+    order = torch.randperm(7, generator=torch.Generator().manual_seed(1))
+    out = cpu_kernels.masked_free_rows(a, g, lengths, order, extra=2)
+    dense = _dense(a, g, lengths)
+    want = torch.cat([dense[:, r, : int(lengths[r])] for r in order.tolist()], 1)
+    assert out.shape == (130, int(lengths.sum()) + 2)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(out[:, : want.shape[1]], want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sparsify_in_place_equals_the_torch_operator(dtype: torch.dtype, threads: int) -> None:
+    gen = torch.Generator().manual_seed(7)
+    v = torch.randn(200, 40, generator=gen, dtype=dtype)
+    v[:, ::3] = 0  # exact zeros stay zero
+    v[:7] = 0  # rows with no gradient: tau = 0
+    gamma = torch.rand(200, generator=gen, dtype=dtype)
+    gamma[:5] = 0.0  # clamped to the smallest positive float, as the operator does
+    k = 15
+    want = stochastic_sparsify(v, k, gamma)
+    tau = threshold(v, k)
+    clamped = gamma.clamp(min=torch.finfo(dtype).tiny, max=1.0)
+    got = v.clone()
+    sq = cpu_kernels.sparsify_rows_(got, tau, clamped)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(sq, want.pow(2).sum(1), atol=1e-6, rtol=1e-6)
+    assert bool((got[:, ::3] == 0).all()) and bool((got[:7] == 0).all())
+
+
+def test_usable_only_for_cpu_floats_of_one_dtype() -> None:
+    x32, x64 = torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.float64)
+    assert cpu_kernels.usable(x32, x32) and cpu_kernels.usable(x64)
+    assert not cpu_kernels.usable(x32, x64)
+    assert not cpu_kernels.usable(torch.zeros(2, 2, dtype=torch.float16))
+    assert not cpu_kernels.usable(torch.zeros(2, 2, device="meta"))
