@@ -52,55 +52,65 @@ def usable(*tensors: Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == dtype for t in tensors) and dtype in (torch.float32, torch.float64)
 
 
-def _masked_row_stats(a, g, lengths, l1, sq):  # type: ignore[no-untyped-def]
-    n, calls, cols = a.shape
-    rows = g.shape[1]
-    tmp = np.empty(cols, dtype=a.dtype)
-    zero = np.zeros(1, dtype=a.dtype)[0]
-    for i in range(n):
-        for r in range(rows):
-            length = lengths[r]
-            c = g[i, r, 0]
-            for k in range(length):
-                tmp[k] = c * a[i, 0, k]
-            for u in range(1, calls):
-                c = g[i, r, u]
+@cache
+def _masked_kernels(calls: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The row-statistics and free-rows kernels for layers called ``calls`` times. The count
+    is a constant of the compiled code (numba freezes closure variables and keys its cache by
+    them): the loop over calls unrolls inside the loop over columns, so each entry of G_n is
+    summed in registers and the column loop vectorises (half the time of a runtime count)."""
+
+    def row_stats(a, g, lengths, l1, sq):  # type: ignore[no-untyped-def]
+        zero = np.zeros(1, dtype=a.dtype)[0]
+        c = np.empty(calls, dtype=a.dtype)  # the row's output gradients: a local, not re-read
+        for i in range(a.shape[0]):
+            for r in range(g.shape[2]):
+                for u in range(calls):
+                    c[u] = g[u, i, r]
+                s1 = zero
+                s2 = zero
+                for k in range(lengths[r]):
+                    v = zero
+                    for u in range(calls):
+                        v += c[u] * a[i, u, k]
+                    s1 += abs(v)
+                    s2 += v * v
+                l1[i, r] = s1
+                sq[i, r] = s2
+
+    def free_rows(a, g, lengths, order, bias, out):  # type: ignore[no-untyped-def]
+        zero = np.zeros(1, dtype=a.dtype)[0]
+        c = np.empty(calls, dtype=a.dtype)
+        for i in range(a.shape[0]):
+            pos = 0
+            for r in order:
+                length = lengths[r]
+                o = out[i, pos : pos + length]
+                for u in range(calls):
+                    c[u] = g[u, i, r]
                 for k in range(length):
-                    tmp[k] += c * a[i, u, k]
-            s1 = zero
-            s2 = zero
-            for k in range(length):
-                v = tmp[k]
-                s1 += abs(v)
-                s2 += v * v
-            l1[i, r] = s1
-            sq[i, r] = s2
+                    v = zero
+                    for u in range(calls):
+                        v += c[u] * a[i, u, k]
+                    o[k] = v
+                pos += length
+            if bias:  # the bias gradient sum_u g_u, rows in their own order
+                for r in range(g.shape[2]):
+                    v = zero
+                    for u in range(calls):
+                        v += g[u, i, r]
+                    out[i, pos + r] = v
+
+    return _jit(row_stats), _jit(free_rows)
 
 
-def _masked_free_rows(a, g, lengths, order, out):  # type: ignore[no-untyped-def]
-    n, calls, _ = a.shape
-    for i in range(n):
-        pos = 0
-        for r in order:
-            length = lengths[r]
-            o = out[i, pos : pos + length]
-            c = g[i, r, 0]
-            for k in range(length):
-                o[k] = c * a[i, 0, k]
-            for u in range(1, calls):
-                c = g[i, r, u]
-                for k in range(length):
-                    o[k] += c * a[i, u, k]
-            pos += length
-
-
-def _sparsify_rows(v, tau, gamma, sq):  # type: ignore[no-untyped-def]
+def _sparsify_clip_sum(v, tau, gamma, clip, out):  # type: ignore[no-untyped-def]
     n, m = v.shape
     zero = np.zeros(1, dtype=v.dtype)[0]
+    scale = np.empty(1, dtype=v.dtype)  # the clip factor, rounded to v's dtype
     for i in range(n):
+        row = v[i]
         t = tau[i]
         low = t * gamma[i]
-        row = v[i]
         s2 = zero
         for k in range(m):
             x = row[k]
@@ -109,23 +119,38 @@ def _sparsify_rows(v, tau, gamma, sq):  # type: ignore[no-untyped-def]
             w = math.copysign(big * (mag >= low), x)
             row[k] = w
             s2 += w * w
-        sq[i] = s2
+        norm = math.sqrt(s2)
+        scale[0] = clip / norm if norm > clip else 1.0
+        f = scale[0]
+        for k in range(m):
+            out[k] += f * row[k]
 
 
 @cache
-def _compiled(name: str) -> Callable[..., Any]:
-    return _jit({"row_stats": _masked_row_stats, "free_rows": _masked_free_rows, "sparsify": _sparsify_rows}[name])
+def _sparsify_kernel() -> Callable[..., Any]:
+    return _jit(_sparsify_clip_sum)
+
+
+def example_slices(n: int) -> list[slice]:
+    """The n examples split between torch's intra-op threads, at least
+    ``_MIN_EXAMPLES_PER_THREAD`` examples a thread."""
+    threads = max(1, min(torch.get_num_threads(), n // _MIN_EXAMPLES_PER_THREAD))
+    size = math.ceil(n / threads)
+    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+
+
+def over(parts: int, run: Callable[[int], None]) -> None:
+    """run(0), ..., run(parts - 1), on as many threads (the kernels release the GIL)."""
+    if parts == 1:
+        run(0)
+        return
+    list(_pool(parts).map(run, range(parts)))
 
 
 def over_examples(n: int, run: Callable[[slice], None]) -> None:
-    """run(sl) over slices of the n examples: on torch's intra-op thread count, at least
-    ``_MIN_EXAMPLES_PER_THREAD`` examples a thread (the kernels release the GIL)."""
-    threads = max(1, min(torch.get_num_threads(), n // _MIN_EXAMPLES_PER_THREAD))
-    if threads == 1:
-        run(slice(0, n))
-        return
-    size = math.ceil(n / threads)
-    list(_pool(threads).map(run, [slice(i, min(n, i + size)) for i in range(0, n, size)]))
+    """run(sl) over ``example_slices(n)``, one thread each."""
+    slices = example_slices(n)
+    over(len(slices), lambda part: run(slices[part]))
 
 
 @cache
@@ -136,35 +161,45 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 def masked_row_stats(a: Tensor, g: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
     """Row L1 norms and squared norms [n, rows] of G_n = sum_u g_{u,n} a_{u,n}^T restricted to
-    each row's column prefix: a [n, calls, cols] (staircase column order), g [n, rows, calls],
-    lengths [rows] (int64)."""
-    a_np, g_np, len_np = a.contiguous().numpy(), g.contiguous().numpy(), lengths.numpy()
-    l1 = np.empty(g_np.shape[:2], dtype=a_np.dtype)
+    each row's column prefix: a [n, calls, cols] (staircase column order; each example's
+    block contiguous, so the column loop vectorises), g [calls, n, rows] (a view is read in
+    place: stacking the calls last would cost more than the kernel saves), lengths [rows]
+    (int64)."""
+    a_np, g_np, len_np = a.contiguous().numpy(), g.numpy(), lengths.numpy()
+    l1 = np.empty(g_np.shape[1:], dtype=a_np.dtype)
     sq = np.empty_like(l1)
-    kernel = _compiled("row_stats")
-    over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[sl], len_np, l1[sl], sq[sl]))
+    kernel = _masked_kernels(a_np.shape[1])[0]
+    over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], len_np, l1[sl], sq[sl]))
     return torch.from_numpy(l1), torch.from_numpy(sq)
 
 
-def masked_free_rows(a: Tensor, g: Tensor, lengths: Tensor, order: Tensor, extra: int = 0) -> Tensor:
-    """The free entries of G_n [n, sum lengths + extra]: rows in ``order``, each its column
-    prefix (same arguments as ``masked_row_stats``), then ``extra`` columns left for the
-    caller to fill (a bias: no second copy to join them)."""
-    a_np, g_np, len_np, ord_np = a.contiguous().numpy(), g.contiguous().numpy(), lengths.numpy(), order.numpy()
-    out = np.empty((a_np.shape[0], int(len_np[ord_np].sum()) + extra), dtype=a_np.dtype)
-    kernel = _compiled("free_rows")
-    over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[sl], len_np, ord_np, out[sl]))
+def masked_free_rows(a: Tensor, g: Tensor, lengths: Tensor, order: Tensor, bias: bool = False) -> Tensor:
+    """The free entries of G_n [n, sum lengths (+ rows)]: rows in ``order``, each its column
+    prefix (same arguments as ``masked_row_stats``), then with ``bias`` the bias gradient
+    sum_u g_{u,n} (one row of entries per example, in row order)."""
+    a_np, g_np, len_np, ord_np = a.contiguous().numpy(), g.numpy(), lengths.numpy(), order.numpy()
+    out = np.empty((a_np.shape[0], int(len_np[ord_np].sum()) + (g_np.shape[2] if bias else 0)), dtype=a_np.dtype)
+    kernel = _masked_kernels(a_np.shape[1])[1]
+    over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], len_np, ord_np, bias, out[sl]))
     return torch.from_numpy(out)
 
 
-def sparsify_rows_(v: Tensor, tau: Tensor, gamma: Tensor) -> Tensor:
-    """T_{tau,gamma} in place on each row of v [n, m] (tau, gamma [n]; gamma already clamped
-    to (0, 1]), returning the squared norms [n] of the results: ``sparsify.stochastic_sparsify``
-    and its norm in one pass."""
+def sparsify_clip_sum_(v: Tensor, tau: Tensor, gamma: Tensor, clip: float) -> Tensor:
+    """sum_i clip_C(T(v_i)) [m] over the rows of v [n, m], which are overwritten with T(v_i):
+    ``sparsify.sparsify_clipped_sum`` after its threshold, in one pass per row. tau [n] as
+    ``sparsify.threshold`` selects it (numpy's selection: faster than numba's on the many
+    ties of a gradient's zeros), gamma [n] already clamped to (0, 1]; the clip factor is
+    ``_base.factor``'s min(1, C / norm)."""
     v_np = v.numpy()
-    tau_np = tau.reshape(-1).contiguous().numpy()
+    tau_np = tau.reshape(-1).to(v.dtype).contiguous().numpy()
     gamma_np = gamma.reshape(-1).contiguous().numpy()
-    sq = np.empty(v_np.shape[0], dtype=v_np.dtype)
-    kernel = _compiled("sparsify")
-    over_examples(v_np.shape[0], lambda sl: kernel(v_np[sl], tau_np[sl], gamma_np[sl], sq[sl]))
-    return torch.from_numpy(sq)
+    kernel = _sparsify_kernel()
+    slices = example_slices(v_np.shape[0])
+    out = np.zeros((len(slices), v_np.shape[1]), dtype=v_np.dtype)
+
+    def run(part: int) -> None:
+        sl = slices[part]
+        kernel(v_np[sl], tau_np[sl], gamma_np[sl], float(clip), out[part])
+
+    over(len(slices), run)
+    return torch.from_numpy(out.sum(0) if len(slices) > 1 else out[0])

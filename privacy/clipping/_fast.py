@@ -28,12 +28,16 @@ from privflow.privacy.grad_samplers.registry import Call
 
 Method = Literal["fast", "hooks"]
 
-_CHUNK_ELEMENTS = 1 << 20  # per-example gradient entries per chunk: small chunks stay in cache and
+_CHUNK_ELEMENTS = 1 << 21  # per-example gradient entries per chunk: small chunks stay in cache and
 # reuse freed memory (a fresh 40 MB tensor costs more in page faults than its arithmetic)
 
 
-def chunks(n: int, layer: LayerInfo) -> list[slice]:
-    size = max(1, _CHUNK_ELEMENTS // max(1, sum(p.numel() for p in layer.params)))
+def chunks(n: int, layer: LayerInfo, entries: int | None = None) -> list[slice]:
+    """Slices of the n examples, ``_CHUNK_ELEMENTS`` per-example gradient entries each
+    (``entries`` per example; default: every entry of the layer's parameters)."""
+    if entries is None:
+        entries = sum(p.numel() for p in layer.params)
+    size = max(1, _CHUNK_ELEMENTS // max(1, entries))
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
 
@@ -148,7 +152,7 @@ def sparsify_layer(
     index = free_index(layer)
     k = sparsify_k(layer.complexity, sparsity)
     total: Tensor | None = None
-    for sl in chunks(n, layer):
+    for sl in chunks(n, layer, layer.complexity):
         if ops is not None:
             v = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
         else:

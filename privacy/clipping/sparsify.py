@@ -108,9 +108,16 @@ def threshold(v: Tensor, k: int, positions: Tensor | None = None) -> Tensor:
     of the same rank share among those positions (round(k S / m)-th largest of S; only
     those entries are read)."""
     if positions is None:
-        return kth_largest(v.abs(), min(k, v.shape[1]))
-    s = positions.numel()
-    return kth_largest(v.index_select(1, positions).abs_(), min(s, max(1, round(k * s / v.shape[1]))))
+        return kth_largest(v.abs(), rank(k, v.shape[1]))
+    return kth_largest(v.index_select(1, positions).abs_(), rank(k, v.shape[1], positions.numel()))
+
+
+def rank(k: int, m: int, sampled: int | None = None) -> int:
+    """Which largest entry is tau: the k-th of a row of m, or the same share of ``sampled``
+    positions (round(k S / m), at least 1)."""
+    if sampled is None:
+        return min(k, m)
+    return min(sampled, max(1, round(k * sampled / m)))
 
 
 def _gamma(gamma: Tensor, like: Tensor) -> Tensor:
@@ -142,9 +149,7 @@ def sparsify_clipped_sum(
     overwritten: on the CPU T and the norms are one pass of a fused kernel over it
     (``cpu_kernels.sparsify_rows_``), elsewhere the torch operations above."""
     if cpu_kernels.usable(v) and v.is_contiguous():
-        tau = threshold(v, k, positions)
-        sq = cpu_kernels.sparsify_rows_(v, tau.to(v.dtype), _gamma(gamma, v))
-        return factor(sq.sqrt_(), clip_threshold) @ v
+        return cpu_kernels.sparsify_clip_sum_(v, threshold(v, k, positions), _gamma(gamma, v), clip_threshold)
     t = stochastic_sparsify(v, k, gamma, positions)
     f = factor(torch.linalg.vector_norm(t, dim=1), clip_threshold)
     return f @ t

@@ -24,6 +24,7 @@ nn.Linear's grad sampler is opacus' own; MaskedLinear's is in ``masked_linear.py
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -77,9 +78,10 @@ class MaskLayout:
             return t.reshape(t.shape[0], -1, self.run).sum(2)
         return t @ self.onehot.to(t.dtype)
 
+    @functools.cached_property
     def free_index(self) -> Tensor:
         """Flat indices (into [out, in]) of the free entries, group by group, each group's rows
-        times its prefix of ``cols`` (row-major within the group)."""
+        times its prefix of ``cols`` (row-major within the group); computed once."""
         assert self.cols is not None
         n_in = self.rows.shape[1]
         parts = [
@@ -145,6 +147,7 @@ class LinearGhost:
 
     def __init__(self) -> None:
         self._memo: StepMemo[tuple[Tensor, Tensor]] = StepMemo()
+        self._kernel_memo: StepMemo[tuple[Tensor, Tensor]] = StepMemo()
 
     def mask(self, layer: nn.Module) -> Tensor | None:
         return None
@@ -155,13 +158,12 @@ class LinearGhost:
     def _stack(self, layer: nn.Module, calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
         """Activations and output gradients of all calls stacked: [J, n, in], [J, n, out]
         (kept for the step, ``StepMemo``)."""
-        key = [c.activations[0] for c in calls] + [split_backprops(c.backprops)[0] for c in calls]
 
         def stack() -> tuple[Tensor, Tensor]:
             a, g = _per_call(calls)
             return torch.stack(a), torch.stack(g)
 
-        return self._memo.get(layer, key, stack)
+        return self._memo.get(layer, _step_key(calls), stack)
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         a, g = _per_call(calls)
@@ -221,17 +223,24 @@ class LinearGhost:
             return None
         return layout.cols, layout.row_lengths, layout.order
 
-    def _kernel_inputs(self, layer: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-        """The fused CPU kernels' arguments (``cpu_kernels``) from stacked a [J, c, in] and
-        g [J, c, out]: a in prefix column order [c, J, in], g as [c, out, J], the row prefix
-        lengths and order; None where the kernels do not apply (not on the CPU, rows that
-        do not nest)."""
+    def _kernel_inputs(self, layer: nn.Module, calls: Sequence[Call]) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """The fused CPU kernels' arguments (``cpu_kernels``) for the whole batch: activations
+        in prefix column order [n, J, in], output gradients [J, n, out] (kept for the step;
+        a chunk of examples is a slice), the row prefix lengths and order; None where the
+        kernels do not apply (not on the CPU, rows that do not nest)."""
         prefixes = self._prefixes(layer)
-        if prefixes is None or not cpu_kernels.usable(a, g):
+        if prefixes is None:
+            return None
+        a, g = _per_call(calls)
+        if not cpu_kernels.usable(*a, *g):
             return None
         cols, lengths, order = prefixes
-        a_s = a if cols is None else a.index_select(2, cols)
-        return a_s.permute(1, 0, 2).contiguous(), g.permute(1, 2, 0).contiguous(), lengths, order
+
+        def stack() -> tuple[Tensor, Tensor]:
+            return torch.stack([x if cols is None else x.index_select(1, cols) for x in a], 1), torch.stack(g)
+
+        a_k, g_k = self._kernel_memo.get(layer, _step_key(calls), stack)
+        return a_k, g_k, lengths, order
 
     def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
         """Flat indices of the entries ``free_entries`` returns (None: all, row-major)."""
@@ -240,7 +249,7 @@ class LinearGhost:
             mask = self.mask(layer)
             layout = mask_layout(layer, mask) if mask is not None else None
             if layout is not None and layout.cols is not None:
-                out[layer.weight] = layout.free_index()
+                out[layer.weight] = layout.free_index
             elif mask is not None:
                 out[layer.weight] = (mask.reshape(-1) != 0).nonzero().squeeze(1)
             else:
@@ -254,20 +263,18 @@ class LinearGhost:
         (weight, bias) in turn, each in the order of ``free_index``: group by group on the
         staircase, never forming the masked entries, and one copy into the result (on the
         CPU the fused kernel writes them in place)."""
-        a, g = self._stack(layer, calls)
-        a, g = a[:, sl], g[:, sl]
-        kernel = self._kernel_inputs(layer, a, g) if layer.weight.requires_grad else None
+        has_bias = layer.bias is not None and layer.bias.requires_grad
+        kernel = self._kernel_inputs(layer, calls) if layer.weight.requires_grad else None
+        if kernel is not None:
+            a_k, g_k, lengths, order = kernel
+            return cpu_kernels.masked_free_rows(a_k[sl], g_k[:, sl], lengths, order, bias=has_bias)
         layout = self._layout(layer)
-        if kernel is None and layout is None:
+        if layout is None:
             full = self.materialise(layer, calls, sl)
             idx = self.free_index(layer)
             return torch.cat([flat_select(v, idx[p]) for p, v in full.items()], 1)
-        has_bias = layer.bias is not None and layer.bias.requires_grad
-        if kernel is not None:
-            out = cpu_kernels.masked_free_rows(*kernel, extra=g.shape[2] if has_bias else 0)
-            if has_bias:
-                torch.sum(g, 0, out=out[:, out.shape[1] - g.shape[2] :])
-            return out
+        a, g = self._stack(layer, calls)
+        a, g = a[:, sl], g[:, sl]
         parts = []
         if layer.weight.requires_grad:
             assert layout is not None
@@ -277,12 +284,12 @@ class LinearGhost:
         return torch.cat(parts, 1)
 
     def unit_stats(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
-        a, g = self._stack(layer, calls)
+        a, g = _per_call(calls)
         out: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
         if layer.weight.requires_grad:
             mask = self.mask(layer)
             if len(calls) > 1:
-                out[layer.weight] = self._materialised_row_stats(layer, a, g)
+                out[layer.weight] = self._materialised_row_stats(layer, calls)
             else:
                 a0, g0 = a[0], g[0]
                 if mask is None:
@@ -295,18 +302,19 @@ class LinearGhost:
                     sq = g0 * g0 * (((a0 * a0) @ rt) @ oh)
                 out[layer.weight] = (l1, sq)
         if layer.bias is not None and layer.bias.requires_grad:
-            b = g.sum(0)
+            b = call_sum(g)
             out[layer.bias] = (b.abs(), b * b)
         return out
 
-    def _materialised_row_stats(self, layer: nn.Module, a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    def _materialised_row_stats(self, layer: nn.Module, calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
         """Row L1 norms and squared norms of a sum over calls: they need the per-example
         gradient, formed in chunks of examples (group by group on the staircase), keeping only
         the per-row reductions; on the CPU row by row in the fused kernel, never stored."""
-        kernel = self._kernel_inputs(layer, a, g)
+        kernel = self._kernel_inputs(layer, calls)
         if kernel is not None:
-            a_s, g_t, lengths, _ = kernel
-            return cpu_kernels.masked_row_stats(a_s, g_t, lengths)
+            a_k, g_k, lengths, _ = kernel
+            return cpu_kernels.masked_row_stats(a_k, g_k, lengths)
+        a, g = self._stack(layer, calls)
         n, rows = a.shape[1], g.shape[2]
         layout = self._layout(layer)
         if layout is None:
@@ -355,6 +363,11 @@ class LinearGhost:
             w, b = weights[layer.bias], call_sum(g)
             out[layer.bias] = w @ b if w.dim() == 1 else (b * w).sum(0)
         return out
+
+
+def _step_key(calls: Sequence[Call]) -> list[Tensor]:
+    """The recorded tensors a step's memo is keyed by (``StepMemo``)."""
+    return [c.activations[0] for c in calls] + [split_backprops(c.backprops)[0] for c in calls]
 
 
 def _per_call(calls: Sequence[Call]) -> tuple[list[Tensor], list[Tensor]]:

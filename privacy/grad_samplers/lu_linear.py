@@ -19,6 +19,7 @@ masked product tril(sum_n w_n h_n u_n^T).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -234,16 +235,22 @@ class LUGhost:
 
     def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
         """Flat indices of the strict triangles; the diagonal and the bias are free (None)."""
-        d, dev = layer.d, layer.lower.device  # type: ignore[union-attr]
-        rows, cols = torch.arange(d, device=dev)[:, None], torch.arange(d, device=dev)[None, :]
-        flat = torch.arange(d * d, device=dev).reshape(d, d)
+        lower, upper = _triangles(layer.d, layer.lower.device)  # type: ignore[union-attr, arg-type]
         out: dict[nn.Parameter, Tensor | None] = {
-            layer.lower: flat[rows > cols],  # type: ignore[dict-item]
-            layer.upper: flat[rows < cols],  # type: ignore[dict-item]
+            layer.lower: lower,  # type: ignore[dict-item]
+            layer.upper: upper,  # type: ignore[dict-item]
             layer.log_diag: None,  # type: ignore[dict-item]
             layer.bias: None,  # type: ignore[dict-item]
         }
         return {p: v for p, v in out.items() if p.requires_grad}
+
+
+@functools.cache
+def _triangles(d: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Flat indices into [d, d] of the strict lower and upper triangles (asked for every step)."""
+    rows, cols = torch.arange(d, device=device)[:, None], torch.arange(d, device=device)[None, :]
+    flat = torch.arange(d * d, device=device).reshape(d, d)
+    return flat[rows > cols], flat[rows < cols]
 
 
 register_ghost(LULinear)(LUGhost)

@@ -7,16 +7,17 @@ import torch
 from torch import Tensor
 
 from privflow.privacy import cpu_kernels
+from privflow.privacy.clipping._base import factor
 from privflow.privacy.clipping.sparsify import stochastic_sparsify, threshold
 
 
 def _inputs(n: int, calls: int, cols: int, rows: int, dtype: torch.dtype, seed: int) -> tuple[Tensor, Tensor, Tensor]:
-    """a [n, calls, cols], g [n, rows, calls] with some exact zeros, and row prefix lengths
+    """a [n, calls, cols], g [calls, n, rows] with some exact zeros, and row prefix lengths
     covering 0 and every column."""
     gen = torch.Generator().manual_seed(seed)
     a = torch.randn(n, calls, cols, generator=gen, dtype=dtype)
-    g = torch.randn(n, rows, calls, generator=gen, dtype=dtype)
-    g[:, ::5] = 0  # rows that get no gradient (a ReLU unit that is off)
+    g = torch.randn(calls, n, rows, generator=gen, dtype=dtype)
+    g[:, :, ::5] = 0  # rows that get no gradient (a ReLU unit that is off)
     lengths = torch.randint(0, cols + 1, (rows,), generator=gen)
     lengths[0], lengths[-1] = 0, cols
     return a, g, lengths
@@ -24,7 +25,7 @@ def _inputs(n: int, calls: int, cols: int, rows: int, dtype: torch.dtype, seed: 
 
 def _dense(a: Tensor, g: Tensor, lengths: Tensor) -> Tensor:
     """G_n = sum_u g_u a_u^T [n, rows, cols], each row past its prefix zeroed."""
-    full = torch.einsum("nru,nuk->nrk", g, a)
+    full = torch.einsum("unr,nuk->nrk", g, a)
     keep = torch.arange(a.shape[2])[None, :] < lengths[:, None]
     return full * keep
 
@@ -51,34 +52,44 @@ def test_row_stats_match_dense_rows(dtype: torch.dtype, calls: int, threads: int
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_free_rows_are_the_prefixes_in_the_given_order(dtype: torch.dtype, threads: int) -> None:
+def test_free_rows_are_the_prefixes_in_the_given_order_then_the_bias(dtype: torch.dtype, threads: int) -> None:
     a, g, lengths = _inputs(130, 3, 8, 7, dtype, seed=5)
     order = torch.randperm(7, generator=torch.Generator().manual_seed(1))
-    out = cpu_kernels.masked_free_rows(a, g, lengths, order, extra=2)
     dense = _dense(a, g, lengths)
     want = torch.cat([dense[:, r, : int(lengths[r])] for r in order.tolist()], 1)
-    assert out.shape == (130, int(lengths.sum()) + 2)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
-    torch.testing.assert_close(out[:, : want.shape[1]], want, atol=tol, rtol=tol)
+    torch.testing.assert_close(cpu_kernels.masked_free_rows(a, g, lengths, order), want, atol=tol, rtol=tol)
+    with_bias = cpu_kernels.masked_free_rows(a, g, lengths, order, bias=True)
+    torch.testing.assert_close(with_bias, torch.cat([want, g.sum(0)], 1), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["exact-tau", "sampled-tau"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_sparsify_in_place_equals_the_torch_operator(dtype: torch.dtype, threads: int) -> None:
+def test_sparsify_clip_sum_equals_the_torch_operator(dtype: torch.dtype, sampled: bool, threads: int) -> None:
+    """Rows become T(v_i) exactly as ``stochastic_sparsify`` gives them (tau selected among all
+    entries or among sampled positions), and the sum is sum_i clip_C(T(v_i))."""
     gen = torch.Generator().manual_seed(7)
-    v = torch.randn(200, 40, generator=gen, dtype=dtype)
+    n, m, k, clip = 200, 40, 15, 1.5
+    v = torch.randn(n, m, generator=gen, dtype=dtype)
     v[:, ::3] = 0  # exact zeros stay zero
     v[:7] = 0  # rows with no gradient: tau = 0
-    gamma = torch.rand(200, generator=gen, dtype=dtype)
+    v[7:50] *= 0.01  # rows under the clip norm
+    gamma = torch.rand(n, generator=gen, dtype=dtype)
     gamma[:5] = 0.0  # clamped to the smallest positive float, as the operator does
-    k = 15
-    want = stochastic_sparsify(v, k, gamma)
-    tau = threshold(v, k)
-    clamped = gamma.clamp(min=torch.finfo(dtype).tiny, max=1.0)
+    positions = torch.randperm(m, generator=gen)[:12] if sampled else None
+    want = stochastic_sparsify(v, k, gamma, positions)
+    want_sum = factor(torch.linalg.vector_norm(want, dim=1), clip) @ want
     got = v.clone()
-    sq = cpu_kernels.sparsify_rows_(got, tau, clamped)
+    tau = threshold(v, k, positions)
+    total = cpu_kernels.sparsify_clip_sum_(got, tau, gamma.clamp(min=torch.finfo(dtype).tiny, max=1.0), clip)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
-    torch.testing.assert_close(sq, want.pow(2).sum(1), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(total, want_sum, atol=1e-5, rtol=1e-5)
     assert bool((got[:, ::3] == 0).all()) and bool((got[:7] == 0).all())
+    assert (
+        float(torch.linalg.vector_norm(want, dim=1)[7:50].max())
+        < clip
+        < float(torch.linalg.vector_norm(want, dim=1).max())
+    )
 
 
 def test_usable_only_for_cpu_floats_of_one_dtype() -> None:
