@@ -52,16 +52,67 @@ def usable(*tensors: Tensor) -> bool:
     return all(t.device.type == "cpu" and t.dtype == dtype for t in tensors) and dtype in (torch.float32, torch.float64)
 
 
+def _sparsify_row(row, t, gamma, clip, scale, out):  # type: ignore[no-untyped-def]
+    """T_{t,gamma} in place on one example's entries, then out += clip_C(T(row)). ``scale`` is
+    a one-entry scratch array: the clip factor rounded to the entries' dtype."""
+    low = t * gamma
+    s2 = np.zeros(1, dtype=row.dtype)[0]
+    for k in range(row.shape[0]):
+        x = row[k]
+        mag = abs(x)
+        big = mag if mag > t else t
+        w = math.copysign(big * (mag >= low), x)
+        row[k] = w
+        s2 += w * w
+    norm = math.sqrt(s2)
+    scale[0] = clip / norm if norm > clip else 1.0
+    f = scale[0]
+    for k in range(row.shape[0]):
+        out[k] += f * row[k]
+
+
 @cache
-def _masked_kernels(calls: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """The row-statistics and free-rows kernels for layers called ``calls`` times. The count
-    is a constant of the compiled code (numba freezes closure variables and keys its cache by
-    them): the loop over calls unrolls inside the loop over columns, so each entry of G_n is
-    summed in registers and the column loop vectorises (half the time of a runtime count)."""
+def _row_helpers() -> Callable[..., Any]:
+    return _jit(_sparsify_row)
+
+
+@cache
+def _masked_kernels(calls: int) -> tuple[Callable[..., Any], ...]:
+    """The row-statistics, free-rows, sparsified-sum and entries kernels for layers called
+    ``calls`` times. The count is a constant of the compiled code (numba freezes closure variables and
+    keys its cache by them): the loop over calls unrolls inside the loop over columns, so
+    each entry of G_n is summed in registers and the column loop vectorises (half the time
+    of a runtime count)."""
+    import numba
+
+    sparsify_row = _row_helpers()
+
+    @numba.njit(inline="always")
+    def fill(a, g, lengths, order, bias, i, c, o):  # type: ignore[no-untyped-def]
+        """o <- example i's free entries: rows in ``order``, each its prefix, then the bias."""
+        zero = np.zeros(1, dtype=a.dtype)[0]
+        pos = 0
+        for r in order:
+            length = lengths[r]
+            out = o[pos : pos + length]
+            for u in range(calls):
+                c[u] = g[u, i, r]  # the row's output gradients: a local, not re-read
+            for k in range(length):
+                v = zero
+                for u in range(calls):
+                    v += c[u] * a[i, u, k]
+                out[k] = v
+            pos += length
+        if bias:  # the bias gradient sum_u g_u, rows in their own order
+            for r in range(g.shape[2]):
+                v = zero
+                for u in range(calls):
+                    v += g[u, i, r]
+                o[pos + r] = v
 
     def row_stats(a, g, lengths, l1, sq):  # type: ignore[no-untyped-def]
         zero = np.zeros(1, dtype=a.dtype)[0]
-        c = np.empty(calls, dtype=a.dtype)  # the row's output gradients: a local, not re-read
+        c = np.empty(calls, dtype=a.dtype)
         for i in range(a.shape[0]):
             for r in range(g.shape[2]):
                 for u in range(calls):
@@ -78,57 +129,45 @@ def _masked_kernels(calls: int) -> tuple[Callable[..., Any], Callable[..., Any]]
                 sq[i, r] = s2
 
     def free_rows(a, g, lengths, order, bias, out):  # type: ignore[no-untyped-def]
-        zero = np.zeros(1, dtype=a.dtype)[0]
         c = np.empty(calls, dtype=a.dtype)
         for i in range(a.shape[0]):
-            pos = 0
-            for r in order:
-                length = lengths[r]
-                o = out[i, pos : pos + length]
+            fill(a, g, lengths, order, bias, i, c, out[i])
+
+    def sparsify_sum(a, g, lengths, order, bias, tau, gamma, clip, out):  # type: ignore[no-untyped-def]
+        c = np.empty(calls, dtype=a.dtype)
+        row = np.empty(out.shape[0], dtype=a.dtype)  # one example's entries: stays in cache
+        scale = np.empty(1, dtype=a.dtype)
+        for i in range(a.shape[0]):
+            fill(a, g, lengths, order, bias, i, c, row)
+            sparsify_row(row, tau[i], gamma[i], clip, scale, out)
+
+    def entries(a, g, rows, ks, bias_rows, out):  # type: ignore[no-untyped-def]
+        zero = np.zeros(1, dtype=a.dtype)[0]
+        for i in range(a.shape[0]):
+            for j in range(rows.shape[0]):
+                v = zero
                 for u in range(calls):
-                    c[u] = g[u, i, r]
-                for k in range(length):
-                    v = zero
-                    for u in range(calls):
-                        v += c[u] * a[i, u, k]
-                    o[k] = v
-                pos += length
-            if bias:  # the bias gradient sum_u g_u, rows in their own order
-                for r in range(g.shape[2]):
-                    v = zero
-                    for u in range(calls):
-                        v += g[u, i, r]
-                    out[i, pos + r] = v
+                    v += g[u, i, rows[j]] * a[i, u, ks[j]]
+                out[i, j] = v
+            for j in range(bias_rows.shape[0]):
+                v = zero
+                for u in range(calls):
+                    v += g[u, i, bias_rows[j]]
+                out[i, rows.shape[0] + j] = v
 
-    return _jit(row_stats), _jit(free_rows)
-
-
-def _sparsify_clip_sum(v, tau, gamma, clip, out):  # type: ignore[no-untyped-def]
-    n, m = v.shape
-    zero = np.zeros(1, dtype=v.dtype)[0]
-    scale = np.empty(1, dtype=v.dtype)  # the clip factor, rounded to v's dtype
-    for i in range(n):
-        row = v[i]
-        t = tau[i]
-        low = t * gamma[i]
-        s2 = zero
-        for k in range(m):
-            x = row[k]
-            mag = abs(x)
-            big = mag if mag > t else t
-            w = math.copysign(big * (mag >= low), x)
-            row[k] = w
-            s2 += w * w
-        norm = math.sqrt(s2)
-        scale[0] = clip / norm if norm > clip else 1.0
-        f = scale[0]
-        for k in range(m):
-            out[k] += f * row[k]
+    return _jit(row_stats), _jit(free_rows), _jit(sparsify_sum), _jit(entries)
 
 
 @cache
 def _sparsify_kernel() -> Callable[..., Any]:
-    return _jit(_sparsify_clip_sum)
+    sparsify_row = _row_helpers()
+
+    def sparsify_clip_sum(v, tau, gamma, clip, out):  # type: ignore[no-untyped-def]
+        scale = np.empty(1, dtype=v.dtype)
+        for i in range(v.shape[0]):
+            sparsify_row(v[i], tau[i], gamma[i], clip, scale, out)
+
+    return _jit(sparsify_clip_sum)
 
 
 def example_slices(n: int) -> list[slice]:
@@ -194,12 +233,45 @@ def sparsify_clip_sum_(v: Tensor, tau: Tensor, gamma: Tensor, clip: float) -> Te
     tau_np = tau.reshape(-1).to(v.dtype).contiguous().numpy()
     gamma_np = gamma.reshape(-1).contiguous().numpy()
     kernel = _sparsify_kernel()
-    slices = example_slices(v_np.shape[0])
-    out = np.zeros((len(slices), v_np.shape[1]), dtype=v_np.dtype)
+    return _summed(v_np.shape, v_np.dtype, lambda sl, out: kernel(v_np[sl], tau_np[sl], gamma_np[sl], float(clip), out))
 
-    def run(part: int) -> None:
-        sl = slices[part]
-        kernel(v_np[sl], tau_np[sl], gamma_np[sl], float(clip), out[part])
 
-    over(len(slices), run)
+def masked_entries(a: Tensor, g: Tensor, rows: Tensor, ks: Tensor, bias_rows: Tensor) -> Tensor:
+    """Entries [n, S + B] of G_n (same a, g as ``masked_row_stats``): the weight entries at rows
+    ``rows`` and prefix positions ``ks`` [S], then the bias entries of rows ``bias_rows`` [B]
+    (torch's index_select on a last dimension costs several times more)."""
+    a_np, g_np = a.contiguous().numpy(), g.numpy()
+    r_np, k_np, b_np = (t.to(torch.int64).contiguous().numpy() for t in (rows, ks, bias_rows))
+    out = np.empty((a_np.shape[0], r_np.shape[0] + b_np.shape[0]), dtype=a_np.dtype)
+    kernel = _masked_kernels(a_np.shape[1])[3]
+    over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], r_np, k_np, b_np, out[sl]))
+    return torch.from_numpy(out)
+
+
+def masked_sparsify_sum(
+    a: Tensor, g: Tensor, lengths: Tensor, order: Tensor, bias: bool, tau: Tensor, gamma: Tensor, clip: float
+) -> Tensor:
+    """sum_i clip_C(T(v_i)) [m] over the examples' free entries v_i (``masked_free_rows``'s,
+    same arguments), never storing them: each example's entries are formed in a buffer that
+    stays in cache, sparsified, clipped and added. tau [n] must come before (from entries
+    at sampled positions, ``sparsify.threshold``); gamma as in ``sparsify_clip_sum_``."""
+    a_np, g_np, len_np, ord_np = a.contiguous().numpy(), g.numpy(), lengths.numpy(), order.numpy()
+    tau_np = tau.reshape(-1).to(a.dtype).contiguous().numpy()
+    gamma_np = gamma.reshape(-1).contiguous().numpy()
+    m = int(len_np[ord_np].sum()) + (g_np.shape[2] if bias else 0)
+    kernel = _masked_kernels(a_np.shape[1])[2]
+    return _summed(
+        (a_np.shape[0], m),
+        a_np.dtype,
+        lambda sl, out: kernel(a_np[sl], g_np[:, sl], len_np, ord_np, bias, tau_np[sl], gamma_np[sl], float(clip), out),
+    )
+
+
+def _summed(shape: tuple[int, ...], dtype: np.dtype, run: Callable[[slice, np.ndarray], None]) -> Tensor:
+    """A sum [m] over n examples (shape (n, m)): run(sl, out) adds examples sl into out, one
+    accumulator per thread, added at the end."""
+    n, m = shape
+    slices = example_slices(n)
+    out = np.zeros((len(slices), m), dtype=dtype)
+    over(len(slices), lambda part: run(slices[part], out[part]))
     return torch.from_numpy(out.sum(0) if len(slices) > 1 else out[0])

@@ -16,8 +16,10 @@ from torch import Tensor, nn
 from privflow.privacy.clipping.per_layer import layer_thresholds
 from privflow.privacy.clipping.per_unit import clip_per_unit, unit_factors
 from privflow.privacy.clipping.sparsify import (
+    clamped_gamma,
     free_rows,
     from_free_rows,
+    sampled_threshold,
     sparsify_clipped_sum,
     sparsify_k,
     threshold_positions,
@@ -152,7 +154,12 @@ def sparsify_layer(
     index = free_index(layer)
     k = sparsify_k(layer.complexity, sparsity)
     total: Tensor | None = None
-    for sl in chunks(n, layer, layer.complexity):
+    sampled = getattr(ops, "sampled_entries", None)
+    sample = sampled(layer.module, calls, positions) if sampled is not None and positions is not None else None
+    if sample is not None:  # the CPU kernel: tau from the sampled entries, then one pass per example, nothing stored
+        tau = sampled_threshold(sample, k, layer.complexity)
+        total = ops.sparsified_sum(layer.module, calls, tau, clamped_gamma(gamma, sample), thr)  # type: ignore[union-attr]
+    for sl in chunks(n, layer, layer.complexity) if total is None else []:
         if ops is not None:
             v = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
         else:

@@ -109,7 +109,13 @@ def threshold(v: Tensor, k: int, positions: Tensor | None = None) -> Tensor:
     those entries are read)."""
     if positions is None:
         return kth_largest(v.abs(), rank(k, v.shape[1]))
-    return kth_largest(v.index_select(1, positions).abs_(), rank(k, v.shape[1], positions.numel()))
+    return sampled_threshold(v.index_select(1, positions), k, v.shape[1])
+
+
+def sampled_threshold(sample: Tensor, k: int, m: int) -> Tensor:
+    """tau [n, 1] from the entries of rows of m at sampled positions, sample [n, S]
+    (overwritten): the |entry| of the k-th largest's rank share (``rank``)."""
+    return kth_largest(sample.abs_(), rank(k, m, sample.shape[1]))
 
 
 def rank(k: int, m: int, sampled: int | None = None) -> int:
@@ -120,7 +126,7 @@ def rank(k: int, m: int, sampled: int | None = None) -> int:
     return min(sampled, max(1, round(k * sampled / m)))
 
 
-def _gamma(gamma: Tensor, like: Tensor) -> Tensor:
+def clamped_gamma(gamma: Tensor, like: Tensor) -> Tensor:
     """gamma as a column [n, 1] in like's dtype, clamped to [tiny, 1] (``stochastic_sparsify``)."""
     return gamma.reshape(-1, 1).to(like.dtype).clamp(min=torch.finfo(like.dtype).tiny, max=1.0)
 
@@ -134,7 +140,7 @@ def stochastic_sparsify(v: Tensor, k: int, gamma: Tensor, positions: Tensor | No
     smallest positive float so that x = 0 is never rounded up to tau (a zero-probability draw).
     """
     tau = threshold(v, k, positions)
-    g = _gamma(gamma, v)
+    g = clamped_gamma(gamma, v)
     a = v.abs()
     keep = torch.ge(a, tau * g, out=torch.empty_like(a))  # 1.0 / 0.0: ~2.5x faster than a bool mask here
     torch.maximum(a, tau, out=a)
@@ -149,7 +155,7 @@ def sparsify_clipped_sum(
     overwritten: on the CPU T and the norms are one pass of a fused kernel over it
     (``cpu_kernels.sparsify_rows_``), elsewhere the torch operations above."""
     if cpu_kernels.usable(v) and v.is_contiguous():
-        return cpu_kernels.sparsify_clip_sum_(v, threshold(v, k, positions), _gamma(gamma, v), clip_threshold)
+        return cpu_kernels.sparsify_clip_sum_(v, threshold(v, k, positions), clamped_gamma(gamma, v), clip_threshold)
     t = stochastic_sparsify(v, k, gamma, positions)
     f = factor(torch.linalg.vector_norm(t, dim=1), clip_threshold)
     return f @ t

@@ -92,6 +92,7 @@ class MaskLayout:
 
 
 _LAYOUTS: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, MaskLayout]] = weakref.WeakKeyDictionary()
+_COORDS: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, tuple[Tensor, Tensor]]] = weakref.WeakKeyDictionary()
 
 
 def _run_length(inverse: Tensor, k: int) -> int:
@@ -241,6 +242,43 @@ class LinearGhost:
 
         a_k, g_k = self._kernel_memo.get(layer, _step_key(calls), stack)
         return a_k, g_k, lengths, order
+
+    def _coords(self, layer: nn.Module, lengths: Tensor, order: Tensor) -> tuple[Tensor, Tensor]:
+        """Row and prefix position of each free weight entry, in ``free_index``'s order."""
+        cached = _COORDS.get(layer)
+        if cached is not None and cached[0] is lengths:
+            return cached[1]
+        run = lengths[order]
+        rows = order.repeat_interleave(run)
+        starts = torch.cumsum(run, 0) - run
+        ks = torch.arange(rows.numel(), device=rows.device) - starts.repeat_interleave(run)
+        _COORDS[layer] = (lengths, (rows, ks))
+        return rows, ks
+
+    def sampled_entries(self, layer: nn.Module, calls: Sequence[Call], positions: Tensor) -> Tensor | None:
+        """The per-example gradient entries [n, S] at ``positions`` of the free entries
+        (``free_index``'s order, the bias after the weight), without forming the others:
+        what sparsification's threshold is estimated from. None where the CPU kernels do
+        not apply (``sparsified_sum`` goes with it)."""
+        kernel = self._kernel_inputs(layer, calls) if layer.weight.requires_grad else None
+        if kernel is None:
+            return None
+        a_k, g_k, lengths, order = kernel
+        rows, ks = self._coords(layer, lengths, order)
+        weight = positions[positions < rows.numel()]
+        bias = positions[positions >= rows.numel()] - rows.numel()  # empty without a trainable bias
+        return cpu_kernels.masked_entries(a_k, g_k, rows[weight], ks[weight], bias)
+
+    def sparsified_sum(
+        self, layer: nn.Module, calls: Sequence[Call], tau: Tensor, gamma: Tensor, clip: float
+    ) -> Tensor:
+        """sum_i clip_C(T_{tau_i, gamma_i}(v_i)) over the examples' free entries (the layout of
+        ``free_entries``), in the fused CPU kernel: no per-example gradient is stored."""
+        kernel = self._kernel_inputs(layer, calls)
+        assert kernel is not None, "sampled_entries said the kernels apply"
+        a_k, g_k, lengths, order = kernel
+        bias = layer.bias is not None and layer.bias.requires_grad
+        return cpu_kernels.masked_sparsify_sum(a_k, g_k, lengths, order, bias, tau, gamma, clip)
 
     def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
         """Flat indices of the entries ``free_entries`` returns (None: all, row-major)."""

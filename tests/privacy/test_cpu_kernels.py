@@ -98,3 +98,35 @@ def test_usable_only_for_cpu_floats_of_one_dtype() -> None:
     assert not cpu_kernels.usable(x32, x64)
     assert not cpu_kernels.usable(torch.zeros(2, 2, dtype=torch.float16))
     assert not cpu_kernels.usable(torch.zeros(2, 2, device="meta"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_entries_at_positions_are_those_of_the_dense_gradient(dtype: torch.dtype, threads: int) -> None:
+    a, g, lengths = _inputs(140, 3, 9, 6, dtype, seed=11)
+    gen = torch.Generator().manual_seed(2)
+    seen = (lengths > 0).nonzero().squeeze(1)  # rows with free entries
+    rows = seen[torch.randint(0, seen.numel(), (20,), generator=gen)]
+    ks = (torch.rand(20, generator=gen) * lengths[rows]).long()  # inside each row's prefix
+    bias_rows = torch.tensor([5, 0, 3])
+    got = cpu_kernels.masked_entries(a, g, rows, ks, bias_rows)
+    dense = _dense(a, g, lengths)
+    want = torch.cat([dense[:, rows, ks], g.sum(0)[:, bias_rows]], 1)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_sparsified_sum_equals_free_rows_then_sparsify(dtype: torch.dtype, threads: int) -> None:
+    """One pass per example (nothing stored) gives what forming the free entries and then
+    sparsifying, clipping and summing them gives."""
+    a, g, lengths = _inputs(150, 4, 10, 8, dtype, seed=13)
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(4))
+    v = cpu_kernels.masked_free_rows(a, g, lengths, order, bias=True)
+    gen = torch.Generator().manual_seed(5)
+    tau = v.abs().median(1).values * torch.rand(150, generator=gen, dtype=dtype)
+    gamma = torch.rand(150, generator=gen, dtype=dtype).clamp(min=torch.finfo(dtype).tiny)
+    want = cpu_kernels.sparsify_clip_sum_(v.clone(), tau, gamma, 0.8)
+    got = cpu_kernels.masked_sparsify_sum(a, g, lengths, order, True, tau, gamma, 0.8)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    assert float(torch.linalg.vector_norm(v, dim=1).max()) > 0.8  # some examples are clipped
