@@ -78,8 +78,8 @@ def _row_helpers() -> Callable[..., Any]:
 
 @cache
 def _masked_kernels(calls: int) -> tuple[Callable[..., Any], ...]:
-    """The row-statistics, free-rows, sparsified-sum and entries kernels for layers called
-    ``calls`` times. The count is a constant of the compiled code (numba freezes closure variables and
+    """The row-statistics, free-rows, sparsified-sum, entries and squared-norm kernels for
+    layers called ``calls`` times. The count is a constant of the compiled code (numba freezes closure variables and
     keys its cache by them): the loop over calls unrolls inside the loop over columns, so
     each entry of G_n is summed in registers and the column loop vectorises (half the time
     of a runtime count)."""
@@ -155,7 +155,27 @@ def _masked_kernels(calls: int) -> tuple[Callable[..., Any], ...]:
                     v += g[u, i, bias_rows[j]]
                 out[i, rows.shape[0] + j] = v
 
-    return _jit(row_stats), _jit(free_rows), _jit(sparsify_sum), _jit(entries)
+    def sq_norms(a, g, by_length, lengths, out):  # type: ignore[no-untyped-def]
+        zero = np.zeros(1, dtype=a.dtype)[0]
+        gram = np.empty((calls, calls), dtype=a.dtype)
+        for i in range(a.shape[0]):
+            gram[:] = zero
+            total = zero
+            j = 0
+            for k in range(a.shape[2] + 1):
+                while j < by_length.shape[0] and lengths[by_length[j]] == k:
+                    r = by_length[j]  # rows seeing the first k columns: g_r^T gram g_r
+                    for u in range(calls):
+                        for v in range(calls):
+                            total += g[u, i, r] * g[v, i, r] * gram[u, v]
+                    j += 1
+                if k < a.shape[2]:
+                    for u in range(calls):
+                        for v in range(calls):
+                            gram[u, v] += a[i, u, k] * a[i, v, k]
+            out[i] = max(total, zero)  # a sum of squares: rounding must not make it negative
+
+    return _jit(row_stats), _jit(free_rows), _jit(sparsify_sum), _jit(entries), _jit(sq_norms)
 
 
 @cache
@@ -234,6 +254,19 @@ def sparsify_clip_sum_(v: Tensor, tau: Tensor, gamma: Tensor, clip: float) -> Te
     gamma_np = gamma.reshape(-1).contiguous().numpy()
     kernel = _sparsify_kernel()
     return _summed(v_np.shape, v_np.dtype, lambda sl, out: kernel(v_np[sl], tau_np[sl], gamma_np[sl], float(clip), out))
+
+
+def masked_sq_norms(a: Tensor, g: Tensor, lengths: Tensor, by_length: Tensor) -> Tensor:
+    """Squared norms [n] of G_n on the rows' prefixes (same a, g as ``masked_row_stats``),
+    by the Gram trick along the staircase: the calls' Gram matrix of the first k columns
+    grows column by column, and each row adds g_r^T Gram g_r at its prefix length (about
+    J^2 (in + out) products an example, where forming G_n costs J (free entries)).
+    ``by_length``: the rows sorted by prefix length."""
+    a_np, g_np, len_np, by_np = a.contiguous().numpy(), g.numpy(), lengths.numpy(), by_length.numpy()
+    out = np.empty(a_np.shape[0], dtype=a_np.dtype)
+    kernel = _masked_kernels(a_np.shape[1])[4]
+    over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], by_np, len_np, out[sl]))
+    return torch.from_numpy(out)
 
 
 def masked_entries(a: Tensor, g: Tensor, rows: Tensor, ks: Tensor, bias_rows: Tensor) -> Tensor:

@@ -79,6 +79,12 @@ class MaskLayout:
         return t @ self.onehot.to(t.dtype)
 
     @functools.cached_property
+    def by_length(self) -> Tensor:
+        """The output rows sorted by prefix length (rows that nest only); computed once."""
+        assert self.row_lengths is not None
+        return torch.argsort(self.row_lengths, stable=True)
+
+    @functools.cached_property
     def free_index(self) -> Tensor:
         """Flat indices (into [out, in]) of the free entries, group by group, each group's rows
         times its prefix of ``cols`` (row-major within the group); computed once."""
@@ -172,7 +178,11 @@ class LinearGhost:
         if layer.weight.requires_grad:
             mask = self.mask(layer)
             layout = mask_layout(layer, mask) if mask is not None else None
-            if layout is None:
+            kernel = self._kernel_inputs(layer, calls)
+            if kernel is not None:
+                a_k, g_k, lengths, _, by_length = kernel
+                out[layer.weight] = cpu_kernels.masked_sq_norms(a_k, g_k, lengths, by_length)
+            elif layout is None:
                 a_s, g_s = self._stack(layer, calls)
                 ka = torch.einsum("uni,vni->nuv", a_s, a_s)
                 kg = torch.einsum("uni,vni->nuv", g_s, g_s)
@@ -210,24 +220,27 @@ class LinearGhost:
             return None
         return layout
 
-    def _prefixes(self, layer: nn.Module) -> tuple[Tensor | None, Tensor, Tensor] | None:
+    def _prefixes(self, layer: nn.Module) -> tuple[Tensor | None, Tensor, Tensor, Tensor] | None:
         """When every row's free entries are a prefix of one column order (no mask, or a mask
-        whose rows nest): that order (None: as is), each row's prefix length [out] and the
-        rows in ``free_index``'s order; else None."""
+        whose rows nest): that order (None: as is), each row's prefix length [out], the rows
+        in ``free_index``'s order and the rows sorted by prefix length; else None."""
         mask = self.mask(layer)
         if mask is None:
             rows, cols = layer.weight.shape
             device = layer.weight.device
-            return None, torch.full((rows,), cols, dtype=torch.long, device=device), torch.arange(rows, device=device)
+            every = torch.arange(rows, device=device)
+            return None, torch.full((rows,), cols, dtype=torch.long, device=device), every, every
         layout = mask_layout(layer, mask)
         if layout.row_lengths is None:
             return None
-        return layout.cols, layout.row_lengths, layout.order
+        return layout.cols, layout.row_lengths, layout.order, layout.by_length
 
-    def _kernel_inputs(self, layer: nn.Module, calls: Sequence[Call]) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    def _kernel_inputs(
+        self, layer: nn.Module, calls: Sequence[Call]
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None:
         """The fused CPU kernels' arguments (``cpu_kernels``) for the whole batch: activations
         in prefix column order [n, J, in], output gradients [J, n, out] (kept for the step;
-        a chunk of examples is a slice), the row prefix lengths and order; None where the
+        a chunk of examples is a slice), the row prefix lengths, order and rows by length; None where the
         kernels do not apply (not on the CPU, rows that do not nest)."""
         prefixes = self._prefixes(layer)
         if prefixes is None:
@@ -235,13 +248,13 @@ class LinearGhost:
         a, g = _per_call(calls)
         if not cpu_kernels.usable(*a, *g):
             return None
-        cols, lengths, order = prefixes
+        cols, lengths, order, by_length = prefixes
 
         def stack() -> tuple[Tensor, Tensor]:
             return torch.stack([x if cols is None else x.index_select(1, cols) for x in a], 1), torch.stack(g)
 
         a_k, g_k = self._kernel_memo.get(layer, _step_key(calls), stack)
-        return a_k, g_k, lengths, order
+        return a_k, g_k, lengths, order, by_length
 
     def _coords(self, layer: nn.Module, lengths: Tensor, order: Tensor) -> tuple[Tensor, Tensor]:
         """Row and prefix position of each free weight entry, in ``free_index``'s order."""
@@ -263,7 +276,7 @@ class LinearGhost:
         kernel = self._kernel_inputs(layer, calls) if layer.weight.requires_grad else None
         if kernel is None:
             return None
-        a_k, g_k, lengths, order = kernel
+        a_k, g_k, lengths, order, _ = kernel
         rows, ks = self._coords(layer, lengths, order)
         weight = positions[positions < rows.numel()]
         bias = positions[positions >= rows.numel()] - rows.numel()  # empty without a trainable bias
@@ -276,7 +289,7 @@ class LinearGhost:
         ``free_entries``), in the fused CPU kernel: no per-example gradient is stored."""
         kernel = self._kernel_inputs(layer, calls)
         assert kernel is not None, "sampled_entries said the kernels apply"
-        a_k, g_k, lengths, order = kernel
+        a_k, g_k, lengths, order, _ = kernel
         bias = layer.bias is not None and layer.bias.requires_grad
         return cpu_kernels.masked_sparsify_sum(a_k, g_k, lengths, order, bias, tau, gamma, clip)
 
@@ -304,7 +317,7 @@ class LinearGhost:
         has_bias = layer.bias is not None and layer.bias.requires_grad
         kernel = self._kernel_inputs(layer, calls) if layer.weight.requires_grad else None
         if kernel is not None:
-            a_k, g_k, lengths, order = kernel
+            a_k, g_k, lengths, order, _ = kernel
             return cpu_kernels.masked_free_rows(a_k[sl], g_k[:, sl], lengths, order, bias=has_bias)
         layout = self._layout(layer)
         if layout is None:
@@ -350,7 +363,7 @@ class LinearGhost:
         the per-row reductions; on the CPU row by row in the fused kernel, never stored."""
         kernel = self._kernel_inputs(layer, calls)
         if kernel is not None:
-            a_k, g_k, lengths, _ = kernel
+            a_k, g_k, lengths, _, _ = kernel
             return cpu_kernels.masked_row_stats(a_k, g_k, lengths)
         a, g = self._stack(layer, calls)
         n, rows = a.shape[1], g.shape[2]

@@ -130,3 +130,14 @@ def test_fused_sparsified_sum_equals_free_rows_then_sparsify(dtype: torch.dtype,
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     assert float(torch.linalg.vector_norm(v, dim=1).max()) > 0.8  # some examples are clipped
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("calls", [1, 4])
+def test_sq_norms_by_the_staircase_gram_match_dense(dtype: torch.dtype, calls: int, threads: int) -> None:
+    a, g, lengths = _inputs(160, calls, 12, 10, dtype, seed=17)
+    got = cpu_kernels.masked_sq_norms(a, g, lengths, torch.argsort(lengths, stable=True))
+    want = _dense(a, g, lengths).pow(2).sum((1, 2))
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    assert bool((got >= 0).all())
