@@ -14,8 +14,9 @@ compare them with the torch reference and with torch.func per-example gradients)
 given in the staircase column order of a nesting mask (``grad_samplers.linear``): row r of
 the layer sees the first ``lengths[r]`` columns, so its free entries are a contiguous run.
 Kernels release the GIL; ``over_examples`` splits the examples between torch's intra-op
-threads. Compiled on first use and cached on disk (numba's cache; in memory when no cache
-directory is writable). CPU only: on CUDA the torch code runs.
+threads. The numba code is ``_numba_kernels``, imported on first use, compiled then and cached
+on disk (numba's cache; in memory when no cache directory is writable). CPU only: on CUDA
+the torch code runs.
 """
 
 from __future__ import annotations
@@ -33,169 +34,26 @@ from torch import Tensor
 _MIN_EXAMPLES_PER_THREAD = 64
 
 
-def _jit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """numba njit without fast-math's no-NaN / no-inf assumptions (only reassociation and
-    contraction, which vectorise the reductions), cached on disk when a cache directory can
-    be written."""
-    import numba
-
-    options: dict[str, Any] = {"nogil": True, "fastmath": {"reassoc", "contract", "nsz"}}
-    try:
-        return numba.njit(cache=True, **options)(fn)
-    except RuntimeError:  # numba finds no writable cache location: compile per process
-        return numba.njit(**options)(fn)
-
-
 def usable(*tensors: Tensor) -> bool:
     """The kernels apply: every tensor on the CPU, float32 or float64, the same dtype."""
     dtype = tensors[0].dtype
     return all(t.device.type == "cpu" and t.dtype == dtype for t in tensors) and dtype in (torch.float32, torch.float64)
 
 
-def _sparsify_row(row, t, gamma, clip, scale, out):  # type: ignore[no-untyped-def]
-    """T_{t,gamma} in place on one example's entries, then out += clip_C(T(row)). ``scale`` is
-    a one-entry scratch array: the clip factor rounded to the entries' dtype."""
-    low = t * gamma
-    s2 = np.zeros(1, dtype=row.dtype)[0]
-    for k in range(row.shape[0]):
-        x = row[k]
-        mag = abs(x)
-        big = mag if mag > t else t
-        w = math.copysign(big * (mag >= low), x)
-        row[k] = w
-        s2 += w * w
-    norm = math.sqrt(s2)
-    scale[0] = clip / norm if norm > clip else 1.0
-    f = scale[0]
-    for k in range(row.shape[0]):
-        out[k] += f * row[k]
+def _kernels() -> Any:
+    """The numba module, imported on first use (numba's import costs a quarter second that a
+    run which never clips per unit or sparsifies on the CPU need not pay)."""
+    from privflow.privacy import _numba_kernels
 
-
-@cache
-def _row_helpers() -> Callable[..., Any]:
-    return _jit(_sparsify_row)
-
-
-@cache
-def _masked_kernels(calls: int) -> tuple[Callable[..., Any], ...]:
-    """The row-statistics, free-rows, sparsified-sum, entries and squared-norm kernels for
-    layers called ``calls`` times. The count is a constant of the compiled code (numba freezes closure variables and
-    keys its cache by them): the loop over calls unrolls inside the loop over columns, so
-    each entry of G_n is summed in registers and the column loop vectorises (half the time
-    of a runtime count)."""
-    import numba
-
-    sparsify_row = _row_helpers()
-
-    @numba.njit(inline="always")
-    def fill(a, g, lengths, order, bias, i, c, o):  # type: ignore[no-untyped-def]
-        """o <- example i's free entries: rows in ``order``, each its prefix, then the bias."""
-        zero = np.zeros(1, dtype=a.dtype)[0]
-        pos = 0
-        for r in order:
-            length = lengths[r]
-            out = o[pos : pos + length]
-            for u in range(calls):
-                c[u] = g[u, i, r]  # the row's output gradients: a local, not re-read
-            for k in range(length):
-                v = zero
-                for u in range(calls):
-                    v += c[u] * a[i, u, k]
-                out[k] = v
-            pos += length
-        if bias:  # the bias gradient sum_u g_u, rows in their own order
-            for r in range(g.shape[2]):
-                v = zero
-                for u in range(calls):
-                    v += g[u, i, r]
-                o[pos + r] = v
-
-    def row_stats(a, g, lengths, l1, sq):  # type: ignore[no-untyped-def]
-        zero = np.zeros(1, dtype=a.dtype)[0]
-        c = np.empty(calls, dtype=a.dtype)
-        for i in range(a.shape[0]):
-            for r in range(g.shape[2]):
-                for u in range(calls):
-                    c[u] = g[u, i, r]
-                s1 = zero
-                s2 = zero
-                for k in range(lengths[r]):
-                    v = zero
-                    for u in range(calls):
-                        v += c[u] * a[i, u, k]
-                    s1 += abs(v)
-                    s2 += v * v
-                l1[i, r] = s1
-                sq[i, r] = s2
-
-    def free_rows(a, g, lengths, order, bias, out):  # type: ignore[no-untyped-def]
-        c = np.empty(calls, dtype=a.dtype)
-        for i in range(a.shape[0]):
-            fill(a, g, lengths, order, bias, i, c, out[i])
-
-    def sparsify_sum(a, g, lengths, order, bias, tau, gamma, clip, out):  # type: ignore[no-untyped-def]
-        c = np.empty(calls, dtype=a.dtype)
-        row = np.empty(out.shape[0], dtype=a.dtype)  # one example's entries: stays in cache
-        scale = np.empty(1, dtype=a.dtype)
-        for i in range(a.shape[0]):
-            fill(a, g, lengths, order, bias, i, c, row)
-            sparsify_row(row, tau[i], gamma[i], clip, scale, out)
-
-    def entries(a, g, rows, ks, bias_rows, out):  # type: ignore[no-untyped-def]
-        zero = np.zeros(1, dtype=a.dtype)[0]
-        for i in range(a.shape[0]):
-            for j in range(rows.shape[0]):
-                v = zero
-                for u in range(calls):
-                    v += g[u, i, rows[j]] * a[i, u, ks[j]]
-                out[i, j] = v
-            for j in range(bias_rows.shape[0]):
-                v = zero
-                for u in range(calls):
-                    v += g[u, i, bias_rows[j]]
-                out[i, rows.shape[0] + j] = v
-
-    def sq_norms(a, g, by_length, lengths, out):  # type: ignore[no-untyped-def]
-        zero = np.zeros(1, dtype=a.dtype)[0]
-        gram = np.empty((calls, calls), dtype=a.dtype)
-        for i in range(a.shape[0]):
-            gram[:] = zero
-            total = zero
-            j = 0
-            for k in range(a.shape[2] + 1):
-                while j < by_length.shape[0] and lengths[by_length[j]] == k:
-                    r = by_length[j]  # rows seeing the first k columns: g_r^T gram g_r
-                    for u in range(calls):
-                        for v in range(calls):
-                            total += g[u, i, r] * g[v, i, r] * gram[u, v]
-                    j += 1
-                if k < a.shape[2]:
-                    for u in range(calls):
-                        for v in range(calls):
-                            gram[u, v] += a[i, u, k] * a[i, v, k]
-            out[i] = max(total, zero)  # a sum of squares: rounding must not make it negative
-
-    return _jit(row_stats), _jit(free_rows), _jit(sparsify_sum), _jit(entries), _jit(sq_norms)
-
-
-@cache
-def _sparsify_kernel() -> Callable[..., Any]:
-    sparsify_row = _row_helpers()
-
-    def sparsify_clip_sum(v, tau, gamma, clip, out):  # type: ignore[no-untyped-def]
-        scale = np.empty(1, dtype=v.dtype)
-        for i in range(v.shape[0]):
-            sparsify_row(v[i], tau[i], gamma[i], clip, scale, out)
-
-    return _jit(sparsify_clip_sum)
+    return _numba_kernels
 
 
 def example_slices(n: int) -> list[slice]:
     """The n examples split between torch's intra-op threads, at least
     ``_MIN_EXAMPLES_PER_THREAD`` examples a thread."""
     threads = max(1, min(torch.get_num_threads(), n // _MIN_EXAMPLES_PER_THREAD))
-    size = math.ceil(n / threads)
-    return [slice(i, min(n, i + size)) for i in range(0, n, size)]
+    size = max(1, math.ceil(n / threads))
+    return [slice(i, min(n, i + size)) for i in range(0, n, size)] or [slice(0, 0)]
 
 
 def over(parts: int, run: Callable[[int], None]) -> None:
@@ -227,7 +85,7 @@ def masked_row_stats(a: Tensor, g: Tensor, lengths: Tensor) -> tuple[Tensor, Ten
     a_np, g_np, len_np = a.contiguous().numpy(), g.numpy(), lengths.numpy()
     l1 = np.empty(g_np.shape[1:], dtype=a_np.dtype)
     sq = np.empty_like(l1)
-    kernel = _masked_kernels(a_np.shape[1])[0]
+    kernel = _kernels().masked(a_np.shape[1])[0]
     over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], len_np, l1[sl], sq[sl]))
     return torch.from_numpy(l1), torch.from_numpy(sq)
 
@@ -238,7 +96,7 @@ def masked_free_rows(a: Tensor, g: Tensor, lengths: Tensor, order: Tensor, bias:
     sum_u g_{u,n} (one row of entries per example, in row order)."""
     a_np, g_np, len_np, ord_np = a.contiguous().numpy(), g.numpy(), lengths.numpy(), order.numpy()
     out = np.empty((a_np.shape[0], int(len_np[ord_np].sum()) + (g_np.shape[2] if bias else 0)), dtype=a_np.dtype)
-    kernel = _masked_kernels(a_np.shape[1])[1]
+    kernel = _kernels().masked(a_np.shape[1])[1]
     over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], len_np, ord_np, bias, out[sl]))
     return torch.from_numpy(out)
 
@@ -252,7 +110,7 @@ def sparsify_clip_sum_(v: Tensor, tau: Tensor, gamma: Tensor, clip: float) -> Te
     v_np = v.numpy()
     tau_np = tau.reshape(-1).to(v.dtype).contiguous().numpy()
     gamma_np = gamma.reshape(-1).contiguous().numpy()
-    kernel = _sparsify_kernel()
+    kernel = _kernels().sparsify_clip_sum
     return _summed(v_np.shape, v_np.dtype, lambda sl, out: kernel(v_np[sl], tau_np[sl], gamma_np[sl], float(clip), out))
 
 
@@ -264,7 +122,7 @@ def masked_sq_norms(a: Tensor, g: Tensor, lengths: Tensor, by_length: Tensor) ->
     ``by_length``: the rows sorted by prefix length."""
     a_np, g_np, len_np, by_np = a.contiguous().numpy(), g.numpy(), lengths.numpy(), by_length.numpy()
     out = np.empty(a_np.shape[0], dtype=a_np.dtype)
-    kernel = _masked_kernels(a_np.shape[1])[4]
+    kernel = _kernels().masked(a_np.shape[1])[4]
     over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], by_np, len_np, out[sl]))
     return torch.from_numpy(out)
 
@@ -276,7 +134,7 @@ def masked_entries(a: Tensor, g: Tensor, rows: Tensor, ks: Tensor, bias_rows: Te
     a_np, g_np = a.contiguous().numpy(), g.numpy()
     r_np, k_np, b_np = (t.to(torch.int64).contiguous().numpy() for t in (rows, ks, bias_rows))
     out = np.empty((a_np.shape[0], r_np.shape[0] + b_np.shape[0]), dtype=a_np.dtype)
-    kernel = _masked_kernels(a_np.shape[1])[3]
+    kernel = _kernels().masked(a_np.shape[1])[3]
     over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], r_np, k_np, b_np, out[sl]))
     return torch.from_numpy(out)
 
@@ -292,7 +150,7 @@ def masked_sparsify_sum(
     tau_np = tau.reshape(-1).to(a.dtype).contiguous().numpy()
     gamma_np = gamma.reshape(-1).contiguous().numpy()
     m = int(len_np[ord_np].sum()) + (g_np.shape[2] if bias else 0)
-    kernel = _masked_kernels(a_np.shape[1])[2]
+    kernel = _kernels().masked(a_np.shape[1])[2]
     return _summed(
         (a_np.shape[0], m),
         a_np.dtype,

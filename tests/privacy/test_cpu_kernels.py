@@ -141,3 +141,15 @@ def test_sq_norms_by_the_staircase_gram_match_dense(dtype: torch.dtype, calls: i
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     assert bool((got >= 0).all())
+
+
+def test_no_examples_give_empty_results() -> None:
+    a, g, lengths = _inputs(0, 2, 5, 4, torch.float32, seed=1)
+    every = torch.arange(4)
+    l1, sq = cpu_kernels.masked_row_stats(a, g, lengths)
+    assert l1.shape == sq.shape == (0, 4)
+    assert cpu_kernels.masked_free_rows(a, g, lengths, every, bias=True).shape == (0, int(lengths.sum()) + 4)
+    assert cpu_kernels.masked_sq_norms(a, g, lengths, every).shape == (0,)
+    empty = torch.zeros(0)
+    total = cpu_kernels.masked_sparsify_sum(a, g, lengths, every, False, empty, empty, 1.0)
+    assert total.shape == (int(lengths.sum()),) and bool((total == 0).all())
