@@ -22,6 +22,7 @@ the torch code runs.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -74,6 +75,10 @@ def over_examples(n: int, run: Callable[[slice], None]) -> None:
 def _pool(threads: int) -> ThreadPoolExecutor:
     """One pool per thread count, kept for the process (a step calls the kernels per layer)."""
     return ThreadPoolExecutor(threads, thread_name_prefix="privflow-kernels")
+
+
+# a forked child (a process task runner) inherits the pools without their threads: new ones
+os.register_at_fork(after_in_child=_pool.cache_clear)
 
 
 def masked_row_stats(a: Tensor, g: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+
 import pytest
 import torch
 from torch import Tensor
@@ -153,3 +156,19 @@ def test_no_examples_give_empty_results() -> None:
     empty = torch.zeros(0)
     total = cpu_kernels.masked_sparsify_sum(a, g, lengths, every, False, empty, empty, 1.0)
     assert total.shape == (int(lengths.sum()),) and bool((total == 0).all())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_runs_the_threaded_kernels(threads: int) -> None:
+    """A pool made before a fork has no threads in the child; the child must get its own
+    (else the kernels' work waits forever)."""
+    a, g, lengths = _inputs(200, 2, 6, 5, torch.float32, seed=3)
+    want = cpu_kernels.masked_row_stats(a, g, lengths)[1]  # makes the pool in the parent
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_child_sq, (a, g, lengths)).get(timeout=60)
+    torch.testing.assert_close(got, want)
+
+
+def _child_sq(a: Tensor, g: Tensor, lengths: Tensor) -> Tensor:
+    return cpu_kernels.masked_row_stats(a, g, lengths)[1]
