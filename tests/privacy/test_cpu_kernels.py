@@ -172,3 +172,22 @@ def test_a_forked_child_runs_the_threaded_kernels(threads: int) -> None:
 
 def _child_sq(a: Tensor, g: Tensor, lengths: Tensor) -> Tensor:
     return cpu_kernels.masked_row_stats(a, g, lengths)[1]
+
+
+def test_kernels_compile_without_a_writable_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Numba refuses cache=True where no cache directory can be written (a read-only install
+    without a user cache): the kernels are then compiled in memory instead of failing."""
+    import numba
+
+    from privflow.privacy import _numba_kernels
+
+    real = numba.njit
+
+    def no_cache(*args: object, **kwargs: object) -> object:
+        if kwargs.get("cache"):
+            raise RuntimeError("cannot cache function: no locator available")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(numba, "njit", no_cache)
+    add_one = _numba_kernels._jit(lambda x: x + 1)
+    assert add_one(41) == 42
