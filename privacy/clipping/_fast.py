@@ -31,7 +31,9 @@ from privflow.privacy.grad_samplers.registry import Call
 Method = Literal["fast", "hooks"]
 
 _CHUNK_ELEMENTS = 1 << 21  # per-example gradient entries per chunk: small chunks stay in cache and
-# reuse freed memory (a fresh 40 MB tensor costs more in page faults than its arithmetic)
+# reuse freed memory (a fresh 40 MB tensor costs more in page faults than its arithmetic). 2^21 since
+# f608968 (every DP-step figure since was measured with it): on the sparsified 12,627-entry MADE
+# layer it took 8.7 ms against 9.9 at 2^20 and 9.0 at 2^22 (one run each, before the fused pass)
 
 
 def chunks(n: int, layer: LayerInfo, entries: int | None = None) -> list[slice]:
