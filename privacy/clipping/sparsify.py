@@ -153,7 +153,7 @@ def sparsify_clipped_sum(
 ) -> Tensor:
     """sum_i clip_C(T(v_i)) over the rows of v [n, m], as one matrix-vector product. v is
     overwritten: on the CPU T and the norms are one pass of a fused kernel over it
-    (``cpu_kernels.sparsify_rows_``), elsewhere the torch operations above."""
+    (``cpu_kernels.sparsify_clip_sum_``, the sum included), elsewhere the torch operations above."""
     if cpu_kernels.usable(v) and v.is_contiguous():
         return cpu_kernels.sparsify_clip_sum_(v, threshold(v, k, positions), clamped_gamma(gamma, v), clip_threshold)
     t = stochastic_sparsify(v, k, gamma, positions)

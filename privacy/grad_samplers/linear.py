@@ -6,7 +6,9 @@ all DP-HFlow blocks): G_n = (sum_u g_{u,n} a_{u,n}^T) * M. Its squared norm neve
 
     ||G_n||^2 = sum_{u,v} (g_u * g_v)^T M (a_u * a_v)        (elementwise products, per n)
 
-which for M = 1 is sum_{u,v} (a_u . a_v)(g_u . g_v). A MADE mask has few distinct rows
+which for M = 1 is sum_{u,v} (a_u . a_v)(g_u . g_v). On the CPU, rows that see column
+prefixes (below) take it along the staircase in a kernel (``cpu_kernels.masked_sq_norms``).
+Elsewhere: a MADE mask has few distinct rows
 (one per degree), so M (a_u * a_v) is computed on the distinct rows only, and g_u * g_v is
 summed within each group of equal rows (a reshape when the groups are runs of rows, as in
 MADE's feature-major output layer). The clipped sum sum_n w_n G_n is one matrix product
