@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -89,10 +89,20 @@ def _sparsify_clip_sum(v, tau, gamma, clip, out):  # type: ignore[no-untyped-def
 sparsify_clip_sum = _jit(_sparsify_clip_sum)
 
 
+class MaskedKernels(NamedTuple):
+    """The kernels for layers called a given number of times (arguments: the ``cpu_kernels``
+    functions that call them)."""
+
+    row_stats: Callable[..., Any]
+    free_rows: Callable[..., Any]
+    sparsify_sum: Callable[..., Any]
+    entries: Callable[..., Any]
+    sq_norms: Callable[..., Any]
+
+
 @cache
-def masked(calls: int) -> tuple[Callable[..., Any], ...]:
-    """The row-statistics, free-rows, sparsified-sum, entries and squared-norm kernels for
-    layers called ``calls`` times (arguments: ``cpu_kernels``' functions of those names)."""
+def masked(calls: int) -> MaskedKernels:
+    """The kernels for layers called ``calls`` times."""
 
     def row_stats(a, g, lengths, l1, sq):  # type: ignore[no-untyped-def]
         zero = np.zeros(1, dtype=a.dtype)[0]
@@ -159,4 +169,4 @@ def masked(calls: int) -> tuple[Callable[..., Any], ...]:
                             gram[u, v] += a[i, u, k] * a[i, v, k]
             out[i] = max(total, zero)  # a sum of squares: rounding must not make it negative
 
-    return tuple(_jit(f) for f in (row_stats, free_rows, sparsify_sum, entries, sq_norms))
+    return MaskedKernels(*(_jit(f) for f in (row_stats, free_rows, sparsify_sum, entries, sq_norms)))

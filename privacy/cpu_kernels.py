@@ -90,7 +90,7 @@ def masked_row_stats(a: Tensor, g: Tensor, lengths: Tensor) -> tuple[Tensor, Ten
     a_np, g_np, len_np = a.contiguous().numpy(), g.numpy(), lengths.numpy()
     l1 = np.empty(g_np.shape[1:], dtype=a_np.dtype)
     sq = np.empty_like(l1)
-    kernel = _kernels().masked(a_np.shape[1])[0]
+    kernel = _kernels().masked(a_np.shape[1]).row_stats
     over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], len_np, l1[sl], sq[sl]))
     return torch.from_numpy(l1), torch.from_numpy(sq)
 
@@ -100,8 +100,8 @@ def masked_free_rows(a: Tensor, g: Tensor, lengths: Tensor, order: Tensor, bias:
     prefix (same arguments as ``masked_row_stats``), then with ``bias`` the bias gradient
     sum_u g_{u,n} (one row of entries per example, in row order)."""
     a_np, g_np, len_np, ord_np = a.contiguous().numpy(), g.numpy(), lengths.numpy(), order.numpy()
-    out = np.empty((a_np.shape[0], int(len_np[ord_np].sum()) + (g_np.shape[2] if bias else 0)), dtype=a_np.dtype)
-    kernel = _kernels().masked(a_np.shape[1])[1]
+    out = np.empty((a_np.shape[0], _free_count(len_np, g_np, bias)), dtype=a_np.dtype)
+    kernel = _kernels().masked(a_np.shape[1]).free_rows
     over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], len_np, ord_np, bias, out[sl]))
     return torch.from_numpy(out)
 
@@ -127,7 +127,7 @@ def masked_sq_norms(a: Tensor, g: Tensor, lengths: Tensor, by_length: Tensor) ->
     ``by_length``: the rows sorted by prefix length."""
     a_np, g_np, len_np, by_np = a.contiguous().numpy(), g.numpy(), lengths.numpy(), by_length.numpy()
     out = np.empty(a_np.shape[0], dtype=a_np.dtype)
-    kernel = _kernels().masked(a_np.shape[1])[4]
+    kernel = _kernels().masked(a_np.shape[1]).sq_norms
     over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], by_np, len_np, out[sl]))
     return torch.from_numpy(out)
 
@@ -139,7 +139,7 @@ def masked_entries(a: Tensor, g: Tensor, rows: Tensor, ks: Tensor, bias_rows: Te
     a_np, g_np = a.contiguous().numpy(), g.numpy()
     r_np, k_np, b_np = (t.to(torch.int64).contiguous().numpy() for t in (rows, ks, bias_rows))
     out = np.empty((a_np.shape[0], r_np.shape[0] + b_np.shape[0]), dtype=a_np.dtype)
-    kernel = _kernels().masked(a_np.shape[1])[3]
+    kernel = _kernels().masked(a_np.shape[1]).entries
     over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], r_np, k_np, b_np, out[sl]))
     return torch.from_numpy(out)
 
@@ -154,13 +154,19 @@ def masked_sparsify_sum(
     a_np, g_np, len_np, ord_np = a.contiguous().numpy(), g.numpy(), lengths.numpy(), order.numpy()
     tau_np = tau.reshape(-1).to(a.dtype).contiguous().numpy()
     gamma_np = gamma.reshape(-1).contiguous().numpy()
-    m = int(len_np[ord_np].sum()) + (g_np.shape[2] if bias else 0)
-    kernel = _kernels().masked(a_np.shape[1])[2]
+    m = _free_count(len_np, g_np, bias)
+    kernel = _kernels().masked(a_np.shape[1]).sparsify_sum
     return _summed(
         (a_np.shape[0], m),
         a_np.dtype,
         lambda sl, out: kernel(a_np[sl], g_np[:, sl], len_np, ord_np, bias, tau_np[sl], gamma_np[sl], float(clip), out),
     )
+
+
+def _free_count(lengths: np.ndarray, g: np.ndarray, bias: bool) -> int:
+    """Free entries per example: every row's prefix (``order`` is a permutation of the rows),
+    then one bias entry per row."""
+    return int(lengths.sum()) + (g.shape[2] if bias else 0)
 
 
 def _summed(shape: tuple[int, ...], dtype: np.dtype, run: Callable[[slice, np.ndarray], None]) -> Tensor:

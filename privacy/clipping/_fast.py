@@ -155,21 +155,21 @@ def sparsify_layer(
     ops = ghost_ops(layer, calls, method)
     index = free_index(layer)
     k = sparsify_k(layer.complexity, sparsity)
-    total: Tensor | None = None
     sampled = getattr(ops, "sampled_entries", None)
     sample = sampled(layer.module, calls, positions) if sampled is not None and positions is not None else None
     if sample is not None:  # the CPU kernel: tau from the sampled entries, then one pass per example, nothing stored
         tau = sampled_threshold(sample, k, layer.complexity)
         total = ops.sparsified_sum(layer.module, calls, tau, clamped_gamma(gamma, sample), thr)  # type: ignore[union-attr]
-    for sl in chunks(n, layer, layer.complexity) if total is None else []:
-        if ops is not None:
-            v = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
-        else:
-            g = materialise(layer.module, calls, sl)
-            v = free_rows([g[p] for p in layer.params], [index.get(p) for p in layer.params])
-        part = sparsify_clipped_sum(v, k, gamma[sl], thr, positions)
-        total = part if total is None else total + part
-    assert total is not None
+    else:
+        parts = []
+        for sl in chunks(n, layer, layer.complexity):
+            if ops is not None:
+                v = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
+            else:
+                g = materialise(layer.module, calls, sl)
+                v = free_rows([g[p] for p in layer.params], [index.get(p) for p in layer.params])
+            parts.append(sparsify_clipped_sum(v, k, gamma[sl], thr, positions))
+        total = torch.stack(parts).sum(0)
     sums = from_free_rows(total[None], [p.shape for p in layer.params], [index.get(p) for p in layer.params])
     return {p: s[0] for p, s in zip(layer.params, sums, strict=True)}
 

@@ -50,6 +50,38 @@ _STAIRCASE_MIN_ROWS = 8  # rows per group of equal mask rows from which products
 
 
 @dataclass(frozen=True, eq=False)
+class Prefixes:
+    """A weight whose every row's free entries are a prefix of one column order (no mask, or a
+    mask whose rows nest): what the fused CPU kernels read (``cpu_kernels``).
+
+    cols [in]: that column order (None: as is); lengths [out]: each row's prefix length;
+    order [out]: the rows in ``free_index``'s order (free entries row by row in this order)."""
+
+    cols: Tensor | None
+    lengths: Tensor
+    order: Tensor
+
+    @functools.cached_property
+    def by_length(self) -> Tensor:
+        """The rows sorted by prefix length."""
+        return torch.argsort(self.lengths, stable=True)
+
+    @functools.cached_property
+    def coords(self) -> tuple[Tensor, Tensor]:
+        """Row and prefix position of each free entry, in ``order``."""
+        run = self.lengths[self.order]
+        rows = self.order.repeat_interleave(run)
+        starts = torch.cumsum(run, 0) - run
+        return rows, torch.arange(rows.numel(), device=rows.device) - starts.repeat_interleave(run)
+
+
+@functools.cache
+def _dense_prefixes(rows: int, cols: int, device: torch.device) -> Prefixes:
+    """An unmasked [rows, cols] weight: every row sees every column."""
+    return Prefixes(None, torch.full((rows,), cols, dtype=torch.long, device=device), torch.arange(rows, device=device))
+
+
+@dataclass(frozen=True, eq=False)
 class MaskLayout:
     """A fixed mask [out, in] grouped by its distinct rows, and its staircase when they nest.
 
@@ -59,8 +91,8 @@ class MaskLayout:
     members: the output rows of each group; cols [in]: a column order in which every group
     sees a prefix (None when the rows do not nest); lengths: each group's prefix length;
     back [out]: puts per-row results back in row order from the groups' order (groups with an
-    empty prefix last); row_lengths [out]: each output row's prefix length (None when the
-    rows do not nest); order [out]: the output rows group by group (``free_index``'s order).
+    empty prefix last); prefixes: the rows' prefixes, group by group (None when the rows do
+    not nest).
     """
 
     rows: Tensor
@@ -71,20 +103,13 @@ class MaskLayout:
     cols: Tensor | None
     lengths: tuple[int, ...]
     back: Tensor | None
-    row_lengths: Tensor | None
-    order: Tensor
+    prefixes: Prefixes | None
 
     def group_sum(self, t: Tensor) -> Tensor:
         """[n, out] -> [n, k]: t summed within each group of equal mask rows."""
         if self.run:
             return t.reshape(t.shape[0], -1, self.run).sum(2)
         return t @ self.onehot.to(t.dtype)
-
-    @functools.cached_property
-    def by_length(self) -> Tensor:
-        """The output rows sorted by prefix length (rows that nest only); computed once."""
-        assert self.row_lengths is not None
-        return torch.argsort(self.row_lengths, stable=True)
 
     @functools.cached_property
     def free_index(self) -> Tensor:
@@ -100,7 +125,6 @@ class MaskLayout:
 
 
 _LAYOUTS: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, MaskLayout]] = weakref.WeakKeyDictionary()
-_COORDS: weakref.WeakKeyDictionary[nn.Module, tuple[Tensor, tuple[Tensor, Tensor]]] = weakref.WeakKeyDictionary()
 
 
 def _run_length(inverse: Tensor, k: int) -> int:
@@ -145,8 +169,11 @@ def mask_layout(layer: nn.Module, mask: Tensor) -> MaskLayout:
         full = [m for m, length in zip(members, lengths, strict=True) if length]
         empty = [m for m, length in zip(members, lengths, strict=True) if not length]
         back = torch.argsort(torch.cat(full + empty))
-    row_lengths = torch.tensor(lengths, dtype=torch.long, device=mask.device)[inverse] if stair is not None else None
-    layout = MaskLayout(rows, inverse, onehot, run, members, cols, lengths, back, row_lengths, torch.cat(members))
+    prefixes = None
+    if stair is not None:
+        row_lengths = torch.tensor(lengths, dtype=torch.long, device=mask.device)[inverse]
+        prefixes = Prefixes(cols, row_lengths, torch.cat(members))
+    layout = MaskLayout(rows, inverse, onehot, run, members, cols, lengths, back, prefixes)
     _LAYOUTS[layer] = (mask, layout)
     return layout
 
@@ -179,11 +206,11 @@ class LinearGhost:
         out: dict[nn.Parameter, Tensor] = {}
         if layer.weight.requires_grad:
             mask = self.mask(layer)
-            layout = mask_layout(layer, mask) if mask is not None else None
             kernel = self._kernel_inputs(layer, calls)
+            layout = mask_layout(layer, mask) if mask is not None and kernel is None else None
             if kernel is not None:
-                a_k, g_k, lengths, _, by_length = kernel
-                out[layer.weight] = cpu_kernels.masked_sq_norms(a_k, g_k, lengths, by_length)
+                a_k, g_k, prefixes = kernel
+                out[layer.weight] = cpu_kernels.masked_sq_norms(a_k, g_k, prefixes.lengths, prefixes.by_length)
             elif layout is None:
                 a_s, g_s = self._stack(layer, calls)
                 ka = torch.einsum("uni,vni->nuv", a_s, a_s)
@@ -222,53 +249,32 @@ class LinearGhost:
             return None
         return layout
 
-    def _prefixes(self, layer: nn.Module) -> tuple[Tensor | None, Tensor, Tensor, Tensor] | None:
-        """When every row's free entries are a prefix of one column order (no mask, or a mask
-        whose rows nest): that order (None: as is), each row's prefix length [out], the rows
-        in ``free_index``'s order and the rows sorted by prefix length; else None."""
+    def _prefixes(self, layer: nn.Module) -> Prefixes | None:
+        """The weight's row prefixes (``Prefixes``), or None when its mask's rows do not nest."""
         mask = self.mask(layer)
         if mask is None:
             rows, cols = layer.weight.shape
-            device = layer.weight.device
-            every = torch.arange(rows, device=device)
-            return None, torch.full((rows,), cols, dtype=torch.long, device=device), every, every
-        layout = mask_layout(layer, mask)
-        if layout.row_lengths is None:
-            return None
-        return layout.cols, layout.row_lengths, layout.order, layout.by_length
+            return _dense_prefixes(rows, cols, layer.weight.device)
+        return mask_layout(layer, mask).prefixes
 
-    def _kernel_inputs(
-        self, layer: nn.Module, calls: Sequence[Call]
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None:
+    def _kernel_inputs(self, layer: nn.Module, calls: Sequence[Call]) -> tuple[Tensor, Tensor, Prefixes] | None:
         """The fused CPU kernels' arguments (``cpu_kernels``) for the whole batch: activations
         in prefix column order [n, J, in], output gradients [J, n, out] (kept for the step;
-        a chunk of examples is a slice), the row prefix lengths, order and rows by length; None where the
-        kernels do not apply (not on the CPU, rows that do not nest)."""
+        a chunk of examples is a slice) and the row prefixes; None where the kernels do not
+        apply (not on the CPU, rows that do not nest)."""
         prefixes = self._prefixes(layer)
         if prefixes is None:
             return None
         a, g = _per_call(calls)
         if not cpu_kernels.usable(*a, *g):
             return None
-        cols, lengths, order, by_length = prefixes
+        cols = prefixes.cols
 
         def stack() -> tuple[Tensor, Tensor]:
             return torch.stack([x if cols is None else x.index_select(1, cols) for x in a], 1), torch.stack(g)
 
         a_k, g_k = self._kernel_memo.get(layer, _step_key(calls), stack)
-        return a_k, g_k, lengths, order, by_length
-
-    def _coords(self, layer: nn.Module, lengths: Tensor, order: Tensor) -> tuple[Tensor, Tensor]:
-        """Row and prefix position of each free weight entry, in ``free_index``'s order."""
-        cached = _COORDS.get(layer)
-        if cached is not None and cached[0] is lengths:
-            return cached[1]
-        run = lengths[order]
-        rows = order.repeat_interleave(run)
-        starts = torch.cumsum(run, 0) - run
-        ks = torch.arange(rows.numel(), device=rows.device) - starts.repeat_interleave(run)
-        _COORDS[layer] = (lengths, (rows, ks))
-        return rows, ks
+        return a_k, g_k, prefixes
 
     def sampled_entries(self, layer: nn.Module, calls: Sequence[Call], positions: Tensor) -> Tensor | None:
         """The per-example gradient entries [n, S] at ``positions`` of the free entries
@@ -278,8 +284,8 @@ class LinearGhost:
         kernel = self._kernel_inputs(layer, calls) if layer.weight.requires_grad else None
         if kernel is None:
             return None
-        a_k, g_k, lengths, order, _ = kernel
-        rows, ks = self._coords(layer, lengths, order)
+        a_k, g_k, prefixes = kernel
+        rows, ks = prefixes.coords
         weight = positions[positions < rows.numel()]
         bias = positions[positions >= rows.numel()] - rows.numel()  # empty without a trainable bias
         return cpu_kernels.masked_entries(a_k, g_k, rows[weight], ks[weight], bias)
@@ -291,9 +297,9 @@ class LinearGhost:
         ``free_entries``), in the fused CPU kernel: no per-example gradient is stored."""
         kernel = self._kernel_inputs(layer, calls)
         assert kernel is not None, "sampled_entries said the kernels apply"
-        a_k, g_k, lengths, order, _ = kernel
+        a_k, g_k, prefixes = kernel
         bias = layer.bias is not None and layer.bias.requires_grad
-        return cpu_kernels.masked_sparsify_sum(a_k, g_k, lengths, order, bias, tau, gamma, clip)
+        return cpu_kernels.masked_sparsify_sum(a_k, g_k, prefixes.lengths, prefixes.order, bias, tau, gamma, clip)
 
     def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
         """Flat indices of the entries ``free_entries`` returns (None: all, row-major)."""
@@ -319,8 +325,8 @@ class LinearGhost:
         has_bias = layer.bias is not None and layer.bias.requires_grad
         kernel = self._kernel_inputs(layer, calls) if layer.weight.requires_grad else None
         if kernel is not None:
-            a_k, g_k, lengths, order, _ = kernel
-            return cpu_kernels.masked_free_rows(a_k[sl], g_k[:, sl], lengths, order, bias=has_bias)
+            a_k, g_k, prefixes = kernel
+            return cpu_kernels.masked_free_rows(a_k[sl], g_k[:, sl], prefixes.lengths, prefixes.order, bias=has_bias)
         layout = self._layout(layer)
         if layout is None:
             full = self.materialise(layer, calls, sl)
@@ -365,8 +371,8 @@ class LinearGhost:
         the per-row reductions; on the CPU row by row in the fused kernel, never stored."""
         kernel = self._kernel_inputs(layer, calls)
         if kernel is not None:
-            a_k, g_k, lengths, _, _ = kernel
-            return cpu_kernels.masked_row_stats(a_k, g_k, lengths)
+            a_k, g_k, prefixes = kernel
+            return cpu_kernels.masked_row_stats(a_k, g_k, prefixes.lengths)
         a, g = self._stack(layer, calls)
         n, rows = a.shape[1], g.shape[2]
         layout = self._layout(layer)
