@@ -4,7 +4,8 @@ Runs the CLI in this process (all arguments after `--` go to `privflow`) while a
 VmRSS from /proc every 0.2 s together with the function the main thread is in. Prints, per
 phase of the pipeline (first pass, head, encoding, DP statistics, training, selection, ...),
 the time it spanned and its lowest and highest RSS, then the largest samples with their
-stacks: where a large run's peak memory comes from. Linux only (/proc).
+stacks, and each rise of the high-water mark (VmHWM) with where the main thread was when it
+was seen: where a large run's peak memory comes from, including peaks too short to sample. Linux only (/proc).
 
     .venv/bin/python benchmarks/profile_memory.py -- run --data T.parquet --schema T.yaml \\
         --epsilon 1 --no-server --stream --quiet
@@ -41,9 +42,10 @@ PHASES = (
 )
 
 
-def resident_mb() -> float:
+def resident_mb(field: str = "VmRSS") -> float:
+    """The process's resident set (VmRSS) or its high-water mark so far (VmHWM), in MB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -64,16 +66,22 @@ def main(argv: list[str]) -> int:
     if "--" in argv:
         argv = argv[argv.index("--") + 1 :]
     samples: list[tuple[float, float, list[str]]] = []
+    rises: list[tuple[float, float, float, list[str]]] = []  # (t, old HWM, new HWM, stack)
     main_id = threading.main_thread().ident
     done = threading.Event()
 
     def sample() -> None:
+        high = resident_mb("VmHWM")
         while not done.wait(0.2):
             try:
                 stack = our_frames(main_id)
             except Exception:  # a frame torn down while read: skip the sample
                 continue
             samples.append((time.perf_counter(), resident_mb(), stack))
+            now = resident_mb("VmHWM")
+            if now > high + 1:  # a peak since the last sample, even one too short to be sampled
+                rises.append((time.perf_counter(), high, now, stack))
+                high = now
 
     threading.Thread(target=sample, daemon=True).start()
     from privflow.cli import main as privflow_main
@@ -98,6 +106,11 @@ def main(argv: list[str]) -> int:
     print("\nlargest samples:")
     for t, rss, stack in sorted(samples, key=lambda s: -s[1])[:5]:
         print(f"  {t - t0:7.1f} s {rss:6.0f} MB  {' > '.join(stack[-4:])}")
+    print("\nhigh-water mark rises of more than 5 MB (where the main thread was when seen):")
+    for t, old, new, stack in rises:
+        if new - old > 5:
+            print(f"  {t - t0:7.1f} s {old:6.0f} -> {new:6.0f} MB  {' > '.join(stack[-4:])}")
+    print(f"peak (VmHWM) {resident_mb('VmHWM'):.0f} MB")
     print(f"exit {code}")
     return int(code or 0)
 

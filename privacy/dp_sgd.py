@@ -61,6 +61,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -84,6 +85,8 @@ class TrainSettings:
     optimizer: Literal["adam", "sgd"] = "adam"
     lr: float = 1e-3
     checkpoint_every: int = 50
+    # at most this many checkpoints kept, evenly spaced (`checkpoint_steps`); None keeps all
+    max_checkpoints: int | None = None
     ema_decay: float = 0.0  # 0: checkpoints are the raw iterates
     expected_batch_size: float = 512.0  # PUBLIC constant from the config, never len(data)
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", or "auto"
@@ -116,6 +119,21 @@ class TrainSettings:
             raise ValueError("lr and expected_batch_size must be > 0 and checkpoint_every >= 1")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.max_checkpoints is not None and self.max_checkpoints < 1:
+            raise ValueError(f"max_checkpoints must be >= 1 or None, got {self.max_checkpoints}")
+
+
+def checkpoint_steps(steps: int, every: int, keep: int | None = None) -> list[int]:
+    """The steps whose state the trainer keeps: every `every`-th and the last, and with `keep`
+    at most that many of them, evenly spaced with the last always kept. Decided from the
+    public schedule before training, so that the kept states, not all of them, are what a
+    long run holds: at a fixed number of epochs the steps grow with the table (126 states on
+    3.2M rows, 1,260 on 32M)."""
+    every_kth = sorted({*range(every, steps + 1, every), steps}) if steps > 0 else []
+    if keep is None or len(every_kth) <= keep:
+        return every_kth
+    idx = np.unique(np.round(np.linspace(len(every_kth) - 1, 0, keep)).astype(int))
+    return [every_kth[i] for i in sorted(idx)]
 
 
 @dataclass
@@ -282,7 +300,8 @@ def train(
     tensor, or any `RowSource` (rows on disk, ``privflow.chunked.DiskRows``: each step gathers
     only its Poisson sample).
 
-    Returns checkpoints every ``checkpoint_every`` steps and at the last step, the mean
+    Returns checkpoints at `checkpoint_steps` (every ``checkpoint_every`` steps and the last,
+    at most ``max_checkpoints`` of them), the mean
     training loss per step over its finite examples (NaN for an empty batch) and the run's
     privacy event. Deterministic only when ``noise_seed`` is set (tests); otherwise every
     generator is seeded from OS entropy. The global RNG is forked (and reseeded secretly
@@ -322,6 +341,7 @@ def train(
     average = ParameterAverage(model, settings.ema_decay) if settings.ema_decay > 0 else None
     dtype = params[0].dtype if params else data.dtype
     checked = False
+    kept = set(checkpoint_steps(settings.steps, settings.checkpoint_every, settings.max_checkpoints))
     with torch.random.fork_rng(devices=fork, device_type=device.type if device.type != "cpu" else "cuda"):
         torch.manual_seed(s_global)  # anything a model still draws implicitly: secret, not the public seed
         if fork:
@@ -383,7 +403,7 @@ def train(
             result.steps = step
             if lead and on_step is not None:
                 on_step(step, loss)
-            if lead and (step % settings.checkpoint_every == 0 or step == settings.steps):
+            if lead and step in kept:
                 state = average.state_dict() if average is not None else _state_copy(model)
                 result.checkpoints.append((step, state))
     return result

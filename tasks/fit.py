@@ -301,17 +301,6 @@ def _argmax_checkpoint(
     return [int(np.argmax(ll.sum(axis=1)))]
 
 
-def thinned(checkpoints: list[tuple[int, dict]], keep: int) -> list[tuple[int, dict]]:
-    """At most `keep` checkpoints, evenly spaced, the last always kept. Scoring costs
-    checkpoints x validation rows, both of which grow with the table at a fixed number of
-    epochs: on 3.2M rows, 126 checkpoints took 1,886 s of a 2,744 s fit
-    (benchmarks/results/scaling.md). Public: depends on the step counts only."""
-    if len(checkpoints) <= keep:
-        return checkpoints
-    idx = np.unique(np.round(np.linspace(len(checkpoints) - 1, 0, keep)).astype(int))
-    return [checkpoints[i] for i in sorted(idx)]
-
-
 CALIBRATION_ROWS = 20_000  # public: the released flows' own draws that calibrate the head
 
 
@@ -389,9 +378,11 @@ def fit(
         return copula_only(config, schema, codec, make, spend)
     model = initial_model(config, codec, init_state)
     mean, std = initialise(model, config, plan, x_train, spend, as_tasks)
-    settings = (
-        settings_for(config.train, plan.stage("train")) if plan is not None else nonprivate_settings(config, schema)
-    )
+    if plan is not None:  # the trainer keeps only the states selection will score (dp_sgd.checkpoint_steps)
+        keep = config.select.max_candidates
+        settings = replace(settings_for(config.train, plan.stage("train")), max_checkpoints=keep)
+    else:
+        settings = nonprivate_settings(config, schema)
     start = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     trainer = train_flow_model if as_tasks else train_flow_model.fn
     spend.start()
@@ -402,7 +393,6 @@ def fit(
         chosen = _argmax_checkpoint(make, result, x_val, config)
     else:
         assert result.event is not None
-        result.checkpoints = thinned(result.checkpoints, config.select.max_candidates)
         # the epsilon curve at the candidates only: one PLD composition per point, 59 s for the 126
         # checkpoints of a 3.2M-row epoch (benchmarks/results/scaling.md)
         points = cumulative_epsilon(spend.events, result.event, [s for s, _ in result.checkpoints], plan.delta)
@@ -426,7 +416,6 @@ __all__ = [
     "FitResult",
     "Spend",
     "copula_only",
-    "thinned",
     "cumulative_epsilon",
     "exact_mog_prior",
     "exact_statistics",

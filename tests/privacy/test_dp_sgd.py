@@ -13,6 +13,7 @@ from privflow.privacy.clipping import clipped_gradient_sum
 from privflow.privacy.dp_sgd import (
     TrainResult,
     TrainSettings,
+    checkpoint_steps,
     distinct_uniform,
     dp_sgd_event,
     noisy_gradients,
@@ -235,6 +236,23 @@ def test_noise_is_not_derived_from_the_public_seed() -> None:
     assert any(not torch.equal(last_a[k], last_b[k]) for k in last_a)
 
 
+def test_checkpoint_steps_keep_evenly_spaced_states_and_the_last() -> None:
+    assert checkpoint_steps(7, 3) == [3, 6, 7] and checkpoint_steps(6, 3) == [3, 6]
+    assert checkpoint_steps(0, 3) == [] and checkpoint_steps(2, 50) == [2]
+    every = checkpoint_steps(6300, 50)
+    assert len(every) == 126 and checkpoint_steps(6300, 50, keep=200) == every
+    kept = checkpoint_steps(6300, 50, keep=16)
+    assert len(kept) == 16 and kept[-1] == 6300 and kept == sorted(kept) and set(kept) <= set(every)
+    gaps = [b - a for a, b in zip(kept, kept[1:], strict=False)]
+    assert max(gaps) - min(gaps) <= 50  # evenly spaced up to rounding
+    assert checkpoint_steps(6300, 50, keep=1) == [6300]
+
+
+def test_the_trainer_holds_only_the_kept_checkpoints() -> None:
+    res = train(TinyFlow(seed=2), data(), settings(steps=20, checkpoint_every=2, max_checkpoints=4))
+    assert [step for step, _ in res.checkpoints] == checkpoint_steps(20, 2, keep=4) == [2, 8, 14, 20]
+
+
 def test_settings_are_validated() -> None:
     with pytest.raises(ValueError):
         settings(sample_rate=0.0)
@@ -242,6 +260,8 @@ def test_settings_are_validated() -> None:
         settings(noise_multiplier=0.0)
     with pytest.raises(ValueError):
         settings(clipping="global")
+    with pytest.raises(ValueError):
+        settings(max_checkpoints=0)
     settings(noise_multiplier=0.0, private=False)  # allowed for the baseline
 
 

@@ -114,13 +114,9 @@ def test_a_run_that_learns_moves_off_the_start() -> None:
     assert fitted.chosen_steps != [0] and not fitted.fell_back  # type: ignore[attr-defined]
 
 
-def test_thinned_keeps_evenly_spaced_checkpoints_and_the_last() -> None:
-    from privflow.tasks.fit import thinned
-
-    cps = [(50 * (i + 1), {"i": i}) for i in range(126)]
-    kept = thinned(cps, 16)
-    steps = [s for s, _ in kept]
-    assert len(kept) == 16 and steps[-1] == cps[-1][0] and steps == sorted(steps)
-    gaps = np.diff(steps)
-    assert gaps.max() - gaps.min() <= 50  # evenly spaced up to rounding
-    assert thinned(cps[:5], 16) == cps[:5]
+def test_a_private_fit_scores_at_most_max_candidates_checkpoints() -> None:
+    cfg = config(epochs=6)
+    cfg = cfg.model_copy(update={"select": cfg.select.model_copy(update={"max_candidates": 3, "top_k": 1})})
+    fitted = run(cfg, rows=600)
+    steps = [s for s, _ in fitted.train.checkpoints]  # type: ignore[attr-defined]
+    assert steps[0] == 0 and len(steps) == 4  # the start, then the trainer's 3 kept states
