@@ -9,9 +9,9 @@ would send every copy of a row to the same side, so a table of few distinct rows
 by value (every copy in the selection split or none). The selection split (tasks/encode.py)
 and DP-AD's partitions (privacy/mechanisms/dp_ad.py) rest on this for their sensitivity.
 
-A table read in chunks (tasks/stream.py) ranks through `RunningRanks`: it counts 128-bit
-salted row hashes across chunks (24 bytes per distinct row), and gives the same ranks as the
-whole table's exact ranks unless two distinct rows share all 128 bits.
+A table read in chunks (tasks/stream.py) ranks through `privflow.rank_spill.SpilledRanks`: it
+compares rows by `row_keys`, two salted row hashes (128 bits), on disk, and gives the same
+ranks as the whole table's exact ranks unless two distinct rows share all 128 bits.
 """
 
 from __future__ import annotations
@@ -47,9 +47,17 @@ def occurrence_ranks(df: pl.DataFrame) -> np.ndarray:
     return keyed.select(rank).to_series().to_numpy().astype(np.uint64, copy=False)
 
 
+def row_keys(df: pl.DataFrame) -> np.ndarray:
+    """[rows, 2] uint64: two salted row hashes, one 128-bit equality key per row."""
+    keys = np.empty((df.height, 2), dtype=np.uint64)
+    for j, seed in enumerate(_KEY_SEEDS):
+        keys[:, j] = df.hash_rows(seed=seed).to_numpy()
+    return keys
+
+
 def row_units(df: pl.DataFrame, salt: int, ranks: np.ndarray | None = None) -> np.ndarray:
     """A uniform number in [0, 1) per row: the top 53 bits of a mixed hash of the row's salted
-    hash and its occurrence rank (`occurrence_ranks` unless given, e.g. by `RunningRanks`)."""
+    hash and its occurrence rank (`occurrence_ranks` unless given, e.g. by `SpilledRanks`)."""
     ranks = occurrence_ranks(df) if ranks is None else np.asarray(ranks, dtype=np.uint64)
     if len(ranks) != df.height:
         raise ValueError(f"{len(ranks)} ranks for {df.height} rows")
@@ -58,41 +66,4 @@ def row_units(df: pl.DataFrame, salt: int, ranks: np.ndarray | None = None) -> n
     return (word >> np.uint64(11)).astype(np.float64) / float(2**53)
 
 
-class RunningRanks:
-    """`occurrence_ranks` of a table read in chunks: each chunk's ranks count the equal rows of
-    every earlier chunk. Holds one 128-bit key and a count per distinct row seen so far."""
-
-    def __init__(self) -> None:
-        self._keys = np.zeros(0, dtype="V16")  # sorted
-        self._counts = np.zeros(0, dtype=np.uint64)
-
-    @property
-    def distinct(self) -> int:
-        return len(self._keys)
-
-    def ranks(self, chunk: pl.DataFrame) -> np.ndarray:
-        """The chunk's ranks in the whole table read so far, and the counts updated with it."""
-        n = chunk.height
-        if n == 0:
-            return np.zeros(0, dtype=np.uint64)
-        words = np.empty((n, 2), dtype=np.uint64)
-        for j, seed in enumerate(_KEY_SEEDS):
-            words[:, j] = chunk.hash_rows(seed=seed).to_numpy()
-        keys = words.view("V16").ravel()
-        uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
-        order = np.argsort(inverse, kind="stable")  # each key's rows in table order
-        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        within = np.empty(n, dtype=np.uint64)
-        within[order] = np.arange(n, dtype=np.uint64) - np.repeat(first, counts).astype(np.uint64)
-        pos = np.searchsorted(self._keys, uniq)
-        found = pos < len(self._keys)
-        found[found] = self._keys[pos[found]] == uniq[found]
-        before = np.zeros(len(uniq), dtype=np.uint64)
-        before[found] = self._counts[pos[found]]
-        self._counts[pos[found]] += counts[found].astype(np.uint64)
-        self._keys = np.insert(self._keys, pos[~found], uniq[~found])
-        self._counts = np.insert(self._counts, pos[~found], counts[~found].astype(np.uint64))
-        return before[inverse] + within
-
-
-__all__ = ["RunningRanks", "mix64", "occurrence_ranks", "row_units"]
+__all__ = ["mix64", "occurrence_ranks", "row_keys", "row_units"]

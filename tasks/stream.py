@@ -5,15 +5,17 @@ only the order of the reads differs:
 
 1. `first_pass`, inside the validation gate: every chunk validated
    (``privflow.validation.validate_chunks``: the gate decides once, on the total), its clean
-   rows counted into the DP marginals' statistic and written to disk as the head's rows.
-   Nothing is released here: if the gate stops the run, the counts and rows are discarded.
+   rows counted into the DP marginals' statistic, written to disk as the head's rows, and
+   their equality keys partitioned on disk for the occurrence ranks
+   (``privflow.rank_spill.SpilledRanks``). Nothing is released here: if the gate stops the
+   run, the counts and files are discarded.
 2. `stream_prepare`: the planned releases, the marginals from the summed counts (the same
    vector as ``marginal_counts`` of the whole table, so the same Gaussian event) and the head
    by DP-SGD over its rows on disk (each step gathers its Poisson sample, at the rate the
    public expected_rows sets); then the chunks again, validated again (the same checks drop
    the same rows, no quarantine written twice), encoded through the released codec into the
-   training and selection files (the same salted row-hash split, occurrence ranks counted
-   across chunks by `privflow.row_hash.RunningRanks`), and a hash-coin sample of
+   training and selection files (the same salted row-hash split, with each row's occurrence
+   rank in the whole table from the first pass's keys), and a hash-coin sample of
    about `stream.diagnostic_rows` clean rows kept for the curator-only diagnostics.
 
 The stages after these read the encoded rows from their files: DP-SGD gathers each Poisson
@@ -39,7 +41,8 @@ from privflow.config import RunConfig
 from privflow.copula import CopulaCodec
 from privflow.privacy.mechanisms import dp_marginals as marginals_mechanism
 from privflow.privacy.plan import PrivacyPlan
-from privflow.row_hash import RunningRanks, row_units
+from privflow.rank_spill import SpilledRanks
+from privflow.row_hash import row_units
 from privflow.schema import Schema
 from privflow.target_head import TargetCodec, head_widths
 from privflow.tasks.dp_head import fit_head_planned, head_rows
@@ -55,11 +58,13 @@ DIAGNOSTIC_SALT = 0x5A3E_D1A6  # public: the diagnostics' coins differ from the 
 @dataclass
 class FirstPass:
     """What the first pass leaves for the releases: the marginals' counts on their grid, and the
-    head's rows on disk (None where the plan has no such stage)."""
+    head's rows on disk (None where the plan has no such stage); for the encoding pass, the
+    clean rows' keys on disk."""
 
     counts: np.ndarray | None
     grid: int | None
     head: DiskRows | None
+    ranks: SpilledRanks
 
 
 def _chunks(config: RunConfig, what: str, show_progress: bool) -> Iterator[pl.DataFrame]:
@@ -91,8 +96,10 @@ def first_pass(
     if plan.has("dp_head"):
         head = DiskRows(work / "head.f32", len(head_widths(schema, config.head.numeric_knots)) + 1)
     counts: list[np.ndarray] = []  # one vector of cell counts per chunk (their sum is the statistic)
+    ranks = SpilledRanks(work / "ranks", parquet_rows(config.data))
 
     def consume(clean: pl.DataFrame) -> None:
+        ranks.record(clean)
         if grid is not None:
             counts.append(marginals_mechanism.marginal_counts(clean, schema, grid_bins=grid))
         if head is not None:
@@ -101,7 +108,7 @@ def first_pass(
     chunks = _chunks(config, "Validating (pass 1 of 2)", show_progress)
     report = validate_chunks(chunks, schema, config.policy, quarantine, gate, consume)
     # validate_chunks hands consume every chunk it checks (clean rows or none) or raises: counts is set
-    return FirstPass(np.sum(counts, axis=0) if grid is not None else None, grid, head), report
+    return FirstPass(np.sum(counts, axis=0) if grid is not None else None, grid, head, ranks), report
 
 
 def stream_prepare(
@@ -131,7 +138,7 @@ def stream_prepare(
         spend.add(plan.stage("dp_head").event)
         codec = TargetCodec.around(schema, codec, head)
     encode = encode_chunks if as_tasks else encode_chunks.fn
-    x_train, x_val, sample = encode(config, schema, codec, work, show_progress)
+    x_train, x_val, sample = encode(config, schema, codec, work, first.ranks, show_progress)
     return codec, x_train, x_val, sample
 
 
@@ -141,7 +148,7 @@ dp_head_from_rows = task(name="dp_head", private=True)(fit_head_planned)
 
 @task(name="encode", private=True)
 def encode_chunks(
-    config: RunConfig, schema: Schema, codec: Any, work: Path, show_progress: bool = False
+    config: RunConfig, schema: Schema, codec: Any, work: Path, ranks: SpilledRanks, show_progress: bool = False
 ) -> tuple[DiskRows, DiskRows, pl.DataFrame]:
     """Encode every clean row into the training / selection files (`tasks.encode.encode_split`,
     fresh dequantization offsets from OS entropy), and keep about `stream.diagnostic_rows` clean
@@ -150,18 +157,20 @@ def encode_chunks(
     x_train, x_val = DiskRows(work / "train.f32", codec.dim), DiskRows(work / "select.f32", codec.dim)
     rate = min(1.0, config.stream.diagnostic_rows / max(1, schema.dataset.expected_rows or 1))
     rng = np.random.default_rng()
-    ranks = RunningRanks()  # occurrence ranks across chunks, as the whole table's would be
     sample: list[pl.DataFrame] = []
-    for chunk in _chunks(config, "Encoding (pass 2 of 2)", show_progress):
-        if not chunk.height:
-            continue
-        clean = validate(chunk, schema, "strict", None, lambda _: False)[0]  # the first pass's checks
-        rank = ranks.ranks(clean)
-        coin = selection_coins(clean, config.select.validation_fraction, config.train.seed, rank)
-        train, val = encode_split(clean, coin, codec, rng)
-        x_train.append(train)
-        x_val.append(val)
-        sample.append(clean.filter(pl.Series(row_units(clean, config.train.seed ^ DIAGNOSTIC_SALT, rank) < rate)))
+    try:
+        for chunk in _chunks(config, "Encoding (pass 2 of 2)", show_progress):
+            if not chunk.height:
+                continue
+            clean = validate(chunk, schema, "strict", None, lambda _: False)[0]  # the first pass's checks
+            rank = ranks.ranks(clean)  # occurrence ranks in the whole table, as the whole table's would be
+            coin = selection_coins(clean, config.select.validation_fraction, config.train.seed, rank)
+            train, val = encode_split(clean, coin, codec, rng)
+            x_train.append(train)
+            x_val.append(val)
+            sample.append(clean.filter(pl.Series(row_units(clean, config.train.seed ^ DIAGNOSTIC_SALT, rank) < rate)))
+    finally:
+        ranks.close()
     return x_train, x_val, pl.concat(sample)
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privflow.row_hash import RunningRanks, occurrence_ranks, row_units
+from privflow.row_hash import occurrence_ranks, row_units
 
 
 def _few_distinct(n: int, seed: int) -> pl.DataFrame:
@@ -30,17 +30,6 @@ def test_ranks_count_the_earlier_equal_rows() -> None:
     df = pl.DataFrame({"a": [1, 1, 2, 1, None, None, 2], "b": ["x", "x", "y", "x", None, None, "z"]})
     assert occurrence_ranks(df).tolist() == [0, 1, 0, 2, 0, 1, 0]
     assert occurrence_ranks(df.head(0)).tolist() == []
-
-
-@settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), chunk=st.integers(1, 700), n=st.integers(0, 2000))
-def test_ranks_counted_across_chunks_are_the_whole_tables(seed: int, chunk: int, n: int) -> None:
-    df = _few_distinct(n, seed)
-    running = RunningRanks()
-    chunked = [running.ranks(df.slice(start, chunk)) for start in range(0, n, chunk)]
-    whole = occurrence_ranks(df)
-    assert np.array_equal(np.concatenate(chunked) if chunked else np.zeros(0), whole)
-    assert running.distinct == df.unique().height
 
 
 @settings(max_examples=30, deadline=None)

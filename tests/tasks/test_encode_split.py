@@ -58,11 +58,14 @@ def test_a_table_of_few_distinct_rows_still_gets_its_selection_share(demo_dir) -
     assert repeated.filter(pl.Series(coins)).unique().height >= 18  # values' coins alone: ~2.4 of 24
 
 
-def test_a_streamed_encoding_splits_as_the_whole_table_does(demo_dir, tmp_path) -> None:
+def test_a_streamed_encoding_splits_as_the_whole_table_does(demo_dir, tmp_path, monkeypatch) -> None:
     """The streamed path counts occurrence ranks across its chunks: on a table of repeated rows
-    read 1,000 rows at a time (3 chunks) it puts the same rows in the selection file as encoding it whole."""
+    read 1,000 rows at a time (3 chunks, keys spread over 16 partition files) it puts the same
+    rows in the selection file as encoding it whole."""
     import numpy as np
 
+    from privflow import rank_spill
+    from privflow.chunked import parquet_chunks
     from privflow.codec import Codec
     from privflow.config import RunConfig
     from privflow.schema import Schema
@@ -84,7 +87,12 @@ def test_a_streamed_encoding_splits_as_the_whole_table_does(demo_dir, tmp_path) 
         stream={"enabled": True, "chunk_rows": 1000, "diagnostic_rows": 1000},
     )
     codec = Codec.from_schema(schema)
-    x_train, x_val, _ = stream.encode_chunks.fn(config, schema, codec, tmp_path)
+    monkeypatch.setattr(rank_spill, "PARTITION_ROWS", 200)
+    ranks = rank_spill.SpilledRanks(tmp_path / "ranks", df.height)
+    for chunk in parquet_chunks(data, 1000):  # the first pass's record of the clean rows
+        ranks.record(validate(chunk, schema, "strict")[0])
+    assert ranks.partitions == 16
+    x_train, x_val, _ = stream.encode_chunks.fn(config, schema, codec, tmp_path, ranks)
     whole_train, whole_val = encode.encode_rows.fn(df, codec, 0.2, seed=4)
     exact = [j for j, f in enumerate(codec.features) if f.kind == "categorical"]
     streamed_val = x_val[:]  # the selection file, in table order
