@@ -17,7 +17,8 @@ rows seen so far in memory costs 24 bytes per distinct row (77 MB at 3.2M rows, 
 
 P is a power of two chosen from the input's row count so that a partition holds about
 `PARTITION_ROWS` rows; resident memory is then one partition's sort plus one block per
-partition, whatever the table's size. The ranks are the same whatever P is (and the same as
+partition, whatever the table's size. On disk: 24 bytes per clean row until `finish`, then 16
+per later copy of a row. The ranks are the same whatever P is (and the same as
 `occurrence_ranks` of the whole table unless two distinct rows share all 128 bits), so the
 row count, which the curator's process reads from the file footer, decides only memory.
 
