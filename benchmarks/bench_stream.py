@@ -11,7 +11,9 @@ classifiers' cost grows with the table and is not what this measures).
 
 Peak RSS is the run's own high-water mark (``os.wait4`` on the child: VmHWM of the process);
 CPU counts every thread of it. Each run's ledger epsilon is reported, to show the two modes
-spend the same.
+spend the same. A control cell runs the smallest table streamed once more with the target
+head's expected batch at its cap (`head.batch_size`), which the larger tables reach on their
+own: the one per-step buffer that grows with expected_rows.
 
     .venv/bin/python benchmarks/bench_stream.py [--sizes 32000 320000 3200000] [--out benchmarks/results/stream.md]
 """
@@ -35,10 +37,14 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as common  # noqa: E402
 
+from privflow.privacy.mechanisms.dp_head import BATCH_DIVISOR, head_shape  # noqa: E402
+from privflow.privacy.mechanisms.dp_head import MAX_BATCH as HEAD_CAP  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "stream.md"
 DELTA = 1e-8
 SYNTHETIC_ROWS = 100_000
+CAPPED = "streamed, head batch at its cap"
 
 
 def _scaling() -> Any:
@@ -75,6 +81,13 @@ def write_table_apart(rows: int, folder: Path) -> tuple[Path, Path]:
         [sys.executable, "-c", code, str(Path(__file__).resolve().parent), str(rows), str(folder)], check=True
     )
     return folder / f"adult-{rows}.parquet", folder / f"adult-{rows}.yaml"
+
+
+def head_batch(rows: int) -> float:
+    """The target head's expected batch at `rows` expected rows (its `batch_size: auto`)."""
+    from privflow.config import HeadConfig
+
+    return head_shape(rows, HeadConfig().steps).sample_rate * rows
 
 
 def run_once(data: Path, schema: Path, stream: bool, store: Path, config: Path) -> dict[str, Any]:
@@ -148,12 +161,25 @@ def render(results: list[dict[str, Any]], started: datetime, load: str, commit: 
     for mode in ("whole", "streamed"):
         rows = [r for r in results if r["mode"] == mode and r["code"] == 0]
         if len(rows) >= 2:
-            first, last = rows[0], rows[-1]
-            per_m = (last["peak_mb"] - first["peak_mb"]) / max((last["rows"] - first["rows"]) / 1e6, 1e-9)
-            lines.append(
-                f"- {mode}: peak RSS {first['peak_mb']:.0f} MB at {first['rows']:,} rows, {last['peak_mb']:.0f} MB at "
-                f"{last['rows']:,} (x{last['peak_mb'] / first['peak_mb']:.2f}; {per_m:+.0f} MB per extra million rows)."
+            steps = ", ".join(
+                f"{b['peak_mb'] - a['peak_mb']:+.0f} MB from {a['rows']:,} to {b['rows']:,} rows"
+                for a, b in zip(rows, rows[1:], strict=False)
             )
+            first, last = rows[0], rows[-1]
+            lines.append(
+                f"- {mode}: peak RSS {first['peak_mb']:.0f} MB at {first['rows']:,} rows, {last['peak_mb']:.0f} MB "
+                f"at {last['rows']:,} (x{last['peak_mb'] / first['peak_mb']:.2f}; {steps})."
+            )
+    capped = [r for r in results if r["mode"] == CAPPED and r["code"] == 0]
+    auto = [r for r in results if r["mode"] == "streamed" and capped and r["rows"] == capped[0]["rows"]]
+    if capped and auto:
+        r, a = capped[0], auto[0]
+        lines.append(
+            f"- The target head's expected batch grows with expected_rows up to its cap of {HEAD_CAP:,} "
+            f"(privacy/mechanisms/dp_head.py; {head_batch(r['rows']):,.0f} at {r['rows']:,} rows, the cap from "
+            f"{HEAD_CAP * BATCH_DIVISOR:,} rows), the flow's is fixed: streamed at {r['rows']:,} rows with the head's "
+            f"batch set to the cap, the peak is {r['peak_mb']:.0f} MB against {a['peak_mb']:.0f} MB with its own batch."
+        )
     failed = [r for r in results if r["code"] != 0]
     for r in failed:
         lines.append(f"- {r['mode']} at {r['rows']:,} rows exited {r['code']}: {r['tail']}")
@@ -170,22 +196,20 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="privflow-stream-") as tmp:
         folder = Path(tmp)
-        config = folder / "config.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "train": {"epochs": 1},
-                    "stream": {} if args.chunk_rows is None else {"chunk_rows": args.chunk_rows},
-                    "evaluate": {
-                        "synthetic_rows": SYNTHETIC_ROWS,
-                        "utility": False,
-                        "likelihood": False,
-                        "privacy_risk": False,
-                        "report": False,
-                    },
-                }
-            )
-        )
+        config, capped_config = folder / "config.yaml", folder / "capped.yaml"
+        settings = {
+            "train": {"epochs": 1},
+            "stream": {} if args.chunk_rows is None else {"chunk_rows": args.chunk_rows},
+            "evaluate": {
+                "synthetic_rows": SYNTHETIC_ROWS,
+                "utility": False,
+                "likelihood": False,
+                "privacy_risk": False,
+                "report": False,
+            },
+        }
+        config.write_text(yaml.safe_dump(settings))
+        capped_config.write_text(yaml.safe_dump(settings | {"head": {"batch_size": HEAD_CAP}}))
         for rows in args.sizes:
             data, schema = write_table_apart(rows, folder)
             for stream in (False, True):
@@ -196,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['peak_mb']:.0f} MB peak, epsilon {r['epsilon']}, exit {r['code']}",
                     flush=True,
                 )
+                results.append(r)
+            if rows == min(args.sizes) and head_batch(rows) < HEAD_CAP:
+                # the control: the smallest table with the head's batch at the cap the larger ones reach
+                r = run_once(data, schema, True, folder / f"store-{rows}-capped", capped_config)
+                r |= {"rows": rows, "mode": CAPPED}
+                print(f"{rows:>9,} {CAPPED}: {r['peak_mb']:.0f} MB peak, exit {r['code']}", flush=True)
                 results.append(r)
             data.unlink()
     from privflow.config import StreamConfig
