@@ -5,7 +5,7 @@ of ``bench_scaling.py`` (public seed, public bounds and categories only) and wri
 (strings for categories, 64-bit integers); the schema's expected_rows is the size. Then the
 real CLI runs twice on it, each in a fresh process: `--no-stream` (the table read whole) and
 `--stream` (read in chunks of `stream.chunk_rows`, the encoded rows on disk; tasks/stream.py).
-Same configuration: epsilon 1, delta 1e-8, 1 epoch, the default model, in process (no Prefect
+Same configuration: epsilon 1, delta 1e-8, 1 epoch (`--epochs`), the default model, in process (no Prefect
 server), the synthetic table of 100,000 rows, the diagnostics limited to fidelity (the utility
 classifiers' cost grows with the table and is not what this measures).
 
@@ -16,6 +16,9 @@ head's expected batch at its cap (`head.batch_size`), which the larger tables re
 own: the one per-step buffer that grows with expected_rows.
 
     .venv/bin/python benchmarks/bench_stream.py [--sizes 32000 320000 3200000] [--out benchmarks/results/stream.md]
+    # 32M rows streamed, as many DP-SGD steps as one epoch of 3.2M (what grows is the table, not the steps):
+    .venv/bin/python benchmarks/bench_stream.py --sizes 32000000 --epochs 0.1 --modes streamed \
+        --out benchmarks/results/stream_32m.md
 """
 
 from __future__ import annotations
@@ -135,13 +138,13 @@ def run_once(data: Path, schema: Path, stream: bool, store: Path, config: Path) 
     }
 
 
-def render(results: list[dict[str, Any]], started: datetime, load: str, commit: str, chunk: int) -> str:
+def render(results: list[dict[str, Any]], started: datetime, load: str, commit: str, chunk: int, epochs: float) -> str:
     notes = [
         "Adult training table replicated with bench_scaling.py's fixed-seed perturbation, written as Parquet "
         "(categories as strings, integers as Int64); `expected_rows` = the size.",
-        f"`privflow run --epsilon 1 --delta {DELTA:g} --no-server --promote always --quiet`, 1 epoch, default model, "
-        f"synthetic table of {SYNTHETIC_ROWS:,} rows, diagnostics: fidelity only; `--no-stream` reads the table "
-        f"whole, `--stream` in chunks of {chunk:,} rows with the encoded rows on disk (tasks/stream.py).",
+        f"`privflow run --epsilon 1 --delta {DELTA:g} --no-server --promote always --quiet`, {epochs:g} epoch(s), "
+        f"default model, synthetic table of {SYNTHETIC_ROWS:,} rows, diagnostics: fidelity only; `--no-stream` reads "
+        f"the table whole, `--stream` in chunks of {chunk:,} rows with the encoded rows on disk (tasks/stream.py).",
         "Peak RSS: the run process's high-water mark (os.wait4; the tables are written by another process, so the "
         "figure is not raised by the parent's memory, which a child inherits until it execs). CPU: all its threads. "
         "One fresh process per cell, with the composed-epsilon cache off (`PRIVFLOW_ACCOUNTING_CACHE=off`): each cell "
@@ -190,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[32_000, 320_000, 3_200_000])
     ap.add_argument("--chunk-rows", type=int, default=None, help="stream.chunk_rows (default: the configuration's)")
+    ap.add_argument("--epochs", type=float, default=1.0, help="train.epochs (default 1)")
+    ap.add_argument(
+        "--modes", nargs="+", choices=["whole", "streamed"], default=["whole", "streamed"], help="which modes run"
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
@@ -198,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         config, capped_config = folder / "config.yaml", folder / "capped.yaml"
         settings = {
-            "train": {"epochs": 1},
+            "train": {"epochs": args.epochs},
             "stream": {} if args.chunk_rows is None else {"chunk_rows": args.chunk_rows},
             "evaluate": {
                 "synthetic_rows": SYNTHETIC_ROWS,
@@ -212,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         capped_config.write_text(yaml.safe_dump(settings | {"head": {"batch_size": HEAD_CAP}}))
         for rows in args.sizes:
             data, schema = write_table_apart(rows, folder)
-            for stream in (False, True):
+            for stream in [mode == "streamed" for mode in args.modes]:
                 r = run_once(data, schema, stream, folder / f"store-{rows}-{stream}", config)
                 r |= {"rows": rows, "mode": "streamed" if stream else "whole"}
                 print(
@@ -221,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 results.append(r)
-            if rows == min(args.sizes) and head_batch(rows) < HEAD_CAP:
+            if rows == min(args.sizes) and head_batch(rows) < HEAD_CAP and "streamed" in args.modes:
                 # the control: the smallest table with the head's batch at the cap the larger ones reach
                 r = run_once(data, schema, True, folder / f"store-{rows}-capped", capped_config)
                 r |= {"rows": rows, "mode": CAPPED}
@@ -231,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     from privflow.config import StreamConfig
 
     chunk = args.chunk_rows if args.chunk_rows is not None else StreamConfig().chunk_rows
-    text = render(results, started, load, commit, chunk)
+    text = render(results, started, load, commit, chunk, args.epochs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(f"written to {args.out}")
