@@ -176,9 +176,10 @@ def exp_noise_rnm_probs(scores: np.ndarray, scale: float) -> np.ndarray:
         others = np.delete(s, j)
 
         def f(t: float, j: int = j, others: np.ndarray = others) -> float:
-            return stats.expon(loc=s[j], scale=scale).pdf(t) * float(
-                np.prod(stats.expon(loc=others, scale=scale).cdf(t))
-            )
+            # Exponential(loc, scale) density at t >= loc = s[j] times the others' CDFs, written
+            # out (scipy.stats' frozen distributions cost ~100 us per evaluation inside quad)
+            cdf = -np.expm1(-np.maximum(t - others, 0.0) / scale)
+            return math.exp(-(t - s[j]) / scale) / scale * float(np.prod(cdf))
 
         out.append(integrate.quad(f, s[j], s.max() + 60 * scale, limit=200)[0])
     p = np.array(out)
