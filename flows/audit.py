@@ -86,7 +86,7 @@ def audit_pipeline(
         slots = audit.canary_slots(model, canaries)  # from the architecture alone: before any row is read
         quarantine = folder / f"{audit_id}-quarantine.csv"  # curator-only, like the train flow's
         df, _ = validate(read_table(config.data), schema, config.policy, quarantine)
-        x_train, _ = encode_rows.fn(df, codec, config.select.validation_fraction, config.train.seed)
+        x_train, _ = encode_rows.fn(df, codec, config.select.fraction(schema.dataset.expected_rows), config.train.seed)
         initialise(model, config, plan, x_train, Spend())  # in memory only: no ledger, no MLflow
         shipped = settings_for(config.train, plan.stage("train"))
         settings = audit.mutate(shipped, mutation)

@@ -287,7 +287,8 @@ def fit_model(data: Any, cell: Cell, cfg: Any) -> tuple[Any, Any, list[Any], dic
     the chosen flow, the codec it was trained in (the DP-marginals copula codec when the
     config enables it), the events spent and facts about the run."""
     if cell.model == "dpmog":
-        x_train, _ = encode_rows.fn(data.train, data.codec, cfg.select.validation_fraction, cell.seed)
+        share = cfg.select.fraction(data.schema.dataset.expected_rows)
+        x_train, _ = encode_rows.fn(data.train, data.codec, share, cell.seed)
         model, events, facts = fit_dpmog(data, cell, cfg, x_train)
         return model, data.codec, events, facts
     private = cell.epsilon is not None

@@ -105,11 +105,11 @@ def pretrain_pipeline(config: RunConfig, show_progress: bool = True) -> Pretrain
     folder = store / "pretrain" / uuid.uuid4().hex[:12]
     folder.mkdir(parents=True, exist_ok=True)
     df, report = validate(read_table(config.data), schema, config.policy, folder / "quarantine.csv")
-    if df.height < config.select.min_rows():  # public rows: exact counts may be shown
+    if df.height < config.select.min_rows(None):  # public rows: exact counts may be shown
         raise DataError(
             f"Only {df.height} of the public file's {report.total_rows} rows pass the schema's checks "
             f"({report.quarantined_rows} set aside to {folder / 'quarantine.csv'}); pretraining needs at least "
-            f"{config.select.min_rows()}. Fix the file or the schema."
+            f"{config.select.min_rows(None)}. Fix the file or the schema."
         )
     with cpu_threads(config.train.threads), mlflow.start_run(run_name=f"{dataset}-public-pretrain") as active:
         tags = {PRETRAINED_TAG: "public", DATA_TAG: "public"}

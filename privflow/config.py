@@ -223,6 +223,13 @@ class SelectConfig(_Section):
 
     top_k: int = Field(1, ge=1)
     validation_fraction: float = Field(0.1, gt=0, lt=0.5)
+    max_validation_rows: int = Field(
+        100_000,
+        ge=2,
+        description="the selection split expects at most this many rows: on a table whose public "
+        "expected_rows * validation_fraction exceeds it, the share falls to max_validation_rows / "
+        "expected_rows, so scoring the checkpoints takes bounded time (the other rows train)",
+    )
     score: Literal["relative", "absolute"] = Field(
         "relative",
         description="relative: each row's log-likelihood minus its median over checkpoints, clipped to "
@@ -252,10 +259,18 @@ class SelectConfig(_Section):
             )
         return self
 
-    def min_rows(self) -> int:
+    def fraction(self, expected_rows: int | None) -> float:
+        """The selection split's share of the rows: validation_fraction, lowered so that the
+        split expects at most max_validation_rows of the schema's public expected_rows (never
+        of the private row count, which would make the split, and every score, leak it)."""
+        if not expected_rows:
+            return self.validation_fraction
+        return min(self.validation_fraction, self.max_validation_rows / expected_rows)
+
+    def min_rows(self, expected_rows: int | None) -> int:
         """Public minimum number of data rows: the selection split must expect >= 2 rows, and
         never fewer than MIN_ROWS_FLOOR rows overall."""
-        return max(math.ceil(2.0 / self.validation_fraction), MIN_ROWS_FLOOR)
+        return max(math.ceil(2.0 / self.fraction(expected_rows)), MIN_ROWS_FLOOR)
 
 
 class StreamConfig(_Section):

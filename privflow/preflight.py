@@ -520,7 +520,8 @@ def preflight(config: RunConfig) -> Preflight:
     timed("privacy parameters", check_privacy_parameters, config)
     schema = timed("schema", _check_schema, config)
     timed("privacy parameters", check_privacy_parameters, config, schema)
-    fmt, rows = timed("data file", check_table, Path(config.data), schema, "Data file", config.select.min_rows())
+    least = config.select.min_rows(schema.dataset.expected_rows)
+    fmt, rows = timed("data file", check_table, Path(config.data), schema, "Data file", least)
     timed("streaming", check_stream, config, schema)
     test_fmt = None
     if config.evaluate.test_data is not None:
@@ -544,7 +545,7 @@ def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
     check_privacy_parameters(config)
     schema = _check_schema(config)
     check_privacy_parameters(config, schema)
-    check_table(Path(config.data), schema, "Data file", config.select.min_rows())
+    check_table(Path(config.data), schema, "Data file", config.select.min_rows(schema.dataset.expected_rows))
     check_store(config.store)
     if canaries is not None:
         from privflow.codec import Codec
@@ -568,7 +569,7 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
             "Pretraining starts from the config's random initialisation; remove 'init_from' from --config."
         )
     schema = _check_schema(config)
-    fmt, rows = check_table(Path(config.data), schema, "Public data file", config.select.min_rows())
+    fmt, rows = check_table(Path(config.data), schema, "Public data file", config.select.min_rows(None))
     check_store(config.store)
     device = resolve_device(config.train.device)
     check_workers(config.train.workers, device)

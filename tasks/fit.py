@@ -271,7 +271,7 @@ def prepare(
             ),
         )
     encode = encode_rows if as_tasks else encode_rows.fn
-    x_train, x_val = encode(df, codec, config.select.validation_fraction, config.train.seed)
+    x_train, x_val = encode(df, codec, config.select.fraction(schema.dataset.expected_rows), config.train.seed)
     return codec, x_train, x_val
 
 

@@ -144,14 +144,14 @@ def _noisy_margin(
     df, _ = validate(
         read_table(config.data), schema, config.policy, run_dir / "promote_quarantine.csv", gate=lambda _failing: False
     )
+    coins = selection_coins(df, config.select.fraction(schema.dataset.expected_rows), config.train.seed)
+    val = df.filter(pl.Series(coins))
     if new.marginals == old.marginals:  # one flow codec: the clipped log-likelihoods, as before
-        val = df.filter(pl.Series(selection_coins(df, config.select.validation_fraction, config.train.seed)))
         x_val = new.codec.encode(val, np.random.default_rng(secret_seed()))
         lo, hi = config.select.score_low, config.select.score_high
         ll_new, ll_old = (version_loglik(v.flows, x_val) + conditional_loglik(v.codec, val) for v in (new, old))
         statistic, sensitivity = margin_statistic(ll_new, ll_old, lo, hi)
     else:  # two DP marginals over the same cells: each version in its own codec, same draws
-        val = df.filter(pl.Series(selection_coins(df, config.select.validation_fraction, config.train.seed)))
         seed = secret_seed()
         ll_new, ll_old = (copula_loglik(v, schema, val, seed) for v in (new, old))
         statistic, sensitivity = difference_statistic(ll_new, ll_old, config.select.relative_clip)

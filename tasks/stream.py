@@ -164,7 +164,7 @@ def encode_chunks(
                 continue
             clean = validate(chunk, schema, "strict", None, lambda _: False)[0]  # the first pass's checks
             rank = ranks.ranks(clean)  # occurrence ranks in the whole table, as the whole table's would be
-            coin = selection_coins(clean, config.select.validation_fraction, config.train.seed, rank)
+            coin = selection_coins(clean, config.select.fraction(schema.dataset.expected_rows), config.train.seed, rank)
             train, val = encode_split(clean, coin, codec, rng)
             x_train.append(train)
             x_val.append(val)

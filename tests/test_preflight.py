@@ -63,9 +63,20 @@ def test_demo_preflight_is_fast_and_imports_no_server_library(tmp_path: Path) ->
 
 def test_minimum_rows_follows_the_validation_fraction() -> None:
     cfg = RunConfig.build(data="x.csv", schema_path="s.yaml")
-    assert cfg.select.min_rows() == 20  # ceil(2 / 0.1)
+    assert cfg.select.min_rows(None) == cfg.select.min_rows(32_561) == 20  # ceil(2 / 0.1)
     cfg = RunConfig.build(data="x.csv", schema_path="s.yaml", select={"validation_fraction": 0.4})
-    assert cfg.select.min_rows() == 10
+    assert cfg.select.min_rows(None) == 10
+
+
+def test_selection_share_is_capped_by_the_public_expected_rows() -> None:
+    """Above max_validation_rows / validation_fraction expected rows the split expects
+    max_validation_rows rows; below, validation_fraction; the minimum row count follows."""
+    cfg = RunConfig.build(data="x.csv", schema_path="s.yaml", select={"max_validation_rows": 50_000})
+    assert cfg.select.fraction(None) == cfg.select.fraction(32_561) == cfg.select.fraction(500_000) == 0.1
+    assert cfg.select.fraction(5_000_000) * 5_000_000 == pytest.approx(50_000)
+    assert cfg.select.min_rows(5_000_000) == 200  # ceil(2 / 0.01)
+    with pytest.raises(ConfigError, match="max_validation_rows"):
+        RunConfig.build(data="x.csv", schema_path="s.yaml", select={"max_validation_rows": 1})
 
 
 def test_device() -> None:

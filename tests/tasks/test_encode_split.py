@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import polars as pl
+import pytest
 
 from privflow.tasks.encode import selection_coins
 
@@ -58,10 +59,14 @@ def test_a_table_of_few_distinct_rows_still_gets_its_selection_share(demo_dir) -
     assert repeated.filter(pl.Series(coins)).unique().height >= 18  # values' coins alone: ~2.4 of 24
 
 
-def test_a_streamed_encoding_splits_as_the_whole_table_does(demo_dir, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("max_validation_rows", [100_000, 300])
+def test_a_streamed_encoding_splits_as_the_whole_table_does(
+    demo_dir, tmp_path, monkeypatch, max_validation_rows: int
+) -> None:
     """The streamed path counts occurrence ranks across its chunks: on a table of repeated rows
     read 1,000 rows at a time (3 chunks, keys spread over 16 partition files) it puts the same
-    rows in the selection file as encoding it whole."""
+    rows in the selection file as encoding it whole. With the split capped at 300 of the
+    schema's 32,561 expected rows, both expect 3,000 * 300 / 32,561 = 28 selection rows, not 600."""
     import numpy as np
 
     from privflow import rank_spill
@@ -82,7 +87,7 @@ def test_a_streamed_encoding_splits_as_the_whole_table_does(demo_dir, tmp_path, 
         data=data,
         schema_path=schema_path,
         store=tmp_path / "store",
-        select={"validation_fraction": 0.2},
+        select={"validation_fraction": 0.2, "max_validation_rows": max_validation_rows},
         train={"seed": 4},
         stream={"enabled": True, "chunk_rows": 1000, "diagnostic_rows": 1000},
     )
@@ -93,7 +98,10 @@ def test_a_streamed_encoding_splits_as_the_whole_table_does(demo_dir, tmp_path, 
         ranks.record(validate(chunk, schema, "strict")[0])
     assert ranks.partitions == 16
     x_train, x_val, _ = stream.encode_chunks.fn(config, schema, codec, tmp_path, ranks)
-    whole_train, whole_val = encode.encode_rows.fn(df, codec, 0.2, seed=4)
+    share = config.select.fraction(schema.dataset.expected_rows)
+    assert share == (0.2 if max_validation_rows == 100_000 else 300 / schema.dataset.expected_rows)
+    whole_train, whole_val = encode.encode_rows.fn(df, codec, share, seed=4)
+    assert abs(len(whole_val) - df.height * share) < 5 * (df.height * share) ** 0.5  # 5 sd of the coins
     exact = [j for j, f in enumerate(codec.features) if f.kind == "categorical"]
     streamed_val = x_val[:]  # the selection file, in table order
     assert x_train.rows == len(whole_train) and x_val.rows == len(whole_val) > 0

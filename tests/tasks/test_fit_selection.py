@@ -120,3 +120,15 @@ def test_a_private_fit_scores_at_most_max_candidates_checkpoints() -> None:
     fitted = run(cfg, rows=600)
     steps = [s for s, _ in fitted.train.checkpoints]  # type: ignore[attr-defined]
     assert steps[0] == 0 and len(steps) == 4  # the start, then the trainer's 3 kept states
+
+
+def test_prepare_caps_the_selection_split_by_the_public_expected_rows() -> None:
+    """prepare splits at select.fraction(expected_rows): capped at 20 of 2,000 expected rows,
+    the selection split expects 20 rows, not validation_fraction's 200."""
+    df, schema = table(2_000)
+    cfg = config()
+    for cap, expected in ((100_000, 200), (20, 20)):
+        capped = cfg.model_copy(update={"select": cfg.select.model_copy(update={"max_validation_rows": cap})})
+        _, x_train, x_val = prepare(capped, schema, df, run_plan(capped, schema), Spend())
+        assert len(x_train) + len(x_val) == 2_000
+        assert abs(len(x_val) - expected) < 5 * expected**0.5  # 5 sd of the coins
