@@ -180,6 +180,9 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
     experiment_for("adult-promote", store)
     schema_path = _schema(tmp, "adult-promote", 20.0, 600)
     data = _slice(DEMO / "adult_train.csv", tmp / "new.csv", 0, 600)
+    # the pipeline run that registered a version registered its dataset: each test can run alone
+    # (or in another pytest-xdist process than the test whose promotion would otherwise do it)
+    Ledger(store / "ledger.db").ensure_dataset("adult-promote", 20.0, 1e-5)
     return {"tmp": tmp, "store": store, "schema": schema_path, "data": data}
 
 
