@@ -19,6 +19,9 @@ own: the one per-step buffer that grows with expected_rows.
     # 32M rows streamed, as many DP-SGD steps as one epoch of 3.2M (what grows is the table, not the steps):
     .venv/bin/python benchmarks/bench_stream.py --sizes 32000000 --epochs 0.1 --modes streamed \
         --out benchmarks/results/stream_32m.md
+    # 3.2M rows streamed once the selection split is capped (select.max_validation_rows):
+    .venv/bin/python benchmarks/bench_stream.py --sizes 3200000 --modes streamed \
+        --out benchmarks/results/stream_select_cap.md
 """
 
 from __future__ import annotations
