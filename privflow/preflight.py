@@ -140,7 +140,11 @@ def _type_fits(col: Column, dtype: object) -> bool:
     return False
 
 
-SELECTION_NEEDS = "so that the checkpoint-selection split gets validation rows"
+SELECTION_NEEDS = (
+    "so that the checkpoint-selection split gets validation rows: its share is select.validation_fraction, "
+    "lowered to select.max_validation_rows over the schema's expected_rows on a large table, so an "
+    "expected_rows far above the real row count also raises it"
+)
 
 
 def check_table(

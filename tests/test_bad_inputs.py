@@ -95,6 +95,13 @@ def few_rows(ws):
     return _data(ws, p)
 
 
+def expected_rows_far_above_the_table(ws):
+    """100M expected rows cap the selection split at 100,000 / 1e8 = 0.1%: 2,000 rows needed."""
+    doc = _schema_doc(ws)
+    doc["dataset"]["expected_rows"] = 100_000_000
+    return [*_write_schema(ws, doc, "huge.yaml"), "--delta", "1e-9"]
+
+
 def over_budget(ws):
     doc = _schema_doc(ws)
     doc["dataset"]["budget"]["epsilon"] = 0.5
@@ -316,6 +323,7 @@ def schema_nested_deep(ws):
 CASES = [
     ("device-cuda-without-cuda", device_cuda, 2, ["cuda", "--device cpu"]),
     ("three-rows", few_rows, 2, ["3 data row", "at least"]),
+    ("expected-rows-far-above", expected_rows_far_above_the_table, 2, ["400 data row", "2000", "expected_rows"]),
     ("epsilon-1e4", _flag("--epsilon", "1e4"), 2, ["limit of 100"]),
     ("epsilon-1e6", _flag("--epsilon", "1e6"), 2, ["limit of 100"]),
     ("epsilon-inf", _flag("--epsilon", "inf"), 2, ["epsilon", "finite"]),
