@@ -4,19 +4,23 @@ variants, under the same DP-SGD, and non-private references (issue 13: why AP st
 Each DP variant is trained by the project's trainer (``privacy.dp_sgd.train``: Poisson
 sampling, flat clipping C = 1, noise, Adam, EMA 0.95) on the training split's public features
 (``privflow.target_head.head_widths``: numerics through the 5-knot hat basis, one-hot
-categoricals), at a noise multiplier calibrated for epsilon = `--head-epsilon` (0.2: the head's
-default share of a run at epsilon 1) and delta 1e-5 on its own, and scored by AUROC and AP of
-its P(positive class) on the real test split. Variants, declared before the run:
+categoricals), at a noise multiplier calibrated for each epsilon of `--head-epsilon` (default 0.2:
+the head's default share of a run at epsilon 1; larger ones show how much of the gap to the
+non-private references is noise and how much the model's form or its training) and delta 1e-5 on
+its own, and scored by AUROC and AP of its P(positive class) on the real test split. Variants,
+declared before the run:
 
 - `linear` (the shipped head: 200 steps, expected batch expected_rows / 64, lr 0.02);
 - `linear, 400 steps` and `linear, batch x4, 100 steps` (Li et al.'s larger-batch advice);
 - `mlp-16`, `mlp-32`: the linear head plus a tanh hidden layer of 16 / 32 units (public random
   initialisation), i.e. interactions between columns.
 
-References without noise on the same features: logistic regression (scikit-learn, C = 1) and
-histogram gradient boosting (interactions, non-private). Diagnostics on real rows: not DP.
+References without noise on the same features: logistic regression (scikit-learn, C = 1), a
+one-hidden-layer network of 16 units (scikit-learn's MLPClassifier: interactions, fitted
+smoothly) and histogram gradient boosting (interactions, non-private). Diagnostics on real rows:
+not DP.
 
-    .venv/bin/python benchmarks/bench_head.py [--dataset adult] [--seeds 0 1 2] [--head-epsilon 0.2]
+    .venv/bin/python benchmarks/bench_head.py [--dataset adult] [--seeds 0 1 2] [--head-epsilon 0.2 [1 ...]]
 """
 
 from __future__ import annotations
@@ -80,10 +84,13 @@ def _rows(schema: Any, df: Any, knots: int) -> np.ndarray:
     return head_rows(schema, df, knots)
 
 
-def run(dataset: str, seeds: list[int], head_epsilon: float) -> dict[str, list[tuple[float, float]]]:
+def run(dataset: str, seeds: list[int], head_epsilons: list[float]) -> dict[str, list[tuple[float, float]]]:
+    """(AUROC, AP) per seed of every DP variant at every epsilon ('DP: name' with ', epsilon e' added
+    when there are several), then of the non-private references."""
     from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import average_precision_score, roc_auc_score
+    from sklearn.neural_network import MLPClassifier
 
     from privflow.config import HeadConfig
     from privflow.features import expand_features
@@ -100,7 +107,9 @@ def run(dataset: str, seeds: list[int], head_epsilon: float) -> dict[str, list[t
     n = int(schema.dataset.expected_rows)
     base_batch = head_shape(n, 1).sample_rate * n
     out: dict[str, list[tuple[float, float]]] = {}
-    for name, (hidden, steps, mult) in VARIANTS.items():
+    cells = [(e, name, v) for e in head_epsilons for name, v in VARIANTS.items()]
+    for head_epsilon, name, (hidden, steps, mult) in cells:
+        label = f"DP: {name}" + (f", epsilon {head_epsilon:g}" if len(head_epsilons) > 1 else "")
         shape = head_shape(n, steps, int(round(base_batch * mult)))
         sigma = noise_for_epsilon(head_epsilon, 1e-5, shape)
         for seed in seeds:
@@ -111,11 +120,12 @@ def run(dataset: str, seeds: list[int], head_epsilon: float) -> dict[str, list[t
                 x = torch.from_numpy(test_rows)
                 logp = model.scores(x) if hidden else torch.log_softmax(model.linear(model.expand(x[:, :-1])), 1)
             p = logp[:, 1].numpy()
-            out.setdefault(f"DP: {name}", []).append((roc_auc_score(y_test, p), average_precision_score(y_test, p)))
+            out.setdefault(label, []).append((roc_auc_score(y_test, p), average_precision_score(y_test, p)))
     f_train = expand_features(train_rows[:, :-1], widths)
     f_test = expand_features(test_rows[:, :-1], widths)
     for name, clf in (
         ("non-private: logistic regression", LogisticRegression(max_iter=2000)),
+        ("non-private: network, 16 hidden units", MLPClassifier((16,), alpha=1e-3, max_iter=300, random_state=0)),
         ("non-private: gradient boosting", HistGradientBoostingClassifier(random_state=0)),
     ):
         p = clf.fit(f_train, train_rows[:, -1]).predict_proba(f_test)[:, 1]
@@ -146,14 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="adult")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--head-epsilon", type=float, default=0.2)
+    ap.add_argument("--head-epsilon", type=float, nargs="+", default=[0.2], help="one or more epsilons")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
     torch.set_num_threads(1)
     results = run(args.dataset, args.seeds, args.head_epsilon)
     notes = [
-        f"{args.dataset}, training split -> real test split; DP variants at epsilon {args.head_epsilon:g} (delta 1e-5) "
+        f"{args.dataset}, training split -> real test split; DP variants at epsilon "
+        f"{', '.join(f'{e:g}' for e in args.head_epsilon)} (delta 1e-5) "
         f"on their own, seeds {', '.join(map(str, args.seeds))} (mean ± sample std); non-private references once.",
         "The head's own P(positive class | other columns), scored on real rows: not differentially private.",
     ]
