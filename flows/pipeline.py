@@ -43,6 +43,7 @@ from privflow.copula import CopulaCodec
 from privflow.curator import curator_dir, write_json
 from privflow.errors import ValidationFailed
 from privflow.io import read_table, write_table
+from privflow.preflight import gate_limit
 from privflow.privacy.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.fingerprint import keyed_fingerprint, store_key
 from privflow.privacy.ledger import Ledger
@@ -94,17 +95,6 @@ class RunSummary:
         return asdict(self)
 
 
-def _gate_threshold(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> float:
-    """The public limit on the DP count of failing rows: a fraction of expected_rows, at least
-    the gate's noise floor."""
-    fraction = config.gate.strict_max_failing if config.policy == "strict" else config.gate.quarantine_max_failing
-    return validation_gate.threshold(
-        fraction * float(schema.dataset.expected_rows or 0),
-        plan.stage("validate").event,  # type: ignore[arg-type]
-        config.gate.false_stop,
-    )
-
-
 def _read_and_gate(
     config: RunConfig,
     schema: Schema,
@@ -118,7 +108,7 @@ def _read_and_gate(
     Returns the clean table, or for a streamed run (`work`: its scratch folder) what the first
     pass over the chunks keeps (tasks/stream.py)."""
     stage = plan.stage("validate")
-    threshold = _gate_threshold(config, schema, plan)
+    threshold = gate_limit(config, schema, plan)
     decisions: list[validation_gate.GateDecision] = []
 
     def gate(failing: int) -> bool:

@@ -133,6 +133,8 @@ def retrain_on_new_data(
         checked = preflight(config)
     except BudgetExceeded as exc:  # the run alone does not fit
         return _refused(config, schema, data_path, str(exc))
+    for note in checked.notes:
+        log.warning(note)
     config = candidate_config(checked.config)
     store_dir = Path(config.store).resolve()
     ledger_path = str(store_dir / "ledger.db")

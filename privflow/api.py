@@ -14,6 +14,7 @@ of the released model: they spend no privacy and never touch the training rows.
 from __future__ import annotations
 
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,7 +207,10 @@ def fit(
         )
         # the CLI's checks, before the store is set up, any server starts or the ledger reserves
         try:
-            run = preflight(run).config
+            checked = preflight(run)
+            run = checked.config
+            for note in checked.notes:
+                warnings.warn(note, UserWarning, stacklevel=2)
         except PrivflowError as exc:  # name the caller's frame or schema, not this call's temporary copy
             text = str(exc)
             for path, what in ((run.data, "the data frame given to fit"), (run.schema_path, "the schema given")):

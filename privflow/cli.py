@@ -356,6 +356,10 @@ def _start_run(
         highlight=False,
         soft_wrap=True,
     )
+    for note in checked.notes:
+        from rich.markup import escape
+
+        console.print(f"[bold yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     ready = None
     if server:
         # Every cheap check passed: Prefect's temporary server starts now, in its own process,

@@ -64,6 +64,7 @@ class Preflight:
     device: str
     test_format: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # warnings that do not stop the run (`gate_note`), for the caller to show
 
     @property
     def seconds(self) -> float:
@@ -470,6 +471,38 @@ def _check_budget(config: RunConfig, schema: Schema) -> object:
     return plan
 
 
+def gate_limit(config: RunConfig, schema: Schema, plan: object) -> float:
+    """The public limit on the validation gate's DP count of failing rows: the policy's fraction
+    of expected_rows, at least the gate's noise floor (privacy/mechanisms/validation_gate.py)."""
+    from privflow.privacy.mechanisms import validation_gate
+
+    fraction = config.gate.strict_max_failing if config.policy == "strict" else config.gate.quarantine_max_failing
+    return validation_gate.threshold(
+        fraction * float(schema.dataset.expected_rows or 0),
+        plan.stage("validate").event,  # type: ignore[attr-defined]
+        config.gate.false_stop,
+    )
+
+
+def gate_note(config: RunConfig, schema: Schema, plan: object, rows: int) -> str | None:
+    """A warning when the gate cannot stop the run: its limit (on a small table, the noise floor
+    of its DP count) is at least the table's row count, so even a table whose every row fails
+    the checks goes on, trained on the rows that pass. From public quantities: expected_rows
+    where declared, else the counted rows (as the minimum-row check)."""
+    size = schema.dataset.expected_rows or rows
+    limit = gate_limit(config, schema, plan)
+    if limit < size:
+        return None
+    eps = 1.0 / plan.stage("validate").event.noise_multiplier  # type: ignore[attr-defined]
+    return (
+        f"the validation gate cannot stop this run: its limit of {limit:.0f} failing rows (the noise floor of its "
+        f"DP count at epsilon {eps:.3g}) is not below the table's {size} rows, so however many rows fail the "
+        f"schema's checks the run goes on with the rows that pass ({config.policy} policy), possibly very few. "
+        "Check the table against the schema before spending, or give the gate a larger share "
+        "(privacy.gate_share) to lower the floor."
+    )
+
+
 def check_registry(store: Path, wanted: str, remedy: str) -> None:
     """A command that reads registered models has a registry to read: the store is a folder with
     MLflow's database, unless an operator's tracking server is configured. Nothing is created
@@ -537,8 +570,9 @@ def preflight(config: RunConfig) -> Preflight:
     if config.init_from is not None:
         config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
     plan = timed("plan and budget", _check_budget, config, schema)
+    note = gate_note(config, schema, plan, rows)
     # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
-    return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings)
+    return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings, (note,) if note else ())
 
 
 def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:

@@ -69,8 +69,10 @@ class Column(BaseModel):
                 raise ValueError(f"column '{self.name}' is {self.type} and needs public bounds [low, high]")
             low, high = self.bounds
             if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                one = " (a column that holds one value tells nothing: drop it from the schema and the data, or "
                 raise ValueError(
                     f"column '{self.name}': bounds must be finite with low < high, got {list(self.bounds)}"
+                    + (one + "declare it categorical with that value as its one category)" if low == high else "")
                 )
             if self.type == "integer" and math.ceil(low) > math.floor(high):
                 raise ValueError(
@@ -90,6 +92,12 @@ class Column(BaseModel):
                 raise ValueError(f"column '{self.name}' is categorical and needs a non-empty 'categories' list")
             if len(set(self.categories)) != len(self.categories):
                 raise ValueError(f"column '{self.name}': categories are not unique")
+            if "" in self.categories:
+                raise ValueError(
+                    f"column '{self.name}': the empty text '' cannot be a category, since an empty field is "
+                    "read as missing; declare the column `nullable: true` for empty fields, or give the "
+                    "category a visible label in the data and the schema"
+                )
             if self.bounds is not None or self.transform != "none":
                 raise ValueError(f"column '{self.name}' is categorical; 'bounds' and 'transform' do not apply")
         return self
@@ -149,6 +157,21 @@ class Schema(BaseModel):
                     f"{clash} of column '{col.name}' is both a declared category and a dataset.missing_values "
                     "token; a value cannot be both, so drop it from one of the two"
                 )
+        folded: dict[str, list[str]] = {}
+        for n in names:
+            folded.setdefault(n.casefold(), []).append(n)
+        same = [group for group in folded.values() if len(group) > 1]
+        if same:
+            raise ValueError(
+                f"column names {same[0]} differ only in letter case; the validation library matches "
+                "column names without regard to case, so rename one of them in the schema and the data"
+            )
+        internal = [n for n in names if n.lstrip("_").startswith("privflow") and n.startswith("_")]
+        if internal:
+            raise ValueError(
+                f"column name(s) {internal} are reserved: names that start with '_privflow' are privflow's own "
+                "(e.g. the quarantine file's row number and failed checks), so rename them in the schema and the data"
+            )
         reserved = [n for n in names if n in SCORE_COLUMNS]
         if reserved:
             raise ValueError(
@@ -160,6 +183,12 @@ class Schema(BaseModel):
                 raise ValueError(f"target '{self.target}' is not a declared column")
             if not self.column(self.target).is_categorical:
                 raise ValueError(f"target '{self.target}' must be categorical")
+            target = self.column(self.target)
+            if len(target.categories or ()) + (1 if target.nullable else 0) < 2:
+                raise ValueError(
+                    f"target '{self.target}' has a single class; a target needs at least two (two categories, "
+                    "or one and `nullable: true`), so declare the other classes or drop `target`"
+                )
         return self
 
     @property

@@ -4,6 +4,7 @@ fast on the demo, checks without reserving, and resolves the device."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,31 @@ def test_huge_or_non_finite_epsilon_is_refused_at_once(epsilon: float) -> None:
     cfg = cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update={"epsilon": epsilon})})
     with pytest.raises(ConfigError, match="epsilon"):
         preflight(cfg)
+
+
+@pytest.mark.gate_odds
+def test_gate_note_warns_when_the_gate_cannot_stop_the_run() -> None:
+    """On a table no larger than the gate's limit (its noise floor at a small epsilon), even a table
+    whose every row fails goes on: pre-flight says so; on a larger table it says nothing."""
+    from types import SimpleNamespace
+
+    from privflow.preflight import gate_limit, gate_note
+    from privflow.privacy.events import LaplaceEvent
+    from privflow.schema import Schema
+
+    schema = Schema.from_yaml(DEMO / "adult.yaml")
+    stage = SimpleNamespace(event=LaplaceEvent(50.0))  # the gate at epsilon 0.02: floor 50 ln 500 = 311
+    plan = SimpleNamespace(stage=lambda name: stage)
+    cfg = RunConfig.build(data="x.csv", schema_path="s.yaml", gate={"false_stop": 1e-3})
+
+    def sized(rows: int | None) -> Schema:
+        return schema.model_copy(update={"dataset": schema.dataset.model_copy(update={"expected_rows": rows})})
+
+    small = sized(300)
+    assert gate_limit(cfg, small, plan) == pytest.approx(50.0 * math.log(500.0))
+    note = gate_note(cfg, small, plan, rows=300)
+    assert note is not None and "cannot stop" in note and "311" in note and "300 rows" in note
+    assert "privacy.gate_share" in note
+    assert gate_note(cfg, sized(32_000), plan, rows=300) is None  # expected_rows decides, not the count
+    assert gate_note(cfg, sized(None), plan, rows=5_000) is None  # undeclared: the counted rows
+    assert gate_note(cfg, sized(None), plan, rows=200) is not None

@@ -168,7 +168,7 @@ def test_gate_limit_is_raised_to_the_configured_false_stop_floor(tmp_path: Path,
     """gate.false_stop sets the noise floor: the count a clean table exceeds with that probability."""
     from types import SimpleNamespace
 
-    from privflow.flows.pipeline import _gate_threshold
+    from privflow.preflight import gate_limit
     from privflow.schema import Schema
 
     data, schema_path = _slice(tmp_path, demo_dir, 2000)
@@ -177,7 +177,7 @@ def test_gate_limit_is_raised_to_the_configured_false_stop_floor(tmp_path: Path,
     plan = SimpleNamespace(stage=lambda name: stage)
     for false_stop in (1e-3, 1e-6):
         cfg = _config(data, schema_path, tmp_path / "store", gate={"false_stop": false_stop})
-        limit = _gate_threshold(cfg, schema, plan)
+        limit = gate_limit(cfg, schema, plan)
         assert limit > 0.01 * 2000  # the floor, not the policy's 1% of expected_rows
         assert 0.5 * math.exp(-limit / 50.0) == pytest.approx(false_stop)
 
