@@ -327,7 +327,7 @@ def copula_to_schema_logdet(codec: CopulaCodec, df: Any) -> np.ndarray | None:
     comparable with every other cell's `nll` (-inf where a row's bin has no released mass: the
     model gives those rows density 0). Integer and categorical cells are dequantized
     differently by the two codecs, so tables keep `nll_copula` only."""
-    if any(c.kind != "numeric" for c in codec.cells):
+    if any(c.kind != "numeric" or c.atoms.size for c in codec.cells):  # an atom has no density
         return None
     out = np.zeros(df.height)
     for j, c in enumerate(codec.cells):

@@ -17,9 +17,11 @@ Each column's marginal is a probability vector over its cells, in this order:
   gain of 0 are kept exactly). Otherwise the cells are `grid_bins` equal-width bins of the
   dequantized domain [lo, hi + 1) on the column's scale (identity or log1p), with edges
   rounded to integers and duplicates dropped (on a log scale the first cells are then
-  single integers, e.g. 0, 1, 2, ...);
+  single integers, e.g. 0, 1, 2, ...); each of the schema's declared `atoms` is cut out as a
+  single integer of its own;
 - numeric: `grid_bins` equal-width bins of [lo, hi] on the column's scale (t = identity or
-  log1p);
+  log1p), and a zero-width cell [a, a] for each declared atom a (a public point mass: 0 for
+  an amount that is often exactly zero, a default value), which holds the rows equal to a;
 - a nullable column has one more cell, last, for null.
 
 Encode (`CopulaCodec.encode`): a value in cell k, whose CDF interval is [F_k, F_k + p_k),
@@ -100,6 +102,8 @@ class Cells:
     ends: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     edges: np.ndarray = field(default_factory=lambda: np.zeros(0))
     bounds: tuple[float, float] | None = None
+    atoms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # numeric: declared point masses, sorted
+    atom_cells: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # and their cells
 
     @property
     def n_values(self) -> int:
@@ -128,7 +132,21 @@ def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int
     lo, hi = col.bounds  # type: ignore[misc]
     if col.type == "numeric":
         edges = np.linspace(float(_t(lo, col.transform)), float(_t(hi, col.transform)), grid_bins + 1)
-        return Cells(col.name, "numeric", col.nullable, col.transform, edges=edges, bounds=(float(lo), float(hi)))
+        atoms = np.unique(np.asarray(col.atoms, dtype=np.float64))
+        t_atoms = np.asarray(_t(atoms, col.transform), dtype=np.float64)
+        # each atom's edge twice (a grid edge it falls on once only): the cell between is [a, a]
+        edges = np.sort(np.concatenate([edges[~np.isin(edges, t_atoms)], t_atoms, t_atoms]))
+        cells = np.searchsorted(edges, t_atoms, side="left").astype(np.int64)
+        return Cells(
+            col.name,
+            "numeric",
+            col.nullable,
+            col.transform,
+            edges=edges,
+            bounds=(float(lo), float(hi)),
+            atoms=atoms,
+            atom_cells=cells,
+        )
     lo_i, hi_i = math.ceil(lo), math.floor(hi)  # at least one integer: the schema refuses bounds without
     if hi_i - lo_i + 1 <= max_atoms:
         starts = np.arange(lo_i, hi_i + 1, dtype=np.int64)
@@ -136,7 +154,8 @@ def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int
         t_edges = np.linspace(float(_t(lo_i, col.transform)), float(_t(hi_i + 1, col.transform)), grid_bins + 1)
         cuts = np.rint(_t_inv(t_edges, col.transform)).astype(np.int64)
         cuts[0], cuts[-1] = lo_i, hi_i + 1
-        starts = np.unique(np.clip(cuts[:-1], lo_i, hi_i))
+        atoms = np.asarray(col.atoms, dtype=np.int64)  # each its own run [a, a + 1)
+        starts = np.unique(np.clip(np.concatenate([cuts[:-1], atoms, atoms + 1]), lo_i, hi_i))
     ends = np.append(starts[1:], hi_i + 1).astype(np.int64)
     return Cells(
         col.name, "integer", col.nullable, col.transform, starts=starts, ends=ends, bounds=(float(lo_i), float(hi_i))
@@ -192,7 +211,12 @@ def cell_positions(s: pl.Series, cells: Cells) -> tuple[np.ndarray, np.ndarray]:
             tx = _t(xv, cells.transform)
             e = cells.edges
             idx = np.clip(np.searchsorted(e, tx, side="right") - 1, 0, e.size - 2)
-            pos = np.clip((tx - e[idx]) / (e[idx + 1] - e[idx]), 0.0, 1.0)
+            with np.errstate(divide="ignore", invalid="ignore"):  # an atom's zero-width cell: set below
+                pos = np.clip((tx - e[idx]) / (e[idx + 1] - e[idx]), 0.0, 1.0)
+            if cells.atoms.size:  # a value equal to a declared atom: the atom's cell, its position drawn
+                hit = np.isin(xv, cells.atoms) & ~isnull
+                idx[hit] = cells.atom_cells[np.searchsorted(cells.atoms, xv[hit])]
+                pos[hit] = np.nan
     if isnull.any():
         if not cells.nullable:
             raise DataError(
@@ -351,7 +375,10 @@ class CopulaCodec:
             self.schema.names == other.schema.names
             and (self.marginals.max_atoms, self.marginals.grid_bins)
             == (other.marginals.max_atoms, other.marginals.grid_bins)
-            and all(a.n_cells == b.n_cells for a, b in zip(self.cells, other.cells, strict=True))
+            and all(
+                a.n_cells == b.n_cells and np.array_equal(a.atoms, b.atoms)
+                for a, b in zip(self.cells, other.cells, strict=True)
+            )
         )
 
     @property
@@ -457,6 +484,9 @@ class CopulaCodec:
             e = c.edges
             lo, hi = c.bounds  # type: ignore[misc]
             x = np.clip(_t_inv(e[k] + r * (e[k + 1] - e[k]), c.transform), lo, hi)
+            if c.atoms.size:  # an atom's cell gives the atom itself (no round trip through the t-scale)
+                at = np.isin(k, c.atom_cells)
+                x[at] = c.atoms[np.searchsorted(c.atom_cells, k[at])]
             s = pl.Series(c.column, x, dtype=pl.Float64)
         if isnull.any():
             s = s.scatter(np.flatnonzero(isnull), None)

@@ -21,6 +21,7 @@ ColumnType = Literal["numeric", "integer", "categorical"]
 Transform = Literal["none", "log1p"]
 
 
+MAX_ATOMS = 64  # declared point masses per column
 SCORE_COLUMNS = ("loglik", "anomaly")  # the columns `privflow score` writes beside a table's own
 
 
@@ -61,6 +62,12 @@ class Column(BaseModel):
     categories: tuple[str, ...] | None = None
     transform: Transform = "none"
     nullable: bool = False
+    atoms: tuple[float, ...] = Field(
+        (),
+        max_length=MAX_ATOMS,
+        description="public point masses of a numeric or integer column (e.g. 0 for an amount that is often "
+        "exactly zero): each gets a cell of its own in the DP marginals, so it is kept exactly",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Column:
@@ -87,6 +94,13 @@ class Column(BaseModel):
                 raise ValueError(f"column '{self.name}' is {self.type}; 'categories' is only for categorical columns")
             if self.transform == "log1p" and low < 0:
                 raise ValueError(f"column '{self.name}': a log1p transform needs bounds >= 0")
+            outside = [a for a in self.atoms if not low <= a <= high]
+            if outside:
+                raise ValueError(f"column '{self.name}': atoms {outside} lie outside its bounds {list(self.bounds)}")
+            if self.type == "integer" and any(a != math.floor(a) for a in self.atoms):
+                raise ValueError(f"column '{self.name}' is integer; its atoms must be whole numbers")
+            if len(set(self.atoms)) != len(self.atoms):
+                raise ValueError(f"column '{self.name}': atoms are not unique")
         else:
             if not self.categories:
                 raise ValueError(f"column '{self.name}' is categorical and needs a non-empty 'categories' list")
@@ -98,8 +112,8 @@ class Column(BaseModel):
                     "read as missing; declare the column `nullable: true` for empty fields, or give the "
                     "category a visible label in the data and the schema"
                 )
-            if self.bounds is not None or self.transform != "none":
-                raise ValueError(f"column '{self.name}' is categorical; 'bounds' and 'transform' do not apply")
+            if self.bounds is not None or self.transform != "none" or self.atoms:
+                raise ValueError(f"column '{self.name}' is categorical; 'bounds', 'transform' and 'atoms' do not apply")
         return self
 
     @field_validator("categories", mode="before")

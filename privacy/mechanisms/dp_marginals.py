@@ -3,7 +3,8 @@
 What is released. For each column j of the schema, the histogram of the rows over the
 column's public cells (`privflow.copula.column_cells`: declared categories; every integer of a
 small integer support, else a fine grid of integer runs; a fine grid of bins for numeric
-columns, on the log1p scale where the schema says so; a null cell for a nullable column).
+columns, on the log1p scale where the schema says so; a cell of its own for each of the
+schema's declared point masses, `atoms`; a null cell for a nullable column).
 The d histograms are concatenated into one count vector and released once with the
 Gaussian mechanism (exact sampler, `privacy.noise` via `gaussian_mechanism`).
 
