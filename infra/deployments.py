@@ -235,9 +235,11 @@ def deploy(site: Site, pool: str, image: str | None = None, job_variables: dict[
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; a bad flag, file or cron expression is one line on stderr and status 2."""
+    from privflow.errors import PrivflowError
+
     try:
         return _main(argv)
-    except (ValueError, OSError) as exc:  # pydantic's and Prefect's validation errors are ValueErrors
+    except (ValueError, OSError, PrivflowError) as exc:  # pydantic's and Prefect's validation errors are ValueErrors
         print(f"error: {' '.join(str(exc).split())[:600]}", file=sys.stderr)
         return 2
 
@@ -248,6 +250,8 @@ def check_site(site: Site) -> None:
 
     if not site.schema.is_file():
         raise ValueError(f"schema '{site.schema}' is not a file (--schema or PRIVFLOW_SCHEMA)")
+    if site.config is not None and not site.config.is_file():
+        raise ValueError(f"config '{site.config}' is not a file (--config or PRIVFLOW_CONFIG)")
     try:
         CronSchedule(cron=site.cron, timezone=site.timezone)
     except ValueError:
@@ -269,6 +273,8 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image", help="container image (deploy to a Kubernetes pool)")
     parser.add_argument("--gpus", type=int, help="GPUs per flow run (job variable gpu_count of the Kubernetes pool)")
     args = parser.parse_args(argv)
+    if args.gpus is not None and args.gpus < 0:
+        parser.error(f"--gpus must be 0 or more, got {args.gpus}")
     from privflow import env
 
     site = Site.from_env(

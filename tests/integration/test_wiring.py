@@ -112,12 +112,21 @@ def _site(tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("flags", "needle"),
-    [(["--cron", "not a cron"], "is not a cron expression"), (["--schema", "nope.yaml"], "is not a file")],
+    [
+        (["--cron", "not a cron"], "is not a cron expression"),
+        (["--schema", "nope.yaml"], "is not a file"),
+        (["--config", "nope.yaml"], "is not a file (--config"),
+        (["--config", "BAD"], "train.epochz"),  # a config with an unknown setting (fuzzing round 6: exit 1)
+    ],
 )
 def test_a_bad_site_is_one_line_and_status_2(tmp_path: Path, capsys, flags: list[str], needle: str) -> None:
-    """`python -m infra.deployments show --cron 'not a cron'` printed a traceback and exited 1."""
+    """`python -m infra.deployments show --cron 'not a cron'` printed a traceback and exited 1, and
+    a config file that was missing or held an unknown setting did too."""
     from infra.deployments import main
 
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {epochz: 1}\n")
+    flags = [str(bad) if f == "BAD" else f for f in flags]
     assert main(["show", "--store", str(tmp_path / "store"), *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and needle in err and "Traceback" not in err
