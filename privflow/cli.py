@@ -122,8 +122,9 @@ def _fail(message: str, code: int = EXIT_USER) -> None:
     raise typer.Exit(code)
 
 
-def _guarded(verbose: bool, body: Callable[[], Any]) -> Any:
-    """Run a command body with the CLI's exit-status contract (module docstring)."""
+def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any:
+    """Run a command body with the CLI's exit-status contract (module docstring); `spends`: the
+    command can charge the ledger (an interrupted one says where its charges are)."""
     from privflow.errors import PrivflowError, disk_full
 
     try:
@@ -134,11 +135,8 @@ def _guarded(verbose: bool, body: Callable[[], Any]) -> Any:
         if verbose:
             traceback.print_exc()
         what, status = _stopped(exc)
-        console.print(
-            f"{what} Any privacy already spent by the run stays recorded in the ledger; see `privflow ledger show`.",
-            highlight=False,
-            soft_wrap=True,
-        )
+        spent = " Any privacy already spent by the run stays recorded in the ledger; see `privflow ledger show`."
+        console.print(f"{what}{spent if spends else ''}", highlight=False, soft_wrap=True)
         raise typer.Exit(status) from None
     except PrivflowError as exc:
         if verbose:
@@ -523,7 +521,7 @@ def generate(
     verbose: VerboseOpt = False,
 ) -> None:
     """Sample synthetic rows from a registered model (never touches the training data)."""
-    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, device))
+    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, device), spends=False)
 
 
 def _generate(
@@ -740,7 +738,7 @@ def ledger_show(
 ) -> None:
     """Charged runs (settled, abandoned, open reservations), their privacy events and the
     cumulative (epsilon, delta), per dataset: the publishable summary (no data fingerprints)."""
-    _guarded(verbose, lambda: _ledger_show(dataset, store, verbose))
+    _guarded(verbose, lambda: _ledger_show(dataset, store, verbose), spends=False)
 
 
 def _ledger_at(store: Path, dataset: str | None = None) -> Any:

@@ -121,6 +121,8 @@ class SpilledRanks:
             raise DataError(
                 "The data file's clean rows differ between the validation pass and the encoding pass "
                 f"(at chunk {self._served + 1}): was the file changed while the run read it? "
+                "The mechanisms that ran on the first pass (the validation gate and the DP statistics read "
+                "there) stay charged in the ledger (`privflow ledger show`); nothing else was spent. "
                 "Run again on a file nothing writes to."
             )
         self._served += 1

@@ -397,3 +397,25 @@ def test_score_will_not_write_over_its_own_input(tmp_path: Path) -> None:
     )  # fmt: skip
     _assert_user_error(result, "is the --data table itself")
     assert table.read_text() == before
+
+
+@pytest.mark.parametrize(("command", "spends"), [("generate", False), ("run", True)])
+def test_an_interrupted_command_mentions_the_ledger_only_when_it_can_spend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, spends: bool
+) -> None:
+    """Ctrl-C exits 130 with one line; `generate` spends nothing, so it no longer says that privacy
+    already spent stays in the ledger (fuzzing round 6), while `run` still does."""
+    import privflow.cli as cli
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_generate" if command == "generate" else "_run_body", interrupted)
+    args = {
+        "generate": ["generate", "--model", "m@a", "-n", "5", "-o", str(tmp_path / "o.csv")],
+        "run": ["run", "--data", "d.csv", "--schema", "s.yaml", "--no-server"],
+    }[command]
+    result = runner.invoke(app, [*args, "--store", str(tmp_path / "store")])
+    assert result.exit_code == 130, result.output
+    assert "interrupted (Ctrl-C)" in result.output
+    assert ("stays recorded in the ledger" in result.output) is spends
