@@ -489,14 +489,16 @@ def gate_note(config: RunConfig, schema: Schema, plan: object, rows: int) -> str
     of its DP count) is at least the table's row count, so even a table whose every row fails
     the checks goes on, trained on the rows that pass. From public quantities: expected_rows
     where declared, else the counted rows (as the minimum-row check)."""
-    size = schema.dataset.expected_rows or rows
+    expected = schema.dataset.expected_rows
     limit = gate_limit(config, schema, plan)
-    if limit < size:
+    if limit < (expected or rows):
         return None
     eps = 1.0 / plan.stage("validate").event.noise_multiplier  # type: ignore[attr-defined]
+    # the private count is never printed (a retraining flow logs this to Prefect): the public figure or none
+    size = f"{expected} expected rows" if expected else "row count"
     return (
         f"the validation gate cannot stop this run: its limit of {limit:.0f} failing rows (the noise floor of its "
-        f"DP count at epsilon {eps:.3g}) is not below the table's {size} rows, so however many rows fail the "
+        f"DP count at epsilon {eps:.3g}) is not below the table's {size}, so however many rows fail the "
         f"schema's checks the run goes on with the rows that pass ({config.policy} policy), possibly very few. "
         "Check the table against the schema before spending, or give the gate a larger share "
         "(privacy.gate_share) to lower the floor."
