@@ -505,6 +505,23 @@ def gate_note(config: RunConfig, schema: Schema, plan: object, rows: int) -> str
     )
 
 
+def budget_delta_note(schema: Schema) -> str | None:
+    """A warning when the dataset's budget delta is not below 1 / expected_rows: the ledger states
+    the dataset's cumulative epsilon at that delta, where it means little, and a run's own epsilon
+    (stated at its smaller --delta) can then read higher than the dataset's total. A run's own
+    delta that high is refused (`check_privacy_parameters`); the budget's is only noted, since
+    the ledger may already hold runs under it."""
+    rows, delta = schema.dataset.expected_rows, schema.dataset.budget.delta
+    if rows is None or delta < 1.0 / rows:
+        return None
+    return (
+        f"dataset '{schema.dataset.name}' has a budget delta of {delta:g}, not below 1/expected_rows = "
+        f"{1.0 / rows:.3g}: the ledger states the dataset's cumulative epsilon at that delta, where the guarantee "
+        "means little, so it can read lower than this run's own epsilon at its smaller delta. Lower "
+        f"dataset.budget.delta in the schema, e.g. to {_nice_delta(rows):g} (a lower budget applies at once)."
+    )
+
+
 def check_registry(store: Path, wanted: str, remedy: str) -> None:
     """A command that reads registered models has a registry to read: the store is a folder with
     MLflow's database, unless an operator's tracking server is configured. Nothing is created
@@ -572,9 +589,9 @@ def preflight(config: RunConfig) -> Preflight:
     if config.init_from is not None:
         config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
     plan = timed("plan and budget", _check_budget, config, schema)
-    note = gate_note(config, schema, plan, rows)
+    notes = tuple(n for n in (gate_note(config, schema, plan, rows), budget_delta_note(schema)) if n)
     # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
-    return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings, (note,) if note else ())
+    return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings, notes)
 
 
 def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:

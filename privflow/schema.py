@@ -106,7 +106,13 @@ class Column(BaseModel):
                 raise ValueError(f"column '{self.name}' is categorical and needs a non-empty 'categories' list")
             if len(set(self.categories)) != len(self.categories):
                 raise ValueError(f"column '{self.name}': categories are not unique")
-            if "" in self.categories:
+            spaced = [c for c in self.categories if c != c.strip() and c.strip()]
+            if spaced:
+                raise ValueError(
+                    f"column '{self.name}': categories {spaced} have spaces around them; values are read with "
+                    "the spaces around them removed, so declare them without"
+                )
+            if any(not c.strip() for c in self.categories):
                 raise ValueError(
                     f"column '{self.name}': the empty text '' cannot be a category, since an empty field is "
                     "read as missing; declare the column `nullable: true` for empty fields, or give the "

@@ -164,9 +164,12 @@ class _Coerced:
 
 
 def _normalise(df: pl.DataFrame, missing: tuple[str, ...] = ()) -> pl.DataFrame:
-    """Empty strings, and the schema's `missing_values`, are missing values in text columns;
-    Enum/Categorical columns are compared as strings."""
-    tokens = pl.Series(["", *missing], dtype=pl.String)
+    """Text values lose the spaces around them (as numbers do when parsed: UCI's original files
+    separate fields by ", ", so every category would otherwise fail), then empty strings and the
+    schema's `missing_values` are missing values; Enum/Categorical columns are compared as
+    strings. The schema refuses categories and tokens with surrounding spaces, which would
+    never match."""
+    tokens = pl.Series(["", *(t.strip() for t in missing)], dtype=pl.String)
     exprs = []
     for name, dtype in df.schema.items():
         if isinstance(dtype, (pl.Enum, pl.Categorical)):
@@ -175,6 +178,7 @@ def _normalise(df: pl.DataFrame, missing: tuple[str, ...] = ()) -> pl.DataFrame:
             text = pl.col(name)
         else:
             continue
+        text = text.str.strip_chars()
         exprs.append(pl.when(text.is_in(tokens)).then(None).otherwise(text).alias(name))
     return df.with_columns(exprs) if exprs else df
 

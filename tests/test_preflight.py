@@ -141,3 +141,17 @@ def test_gate_note_warns_when_the_gate_cannot_stop_the_run() -> None:
     assert gate_note(cfg, sized(None), plan, rows=5_000) is None  # undeclared: the counted rows
     undeclared = gate_note(cfg, sized(None), plan, rows=200)
     assert undeclared is not None and "200" not in undeclared  # the private count is never printed
+
+
+def test_budget_delta_note_when_the_dataset_total_is_stated_at_a_meaningless_delta() -> None:
+    """A budget delta of 1e-5 with two million expected rows: the dataset's total is stated at a
+    delta above 1/n (fuzzing round 6 saw a cumulative 0.2248 printed under a run's own 0.4970);
+    pre-flight says so and names a delta below 1/n. The demo's budget (1e-5 at 32,561 rows) is fine."""
+    from privflow.preflight import budget_delta_note
+    from privflow.schema import Schema
+
+    schema = Schema.from_yaml(DEMO / "adult.yaml")
+    assert budget_delta_note(schema) is None
+    big = schema.model_copy(update={"dataset": schema.dataset.model_copy(update={"expected_rows": 2_000_000})})
+    note = budget_delta_note(big)
+    assert note is not None and "1e-05" in note and "5e-07" in note and "e.g. to 1e-08" in note
