@@ -789,17 +789,28 @@ def _ledger_set_budget(dataset: str, epsilon: float, delta: float | None, store:
 
     env.set_verbosity(verbose)
     from privflow.errors import ConfigError
-    from privflow.privacy.plan import MAX_EPSILON
 
     ledger = _ledger_at(store, dataset)
     if delta is None:
         delta = next(d.budget_delta for d in ledger.datasets() if d.name == dataset)
-    if not (math.isfinite(epsilon) and 0 < epsilon <= MAX_EPSILON):
-        raise ConfigError(f"--epsilon must be a positive number of at most {MAX_EPSILON:g}, got {epsilon}.")
+    # a total across runs, like the schema's `dataset.budget`: any finite positive figure (a single
+    # run's --epsilon has its own limit, privacy.plan.MAX_EPSILON)
+    if not (math.isfinite(epsilon) and 0 < epsilon):
+        raise ConfigError(f"--epsilon must be a finite number above 0, got {epsilon}.")
     if not (math.isfinite(delta) and 0 < delta < 1):
         raise ConfigError(f"--delta must lie strictly between 0 and 1, got {delta}.")
     ledger.set_budget(dataset, epsilon, delta)
-    Console().print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
+    console = Console()
+    console.print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
+    spent = ledger.spent(dataset)[0]
+    if spent >= epsilon:
+        console.print(
+            f"note: dataset '{dataset}' has already spent epsilon={spent:.4g}, at least the new budget of "
+            f"{epsilon:g}: no further run on it can be charged until the budget is raised.",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 @app.command()

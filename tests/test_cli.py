@@ -368,6 +368,14 @@ def test_ledger_set_budget_raises_a_datasets_budget_on_purpose(tmp_path: Path) -
     ):
         _assert_user_error(runner.invoke(app, ["ledger", "set-budget", *args, "--store", str(tmp_path)]), needle)
     assert ledger.datasets()[0].budget_epsilon == 4.0
+    # a total, like the schema's budget: above a single run's limit of 100 is accepted (it was
+    # refused although the schema had set 1,000), and one below what is spent is noted
+    big = runner.invoke(app, ["ledger", "set-budget", "adult", "--epsilon", "1000", "--store", str(tmp_path)])
+    assert big.exit_code == 0 and ledger.datasets()[0].budget_epsilon == 1000.0, big.output
+    assert "note:" not in big.output
+    spent = ledger.spent("adult")[0]
+    low = runner.invoke(app, ["ledger", "set-budget", "adult", "--epsilon", f"{spent / 2:g}", "--store", str(tmp_path)])
+    assert low.exit_code == 0 and "already spent" in low.output and "no further run" in low.output, low.output
 
 
 def test_a_ledger_on_a_full_or_failing_disk_is_not_called_damaged(tmp_path: Path, monkeypatch) -> None:
