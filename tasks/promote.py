@@ -15,6 +15,7 @@ read and nothing is spent.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,8 @@ def _noisy_margin(
     df, _ = validate(
         read_table(config.data), schema, config.policy, run_dir / "promote_quarantine.csv", gate=lambda _failing: False
     )
+    with contextlib.suppress(OSError):  # nothing set aside (the strict policy): no empty folder left behind
+        run_dir.rmdir()
     coins = selection_coins(df, config.select.fraction(schema.dataset.expected_rows), config.train.seed)
     val = df.filter(pl.Series(coins))
     if new.marginals == old.marginals:  # one flow codec: the clipped log-likelihoods, as before

@@ -305,6 +305,8 @@ def test_better_version_is_promoted_and_the_comparison_is_in_the_ledger(registry
     run = next(r for r in ledger.runs(schema.dataset.name) if r.run_id == "better:promote")
     assert run.status == "settled" and list(run.events) == [LaplaceEvent(0.5)]
     assert ledger.spent(schema.dataset.name)[0] > spent_before
+    # nothing was set aside (strict policy): no empty curator folder is left (fuzzing round 6)
+    assert not (registry["store"] / "curator" / "better:promote").exists()
     # the previous champion stays loadable by its version number, and samples
     previous = mlflow.pyfunc.load_model(f"models:/{name}/{old}")
     import pandas as pd
