@@ -143,7 +143,10 @@ def train_data_parallel(
                 },
                 fh,
             )
-        env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+        # torchrun's log folders and torch's caches go to a temporary folder of the job's, removed
+        # with it (they were left in $TMPDIR after every run; fuzzing round 6)
+        (job / "tmp").mkdir(mode=0o700)
+        env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "TMPDIR": str(job / "tmp")}
         proc = subprocess.Popen(
             _command(settings.workers, job, python),
             stdout=subprocess.PIPE,

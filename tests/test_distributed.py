@@ -89,6 +89,8 @@ def in_folder(folder: Path) -> list[tuple[str, int]]:
     for sub in folder.iterdir():
         found.append((sub.name, stat.S_IMODE(sub.stat().st_mode)))
         found += [(f"{sub.name}/{f.name}", stat.S_IMODE(f.stat().st_mode)) for f in sub.iterdir()]
+        if (sub / "tmp").is_dir():  # the workers' TMPDIR: what torchrun and torch put there
+            found += [(f"{sub.name}/tmp/{f.name}", stat.S_IMODE(f.stat().st_mode)) for f in (sub / "tmp").iterdir()]
     return found
 
 
@@ -201,7 +203,11 @@ def test_rows_pass_through_an_owner_only_folder_that_is_removed(runs: dict) -> N
     (job, job_mode), *files = seen
     assert job.startswith("privflow-workers-") and job_mode == 0o700
     assert {name.split("/")[1] for name, _ in files} >= {"rows.npy", "job.pt"}
-    assert all(mode == 0o600 for _, mode in files)
+    assert all(mode == 0o600 for name, mode in files if name.split("/")[1] in ("rows.npy", "job.pt"))
+    # torchrun's log folders go to the job's own TMPDIR, owner-only, and leave with it (they were
+    # left in the system's $TMPDIR after every run: fuzzing round 6)
+    assert (f"{job}/tmp", 0o700) in files
+    assert any(name.startswith(f"{job}/tmp/torchelastic_") for name, _ in files), files
     assert list(run["folder"].iterdir()) == []  # gone after the run
 
 
