@@ -530,6 +530,7 @@ def _generate(
     from privflow.preflight import check_output, check_registry, check_room, check_seed, resolve_device
 
     check_output(out)
+    replaced = " (replacing the file that was there)" if out.exists() else ""
     seed = check_seed(seed)
     device = resolve_device(device)  # before the store is opened: a missing GPU costs nothing
     check_registry(store, f"--model {model}", "Train and register one first (`privflow run`) with the same --store.")
@@ -554,7 +555,7 @@ def _generate(
 
         flows = [flow.to(device) for flow in sampler.flows]
         write_samples(flows, sampler.codec, n, out, seed=seed, progress=not verbose and _is_tty())
-        Console().print(f"wrote {n} rows to {out}", highlight=False, soft_wrap=True)
+        Console().print(f"wrote {n} rows to {out}{replaced}", highlight=False, soft_wrap=True)
         return
     import pandas as pd
     import polars as pl
@@ -568,7 +569,7 @@ def _generate(
     from privflow.io import write_table
 
     write_table(table, out)
-    Console().print(f"wrote {table.height} rows to {out}", highlight=False, soft_wrap=True)
+    Console().print(f"wrote {table.height} rows to {out}{replaced}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -696,12 +697,13 @@ def _score(
     from privflow.io import write_table
 
     table = flag(raw, loglik, float(threshold))  # type: ignore[arg-type]
+    replaced = " (replacing the file that was there)" if out.exists() else ""
     write_table(table, out)
     flagged = int(table["anomaly"].sum())
     say(
         f"scored {table.height} rows of {data} under {name} v{loaded.version}: {flagged} flagged as anomalies "
-        f"(loglik < {threshold:.4g}); wrote {out}. Scoring spends no privacy; these counts are of the rows you "
-        "brought (for the operator only if they are private).",
+        f"(loglik < {threshold:.4g}); wrote {out}{replaced}. Scoring spends no privacy; these counts are of the "
+        "rows you brought (for the operator only if they are private).",
         highlight=False,
         soft_wrap=True,
         markup=False,

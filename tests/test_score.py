@@ -178,6 +178,12 @@ def test_generate_refuses_a_table_the_disk_cannot_hold(trained, monkeypatch) -> 
         "generate", "--model", f"{MODEL}@champion", "-n", "100", "-o", str(small), "--store", str(trained["store"])
     )
     assert res.exit_code == 0 and pl.read_csv(small).height == 100, res.output
+    assert "replacing" not in res.output
+    # writing over an existing table says so (fuzzing round 6: it was replaced without a word)
+    res = _invoke(
+        "generate", "--model", f"{MODEL}@champion", "-n", "50", "-o", str(small), "--store", str(trained["store"])
+    )
+    assert res.exit_code == 0 and "replacing the file that was there" in res.output and pl.read_csv(small).height == 50
 
 
 def test_a_disk_that_fills_while_generating_is_a_user_error_and_leaves_no_table(trained, monkeypatch) -> None:
