@@ -231,10 +231,14 @@ def check_stream(config: RunConfig, schema: Schema) -> bool:
         return False
     fmt = sniff(config.data)
     if fmt.kind != "parquet" or fmt.compression is not None:
+        convert = (
+            f"Decompress it (e.g. `gunzip -k {config.data}`; Parquet compresses its own columns)"
+            if fmt.kind == "parquet"
+            else "Convert it (e.g. polars: scan_csv(...).sink_parquet(...))"
+        )
         raise DataError(
             f"Data file '{config.data}' is {fmt.describe()}; a streamed run (stream.enabled / --stream) reads an "
-            "uncompressed Parquet file a chunk at a time. Convert it (e.g. polars: scan_csv(...).sink_parquet(...)), "
-            "or run without --stream to read it whole."
+            f"uncompressed Parquet file a chunk at a time. {convert}, or run without --stream to read it whole."
         )
     if config.train.workers > 1:
         raise ConfigError(

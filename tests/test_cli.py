@@ -130,6 +130,17 @@ class TestStreamRefusedBeforeTheFlow:
         _assert_user_error(_run(small, None, None, "--stream"), "uncompressed Parquet", "--stream")
         _nothing_registered(small["store"])
 
+    def test_gzipped_parquet(self, small, parquet: Path) -> None:
+        """The fix for a gzipped Parquet file is to decompress it, not to convert it from CSV."""
+        import gzip
+
+        packed = parquet.with_name("adult.parquet.gz")
+        packed.write_bytes(gzip.compress(parquet.read_bytes()))
+        result = _run(small, packed, None, "--stream")
+        _assert_user_error(result, "uncompressed Parquet", "gunzip -k")
+        assert "scan_csv" not in result.output
+        _nothing_registered(small["store"])
+
     def test_workers(self, small, parquet: Path) -> None:
         _assert_user_error(_run(small, parquet, None, "--stream", "--workers", "2"), "one process")
         _nothing_registered(small["store"])
