@@ -347,7 +347,9 @@ def _start_run(
     cfg = checked.config  # a warm start's parent pinned to the version pre-flight checked
     env.configure(cfg.store, verbose=verbose)
     console.print(
-        f"[bold]privflow[/] pre-flight passed in {checked.seconds:.1f} s ({checked.data_format}; device "
+        f"[bold]privflow[/] pre-flight passed in {checked.seconds:.1f} s ({checked.data_format}"
+        + ("; streamed: read in chunks, rows encoded on disk" if checked.streamed else "")
+        + f"; device "
         f"{checked.device}). Training on [cyan]{cfg.data}[/] at epsilon={cfg.privacy.epsilon:g}, "
         f"delta={cfg.privacy.delta:g}; store {cfg.store.resolve()}"
         + (f"; warm start from {cfg.init_from} (no DP statistics stage)" if cfg.init_from else ""),

@@ -65,6 +65,7 @@ class Preflight:
     test_format: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # warnings that do not stop the run (`gate_note`), for the caller to show
+    streamed: bool = False  # the table is read in chunks (`check_stream`)
 
     @property
     def seconds(self) -> float:
@@ -582,7 +583,7 @@ def preflight(config: RunConfig) -> Preflight:
     timed("privacy parameters", check_privacy_parameters, config, schema)
     least = config.select.min_rows(schema.dataset.expected_rows)
     fmt, rows = timed("data file", check_table, Path(config.data), schema, "Data file", least)
-    timed("streaming", check_stream, config, schema)
+    streamed = timed("streaming", check_stream, config, schema)
     test_fmt = None
     if config.evaluate.test_data is not None:
         test_fmt, _ = timed("test data", check_table, Path(config.evaluate.test_data), schema, "Test data file", 1)
@@ -595,7 +596,7 @@ def preflight(config: RunConfig) -> Preflight:
     plan = timed("plan and budget", _check_budget, config, schema)
     notes = tuple(n for n in (gate_note(config, schema, plan, rows), budget_delta_note(schema)) if n)
     # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
-    return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings, notes)
+    return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings, notes, streamed)
 
 
 def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:

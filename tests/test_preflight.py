@@ -155,3 +155,18 @@ def test_budget_delta_note_when_the_dataset_total_is_stated_at_a_meaningless_del
     big = schema.model_copy(update={"dataset": schema.dataset.model_copy(update={"expected_rows": 2_000_000})})
     note = budget_delta_note(big)
     assert note is not None and "1e-05" in note and "5e-07" in note and "e.g. to 1e-08" in note
+
+
+def test_preflight_says_whether_the_table_is_streamed(tmp_path: Path) -> None:
+    """The CLI's first line names a streamed read (fuzzing round 6: a run streamed because its
+    expected_rows passed stream.auto_rows did not say so anywhere)."""
+    import polars as pl
+
+    ints = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
+    parquet = tmp_path / "adult.parquet"
+    frame = pl.read_csv(DEMO / "adult_train.csv", infer_schema=False, n_rows=500)
+    frame.with_columns(pl.col(c).str.strip_chars().cast(pl.Int64) for c in ints).write_parquet(parquet)
+    common = {"schema_path": DEMO / "adult.yaml", "store": tmp_path / "store"}
+    assert preflight(RunConfig.build(data=parquet, stream={"enabled": True}, **common)).streamed
+    assert not preflight(RunConfig.build(data=parquet, stream={"enabled": False}, **common)).streamed
+    assert not preflight(RunConfig.build(data=DEMO / "adult_train.csv", **common)).streamed
