@@ -117,6 +117,22 @@ class Cells:
     def n_cells(self) -> int:
         return self.n_values + (1 if self.nullable else 0)
 
+    def same_as(self, other: Cells) -> bool:
+        """The same public cells: kind, labels, runs, edges and atoms alike (not just as many)."""
+        return (
+            (self.column, self.kind, self.nullable, self.transform, self.labels, self.bounds)
+            == (other.column, other.kind, other.nullable, other.transform, other.labels, other.bounds)
+            and all(
+                np.array_equal(a, b)
+                for a, b in (
+                    (self.starts, other.starts),
+                    (self.ends, other.ends),
+                    (self.edges, other.edges),
+                    (self.atoms, other.atoms),
+                )
+            )
+        )
+
     @property
     def is_atomic(self) -> bool:
         """Every value cell is one point (a category or a single integer)."""
@@ -370,15 +386,13 @@ class CopulaCodec:
             return np.sum([np.log(self.probs[j][idx[:, j]]) for j in range(self.dim)], axis=0)
 
     def same_cells(self, other: CopulaCodec) -> bool:
-        """Both codecs split every column into the same public cells (schema, max_atoms, grid_bins)."""
+        """Both codecs split every column into the same public cells (schema, max_atoms, grid_bins):
+        compared cell by cell, so changed bounds or atoms that keep the count still differ."""
         return (
             self.schema.names == other.schema.names
             and (self.marginals.max_atoms, self.marginals.grid_bins)
             == (other.marginals.max_atoms, other.marginals.grid_bins)
-            and all(
-                a.n_cells == b.n_cells and np.array_equal(a.atoms, b.atoms)
-                for a, b in zip(self.cells, other.cells, strict=True)
-            )
+            and all(a.same_as(b) for a, b in zip(self.cells, other.cells, strict=True))
         )
 
     @property

@@ -527,6 +527,19 @@ def budget_delta_note(schema: Schema) -> str | None:
     )
 
 
+def atoms_note(config: RunConfig, schema: Schema) -> str | None:
+    """A warning when the schema declares atoms but the run has no DP marginals, the only place
+    atoms act (privflow/copula.py): the schema codec smooths them like any value."""
+    declared = [c.name for c in schema.columns if c.atoms]
+    if not declared or config.marginals.enabled:
+        return None
+    return (
+        f"the schema declares atoms for {declared}, but this run has no DP marginals (marginals.enabled is "
+        "false), so the flow models those columns without them and their point masses come out smoothed; "
+        "enable the marginals to keep them."
+    )
+
+
 def check_registry(store: Path, wanted: str, remedy: str) -> None:
     """A command that reads registered models has a registry to read: the store is a folder with
     MLflow's database, unless an operator's tracking server is configured. Nothing is created
@@ -594,7 +607,8 @@ def preflight(config: RunConfig) -> Preflight:
     if config.init_from is not None:
         config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
     plan = timed("plan and budget", _check_budget, config, schema)
-    notes = tuple(n for n in (gate_note(config, schema, plan, rows), budget_delta_note(schema)) if n)
+    notes = (gate_note(config, schema, plan, rows), budget_delta_note(schema), atoms_note(config, schema))
+    notes = tuple(n for n in notes if n)
     # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
     return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings, notes, streamed)
 

@@ -127,6 +127,17 @@ class Column(BaseModel):
     def _as_strings(cls, v: object) -> object:
         return yaml_strings(v, "categories")
 
+    @field_validator("atoms", mode="before")
+    @classmethod
+    def _numbers(cls, v: object) -> object:
+        """Atoms are numbers as YAML writes them: a boolean (unquoted yes/true) or text is refused,
+        not turned into 1.0 or parsed."""
+        if isinstance(v, list | tuple):
+            odd = [x for x in v if isinstance(x, bool) or not isinstance(x, int | float)]
+            if odd:
+                raise ValueError(f"atoms must be numbers, got {', '.join(repr(x) for x in odd)}")
+        return v
+
     @property
     def is_categorical(self) -> bool:
         return self.type == "categorical"
@@ -154,6 +165,17 @@ class DatasetInfo(BaseModel):
     @classmethod
     def _as_strings(cls, v: object) -> object:
         return yaml_strings(v, "missing_values")
+
+    @field_validator("missing_values")
+    @classmethod
+    def _unspaced(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        spaced = [t for t in v if t != t.strip()]
+        if spaced:
+            raise ValueError(
+                f"missing_values {spaced} have spaces around them; values are read with the spaces around them "
+                "removed, so declare them without"
+            )
+        return v
 
 
 class Schema(BaseModel):
@@ -186,13 +208,13 @@ class Schema(BaseModel):
                 f"column names {same[0]} differ only in letter case; the validation library matches "
                 "column names without regard to case, so rename one of them in the schema and the data"
             )
-        internal = [n for n in names if n.lstrip("_").startswith("privflow") and n.startswith("_")]
+        internal = [n for n in names if n.lstrip("_").casefold().startswith("privflow") and n.startswith("_")]
         if internal:
             raise ValueError(
                 f"column name(s) {internal} are reserved: names that start with '_privflow' are privflow's own "
                 "(e.g. the quarantine file's row number and failed checks), so rename them in the schema and the data"
             )
-        reserved = [n for n in names if n in SCORE_COLUMNS]
+        reserved = [n for n in names if n.casefold() in SCORE_COLUMNS]  # case-blind, as the validator matches
         if reserved:
             raise ValueError(
                 f"column name(s) {reserved} are reserved: `privflow score` appends columns of those names to a "
@@ -250,7 +272,11 @@ class Schema(BaseModel):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'schema'}: {e['msg']}" for e in exc.errors())
+            errors = exc.errors()
+            # a list whose items failed is also "too short" once they are dropped: say only why they failed
+            failed = {e["loc"][:1] for e in errors if len(e["loc"]) > 1}
+            errors = [e for e in errors if not (e["type"] == "too_short" and tuple(e["loc"]) in failed)] or errors
+            problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'schema'}: {e['msg']}" for e in errors)
             raise SchemaError(f"{source} is invalid: {problems}.") from None
 
     def to_yaml(self) -> str:

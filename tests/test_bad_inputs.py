@@ -398,6 +398,7 @@ CASES = [
     ("target-with-a-single-class", _column_change("income", categories=["<=50K"]), 2, ["single class", "two"]),
     ("names-differing-in-case", _column_change("age", name="Workclass"), 2, ["['Workclass', 'workclass']", "case"]),
     ("column-named-like-quarantine-output", _column_change("age", name="_privflow_row"), 2, ["reserved"]),
+    ("reserved-name-in-other-case", _column_change("age", name="LogLik"), 2, ["reserved", "privflow score"]),
     ("empty-text-category", _column_change("sex", categories=["", "Male"]), 2, ["empty text", "nullable"]),
     ("integer-bounds-a-single-value", _column_change("age", bounds=[5, 5]), 2, ["low < high", "one value"]),
 ]

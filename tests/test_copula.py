@@ -292,6 +292,15 @@ def test_declared_atoms_are_point_masses_kept_exactly() -> None:
         schema.without("lg"), Marginals({c.column: marginal_of(df, c) for c in cells[:2]}, grid_bins=16)
     )
     assert not codec.same_cells(other)
+    # an integer atom moved by one keeps the count of cells, not the cells: versions are not comparable
+    moved_cols = tuple(
+        c.model_copy(update={"atoms": (11, 500_000, 900_000)}) if c.name == "big" else c for c in schema.columns
+    )
+    moved = schema.model_copy(update={"columns": moved_cols})
+    moved_cells = schema_cells(moved, grid_bins=16)
+    again = CopulaCodec(moved, Marginals({c.column: marginal_of(df, c) for c in moved_cells}, grid_bins=16))
+    assert again.cells[1].n_cells == codec.cells[1].n_cells and not codec.same_cells(again)
+    assert codec.same_cells(CopulaCodec(schema, codec.marginals))
 
 
 @pytest.mark.parametrize(
@@ -301,6 +310,8 @@ def test_declared_atoms_are_point_masses_kept_exactly() -> None:
         ({"name": "v", "type": "numeric", "bounds": [0, 1], "atoms": [2]}, "outside its bounds"),
         ({"name": "v", "type": "integer", "bounds": [0, 9], "atoms": [1.5]}, "whole numbers"),
         ({"name": "v", "type": "numeric", "bounds": [0, 1], "atoms": [0.5, 0.5]}, "not unique"),
+        ({"name": "v", "type": "numeric", "bounds": [0, 1], "atoms": [True, 0]}, "must be numbers"),  # YAML's yes
+        ({"name": "v", "type": "numeric", "bounds": [0, 1], "atoms": ["0"]}, "must be numbers"),
     ],
 )
 def test_atoms_are_checked_by_the_schema(column: dict, message: str) -> None:

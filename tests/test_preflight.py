@@ -170,3 +170,17 @@ def test_preflight_says_whether_the_table_is_streamed(tmp_path: Path) -> None:
     assert preflight(RunConfig.build(data=parquet, stream={"enabled": True}, **common)).streamed
     assert not preflight(RunConfig.build(data=parquet, stream={"enabled": False}, **common)).streamed
     assert not preflight(RunConfig.build(data=DEMO / "adult_train.csv", **common)).streamed
+
+
+def test_atoms_note_when_the_marginals_that_keep_them_are_off() -> None:
+    from privflow.preflight import atoms_note
+    from privflow.schema import Schema
+
+    schema = Schema.from_yaml(DEMO / "adult.yaml")
+    cols = tuple(c.model_copy(update={"atoms": (0.0,)}) if c.name == "capital-gain" else c for c in schema.columns)
+    with_atoms = schema.model_copy(update={"columns": cols})
+    off = RunConfig.build(data="x.csv", schema_path="s.yaml", marginals={"enabled": False})
+    on = RunConfig.build(data="x.csv", schema_path="s.yaml")
+    note = atoms_note(off, with_atoms)
+    assert note is not None and "capital-gain" in note and "marginals" in note
+    assert atoms_note(on, with_atoms) is None and atoms_note(off, schema) is None

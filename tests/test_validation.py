@@ -171,6 +171,15 @@ def test_spaces_around_categories_and_missing_tokens_are_removed() -> None:
     doc["columns"][2]["categories"] = ["  ", "green", "blue"]
     with pytest.raises(ValueError, match="empty text"):
         Schema.model_validate(doc)
+    doc["columns"][2]["categories"] = ["red", "green", "blue"]
+    doc["dataset"]["missing_values"] = [" NA"]  # would match 'NA' after trimming: refused, not silently widened
+    with pytest.raises(ValueError, match="missing_values"):
+        Schema.model_validate(doc)
+    # a list whose only item failed is not also reported as too short
+    one = {"dataset": {"name": "t"}, "columns": [{"name": "w", "type": "categorical", "categories": [" a"]}]}
+    with pytest.raises(Exception) as info:
+        Schema.validated(one)
+    assert "spaces around them" in str(info.value) and "at least 1 item" not in str(info.value)
 
 
 # --------------------------------------------------------------------------- schema-level errors
