@@ -119,17 +119,20 @@ class Cells:
 
     def same_as(self, other: Cells) -> bool:
         """The same public cells: kind, labels, runs, edges and atoms alike (not just as many)."""
-        return (
-            (self.column, self.kind, self.nullable, self.transform, self.labels, self.bounds)
-            == (other.column, other.kind, other.nullable, other.transform, other.labels, other.bounds)
-            and all(
-                np.array_equal(a, b)
-                for a, b in (
-                    (self.starts, other.starts),
-                    (self.ends, other.ends),
-                    (self.edges, other.edges),
-                    (self.atoms, other.atoms),
-                )
+        return (self.column, self.kind, self.nullable, self.transform, self.labels, self.bounds) == (
+            other.column,
+            other.kind,
+            other.nullable,
+            other.transform,
+            other.labels,
+            other.bounds,
+        ) and all(
+            np.array_equal(a, b)
+            for a, b in (
+                (self.starts, other.starts),
+                (self.ends, other.ends),
+                (self.edges, other.edges),
+                (self.atoms, other.atoms),
             )
         )
 
