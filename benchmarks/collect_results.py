@@ -47,6 +47,12 @@ SOURCES = (
     Source("stream.md", "privflow run on tables up to 3.2M rows: read whole against streamed", "15", ("", "Verdict")),
     Source("stream_32m.md", "privflow run streamed on 32M rows", "15", ("", "Verdict")),
     Source("stream_select_cap.md", "privflow run streamed on 3.2M rows, selection split capped", "15", ("", "Verdict")),
+    Source(
+        "stream_current.md",
+        "privflow run streamed at 32k, 320k and 3.2M rows, selection split capped",
+        "15",
+        ("", "Verdict"),
+    ),
     Source("poisson.md", "DP-SGD's Poisson sample: batch-sized draw against n coins", "15", ("",)),
     Source("gpu.md", "privflow run on Adult on an H100 and on its CPU", "15", ("", "Verdict")),
     Source("dp_step_cuda.md", "DP step against the non-private step on an H100, batch 512", "15", ("",)),
