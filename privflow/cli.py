@@ -356,9 +356,9 @@ def _start_run(
         highlight=False,
         soft_wrap=True,
     )
-    for note in checked.notes:
-        from rich.markup import escape
+    from rich.markup import escape
 
+    for note in checked.notes:
         console.print(f"[bold yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     ready = None
     if server:

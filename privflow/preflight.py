@@ -607,8 +607,8 @@ def preflight(config: RunConfig) -> Preflight:
     if config.init_from is not None:
         config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
     plan = timed("plan and budget", _check_budget, config, schema)
-    notes = (gate_note(config, schema, plan, rows), budget_delta_note(schema), atoms_note(config, schema))
-    notes = tuple(n for n in notes if n)
+    candidates = (gate_note(config, schema, plan, rows), budget_delta_note(schema), atoms_note(config, schema))
+    notes = tuple(n for n in candidates if n)
     # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
     return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings, notes, streamed)
 

@@ -8,6 +8,7 @@ dataset's identity and its total budget. Nothing in it is read off the private r
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +43,17 @@ def yaml_strings(v: object, field: str) -> object:
             "e.g. ['yes', 'no']"
         )
     return tuple(str(x) for x in v)
+
+
+def _refuse_spaced(values: Sequence[str], what: str) -> None:
+    """Text the data is matched against, which would never match: the data's text values are read
+    with the spaces around them removed (privflow/validation.py)."""
+    spaced = [t for t in values if t != t.strip()]
+    if spaced:
+        raise ValueError(
+            f"{what} {spaced} have spaces around them; values are read with the spaces around them removed, "
+            "so declare them without"
+        )
 
 
 class Budget(BaseModel):
@@ -106,12 +118,7 @@ class Column(BaseModel):
                 raise ValueError(f"column '{self.name}' is categorical and needs a non-empty 'categories' list")
             if len(set(self.categories)) != len(self.categories):
                 raise ValueError(f"column '{self.name}': categories are not unique")
-            spaced = [c for c in self.categories if c != c.strip() and c.strip()]
-            if spaced:
-                raise ValueError(
-                    f"column '{self.name}': categories {spaced} have spaces around them; values are read with "
-                    "the spaces around them removed, so declare them without"
-                )
+            _refuse_spaced([c for c in self.categories if c.strip()], f"column '{self.name}': categories")
             if any(not c.strip() for c in self.categories):
                 raise ValueError(
                     f"column '{self.name}': the empty text '' cannot be a category, since an empty field is "
@@ -169,12 +176,7 @@ class DatasetInfo(BaseModel):
     @field_validator("missing_values")
     @classmethod
     def _unspaced(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        spaced = [t for t in v if t != t.strip()]
-        if spaced:
-            raise ValueError(
-                f"missing_values {spaced} have spaces around them; values are read with the spaces around them "
-                "removed, so declare them without"
-            )
+        _refuse_spaced(v, "missing_values")
         return v
 
 

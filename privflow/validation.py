@@ -169,7 +169,7 @@ def _normalise(df: pl.DataFrame, missing: tuple[str, ...] = ()) -> pl.DataFrame:
     schema's `missing_values` are missing values; Enum/Categorical columns are compared as
     strings. The schema refuses categories and tokens with surrounding spaces, which would
     never match."""
-    tokens = pl.Series(["", *(t.strip() for t in missing)], dtype=pl.String)
+    tokens = pl.Series(["", *missing], dtype=pl.String)
     exprs = []
     for name, dtype in df.schema.items():
         if isinstance(dtype, (pl.Enum, pl.Categorical)):
