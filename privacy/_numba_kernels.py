@@ -103,6 +103,7 @@ class MaskedKernels(NamedTuple):
 @cache
 def masked(calls: int) -> MaskedKernels:
     """The kernels for layers called ``calls`` times."""
+    pairs = calls * (calls + 1) // 2
 
     def row_stats(a, g, lengths, l1, sq):  # type: ignore[no-untyped-def]
         zero = np.zeros(1, dtype=a.dtype)[0]
@@ -149,24 +150,116 @@ def masked(calls: int) -> MaskedKernels:
                     v += g[u, i, bias_rows[j]]
                 out[i, rows.shape[0] + j] = v
 
-    def sq_norms(a, g, by_length, lengths, out):  # type: ignore[no-untyped-def]
-        zero = np.zeros(1, dtype=a.dtype)[0]
-        gram = np.empty((calls, calls), dtype=a.dtype)
-        for i in range(a.shape[0]):
-            gram[:] = zero
+    def sq_norms(a, g, cols, lengths, out):  # type: ignore[no-untyped-def]
+        # a, g: tuples of the calls' [n, in] / [n, out] arrays (read in place, never stacked);
+        # cols: the staircase column order. Per example, a table of the calls' Gram matrix of
+        # the first k columns for every k (pairs u <= v: it is symmetric), then per pair one
+        # pass over the rows, contiguous in g, each row reading its prefix's entry.
+        zero = np.zeros(1, dtype=out.dtype)[0]
+        tab = np.empty((pairs, cols.shape[0] + 1), dtype=out.dtype)
+        col = np.empty(calls, dtype=out.dtype)
+        for i in range(out.shape[0]):
+            tab[:, 0] = zero
+            for k in range(cols.shape[0]):
+                for u in range(calls):
+                    col[u] = a[u][i, cols[k]]
+                p = 0
+                for u in range(calls):
+                    for v in range(u, calls):
+                        tab[p, k + 1] = tab[p, k] + col[u] * col[v]
+                        p += 1
             total = zero
-            j = 0
-            for k in range(a.shape[2] + 1):
-                while j < by_length.shape[0] and lengths[by_length[j]] == k:
-                    r = by_length[j]  # rows seeing the first k columns: g_r^T gram g_r
-                    for u in range(calls):
-                        for v in range(calls):
-                            total += g[u, i, r] * g[v, i, r] * gram[u, v]
-                    j += 1
-                if k < a.shape[2]:
-                    for u in range(calls):
-                        for v in range(calls):
-                            gram[u, v] += a[i, u, k] * a[i, v, k]
+            p = 0
+            for u in range(calls):
+                gu = g[u][i]
+                for v in range(u, calls):
+                    gv, tp = g[v][i], tab[p]
+                    s = zero
+                    for r in range(lengths.shape[0]):
+                        s += gu[r] * gv[r] * tp[lengths[r]]
+                    total += s if u == v else 2 * s
+                    p += 1
             out[i] = max(total, zero)  # a sum of squares: rounding must not make it negative
 
     return MaskedKernels(*(_jit(f) for f in (row_stats, free_rows, sparsify_sum, entries, sq_norms)))
+
+
+@cache
+def lu_sq_norms(calls: int) -> Callable[..., Any]:
+    """The LULinear squared-norm kernel for layers called ``calls`` times (``cpu_kernels.lu_sq_norms``)."""
+    pairs = calls * (calls + 1) // 2
+
+    def kernel(x, g, gld, lower_param, upper_param, log_diag, inv_perm, out):  # type: ignore[no-untyped-def]
+        # x, g: tuples of the calls' [n, d]; gld: of their dL/dlogdet [n]; the layer's lower,
+        # upper and log_diag parameters as they are; out [n, 4]: lower, upper, log_diag, bias.
+        d = log_diag.shape[0]
+        zero = np.zeros(1, dtype=out.dtype)[0]
+        lower_t = np.zeros((d, d), dtype=out.dtype)  # L^T: unit diagonal, strict lower part of `lower`
+        upper = np.zeros((d, d), dtype=out.dtype)  # U: diag(exp(log_diag)) + strict upper part of `upper`
+        scale = np.empty(d, dtype=out.dtype)
+        for r in range(d):
+            scale[r] = math.exp(log_diag[r])
+            upper[r, r] = scale[r]
+            lower_t[r, r] = 1
+            for j in range(r + 1, d):
+                upper[r, j] = upper_param[r, j]
+                lower_t[r, j] = lower_param[j, r]
+        h = np.empty((calls, d), dtype=out.dtype)  # P^T g
+        ux = np.empty((calls, d), dtype=out.dtype)  # U x
+        k = np.empty((calls, d), dtype=out.dtype)  # L^T h
+        gram = np.empty(pairs, dtype=out.dtype)
+        for i in range(out.shape[0]):
+            for u in range(calls):
+                xu, gu, hu, uxu, ku = x[u][i], g[u][i], h[u], ux[u], k[u]
+                for r in range(d):
+                    hu[r] = gu[inv_perm[r]]
+                for r in range(d):  # whole rows (zeros included): full loops vectorise, ragged ones do not
+                    row = upper[r]
+                    s = zero
+                    for j in range(d):
+                        s += row[j] * xu[j]
+                    uxu[r] = s
+                for j in range(d):
+                    row = lower_t[j]
+                    s = zero
+                    for r in range(d):
+                        s += row[r] * hu[r]
+                    ku[j] = s
+            # ||tril(sum_u h_u ux_u^T, -1)||^2: row r meets the Gram matrix of columns j < r
+            gram[:] = zero
+            low = zero
+            for r in range(d):
+                p = 0
+                for u in range(calls):
+                    for v in range(u, calls):
+                        t = h[u, r] * h[v, r] * gram[p]
+                        low += t if u == v else 2 * t
+                        gram[p] += ux[u, r] * ux[v, r]
+                        p += 1
+            # ||triu(sum_u k_u x_u^T, 1)||^2: row r meets the Gram matrix of columns j > r
+            gram[:] = zero
+            up = zero
+            for r in range(d - 1, -1, -1):
+                p = 0
+                for u in range(calls):
+                    for v in range(u, calls):
+                        t = k[u, r] * k[v, r] * gram[p]
+                        up += t if u == v else 2 * t
+                        gram[p] += x[u][i, r] * x[v][i, r]
+                        p += 1
+            diag = zero
+            bias = zero
+            for r in range(d):
+                gd = zero
+                gb = zero
+                for u in range(calls):
+                    gd += k[u, r] * x[u][i, r] * scale[r] + gld[u][i]
+                    gb += g[u][i, r]
+                diag += gd * gd
+                bias += gb * gb
+            out[i, 0] = max(low, zero)  # sums of squares: rounding must not make them negative
+            out[i, 1] = max(up, zero)
+            out[i, 2] = diag
+            out[i, 3] = bias
+
+    return _jit(kernel)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from typing import Any
@@ -119,16 +119,24 @@ def sparsify_clip_sum_(v: Tensor, tau: Tensor, gamma: Tensor, clip: float) -> Te
     return _summed(v_np.shape, v_np.dtype, lambda sl, out: kernel(v_np[sl], tau_np[sl], gamma_np[sl], float(clip), out))
 
 
-def masked_sq_norms(a: Tensor, g: Tensor, lengths: Tensor, by_length: Tensor) -> Tensor:
-    """Squared norms [n] of G_n on the rows' prefixes (same a, g as ``masked_row_stats``),
-    by the Gram trick along the staircase: the calls' Gram matrix of the first k columns
-    grows column by column, and each row adds g_r^T Gram g_r at its prefix length (about
-    J^2 (in + out) products an example, where forming G_n costs J (free entries)).
-    ``by_length``: the rows sorted by prefix length."""
-    a_np, g_np, len_np, by_np = a.contiguous().numpy(), g.numpy(), lengths.numpy(), by_length.numpy()
-    out = np.empty(a_np.shape[0], dtype=a_np.dtype)
-    kernel = _kernels().masked(a_np.shape[1]).sq_norms
-    over_examples(a_np.shape[0], lambda sl: kernel(a_np[sl], g_np[:, sl], by_np, len_np, out[sl]))
+def masked_sq_norms(a: Sequence[Tensor], g: Sequence[Tensor], cols: Tensor | None, lengths: Tensor) -> Tensor:
+    """Squared norms [n] of G_n = sum_u g_{u,n} a_{u,n}^T on the rows' prefixes, by the Gram
+    trick along the staircase: per example, the calls' Gram matrix of the first k columns for
+    every k, then each row's g_r^T Gram g_r at its prefix length (about J (J + 1) / 2 (in + out)
+    products an example, where forming G_n costs J (free entries)). a, g: each call's
+    activations [n, in] and output gradients [n, out], read where they lie (stacking them
+    cost more than the kernel); cols [in]: the staircase column order (None: as is)."""
+    a_np = tuple(np.ascontiguousarray(t.numpy()) for t in a)
+    g_np = tuple(np.ascontiguousarray(t.numpy()) for t in g)
+    n_in = a_np[0].shape[1]
+    cols_np = np.arange(n_in, dtype=np.int64) if cols is None else cols.to(torch.int64).numpy()
+    len_np = lengths.to(torch.int64).numpy()
+    out = np.empty(a_np[0].shape[0], dtype=a_np[0].dtype)
+    kernel = _kernels().masked(len(a_np)).sq_norms
+    over_examples(
+        out.shape[0],
+        lambda sl: kernel(tuple(t[sl] for t in a_np), tuple(t[sl] for t in g_np), cols_np, len_np, out[sl]),
+    )
     return torch.from_numpy(out)
 
 
@@ -177,3 +185,37 @@ def _summed(shape: tuple[int, ...], dtype: np.dtype, run: Callable[[slice, np.nd
     out = np.zeros((len(slices), m), dtype=dtype)
     over(len(slices), lambda part: run(slices[part], out[part]))
     return torch.from_numpy(out.sum(0) if len(slices) > 1 else out[0])
+
+
+def lu_sq_norms(
+    x: Sequence[Tensor], g: Sequence[Tensor], gld: Sequence[Tensor | None], layer: torch.nn.Module
+) -> Tensor:
+    """Squared norms [n, 4] of an LULinear's per-example gradients (lower, upper, log_diag,
+    bias; ``grad_samplers.lu_linear``'s eq. 3) summed over its calls, in one pass per
+    example: h = P^T g, U x and L^T h are formed in a small buffer and the triangles' norms
+    taken by running Gram sums (the torch code needs some forty small operations per layer,
+    most of the time of a layer of this size). x, g: each call's inputs and output gradients
+    [n, d]; gld: each call's dL/dlogdet [n] (None: it does not reach the loss); L and U are
+    built from the layer's parameters inside the kernel."""
+    x_np = tuple(np.ascontiguousarray(t.numpy()) for t in x)
+    g_np = tuple(np.ascontiguousarray(t.numpy()) for t in g)
+    n, dtype = g_np[0].shape[0], g_np[0].dtype
+    ld_np = tuple(np.zeros(n, dtype=dtype) if t is None else np.ascontiguousarray(t.reshape(n).numpy()) for t in gld)
+    lower, upper, log_diag = (p.detach().to(g[0].dtype).numpy() for p in (layer.lower, layer.upper, layer.log_diag))
+    perm = layer.inv_perm.numpy()
+    out = np.empty((n, 4), dtype=dtype)
+    kernel = _kernels().lu_sq_norms(len(x_np))
+    over_examples(
+        n,
+        lambda sl: kernel(
+            tuple(t[sl] for t in x_np),
+            tuple(t[sl] for t in g_np),
+            tuple(t[sl] for t in ld_np),
+            lower,
+            upper,
+            log_diag,
+            perm,
+            out[sl],
+        ),
+    )
+    return torch.from_numpy(out)

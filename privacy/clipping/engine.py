@@ -26,9 +26,11 @@ batch (the trainer divides by the public expected batch size after adding noise)
 
 Non-finite examples: an example whose loss, recorded activations / output gradients, or
 per-example gradient norm is NaN or infinite would otherwise poison the sum (a NaN norm
-skips clipping; 0 * inf = NaN in the fast weighted sums). Every such example is zeroed
-before clipping -- the batch is recomputed without it, so it contributes exactly nothing --
-and counted in ``ClippedSum.nonfinite``. Dropping an example is a per-example map to the
+skips clipping; 0 * inf = NaN in the fast weighted sums). Every such example is zeroed --
+the batch is recomputed without it, so it contributes exactly nothing -- and counted in
+``ClippedSum.nonfinite``. Losses and norms are checked on every step; the recorded tensors
+only when the clipped sum comes out non-finite (any non-finite entry that reaches the sum
+makes it so; one that does not reach it changes nothing). Dropping an example is a per-example map to the
 zero gradient, whose norm is <= C, so the sensitivity and the noise calibration are
 unchanged. The count is a curator-only diagnostic (it is computed on private rows).
 """
@@ -185,7 +187,7 @@ def _clipped_pass(
     dtype = losses.dtype
     losses = losses.detach()
     calls = [tape.calls[layer.module] for layer in layers]
-    bad = ~torch.isfinite(losses) | _nonfinite_rows(calls, n, losses.device)
+    bad = ~torch.isfinite(losses)
     if bool(bad.any()):
         return None, losses, bad
     active = [(layer, c) for layer, c in zip(layers, calls, strict=False) if c]
@@ -196,21 +198,38 @@ def _clipped_pass(
         for layer, c in active:
             add_into(unclipped, layer_sum(layer, c, n, method, ones))
         _compare(params, unclipped, batch_grads, layers)
+    # a pass that finds non-finite rows is redone without them from the same draws (so the
+    # result is the clean batch's, draw for draw)
+    drawn = generator.get_state() if generator is not None else None
     if method == "hooks":
         out = _hooks(ctx, strategy)
     else:
         got, bad_rows = strategy.fast(ctx)
         if got is None:
+            _restore(generator, drawn)
             return None, losses, bad_rows if bad_rows is not None else torch.zeros(n, dtype=torch.bool)
         out = got
     if not _all_finite(list(out.values())):
+        # A non-finite recorded tensor reaches the sum (0 * inf is NaN in every product), so
+        # the rows are screened only here, when the sum shows one: the screen of every
+        # recorded tensor cost 2% of a step on the demo, paid on every step for a rare event.
+        bad = _nonfinite_rows(calls, n, losses.device)
+        if bool(bad.any()):
+            _restore(generator, drawn)
+            return None, losses, bad
         # finite inputs, yet a per-example gradient overflowed: find it from exact norms
         sq = sum(layer_sq(layer, c, n, "hooks")[0] for layer, c in active)
         bad = ~torch.isfinite(torch.as_tensor(sq))
         if not bool(bad.any()):
             raise RuntimeError("the clipped sum is not finite although every example's gradient is")
+        _restore(generator, drawn)
         return None, losses, bad
     return out, losses, torch.zeros(n, dtype=torch.bool, device=losses.device)
+
+
+def _restore(generator: torch.Generator | None, state: Tensor | None) -> None:
+    if generator is not None and state is not None:
+        generator.set_state(state)
 
 
 def _hooks(ctx: StepContext, strategy: object) -> dict[nn.Parameter, Tensor]:

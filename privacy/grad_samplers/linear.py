@@ -62,11 +62,6 @@ class Prefixes:
     order: Tensor
 
     @functools.cached_property
-    def by_length(self) -> Tensor:
-        """The rows sorted by prefix length."""
-        return torch.argsort(self.lengths, stable=True)
-
-    @functools.cached_property
     def coords(self) -> tuple[Tensor, Tensor]:
         """Row and prefix position of each free entry, in ``order``."""
         run = self.lengths[self.order]
@@ -206,11 +201,10 @@ class LinearGhost:
         out: dict[nn.Parameter, Tensor] = {}
         if layer.weight.requires_grad:
             mask = self.mask(layer)
-            kernel = self._kernel_inputs(layer, calls)
-            layout = mask_layout(layer, mask) if mask is not None and kernel is None else None
-            if kernel is not None:
-                a_k, g_k, prefixes = kernel
-                out[layer.weight] = cpu_kernels.masked_sq_norms(a_k, g_k, prefixes.lengths, prefixes.by_length)
+            prefixes = self._prefixes(layer) if cpu_kernels.usable(*a, *g) else None
+            layout = mask_layout(layer, mask) if mask is not None and prefixes is None else None
+            if prefixes is not None:
+                out[layer.weight] = cpu_kernels.masked_sq_norms(a, g, prefixes.cols, prefixes.lengths)
             elif layout is None:
                 a_s, g_s = self._stack(layer, calls)
                 ka = torch.einsum("uni,vni->nuv", a_s, a_s)

@@ -28,6 +28,7 @@ from opacus.grad_sample import register_grad_sampler
 from torch import Tensor, nn
 
 from privflow.models.layers import LULinear
+from privflow.privacy import cpu_kernels
 from privflow.privacy.grad_samplers._common import (
     StepMemo,
     accepts_tuple,
@@ -154,6 +155,9 @@ class LUGhost:
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         with torch.no_grad():
+            kernel = _kernel_sq_norms(layer, calls)  # type: ignore[arg-type]
+            if kernel is not None:
+                return kernel
             h, u, k, x, gd, gb = self._stack(layer, calls)  # type: ignore[arg-type]
             out: dict[nn.Parameter, Tensor] = {}
             if layer.lower.requires_grad:
@@ -187,6 +191,8 @@ class LUGhost:
         self, layer: nn.Module, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
     ) -> dict[nn.Parameter, Tensor]:
         with torch.no_grad():
+            if all(w.dim() == 1 for w in weights.values()):
+                return _example_weighted_sum(layer, calls, weights)  # type: ignore[arg-type]
             h, u, k, x, gd, gb = self._stack(layer, calls)  # type: ignore[arg-type]
             d = h.shape[2]
             out: dict[nn.Parameter, Tensor] = {}
@@ -243,6 +249,65 @@ class LUGhost:
             layer.bias: None,  # type: ignore[dict-item]
         }
         return {p: v for p, v in out.items() if p.requires_grad}
+
+
+def _kernel_sq_norms(layer: LULinear, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor] | None:
+    """The squared norms from the fused CPU kernel (``cpu_kernels.lu_sq_norms``), or None where
+    it does not apply (not on the CPU, mixed dtypes)."""
+    parts = [split_backprops(c.backprops) for c in calls]
+    g = [gz for gz, _ in parts]
+    x = [c.activations[0] for c in calls]
+    gld = [None if ld is None else ld.to(g[0].dtype) for _, ld in parts]
+    if not cpu_kernels.usable(*x, *g):
+        return None
+    sq = cpu_kernels.lu_sq_norms(x, g, gld, layer)
+    columns = {layer.lower: 0, layer.upper: 1, layer.log_diag: 2, layer.bias: 3}
+    return {p: sq[:, col] for p, col in columns.items() if p.requires_grad}
+
+
+def _example_weighted_sum(
+    layer: LULinear, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
+) -> dict[nn.Parameter, Tensor]:
+    """sum_n w_n grad_n for weights per example [n], from one d x d product per call: with
+    S = sum_u sum_n w_n h_un x_un^T (h = P^T g), eq. (3) summed over the examples is
+    tril(S U^T) for L, triu(L^T S) for U and diag(L^T S) * exp(log_diag) for log_diag (plus
+    the weighted dL/dlogdet), so h, U x and L^T h are never formed per example."""
+    parts = [split_backprops(c.backprops) for c in calls]
+    dtype = parts[0][0].dtype
+    out: dict[nn.Parameter, Tensor] = {}
+    s: dict[int, Tensor] = {}
+
+    def outer(weight: Tensor) -> Tensor:
+        """S for this weight, once per weight tensor (flat and per-layer clipping pass one
+        tensor for every parameter)."""
+        key = id(weight)
+        if key not in s:
+            acc = None
+            for (g, _), c in zip(parts, calls, strict=True):
+                part = (g * weight.to(dtype)[:, None]).T @ c.activations[0].to(dtype)
+                acc = part if acc is None else acc.add_(part)
+            assert acc is not None
+            s[key] = acc[layer.inv_perm.to(acc.device)]
+        return s[key]
+
+    upper = layer.upper_matrix().to(dtype)
+    if layer.lower.requires_grad:
+        out[layer.lower] = torch.tril(outer(weights[layer.lower]) @ upper.T, -1)
+    if layer.upper.requires_grad or layer.log_diag.requires_grad:
+        lower_t = layer.lower_matrix().to(dtype).T
+        used = (weights.get(layer.upper), weights.get(layer.log_diag))
+        lts = {id(w): lower_t @ outer(w) for w in used if w is not None}
+        if layer.upper.requires_grad:
+            out[layer.upper] = torch.triu(lts[id(weights[layer.upper])], 1)
+        if layer.log_diag.requires_grad:
+            wd = weights[layer.log_diag].to(dtype)
+            diag = lts[id(weights[layer.log_diag])].diagonal() * upper.diagonal()  # exp(log_diag)
+            lds = [ld for _, ld in parts if ld is not None]
+            out[layer.log_diag] = diag + sum(wd @ ld.reshape(-1).to(dtype) for ld in lds) if lds else diag
+    if layer.bias.requires_grad:
+        wb = weights[layer.bias].to(dtype)
+        out[layer.bias] = call_sum([wb @ g for g, _ in parts])
+    return out
 
 
 @functools.cache

@@ -376,6 +376,45 @@ def test_nonfinite_examples_are_zeroed_and_counted(strategy: str, method: str) -
     assert res.losses.shape == (10,) and bool(torch.isfinite(res.losses[good]).all())
 
 
+class _PoisonGrad(torch.autograd.Function):
+    """Identity forward; backward gives NaN for the flagged rows (a finite loss whose gradient is not)."""
+
+    @staticmethod
+    def forward(ctx: object, lp: Tensor, rows: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.rows = rows  # type: ignore[attr-defined]
+        return lp.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        return torch.where(ctx.rows, torch.full_like(grad, math.nan), grad), None  # type: ignore[attr-defined]
+
+
+class NaNGradFlow(TinyFlow):
+    """TinyFlow whose loss is finite everywhere but whose gradient is NaN for rows with x[0] == 77:
+    every recorded output gradient of those rows is NaN."""
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        return _PoisonGrad.apply(super().log_prob(x), x[:, 0] == 77.0)
+
+
+@pytest.mark.parametrize("method", ["fast", "hooks"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_examples_with_a_finite_loss_and_a_nonfinite_gradient_are_zeroed(strategy: str, method: str) -> None:
+    """Losses are screened on every step, recorded tensors only when the sum is not finite:
+    a row whose loss is finite but whose output gradients are NaN is still found and left out."""
+    model = NaNGradFlow(d=4, hidden=8, blocks=2, seed=2).to(DT)
+    x = torch.randn(8, 4, dtype=DT, generator=torch.Generator().manual_seed(4))
+    x[2, 0] = x[5, 0] = 77.0
+    good = torch.ones(8, dtype=torch.bool)
+    good[2] = good[5] = False
+    kw = dict(clipping=strategy, max_grad_norm=0.4, sparsity=0.4, method=method)
+    res = clipped_gradient_sum(model, x, generator=torch.Generator().manual_seed(1), **kw)
+    assert torch.equal(res.nonfinite, ~good) and bool(torch.isfinite(res.losses).all())
+    clean = clipped_gradient_sum(model, x[good], generator=torch.Generator().manual_seed(1), **kw)
+    for p in model.parameters():
+        torch.testing.assert_close(res.grads[p], clean.grads[p], atol=1e-10, rtol=1e-10)
+
+
 def test_nonfinite_sum_equals_microbatch_clipped_sum() -> None:
     """Flat clipping: the clean rows' clipped sum, from one-row microbatches (unclipped
     per-example gradients clipped here by hand), equals the engine's sum on the bad batch."""

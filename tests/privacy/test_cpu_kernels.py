@@ -137,9 +137,17 @@ def test_fused_sparsified_sum_equals_free_rows_then_sparsify(dtype: torch.dtype,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("calls", [1, 4])
-def test_sq_norms_by_the_staircase_gram_match_dense(dtype: torch.dtype, calls: int, threads: int) -> None:
+@pytest.mark.parametrize("ordered", [False, True], ids=["columns-as-is", "staircase-order"])
+def test_sq_norms_by_the_staircase_gram_match_dense(
+    dtype: torch.dtype, calls: int, ordered: bool, threads: int
+) -> None:
+    """The calls' arrays are read where they lie, in their own column order: the staircase
+    order ``cols`` is applied inside the kernel."""
     a, g, lengths = _inputs(160, calls, 12, 10, dtype, seed=17)
-    got = cpu_kernels.masked_sq_norms(a, g, lengths, torch.argsort(lengths, stable=True))
+    cols = torch.randperm(12, generator=torch.Generator().manual_seed(3)) if ordered else None
+    unordered = a if cols is None else torch.empty_like(a).index_copy_(2, cols, a)  # a[..., cols] is `a`
+    per_call = [unordered[:, u].contiguous() for u in range(calls)]
+    got = cpu_kernels.masked_sq_norms(per_call, list(g), cols, lengths)
     want = _dense(a, g, lengths).pow(2).sum((1, 2))
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(got, want, atol=tol, rtol=tol)
@@ -152,7 +160,7 @@ def test_no_examples_give_empty_results() -> None:
     l1, sq = cpu_kernels.masked_row_stats(a, g, lengths)
     assert l1.shape == sq.shape == (0, 4)
     assert cpu_kernels.masked_free_rows(a, g, lengths, every, bias=True).shape == (0, int(lengths.sum()) + 4)
-    assert cpu_kernels.masked_sq_norms(a, g, lengths, every).shape == (0,)
+    assert cpu_kernels.masked_sq_norms([a[:, 0], a[:, 1]], list(g), None, lengths).shape == (0,)
     empty = torch.zeros(0)
     total = cpu_kernels.masked_sparsify_sum(a, g, lengths, every, False, empty, empty, 1.0)
     assert total.shape == (int(lengths.sum()),) and bool((total == 0).all())
@@ -191,3 +199,33 @@ def test_kernels_compile_without_a_writable_cache(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(numba, "njit", no_cache)
     add_one = _numba_kernels._jit(lambda x: x + 1)
     assert add_one(41) == 42
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("calls", [1, 3])
+@pytest.mark.parametrize("logdet", [True, False], ids=["with-logdet", "no-logdet"])
+def test_lu_sq_norms_match_the_materialised_gradients(
+    dtype: torch.dtype, calls: int, logdet: bool, threads: int
+) -> None:
+    """The LULinear kernel's four squared norms against eq. (3)'s per-example gradients formed
+    in full by the layer's grad sampler (summed over the calls)."""
+    from privflow.models.layers import LULinear
+    from privflow.privacy.grad_samplers.lu_linear import lu_linear_grad_sample
+
+    gen = torch.Generator().manual_seed(calls)
+    d, n = 7, 140
+    layer = LULinear(d, seed=2).to(dtype)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(0.4 * torch.randn(p.shape, generator=gen, dtype=dtype))
+    x = [torch.randn(n, d, generator=gen, dtype=dtype) for _ in range(calls)]
+    g = [torch.randn(n, d, generator=gen, dtype=dtype) for _ in range(calls)]
+    gld = [torch.randn(n, generator=gen, dtype=dtype) if logdet else None for _ in range(calls)]
+    want: dict[torch.nn.Parameter, Tensor] = {}
+    for xu, gu, lu in zip(x, g, gld, strict=True):
+        for p, v in lu_linear_grad_sample(layer, [xu], (gu, lu) if logdet else gu).items():
+            want[p] = want[p] + v if p in want else v
+    got = cpu_kernels.lu_sq_norms(x, g, gld, layer)
+    tol = 1e-4 if dtype == torch.float32 else 1e-11
+    for col, p in enumerate((layer.lower, layer.upper, layer.log_diag, layer.bias)):
+        torch.testing.assert_close(got[:, col], want[p].reshape(n, -1).pow(2).sum(1), atol=tol, rtol=tol)

@@ -155,10 +155,19 @@ def tape_calls(model: nn.Module, layer: nn.Module, x: Tensor):
 KINDS = ["masked", "masked_made", "linear", "lu", "lowrank", "actnorm"]
 
 
+@pytest.mark.parametrize("kernels", [True, False], ids=["cpu-kernels", "torch"])
 @pytest.mark.parametrize("uses", [1, 3])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("kind", KINDS)
-def test_grad_sampler_matches_torch_func(kind: str, seed: int, uses: int) -> None:
+def test_grad_sampler_matches_torch_func(
+    kind: str, seed: int, uses: int, kernels: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-example gradients, ghost norms, row statistics and weighted sums against torch.func,
+    with the fused CPU kernels and without them (``torch``: the operations CUDA runs)."""
+    from privflow.privacy import cpu_kernels
+
+    if not kernels:
+        monkeypatch.setattr(cpu_kernels, "usable", lambda *tensors: False)
     layer, d_in, d_out = build(kind, seed)
     model = Harness(layer, uses, d_in, d_out, seed)
     n = 3 + seed
