@@ -301,6 +301,18 @@ def test_block_embedding_both_call_forms(seed: int) -> None:
     calls = tape_calls(model, model.emb, x)
     assert len(calls) == blocks + 1
     torch.testing.assert_close(materialise(model.emb, calls)[model.emb.weight], ref, atol=TOL, rtol=TOL)
+    # the fast clipping ops, every call form at once (calls land in the same and in other rows)
+    ops, w = GHOST_OPS[BlockEmbedding], model.emb.weight
+    assert ops.applicable(model.emb, calls)
+    torch.testing.assert_close(ops.sq_norms(model.emb, calls)[w], ref.pow(2).sum((1, 2)), atol=TOL, rtol=TOL)
+    l1, s2 = row_stats(ref)
+    torch.testing.assert_close(ops.unit_stats(model.emb, calls)[w][0], l1, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(ops.unit_stats(model.emb, calls)[w][1], s2, atol=TOL, rtol=TOL)
+    weight = torch.rand(n, generator=g, dtype=DT)
+    rows = torch.rand(n, blocks, generator=g, dtype=DT)
+    for by in (weight, rows):  # one weight per example, then per example and row
+        want = (ref * by.reshape(by.shape + (1,) * (ref.dim() - by.dim()))).sum(0)
+        torch.testing.assert_close(ops.weighted_sum(model.emb, calls, {w: by})[w], want, atol=TOL, rtol=TOL)
 
 
 class _IndexFix(nn.Module):
