@@ -9,6 +9,10 @@ multiply, copysign and norm, each a pass over every entry (benchmarks/results/dp
 most of the per-unit and sparsified steps). Here each row of G_n is formed once in a small
 buffer that stays in L1 cache and reduced or transformed in the same loop.
 
+Two more take squared norms by the Gram trick where torch would need a pass per small
+operation: a masked layer's along its staircase (``masked_sq_norms``), an LULinear's
+(``lu_sq_norms``, DP-HFlow eq. 3) in one pass per example.
+
 The kernels compute exactly what the torch code computes, up to float rounding (the tests
 compare them with the torch reference and with torch.func per-example gradients). Rows are
 given in the staircase column order of a nesting mask (``grad_samplers.linear``): row r of
@@ -126,8 +130,7 @@ def masked_sq_norms(a: Sequence[Tensor], g: Sequence[Tensor], cols: Tensor | Non
     products an example, where forming G_n costs J (free entries)). a, g: each call's
     activations [n, in] and output gradients [n, out], read where they lie (stacking them
     cost more than the kernel); cols [in]: the staircase column order (None: as is)."""
-    a_np = tuple(np.ascontiguousarray(t.numpy()) for t in a)
-    g_np = tuple(np.ascontiguousarray(t.numpy()) for t in g)
+    a_np, g_np = _arrays(a), _arrays(g)
     n_in = a_np[0].shape[1]
     cols_np = np.arange(n_in, dtype=np.int64) if cols is None else cols.to(torch.int64).numpy()
     len_np = lengths.to(torch.int64).numpy()
@@ -135,7 +138,7 @@ def masked_sq_norms(a: Sequence[Tensor], g: Sequence[Tensor], cols: Tensor | Non
     kernel = _kernels().masked(len(a_np)).sq_norms
     over_examples(
         out.shape[0],
-        lambda sl: kernel(tuple(t[sl] for t in a_np), tuple(t[sl] for t in g_np), cols_np, len_np, out[sl]),
+        lambda sl: kernel(_rows(a_np, sl), _rows(g_np, sl), cols_np, len_np, out[sl]),
     )
     return torch.from_numpy(out)
 
@@ -197,8 +200,7 @@ def lu_sq_norms(
     most of the time of a layer of this size). x, g: each call's inputs and output gradients
     [n, d]; gld: each call's dL/dlogdet [n] (None: it does not reach the loss); L and U are
     built from the layer's parameters inside the kernel."""
-    x_np = tuple(np.ascontiguousarray(t.numpy()) for t in x)
-    g_np = tuple(np.ascontiguousarray(t.numpy()) for t in g)
+    x_np, g_np = _arrays(x), _arrays(g)
     n, dtype = g_np[0].shape[0], g_np[0].dtype
     ld_np = tuple(np.zeros(n, dtype=dtype) if t is None else np.ascontiguousarray(t.reshape(n).numpy()) for t in gld)
     lower, upper, log_diag = (p.detach().to(g[0].dtype).numpy() for p in (layer.lower, layer.upper, layer.log_diag))
@@ -207,15 +209,17 @@ def lu_sq_norms(
     kernel = _kernels().lu_sq_norms(len(x_np))
     over_examples(
         n,
-        lambda sl: kernel(
-            tuple(t[sl] for t in x_np),
-            tuple(t[sl] for t in g_np),
-            tuple(t[sl] for t in ld_np),
-            lower,
-            upper,
-            log_diag,
-            perm,
-            out[sl],
-        ),
+        lambda sl: kernel(_rows(x_np, sl), _rows(g_np, sl), _rows(ld_np, sl), lower, upper, log_diag, perm, out[sl]),
     )
     return torch.from_numpy(out)
+
+
+def _arrays(ts: Sequence[Tensor]) -> tuple[np.ndarray, ...]:
+    """Each call's tensor as a C-contiguous array (a view where it already is one): a
+    homogeneous tuple, which the kernels index by call."""
+    return tuple(np.ascontiguousarray(t.numpy()) for t in ts)
+
+
+def _rows(arrays: tuple[np.ndarray, ...], sl: slice) -> tuple[np.ndarray, ...]:
+    """The examples ``sl`` of every call's array."""
+    return tuple(t[sl] for t in arrays)

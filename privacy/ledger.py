@@ -593,7 +593,9 @@ class Ledger:
             lines.append("")
             lines.append(
                 f"Dataset {d.name}: budget epsilon={d.budget_epsilon:.4g} delta={d.budget_delta:g}; "
-                f"spent epsilon={d.spent_epsilon:.4f}, remaining {d.remaining_epsilon:.4f}; {len(runs)} run(s)"
+                f"spent epsilon={d.spent_epsilon:.4f}, remaining {d.remaining_epsilon:.4f}; {len(runs)} run(s); "
+                f"every epsilon below at delta={d.budget_delta:g}, the budget's (a run that targeted a smaller "
+                "delta shows a smaller epsilon here than the one it was planned for)"
             )
             if runs:
                 table = [tuple(c for c in columns if c != "stages")]

@@ -14,12 +14,14 @@ Two methods give the same result (tested to 1e-6 in float64):
   Computation"). Per-unit clipping does the same with per-row weights; only the row L1
   norms of a layer called several times (the shared MADE) need its per-example gradient,
   formed group by group on the free entries of its mask (a staircase of column prefixes).
-  Small layers (low-rank, actnorm, embedding) are materialised. Stochastic sparsification
-  needs every entry of every per-example gradient and is materialised in chunks, only the
-  entries a mask or a triangle leaves free. On the CPU fused kernels (``privacy.cpu_kernels``)
-  form a masked layer's entries row by row and sparsify, clip and sum them in one pass per
+  ActNorm and the block embedding form their small per-example gradients once per step in
+  a few whole-batch operations (``grad_samplers.small``); low-rank layers are materialised.
+  LULinear's clipped sum is one d x d product per call. Stochastic sparsification needs
+  every entry of every per-example gradient and is materialised in chunks, only the entries
+  a mask or a triangle leaves free. On the CPU fused kernels (``privacy.cpu_kernels``) form
+  a masked layer's entries row by row and sparsify, clip and sum them in one pass per
   example (storing none when tau comes from sampled positions), and give per-unit
-  clipping's row norms and the masked layers' squared norms.
+  clipping's row norms and the squared norms of the masked layers and LULinear.
 
 Loss convention: the per-example loss is -log_prob(x_i); gradients are of the SUM over the
 batch (the trainer divides by the public expected batch size after adding noise).

@@ -11,6 +11,7 @@ through the grad samplers, as before.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
@@ -38,19 +39,20 @@ def _step_key(calls: Sequence[Call]) -> list[Tensor]:
     return out
 
 
-class SmallGhost:
+class SmallGhost(ABC):
     """Per-example gradients [n, numel] of every trainable parameter, formed once per step
     (``grads``, by the subclass); norms and clipped sums from them."""
 
     def __init__(self) -> None:
         self._memo: StepMemo[dict[nn.Parameter, Tensor]] = StepMemo()
 
+    @abstractmethod
     def applicable(self, layer: nn.Module, calls: Sequence[Call]) -> bool:
-        raise NotImplementedError
+        """Whether the calls have the form ``grads`` reads."""
 
+    @abstractmethod
     def grads(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         """Per-example gradients [n, numel] summed over the calls."""
-        raise NotImplementedError
 
     def _grads(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         with torch.no_grad():

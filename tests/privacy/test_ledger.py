@@ -222,6 +222,7 @@ def test_describe_lists_charged_runs_only(ledger: Ledger) -> None:
     assert "released-run" not in text and "refused-run" not in text
     assert "abandoned" in text and "reserved (open)" in text and "released" not in text
     assert "Dataset german:" in text and "2 run(s)" in text
+    assert f"every epsilon below at delta={DELTA:g}" in text  # the delta the run and cumulative epsilons are at
 
 
 def test_describe_prints_only_publishable_columns(ledger: Ledger) -> None:
