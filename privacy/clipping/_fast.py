@@ -26,6 +26,7 @@ from privflow.privacy.clipping.sparsify import (
 )
 from privflow.privacy.clipping.structure import LayerInfo
 from privflow.privacy.grad_samplers import GHOST_OPS, materialise
+from privflow.privacy.grad_samplers._common import weighted
 from privflow.privacy.grad_samplers.registry import Call
 
 Method = Literal["fast", "hooks"]
@@ -57,19 +58,6 @@ def materialise_chunk(layer: LayerInfo, calls: Sequence[Call], sl: slice, method
     if ops is not None:
         return ops.materialise(layer.module, calls, sl)  # type: ignore[attr-defined]
     return materialise(layer.module, calls, sl)
-
-
-def weighted(grads: dict[nn.Parameter, Tensor], weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
-    """sum_i w_i grad_i for materialised grads, w [c] or [c, rows]."""
-    out = {}
-    for p, g in grads.items():
-        w = weights[p]
-        if w.dim() == 1:
-            out[p] = torch.einsum("n,n...->...", w.to(g.dtype), g)
-        else:
-            rows = w.shape[1]
-            out[p] = (g.reshape(g.shape[0], rows, -1) * w[..., None]).sum(0).reshape(g.shape[1:])
-    return out
 
 
 def add_into(acc: dict[nn.Parameter, Tensor], part: dict[nn.Parameter, Tensor]) -> None:

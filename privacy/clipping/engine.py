@@ -32,9 +32,9 @@ skips clipping; 0 * inf = NaN in the fast weighted sums). Every such example is 
 the batch is recomputed without it, so it contributes exactly nothing -- and counted in
 ``ClippedSum.nonfinite``. Losses and norms are checked on every step; the recorded tensors
 only when the clipped sum comes out non-finite (any non-finite entry that reaches the sum
-makes it so; one that does not reach it changes nothing). Dropping an example is a per-example map to the
-zero gradient, whose norm is <= C, so the sensitivity and the noise calibration are
-unchanged. The count is a curator-only diagnostic (it is computed on private rows).
+makes it so; one that does not reach it changes nothing). Dropping an example is a
+per-example map to the zero gradient, whose norm is <= C, so the sensitivity and the noise
+calibration are unchanged. The count is a curator-only diagnostic (it is computed on private rows).
 """
 
 from __future__ import annotations

@@ -38,6 +38,31 @@ class StepMemo(Generic[V]):
         return value
 
 
+def step_key(calls: Sequence[Any]) -> list[Tensor]:
+    """The recorded tensors of one step's calls (inputs and output gradients): what a
+    ``StepMemo`` is keyed by."""
+    out: list[Tensor] = []
+    for c in calls:
+        out += [a for a in c.activations if isinstance(a, Tensor)]
+        bp = c.backprops if isinstance(c.backprops, (tuple, list)) else (c.backprops,)
+        out += [b for b in bp if isinstance(b, Tensor)]
+    return out
+
+
+def weighted(grads: dict[Any, Tensor], weights: dict[Any, Tensor]) -> dict[Any, Tensor]:
+    """sum_i w_i grad_i of materialised per-example gradients [c, *shape], w [c] (per example)
+    or [c, rows] (per example and row of the parameter's first axis)."""
+    out = {}
+    for p, g in grads.items():
+        w = weights[p]
+        if w.dim() == 1:
+            out[p] = torch.einsum("n,n...->...", w.to(g.dtype), g)
+        else:
+            rows = w.shape[1]
+            out[p] = (g.reshape(g.shape[0], rows, -1) * w[..., None]).sum(0).reshape(g.shape[1:])
+    return out
+
+
 def split_backprops(backprops: Any) -> tuple[Tensor, Tensor | None]:
     """Return (gradient w.r.t. the main output, gradient w.r.t. logdet or None)."""
     if isinstance(backprops, (tuple, list)):

@@ -41,6 +41,7 @@ from privflow.privacy.grad_samplers._common import (
     flat_select,
     single_tensor_calls,
     split_backprops,
+    step_key,
 )
 from privflow.privacy.grad_samplers.registry import Call, register_ghost
 
@@ -194,7 +195,7 @@ class LinearGhost:
             a, g = _per_call(calls)
             return torch.stack(a), torch.stack(g)
 
-        return self._memo.get(layer, _step_key(calls), stack)
+        return self._memo.get(layer, step_key(calls), stack)
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         a, g = _per_call(calls)
@@ -267,7 +268,7 @@ class LinearGhost:
         def stack() -> tuple[Tensor, Tensor]:
             return torch.stack([x if cols is None else x.index_select(1, cols) for x in a], 1), torch.stack(g)
 
-        a_k, g_k = self._kernel_memo.get(layer, _step_key(calls), stack)
+        a_k, g_k = self._kernel_memo.get(layer, step_key(calls), stack)
         return a_k, g_k, prefixes
 
     def sampled_entries(self, layer: nn.Module, calls: Sequence[Call], positions: Tensor) -> Tensor | None:
@@ -416,11 +417,6 @@ class LinearGhost:
             w, b = weights[layer.bias], call_sum(g)
             out[layer.bias] = w @ b if w.dim() == 1 else (b * w).sum(0)
         return out
-
-
-def _step_key(calls: Sequence[Call]) -> list[Tensor]:
-    """The recorded tensors a step's memo is keyed by (``StepMemo``)."""
-    return [c.activations[0] for c in calls] + [split_backprops(c.backprops)[0] for c in calls]
 
 
 def _per_call(calls: Sequence[Call]) -> tuple[list[Tensor], list[Tensor]]:

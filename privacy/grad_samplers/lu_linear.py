@@ -39,6 +39,7 @@ from privflow.privacy.grad_samplers._common import (
     row_stats,
     single_tensor_calls,
     split_backprops,
+    step_key,
 )
 from privflow.privacy.grad_samplers.registry import Call, register_free_numel, register_ghost
 
@@ -109,10 +110,6 @@ def _stacked(ts: list[Tensor]) -> Tensor:
     return ts[0].unsqueeze(0) if len(ts) == 1 else torch.stack(ts)
 
 
-def _as_tuple(v: Any) -> tuple[Any, ...]:
-    return v if isinstance(v, tuple) else (v,)
-
-
 def _as_rows(w: Tensor) -> Tensor:
     """A weight [n] (per example) or [n, rows] (per example and row) as [n, 1] or [n, rows]."""
     return w[:, None] if w.dim() == 1 else w
@@ -132,8 +129,7 @@ class LUGhost:
         """h, u, k, x stacked over the calls [J, c, d]; dL/dlog_diag and dL/db summed over calls
         [c, d]. The whole batch's are kept for the step (``StepMemo``)."""
         if sl is None:
-            key = [t for c in calls for t in (c.activations[0], *_as_tuple(c.backprops)) if isinstance(t, Tensor)]
-            return self._memo.get(layer, key, lambda: self._compute(layer, calls, None))
+            return self._memo.get(layer, step_key(calls), lambda: self._compute(layer, calls, None))
         return self._compute(layer, calls, sl)
 
     def _compute(self, layer: LULinear, calls: Sequence[Call], sl: slice | None) -> tuple[Tensor, ...]:

@@ -24,19 +24,11 @@ from privflow.privacy.grad_samplers._common import (
     row_stats,
     single_tensor_calls,
     split_backprops,
+    step_key,
+    weighted,
 )
 from privflow.privacy.grad_samplers.registry import Call, register_ghost
 from privflow.privacy.grad_samplers.tape import materialise
-
-
-def _step_key(calls: Sequence[Call]) -> list[Tensor]:
-    """The recorded tensors of a step (what the memo is keyed by)."""
-    out: list[Tensor] = []
-    for c in calls:
-        out += [a for a in c.activations if isinstance(a, Tensor)]
-        bp = c.backprops if isinstance(c.backprops, tuple) else (c.backprops,)
-        out += [b for b in bp if isinstance(b, Tensor)]
-    return out
 
 
 class SmallGhost(ABC):
@@ -56,7 +48,7 @@ class SmallGhost(ABC):
 
     def _grads(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         with torch.no_grad():
-            return self._memo.get(layer, _step_key(calls), lambda: self.grads(layer, calls))
+            return self._memo.get(layer, step_key(calls), lambda: self.grads(layer, calls))
 
     def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         return {p: torch.linalg.vecdot(v, v) for p, v in self._grads(layer, calls).items()}
@@ -68,14 +60,8 @@ class SmallGhost(ABC):
     def weighted_sum(
         self, layer: nn.Module, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
     ) -> dict[nn.Parameter, Tensor]:
-        out = {}
-        for p, v in self._grads(layer, calls).items():
-            w = weights[p].to(v.dtype)
-            if w.dim() == 1:
-                out[p] = (w @ v).reshape(p.shape)
-            else:  # a weight per example and row (the rows of the parameter's first axis)
-                out[p] = (v.reshape(v.shape[0], w.shape[1], -1) * w[..., None]).sum(0).reshape(p.shape)
-        return out
+        grads = self._grads(layer, calls)
+        return weighted({p: v.reshape(v.shape[0], *p.shape) for p, v in grads.items()}, weights)
 
     def materialise(
         self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None
