@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -81,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             if on_gpu:
                 torch.cuda.synchronize()
         events = prof.key_averages()
-        ops = [e for e in events if not e.key.startswith(("cuda", "ProfilerStep"))]
+        # torch operators (CPU-side records); kernels are the device's records
+        ops = [e for e in events if e.device_type == DeviceType.CPU and not e.key.startswith(("cuda", "ProfilerStep"))]
         n_ops = sum(e.count for e in ops) / args.steps
-        n_kernels = sum(e.count for e in prof.events() if e.device_type.name == "CUDA") / args.steps
+        n_kernels = sum(e.count for e in events if e.device_type == DeviceType.CUDA) / args.steps
         dev_ms = sum(e.self_device_time_total for e in events) / 1e3 / args.steps
         cpu_ms = sum(e.self_cpu_time_total for e in events) / 1e3 / args.steps
         rows.append(f"| {name} | {n_ops:.0f} | {n_kernels:.0f} | {dev_ms:.2f} | {cpu_ms:.2f} |")
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Default DP-HFlow, batch {args.batch}, device {common.device_name(args.device)}, one thread; "
         f"{args.steps} profiled steps per strategy after 3 warm-up steps, means per step.",
         "A step here is the (clipped) gradient alone: no noise, no optimizer update (bench_dp_step.py times both).",
-        "Operators: torch operator calls (nested ones too); kernels: device kernels launched (0 on a CPU).",
+        "Operators: torch operator calls (nested ones too); kernels: device kernels and copies (0 on a CPU).",
     ]
     title = "Where the DP step's time goes (torch profiler)"
     text = "\n".join(common.header(title, started, load, notes, commit) + lines)

@@ -20,6 +20,18 @@ from torch import Tensor
 
 V = TypeVar("V")
 
+ACCELERATOR_CHUNK_ELEMENTS = 1 << 25  # per-example gradient entries per chunk off the CPU: 128 MB
+# in float32, a few such temporaries at once. There a chunk costs kernel launches, not cache misses:
+# the CPU's cache-sized chunks (2^20-2^21 entries) split the shared MADE's 12,627 entries into 25
+# chunks at batch 4,096, and the sparsified step took 3x the non-private one on an H200
+# (benchmarks/results/dp_step_cuda_4096.md, a7975ba)
+
+
+def chunk_elements(device: torch.device, on_cpu: int) -> int:
+    """Per-example gradient entries to materialise at a time: ``on_cpu`` (sized for its cache)
+    on the CPU, ``ACCELERATOR_CHUNK_ELEMENTS`` on a GPU, where fewer, larger chunks launch fewer kernels."""
+    return on_cpu if device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
+
 
 class StepMemo(Generic[V]):
     """Per-layer memo of a value computed from one step's recorded tensors: a step asks for the

@@ -276,6 +276,47 @@ def test_fast_path_equals_reference(strategy: str, kernels: bool, monkeypatch: p
     torch.testing.assert_close(fast.losses, -model.log_prob(x).detach())
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES + ["sparsify-sampled"])
+def test_fast_path_in_many_chunks_equals_one_chunk(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Materialising per-example gradients a few examples at a time (the torch path, chunks
+    of 16 entries: one example each) gives the sum of the unchunked reference."""
+    from privflow.privacy import cpu_kernels
+    from privflow.privacy.clipping import _fast
+    from privflow.privacy.grad_samplers import linear
+
+    strategy = sampled_tau(strategy, monkeypatch)
+    model = TinyFlow(d=4, hidden=8, blocks=3, seed=1).to(DT)
+    x = torch.randn(9, 4, dtype=DT, generator=torch.Generator().manual_seed(2))
+    kw = dict(clipping=strategy, max_grad_norm=0.7, sparsity=0.4)
+    ref = clipped_gradient_sum(model, x, method="hooks", generator=torch.Generator().manual_seed(3), **kw)
+    monkeypatch.setattr(cpu_kernels, "usable", lambda *tensors: False)
+    monkeypatch.setattr(_fast, "_CHUNK_ELEMENTS", 16)
+    monkeypatch.setattr(linear, "_CHUNK_ELEMENTS", 16)
+    largest = max(model_layers(model), key=lambda layer: sum(p.numel() for p in layer.params))
+    assert len(_fast.chunks(len(x), largest)) == len(x)
+    fast = clipped_gradient_sum(model, x, method="fast", generator=torch.Generator().manual_seed(3), check=True, **kw)
+    for p in model.parameters():
+        torch.testing.assert_close(fast.grads[p], ref.grads[p], atol=1e-6, rtol=1e-6)
+
+
+def test_a_gpu_materialises_a_batch_in_few_chunks() -> None:
+    """On the CPU a layer's per-example gradients are materialised in cache-sized chunks; on
+    another device (a GPU; here the meta device) in chunks of ACCELERATOR_CHUNK_ELEMENTS, since
+    each chunk costs kernel launches there: the 12,627-entry shared MADE at batch 4,096 in 2
+    chunks, not 25."""
+    from privflow.privacy.clipping._fast import chunks
+    from privflow.privacy.clipping.structure import LayerInfo
+    from privflow.privacy.grad_samplers._common import ACCELERATOR_CHUNK_ELEMENTS
+
+    def layer(device: str) -> LayerInfo:
+        lin = nn.Linear(12_626, 1, device=device)
+        return LayerInfo("made", lin, (lin.weight, lin.bias), "made", (12_626, 1))
+
+    assert len(chunks(4096, layer("cpu"))) == 25
+    assert len(chunks(4096, layer("meta"))) == math.ceil(4096 / (ACCELERATOR_CHUNK_ELEMENTS // 12_627)) == 2
+    assert chunks(4096, layer("meta"))[0] == slice(0, ACCELERATOR_CHUNK_ELEMENTS // 12_627)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_engine_bounds_each_example_by_c(strategy: str) -> None:
     """A batch of one example: the clipped sum IS that example's clipped gradient."""
