@@ -50,8 +50,25 @@ class Terminated(KeyboardInterrupt):
     Ctrl-C runs (the ledger's abandon, the scratch folder's removal, MLflow's run end) runs."""
 
 
+def _quiet_after_interrupt() -> None:
+    """Objects a native library was building when the signal landed (numba's LLVM binding,
+    compiling a kernel on a run's first steps) can fail in their finalisers later, which
+    Python prints as 'Exception ignored ... Traceback' after the one-line message. The
+    interrupt is the cause and the message says so: such reports go to the debug log."""
+    import logging
+
+    log = logging.getLogger("privflow")
+    sys.unraisablehook = lambda u: log.debug("after an interrupt, ignored in %r: %r", u.object, u.exc_value)
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    _quiet_after_interrupt()
+    raise KeyboardInterrupt
+
+
 def _on_sigterm(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    _quiet_after_interrupt()
     raise Terminated()
 
 
@@ -132,6 +149,7 @@ def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any
     except (typer.Exit, typer.Abort):
         raise
     except KeyboardInterrupt as exc:
+        _quiet_after_interrupt()  # also where a library's own SIGINT handler raised it
         if verbose:
             traceback.print_exc()
         what, status = _stopped(exc)
@@ -1159,6 +1177,8 @@ def main() -> None:
     """Entry point: friendly errors, no tracebacks for user mistakes; 130 on Ctrl-C, 143 on SIGTERM."""
     _FAST_EXIT.arm()
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         app()
     except KeyboardInterrupt as exc:
