@@ -26,7 +26,7 @@ from privflow.privacy.clipping.sparsify import (
 )
 from privflow.privacy.clipping.structure import LayerInfo
 from privflow.privacy.grad_samplers import GHOST_OPS, materialise
-from privflow.privacy.grad_samplers._common import chunk_elements, weighted
+from privflow.privacy.grad_samplers._common import examples_per_chunk, weighted
 from privflow.privacy.grad_samplers.registry import Call
 
 Method = Literal["fast", "hooks"]
@@ -39,11 +39,11 @@ _CHUNK_ELEMENTS = 1 << 21  # per-example gradient entries per chunk: small chunk
 
 def chunks(n: int, layer: LayerInfo, entries: int | None = None) -> list[slice]:
     """Slices of the n examples, ``_CHUNK_ELEMENTS`` per-example gradient entries each on the
-    CPU (``chunk_elements``: more on a GPU) (``entries`` per example; default: every entry of
-    the layer's parameters)."""
+    CPU (``examples_per_chunk``: more on a GPU) (``entries`` per example; default: every entry
+    of the layer's parameters)."""
     if entries is None:
         entries = sum(p.numel() for p in layer.params)
-    size = max(1, chunk_elements(layer.params[0].device, _CHUNK_ELEMENTS) // max(1, entries))
+    size = examples_per_chunk(layer.params[0].device, entries, _CHUNK_ELEMENTS)
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
 

@@ -27,10 +27,12 @@ ACCELERATOR_CHUNK_ELEMENTS = 1 << 25  # per-example gradient entries per chunk o
 # (benchmarks/results/dp_step_cuda_4096.md, a7975ba)
 
 
-def chunk_elements(device: torch.device, on_cpu: int) -> int:
-    """Per-example gradient entries to materialise at a time: ``on_cpu`` (sized for its cache)
-    on the CPU, ``ACCELERATOR_CHUNK_ELEMENTS`` on a GPU, where fewer, larger chunks launch fewer kernels."""
-    return on_cpu if device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
+def examples_per_chunk(device: torch.device, entries: int, on_cpu: int) -> int:
+    """How many examples' per-example gradients (``entries`` each) to materialise at a time:
+    ``on_cpu`` entries in all on the CPU (sized for its cache), ``ACCELERATOR_CHUNK_ELEMENTS``
+    on a GPU, where fewer, larger chunks launch fewer kernels; at least one example."""
+    budget = on_cpu if device.type == "cpu" else ACCELERATOR_CHUNK_ELEMENTS
+    return max(1, budget // max(1, entries))
 
 
 class StepMemo(Generic[V]):

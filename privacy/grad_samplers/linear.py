@@ -38,7 +38,7 @@ from privflow.privacy import cpu_kernels
 from privflow.privacy.grad_samplers._common import (
     StepMemo,
     call_sum,
-    chunk_elements,
+    examples_per_chunk,
     flat_select,
     single_tensor_calls,
     split_backprops,
@@ -373,7 +373,7 @@ class LinearGhost:
         n, rows = a.shape[1], g.shape[2]
         layout = self._layout(layer)
         if layout is None:
-            size = max(1, chunk_elements(a.device, _CHUNK_ELEMENTS) // layer.weight.numel())
+            size = examples_per_chunk(a.device, layer.weight.numel(), _CHUNK_ELEMENTS)
             l1s, sqs = [], []
             for i in range(0, n, size):
                 w = _outer_sum(a[:, i : i + size], g[:, i : i + size], self.mask(layer))
@@ -382,7 +382,7 @@ class LinearGhost:
             return torch.cat(l1s), torch.cat(sqs)
         assert layout.back is not None
         largest = max(m.numel() * length for m, length in zip(layout.members, layout.lengths, strict=True))
-        size = max(1, chunk_elements(a.device, _CHUNK_ELEMENTS) // max(1, largest))  # slabs reduced one at a time
+        size = examples_per_chunk(a.device, largest, _CHUNK_ELEMENTS)  # slabs are reduced one at a time
         l1s, sqs = [], []
         for i in range(0, n, size):
             parts_l1, parts_sq = [], []
