@@ -18,7 +18,6 @@ import atexit
 import math
 import os
 import re
-import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from privflow import interrupts
 from privflow.startup import use_prefect
 
 app = typer.Typer(
@@ -45,36 +45,9 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 
 EXIT_AUDIT = 3  # `privflow audit`: the shipped configuration failed, or a mutant was not caught
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread is: a KeyboardInterrupt, so every cleanup that
-    Ctrl-C runs (the ledger's abandon, the scratch folder's removal, MLflow's run end) runs."""
-
-
-def _quiet_after_interrupt() -> None:
-    """Objects a native library was building when the signal landed (numba's LLVM binding,
-    compiling a kernel on a run's first steps) can fail in their finalisers later, which
-    Python prints as 'Exception ignored ... Traceback' after the one-line message. The
-    interrupt is the cause and the message says so: such reports go to the debug log."""
-    import logging
-
-    log = logging.getLogger("privflow")
-    sys.unraisablehook = lambda u: log.debug("after an interrupt, ignored in %r: %r", u.object, u.exc_value)
-
-
-def _on_sigint(signum: int, frame: object) -> None:
-    _quiet_after_interrupt()
-    raise KeyboardInterrupt
-
-
-def _on_sigterm(signum: int, frame: object) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    _quiet_after_interrupt()
-    raise Terminated()
-
-
 def _stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
     """The message and exit status of an interrupted command."""
-    if isinstance(exc, Terminated):
+    if isinstance(exc, interrupts.Terminated):
         return "terminated (SIGTERM).", EXIT_TERMINATED
     return "interrupted (Ctrl-C).", EXIT_INTERRUPTED
 
@@ -149,7 +122,7 @@ def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any
     except (typer.Exit, typer.Abort):
         raise
     except KeyboardInterrupt as exc:
-        _quiet_after_interrupt()  # also where a library's own SIGINT handler raised it
+        interrupts.quiet_after_interrupt()  # also where a library's own SIGINT handler raised it
         if verbose:
             traceback.print_exc()
         what, status = _stopped(exc)
@@ -1176,9 +1149,7 @@ _FAST_EXIT = _FastExit()
 def main() -> None:
     """Entry point: friendly errors, no tracebacks for user mistakes; 130 on Ctrl-C, 143 on SIGTERM."""
     _FAST_EXIT.arm()
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
-        signal.signal(signal.SIGINT, _on_sigint)
+    interrupts.install()
     try:
         app()
     except KeyboardInterrupt as exc:

@@ -119,33 +119,3 @@ def test_the_console_script_reports_an_error_in_full_with_status_2(tmp_path: Pat
     )
     assert done.returncode == 2
     assert "No ledger at" in done.stderr and "pass --store" in " ".join(done.stderr.split())
-
-
-@pytest.mark.parametrize("handler", [cli._on_sigint, cli._on_sigterm], ids=["ctrl-c", "sigterm"])
-def test_finaliser_failures_after_an_interrupt_go_to_the_debug_log(
-    handler: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A signal that lands while a native library builds an object (numba's LLVM binding
-    compiling a kernel: a CI run caught it) leaves finalisers that fail later; Python would
-    print each as 'Exception ignored ... Traceback' under the one-line message. After the
-    handler they are logged at debug level instead of reaching the hook that prints them."""
-    import gc
-    import signal
-
-    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # restored after the test
-    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the SIGTERM handler resets itself
-    printed: list[object] = []
-    sys.unraisablehook = printed.append  # stands for the default hook, which prints
-
-    class HalfBuilt:
-        def __del__(self) -> None:
-            raise AttributeError("no attribute '_as_parameter_'")
-
-    with pytest.raises(KeyboardInterrupt):
-        handler(0, None)  # type: ignore[operator]
-    with caplog.at_level("DEBUG", logger="privflow"):
-        obj = HalfBuilt()
-        del obj
-        gc.collect()
-    assert printed == []
-    assert any("_as_parameter_" in r.getMessage() for r in caplog.records)
