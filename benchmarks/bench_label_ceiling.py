@@ -43,8 +43,9 @@ import bench_common as common  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 LR_ROW = "real features + logistic-regression labels (non-private)"
 GB_ROW = "real features + gradient-boosting labels (non-private)"
+HEAD_ROW = "real features + head labels"
 SHARP_ROW = "real features + head labels sharpened (logits x2, recalibrated)"
-ROWS = ("released", "real features + head labels", SHARP_ROW, LR_ROW, GB_ROW, "real training table")
+ROWS = ("released", HEAD_ROW, SHARP_ROW, LR_ROW, GB_ROW, "real training table")
 METRICS = (("macro_f1", "macro-F1"), ("auroc", "AUROC"), ("ap", "AP"))
 
 
@@ -71,7 +72,7 @@ def run_seed(bench: Any, data: Any, epsilon: float, seed: int) -> dict[str, dict
     schema, target = data.schema, data.schema.target
     out = {"released": _nine(data, bench.sample_rows([model], codec, data.train.height, seed=seed), seed)}
     raw = codec.head_log_probs(data.train)
-    for row, sharpness in (("real features + head labels", 1.0), (SHARP_ROW, 2.0)):
+    for row, sharpness in ((HEAD_ROW, 1.0), (SHARP_ROW, 2.0)):
         log_probs = sharpness * raw  # x2: the head's odds squared, a less noisy label than it estimates
         if codec.rates is not None:
             log_probs = log_probs + calibration_shift(log_probs, codec.rates)
@@ -147,7 +148,7 @@ def render(
         "| head alone (one classifier) | — | " + " | ".join(_cell([h[k] for h in head]) for k in ("auroc", "ap")) + " |"
     )
     mean = {row: {k: statistics.mean(r[row][k] for r in runs) for k, _ in METRICS} for row in ROWS}
-    gap = {k: mean["real features + head labels"][k] - mean["released"][k] for k, _ in METRICS}
+    gap = {k: mean[HEAD_ROW][k] - mean["released"][k] for k, _ in METRICS}
     lines += [
         "",
         "## Reading",
@@ -156,15 +157,13 @@ def render(
         + ", ".join(f"{label} {gap[k]:+.3f}" for k, label in METRICS)
         + ". A perfect flow with this head would reach the second row, no more.",
         "- A perfect head of the released form (non-private logistic regression labels) against this one: "
-        + ", ".join(f"{label} {mean[LR_ROW][k] - mean['real features + head labels'][k]:+.3f}" for k, label in METRICS)
+        + ", ".join(f"{label} {mean[LR_ROW][k] - mean[HEAD_ROW][k]:+.3f}" for k, label in METRICS)
         + "; a non-linear label model (gradient boosting): "
-        + ", ".join(f"{label} {mean[GB_ROW][k] - mean['real features + head labels'][k]:+.3f}" for k, label in METRICS)
+        + ", ".join(f"{label} {mean[GB_ROW][k] - mean[HEAD_ROW][k]:+.3f}" for k, label in METRICS)
         + ".",
         "- Labels less noisy than the head's estimate of P(target | other columns) (its logits doubled, then "
         "shifted back to the DP class rates) against the head's own: "
-        + ", ".join(
-            f"{label} {mean[SHARP_ROW][k] - mean['real features + head labels'][k]:+.3f}" for k, label in METRICS
-        )
+        + ", ".join(f"{label} {mean[SHARP_ROW][k] - mean[HEAD_ROW][k]:+.3f}" for k, label in METRICS)
         + ". privflow releases the head's estimate as it is: a sharper label would trade the fidelity of "
         "P(target | other columns) for these scores.",
         "",

@@ -39,20 +39,23 @@ def install() -> None:
 
 
 def on_sigint(signum: int, frame: object) -> None:
-    quiet_after_interrupt()
-    if _in_hook:
-        _send_again(signal.SIGINT)
-        return
-    raise KeyboardInterrupt
+    if not _deferred(signal.SIGINT):
+        raise KeyboardInterrupt
 
 
 def on_sigterm(signum: int, frame: object) -> None:
+    if not _deferred(signal.SIGTERM):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+        raise Terminated()
+
+
+def _deferred(signum: int) -> bool:
+    """Whether the handler must not raise now: inside the hook its exception would be lost, so
+    the signal is sent again for after it returns."""
     quiet_after_interrupt()
     if _in_hook:
-        _send_again(signal.SIGTERM)
-        return
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    raise Terminated()
+        _send_again(signum)
+    return _in_hook
 
 
 def quiet_after_interrupt() -> None:

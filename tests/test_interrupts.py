@@ -15,6 +15,13 @@ import pytest
 
 from privflow import interrupts
 
+# each signal and the exception its handler raises
+SIGNALS = pytest.mark.parametrize(
+    ("signum", "raised"),
+    [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, interrupts.Terminated)],
+    ids=["ctrl-c", "sigterm"],
+)
+
 
 @pytest.fixture()
 def handlers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -30,11 +37,7 @@ def handlers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             signal.signal(s, h)
 
 
-@pytest.mark.parametrize(
-    ("signum", "raised"),
-    [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, interrupts.Terminated)],
-    ids=["ctrl-c", "sigterm"],
-)
+@SIGNALS
 def test_a_signal_swallowed_by_a_ctypes_callback_is_raised_after_it(handlers: None, signum: int, raised: type) -> None:
     """A CI run sent Ctrl-C while numba's LLVM binding called back into Python (a ctypes
     callback, which ignores exceptions): the KeyboardInterrupt vanished and the run went on to
@@ -57,11 +60,7 @@ def test_a_signal_swallowed_by_a_ctypes_callback_is_raised_after_it(handlers: No
     assert progress == []
 
 
-@pytest.mark.parametrize(
-    ("signum", "raised"),
-    [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, interrupts.Terminated)],
-    ids=["ctrl-c", "sigterm"],
-)
+@SIGNALS
 def test_a_signal_landing_in_the_hook_is_raised_after_it(
     handlers: None, monkeypatch: pytest.MonkeyPatch, signum: int, raised: type
 ) -> None:
