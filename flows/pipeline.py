@@ -43,7 +43,7 @@ from privflow.copula import CopulaCodec
 from privflow.curator import curator_dir, write_json
 from privflow.errors import ValidationFailed
 from privflow.io import read_table, write_table
-from privflow.preflight import gate_limit
+from privflow.preflight import gate_floor, gate_limit
 from privflow.privacy.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.fingerprint import keyed_fingerprint, store_key
 from privflow.privacy.ledger import Ledger
@@ -108,12 +108,12 @@ def _read_and_gate(
     Returns the clean table, or for a streamed run (`work`: its scratch folder) what the first
     pass over the chunks keeps (tasks/stream.py)."""
     stage = plan.stage("validate")
-    threshold = gate_limit(config, schema, plan)
+    threshold, floor = gate_limit(config, schema, plan), gate_floor(config, schema, plan)
     decisions: list[validation_gate.GateDecision] = []
 
-    def gate(failing: int) -> bool:
+    def gate(failing: int, passing: int) -> bool:
         spend.start()
-        decisions.append(validation_gate.gate(failing, threshold, stage.event))  # type: ignore[arg-type]
+        decisions.append(validation_gate.gate(failing, threshold, stage.event, passing, floor))  # type: ignore[arg-type]
         spend.add(stage.event)
         return decisions[-1].stop
 
@@ -132,11 +132,16 @@ def _read_and_gate(
             f"The validation gate stopped the run ({config.policy} policy): {decisions[-1].describe()}. "
             f"The exact per-column counts are in the curator-only report {curator / 'validation.json'}. "
             f"The gate's DP count cost epsilon={decisions[-1].epsilon:.3g}, which the ledger has charged; "
-            "nothing else was spent. Fix the rows (or the schema's bounds), or raise the policy's limit "
             + (
-                "(gate.strict_max_failing), or use --policy quarantine."
-                if config.policy == "strict"
-                else "(gate.quarantine_max_failing)."
+                "nothing else was spent. Check that --data is the whole table, or correct the schema's "
+                "dataset.expected_rows."
+                if decisions[-1].too_few
+                else "nothing else was spent. Fix the rows (or the schema's bounds), or raise the policy's limit "
+                + (
+                    "(gate.strict_max_failing), or use --policy quarantine."
+                    if config.policy == "strict"
+                    else "(gate.quarantine_max_failing)."
+                )
             )
         ) from None
     write_json(curator, "validation.json", report.to_dict())

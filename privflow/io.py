@@ -1,16 +1,15 @@
-"""Reading and writing the private table (CSV or Parquet) and fingerprinting it.
+"""Reading and writing the private table (CSV or Parquet).
 
 `read_table` only parses: it does not check the data against the schema (that is
 `privflow.validation.validate`). CSV columns are all read as strings so a value of the wrong
-type reaches validation, where it is counted, instead of crashing the parser. Every problem
-becomes a `DataError` with one paragraph that names the file.
-
-The format is decided by the content, not the suffix: Parquet by its magic bytes, gzip
-compression by its own (either format may be gzipped), CSV text in UTF-8 (with or without
-a byte-order mark) or UTF-16 with a byte-order mark, with the delimiter sniffed from the
-first lines (comma, semicolon, tab or pipe). `sniff` and `read_header` look at the head of
-the file only and `count_rows` counts without parsing values: the pre-flight check uses them
-to refuse a bad file before any privacy is spent.
+type reaches validation, where it is counted. The reader is total over rows (privacy rule 8):
+a row is a line, and a line that cannot be read as a row of the header's columns becomes a
+failing row, never a refusal of the file. Only what is public may refuse a file before a row
+is read, each as a `DataError` with one paragraph that names the file: the format (decided
+by the content, not the suffix: Parquet by its magic bytes, gzip by its own, CSV text in
+UTF-8 with or without a byte-order mark, or UTF-16 with one) and the header line (which
+also decides the delimiter: comma, semicolon, tab or pipe). `sniff` and `read_header` read
+the first bytes and the header line only.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import codecs
 import csv
 import gzip
 import io
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,6 @@ _SUPPORTED = "CSV (.csv) or Parquet (.parquet, .pq), optionally gzip-compressed 
 DELIMITERS = (",", ";", "\t", "|")
 DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
 _HEAD_BYTES = 1 << 16
-_EXACT_COUNT_BYTES = 1 << 20  # below this size rows are counted exactly with the csv module
 
 _MAGIC = {
     b"PK\x03\x04": "a ZIP archive (an Excel .xlsx or .ods workbook?)",
@@ -120,8 +119,16 @@ def _raw(p: Path, limit: int | None = None) -> tuple[bytes, str | None]:
         raise DataError(f"Data file '{p}' cannot be read: {exc.strerror or exc}.") from None
 
 
+def _header_bytes(head: bytes) -> bytes:
+    """The first line of a head of the file (the header): public, unlike every line after it."""
+    cut = head.find(b"\n")
+    return head if cut < 0 else head[: cut + 1]
+
+
 def _encoding(p: Path, head: bytes) -> str:
-    """The text encoding of a CSV head, or a DataError with a hint."""
+    """The text encoding of a CSV file, from its byte-order mark and its header line only, or a
+    DataError with a hint. Rows are never looked at: a row that does not decode is a failing row
+    (`read_table`), not a verdict on the file."""
     if head.startswith(codecs.BOM_UTF8):
         enc = "utf-8-sig"
     elif head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
@@ -130,134 +137,164 @@ def _encoding(p: Path, head: bytes) -> str:
         raise DataError(f"Data file '{p}' is UTF-32 text; save it as UTF-8 CSV.")
     else:
         enc = "utf-8"
-    sample = head[:4096]
-    if (
-        len(sample) >= 4
-        and sample.count(b"\x00") * 3 >= len(sample)
-        and (sample[1::2].count(0) * 2 >= len(sample[1::2]) or sample[0::2].count(0) * 2 >= len(sample[0::2]))
-    ):
+    line = _header_bytes(head)
+    if len(line) >= 4 and line.count(b"\x00") * 3 >= len(line):
         raise DataError(
             f"Data file '{p}' looks like UTF-16 text without a byte-order mark; privflow reads UTF-8, or UTF-16 "
             "with a byte-order mark. Save it as UTF-8 CSV (e.g. iconv -f UTF-16LE -t UTF-8)."
         )
-    if b"\x00" in head:
+    if b"\x00" in line:
         raise DataError(
-            f"Data file '{p}' contains NUL bytes, so it is neither CSV text nor Parquet (a binary or corrupted "
-            "file?); export the table as UTF-8 CSV or Parquet."
+            f"Data file '{p}' has NUL bytes in its header line, so it is neither CSV text nor Parquet (a binary or "
+            "corrupted file?); export the table as UTF-8 CSV or Parquet."
         )
     try:
-        codecs.getincrementaldecoder(enc)().decode(head, final=False)
-    except UnicodeDecodeError as exc:
-        byte = head[exc.start : exc.start + 1].hex()
+        codecs.getincrementaldecoder(enc)().decode(line, final=False)
+    except UnicodeDecodeError:
         raise DataError(
-            f"Data file '{p}' is not UTF-8 text: byte 0x{byte} at offset {exc.start} is not valid UTF-8. If it is "
-            "Latin-1 or Windows-1252 (common for spreadsheet exports), convert it, e.g. "
-            f"`iconv -f WINDOWS-1252 -t UTF-8 '{p}' > out.csv`; privflow reads UTF-8, or UTF-16 with a "
-            "byte-order mark."
+            f"Data file '{p}' has a header line that is not UTF-8 text. If the file is Latin-1 or Windows-1252 "
+            f"(common for spreadsheet exports), convert it, e.g. `iconv -f WINDOWS-1252 -t UTF-8 '{p}' > out.csv`; "
+            "privflow reads UTF-8, or UTF-16 with a byte-order mark."
         ) from None
     return enc
 
 
-def _decode(p: Path, data: bytes, enc: str) -> str:
-    try:
-        return data.decode(enc)
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"Data file '{p}' is not valid {enc} text (undecodable byte at offset {exc.start}); if it is Latin-1 "
-            "or Windows-1252, convert it to UTF-8 (e.g. with iconv) and try again."
-        ) from None
+def _header_text(head: bytes, enc: str) -> str:
+    """The header line of a head of the file, decoded (without its line break)."""
+    if enc == "utf-16":
+        head = head[: len(head) - len(head) % 2]
+        text = codecs.getincrementaldecoder(enc)(errors="replace").decode(head, final=False)
+        return text.split("\n", 1)[0].rstrip("\r")
+    text = _header_bytes(head).decode(enc, errors="replace")
+    return text.split("\n", 1)[0].rstrip("\r")
 
 
-def _sniff_delimiter(text: str) -> str:
-    """The candidate that splits the first lines into the most fields, consistently (comma on ties)."""
-    lines = [line for line in text.splitlines()[:21] if line.strip()]
-    if len(lines) > 1 and not text.endswith(("\n", "\r")):
-        lines = lines[:-1] if len(text) >= _HEAD_BYTES // 2 else lines  # the last line of a head may be cut
-    if not lines:
-        return ","
+def _sniff_delimiter(header: str) -> str:
+    """The candidate that splits the header line into the most fields (comma on ties). Only the
+    header is public: a delimiter sniffed from rows would let one row decide how every row is read."""
     best, best_width = ",", 1
     for d in DELIMITERS:
         try:
-            widths = [len(row) for row in csv.reader(lines, delimiter=d)]
-        except csv.Error:
+            width = len(next(csv.reader([header], delimiter=d)))
+        except (csv.Error, StopIteration):
             continue
-        width = widths[0]
-        if width > best_width and all(w == width for w in widths):
+        if width > best_width:
             best, best_width = d, width
-    if best_width == 1:  # not consistent anywhere: the delimiter with the widest header
-        for d in DELIMITERS:
-            try:
-                width = len(next(csv.reader(lines[:1], delimiter=d)))
-            except (csv.Error, StopIteration):
-                continue
-            if width > best_width:
-                best, best_width = d, width
     return best
 
 
 def sniff(path: str | Path) -> TableFormat:
-    """The file's format from its first bytes: Parquet or CSV (encoding, delimiter), gzip or not.
+    """The file's format from its first bytes and header line: Parquet or CSV (encoding,
+    delimiter), gzip or not.
 
     Raises DataError for a missing or unreadable path, an empty file, a known non-table format
-    (ZIP/Excel, PDF, ...), binary content or text in an encoding privflow does not read.
+    (ZIP/Excel, PDF, ...), or a header line that is binary or in an encoding privflow does not
+    read. What the rows hold is never looked at here.
     """
     p = Path(path)
     head, compression = _raw(p, _HEAD_BYTES)
     if not head.strip():
-        raise DataError(f"Data file '{p}' is empty; it needs a header row and at least one data row.")
+        raise DataError(f"Data file '{p}' is empty; it needs a header row naming the columns.")
     if head.startswith(b"PAR1"):
         return TableFormat("parquet", compression)
     for magic, what in _MAGIC.items():
         if head.startswith(magic):
             raise DataError(f"Data file '{p}' is {what}, not a table privflow reads; export it as {_SUPPORTED}.")
     enc = _encoding(p, head)
+    return TableFormat("csv", compression, enc, _sniff_delimiter(_header_text(head, enc)))
+
+
+UNREADABLE = "_privflow_unreadable"  # read_table: why a row could not be read (null on rows that were)
+_UNDECODABLE = re.compile("[\udc80-\udcff\ufffd]")
+
+
+def _lines(data: bytes, enc: str) -> tuple[list[str], list[bool]]:
+    """The file's physical lines (LF or CRLF), decoded, and for each whether it held bytes that
+    do not decode. A row is a line: a bad byte, quote or field count stays in its own line."""
     if enc == "utf-16":
-        head = head[: len(head) - len(head) % 2]
-    text = codecs.getincrementaldecoder(enc)(errors="replace").decode(head, final=False)
-    return TableFormat("csv", compression, enc, _sniff_delimiter(text))
-
-
-def _parse_csv(path: Path, text: str, delimiter: str = ",") -> pl.DataFrame:
-    """Parse CSV text with Python's csv module into all-string columns; refuse what could mislead.
-
-    polars 2.1's reader renames duplicate headers (`a_duplicated_0`), pads short rows with
-    nulls, decodes invalid UTF-8 lossily and turns blank lines (even a trailing one) into rows
-    of nulls; each would make a broken file look like plausible data. Here blank lines are not
-    rows, and every other defect is a DataError naming the file and the line.
-    """
-    if "\x00" in text:
-        raise DataError(
-            f"Data file '{path}' contains NUL bytes, so it is not a text CSV file; export it as UTF-8 CSV or Parquet."
-        )
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
-    rows: list[list[str]] = []
+        text = data[: len(data) - len(data) % 2].decode("utf-16", errors="replace")
+        lines = text.split("\n")
+        return lines, [_UNDECODABLE.search(line) is not None for line in lines]
+    text = data.decode("utf-8", errors="surrogateescape")
+    if enc == "utf-8-sig" and text.startswith("\ufeff"):
+        text = text[1:]
+    lines = text.split("\n")
     try:
-        header = _check_header(path, next(reader, None))
-        width = len(header)
-        bad_lines: list[int] = []
-        n_bad = 0
-        for row in reader:
-            if not row:  # a blank line carries no row
-                continue
-            if len(row) != width:
-                n_bad += 1
-                if len(bad_lines) < 5:
-                    bad_lines.append(reader.line_num)
-                continue
-            rows.append(row)
+        text.encode("utf-8")
+        bad = [False] * len(lines)
+    except UnicodeEncodeError:  # some byte did not decode: find its lines
+        bad = [_UNDECODABLE.search(line) is not None for line in lines]
+    return lines, bad
+
+
+def _row(line: str, delimiter: str, width: int) -> tuple[list[str] | None, str | None]:
+    """One data line split into fields, or None and the reason it is not a row of this table."""
+    if "\x00" in line:
+        return None, "holds a NUL byte"
+    if '"' not in line and "\r" not in line:
+        fields = line.split(delimiter)
+    else:
+        try:
+            records = list(csv.reader([line], delimiter=delimiter, strict=True))
+        except csv.Error as exc:
+            return None, f"is not valid CSV ({exc})"
+        fields = records[0] if records else []
+    if len(fields) != width:
+        return None, f"has {len(fields)} fields where the header has {width}"
+    return fields, None
+
+
+def _parse_csv(path: Path, data: bytes, fmt: TableFormat) -> pl.DataFrame:
+    """Parse CSV bytes into all-string columns, one row per line, totally: the header decides the
+    columns, and a line that is not a row of them (a field too many or too few, broken quoting, a
+    NUL, bytes that do not decode) becomes a row of nulls whose `UNREADABLE` field says why, so
+    that validation counts it as a failing row instead of refusing the file. Whatever one line
+    holds, it changes no other row (privacy rule 8). Blank lines are not rows.
+
+    A consequence: a quoted field may not hold a line break (each part would be a failing row).
+    polars' reader is not used: it pads short rows, renames duplicate headers and reads invalid
+    UTF-8 lossily, each of which would make a broken row look like plausible data.
+    """
+    delimiter = fmt.delimiter or ","
+    lines, undecodable = _lines(data, fmt.encoding or "utf-8")
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
+        raise DataError(f"Data file '{path}' is empty; it needs a header row naming the columns.")
+    if undecodable[first]:
+        raise DataError(f"Data file '{path}' has a header line that is not valid {fmt.encoding} text.")
+    try:
+        header = next(csv.reader([lines[first].rstrip("\r")], delimiter=delimiter, strict=True), None)
     except csv.Error as exc:
-        raise DataError(f"Data file '{path}' is not valid CSV: {exc} (near line {reader.line_num}).") from None
-    if n_bad:
-        raise DataError(
-            f"Data file '{path}' has {n_bad} row(s) whose number of fields differs from the header's "
-            f"{width} (first at line(s) {bad_lines}); a short or long row would shift or invent values, "
-            "so the file is refused. Fix the quoting or the separators in those rows."
-        )
-    columns = list(zip(*rows, strict=False)) if rows else [()] * width
-    return pl.DataFrame(
-        {name: list(col) for name, col in zip(header, columns, strict=False)},
+        raise DataError(f"Data file '{path}' has a header line that is not valid CSV: {exc}.") from None
+    header = _check_header(path, header)
+    width = len(header)
+    rows: list[list[str | None]] = []
+    reasons: list[str | None] = []
+    empty: list[str | None] = [None] * width
+    for number in range(first + 1, len(lines)):
+        line = lines[number]
+        if line.endswith("\r"):
+            line = line[:-1]
+        if not line.strip():
+            continue
+        if undecodable[number]:
+            fields, why = None, f"holds bytes that are not valid {fmt.encoding} text"
+        else:
+            fields, why = _row(line, delimiter, width)
+        if fields is None:
+            rows.append(empty)
+            reasons.append(f"line {number + 1} {why}")
+        else:
+            rows.append(fields)  # type: ignore[arg-type]
+            reasons.append(None)
+    columns = list(zip(*rows, strict=True)) if rows else [()] * width
+    frame = pl.DataFrame(
+        {name: list(col) for name, col in zip(header, columns, strict=True)},
         schema={name: pl.String for name in header},
     )
+    if any(r is not None for r in reasons):
+        frame = frame.with_columns(pl.Series(UNREADABLE, reasons, dtype=pl.String))
+    return frame
 
 
 def _check_header(path: Path, header: list[str] | None) -> list[str]:
@@ -275,6 +312,8 @@ def _check_header(path: Path, header: list[str] | None) -> list[str]:
             f"Data file '{path}' names these columns more than once in its header: {dups}; "
             "each column must appear exactly once."
         )
+    if UNREADABLE in header:
+        raise DataError(f"Data file '{path}' has a column named '{UNREADABLE}', a name privflow reserves.")
     return header
 
 
@@ -306,20 +345,17 @@ def read_header(path: str | Path) -> tuple[TableFormat, list[str], dict[str, pl.
             raise DataError(f"Data file '{p}' has no columns.")
         return fmt, list(dtypes), dtypes
     head, _ = _raw(p, _HEAD_BYTES)
-    if fmt.encoding == "utf-16":
-        head = head[: len(head) - len(head) % 2]
-    text = codecs.getincrementaldecoder(fmt.encoding or "utf-8")(errors="replace").decode(head, final=False)
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=fmt.delimiter or ",")
     try:
-        header = next(reader, None)
+        header = next(csv.reader([_header_text(head, fmt.encoding or "utf-8")], delimiter=fmt.delimiter or ","), None)
     except csv.Error as exc:
         raise DataError(f"Data file '{p}' has a header line that is not valid CSV: {exc}.") from None
     return fmt, _check_header(p, header), None
 
 
 def count_rows(path: str | Path, fmt: TableFormat | None = None) -> int:
-    """Data rows in the file without parsing values: Parquet metadata, or a polars scan of the CSV
-    (exact, with the csv module, for files under 1 MiB, where blank lines are not rows)."""
+    """Data rows in the file without parsing values: Parquet metadata, or the CSV's non-blank
+    lines after the header (a row is a line, as `read_table` reads it). For PUBLIC files only
+    (pretraining): a private file's row count is never a public fact (privacy rule 8)."""
     p = Path(path)
     fmt = fmt or sniff(p)
     try:
@@ -328,23 +364,12 @@ def count_rows(path: str | Path, fmt: TableFormat | None = None) -> int:
                 data, _ = _raw(p)
                 return int(pl.scan_parquet(io.BytesIO(data)).select(pl.len()).collect().item())
             return int(pl.scan_parquet(p).select(pl.len()).collect().item())
-        plain = fmt.compression is None and fmt.encoding in ("utf-8", "utf-8-sig")
-        if plain and p.stat().st_size >= _EXACT_COUNT_BYTES:
-            scan = pl.scan_csv(p, separator=fmt.delimiter or ",", infer_schema=False, has_header=True)
-            return int(scan.select(pl.len()).collect().item())
         data, _ = _raw(p)
-        text = _decode(p, data, fmt.encoding or "utf-8")
-        if len(text) >= _EXACT_COUNT_BYTES:
-            frame = pl.read_csv(
-                io.BytesIO(text.encode()), separator=fmt.delimiter or ",", infer_schema=False, columns=[0]
-            )
-            return frame.height
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=fmt.delimiter or ",")
-        next(reader, None)
-        return sum(1 for row in reader if row)
+        lines, _bad = _lines(data, fmt.encoding or "utf-8")
+        return max(0, sum(1 for line in lines if line.strip()) - 1)
     except DataError:
         raise
-    except (csv.Error, pl.exceptions.PolarsError, OSError) as exc:
+    except (pl.exceptions.PolarsError, OSError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise DataError(f"Data file '{p}' could not be scanned as {fmt.describe()} ({first}).") from None
 
@@ -362,17 +387,19 @@ def empty_strings_to_null(df: pl.DataFrame) -> pl.DataFrame:
 def read_table(path: str | Path) -> pl.DataFrame:
     """Read a CSV (every column as a string, empty field -> null) or Parquet file, gzipped or not.
 
-    Raises DataError when the file is missing, is not a table privflow reads, does not parse,
-    or holds no rows. The schema is not consulted here.
+    Total over rows (privacy rule 8): it raises DataError only for what the file's format and
+    header decide (missing, not a table privflow reads, a header that does not parse, Parquet
+    that does not parse); a CSV line that is not a row of the header's columns is kept as a row
+    of nulls with the reason in the `UNREADABLE` column (present only when some row has one),
+    which validation counts as a failing row. A file with a header and no rows gives an empty
+    frame: whether that stops a run is the validation gate's DP decision. The schema is not
+    consulted here.
     """
     p = Path(path)
     fmt = sniff(p)
     data, _ = _raw(p)
     if fmt.kind == "csv":
-        text = _decode(p, data, fmt.encoding or "utf-8")
-        if not text.strip():
-            raise DataError(f"Data file '{p}' is empty; it needs a header row and at least one data row.")
-        df = _parse_csv(p, text, fmt.delimiter or ",")
+        df = _parse_csv(p, data, fmt)
     else:
         try:
             df = pl.read_parquet(io.BytesIO(data))
@@ -381,10 +408,10 @@ def read_table(path: str | Path) -> pl.DataFrame:
             raise DataError(
                 f"Data file '{p}' does not parse as Parquet ({first}); write it again, or export it as CSV."
             ) from None
+        if UNREADABLE in df.columns:
+            raise DataError(f"Data file '{p}' has a column named '{UNREADABLE}', a name privflow reserves.")
     if df.width == 0:
         raise DataError(f"Data file '{p}' has no columns.")
-    if df.height == 0:
-        raise DataError(f"Data file '{p}' has a header but no data rows; there is nothing to train on.")
     return empty_strings_to_null(df)
 
 

@@ -8,13 +8,12 @@ imported (this module imports none of them) and before the ledger reserves anyth
 - epsilon and delta finite and in range (epsilon at most `privacy.plan.MAX_EPSILON`, delta
   below 1/expected_rows and at most the dataset's budget delta);
 - the schema parses;
-- the data path exists, is a file, is readable, and parses as a table (format by content,
-  gzip, encoding, CSV delimiter) whose header matches the schema (no missing, undeclared or
-  duplicate column); Parquet columns have a physical type that can hold the declared one;
-- it has enough rows for the selection split (`SelectConfig.min_rows`): counted from the file's layout
-  (Parquet metadata or a scan of line structure), no value parsed. Row VALUES (bounds,
-  types, nulls) are not looked at: that is the validation gate's job, a DP decision made
-  inside the flow;
+- the data path exists, is a file, is readable, and its format (content, gzip, encoding, CSV
+  delimiter) and header match the schema (no missing, undeclared or duplicate column);
+  Parquet columns have a physical type that can hold the declared one. That is all it reads:
+  no row is counted or looked at. How many rows there are and what they hold decide nothing
+  here (privacy rule 8): the validation gate, a DP mechanism inside the flow, stops a run
+  with too many failing rows or too few passing ones;
 - the store folder can be created and written;
 - the device is available (`auto` is resolved); `--workers N` fits it (`check_workers`);
 - the test-data file, if given, exists and has the same header;
@@ -30,8 +29,7 @@ imported (this module imports none of them) and before the ledger reserves anyth
 `preflight_pretrain` is the same kind of check for `privflow pretrain` (public data: no plan,
 no budget; a file the ledger knows as private is refused).
 
-The public facts it returns (format, row count, resolved device, the plan) are for the
-CLI's messages; the row count of the private file is never logged or released.
+The public facts it returns (format, resolved device, the plan) are for the CLI's messages.
 """
 
 from __future__ import annotations
@@ -60,7 +58,7 @@ class Preflight:
     schema: Schema
     plan: object  # privacy.plan.PrivacyPlan (imported lazily)
     data_format: str
-    rows: int
+    rows: int | None  # counted for a PUBLIC table only (pretraining); a private file's count is never known here
     device: str
     test_format: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -149,12 +147,11 @@ SELECTION_NEEDS = (
 )
 
 
-def check_table(
-    path: Path, schema: Schema, what: str = "Data file", need_rows: int = 1, why: str = SELECTION_NEEDS
-) -> tuple[str, int]:
-    """The file parses as a table with the schema's header (and dtypes, for Parquet) and at
-    least `need_rows` data rows. Returns (format description, row count). Values are not read."""
-    from privflow.io import DELIMITER_NAMES, count_rows, read_header
+def check_table(path: Path, schema: Schema, what: str = "Data file") -> str:
+    """The file's format and header (and dtypes, for Parquet) fit the schema. Returns the format's
+    description. No row is read or counted: how many rows there are and what they hold are the
+    validation gate's DP decisions (privacy rule 8)."""
+    from privflow.io import DELIMITER_NAMES, read_header
 
     try:
         fmt, header, dtypes = read_header(path)
@@ -211,15 +208,21 @@ def check_table(
                 "Write those columns with a numeric type for numeric/integer fields and a string (or "
                 "categorical) type for categorical fields."
             )
-    rows = count_rows(path, fmt)
-    if rows < need_rows:
-        if rows == 0:
-            raise DataError(f"{what} '{path}' has a header but no data rows; there is nothing to use.")
+    return fmt.describe()
+
+
+def _public_rows(path: Path, least: int) -> int:
+    """A public table's row count, refused below `least` (pretraining: the file is declared public,
+    so its size may decide a refusal)."""
+    from privflow.io import count_rows
+
+    rows = count_rows(path)
+    if rows < least:
         raise DataError(
-            f"{what} '{path}' has {rows} data row(s); privflow needs at least {need_rows} (a public minimum, {why}). "
-            "Use a larger table."
+            f"Public data file '{path}' has {rows} data row(s); pretraining needs at least {least} (a public minimum, "
+            f"{SELECTION_NEEDS}). Use a larger table."
         )
-    return fmt.describe(), rows
+    return rows
 
 
 def check_stream(config: RunConfig, schema: Schema) -> bool:
@@ -489,18 +492,38 @@ def gate_limit(config: RunConfig, schema: Schema, plan: object) -> float:
     )
 
 
-def gate_note(config: RunConfig, schema: Schema, plan: object, rows: int) -> str | None:
-    """A warning when the gate cannot stop the run: its limit (on a small table, the noise floor
-    of its DP count) is at least the table's row count, so even a table whose every row fails
-    the checks goes on, trained on the rows that pass. From public quantities: expected_rows
-    where declared, else the counted rows (as the minimum-row check)."""
+def gate_floor(config: RunConfig, schema: Schema, plan: object) -> float:
+    """The public minimum on the validation gate's DP count of passing rows: a fraction of
+    expected_rows, at least the selection split's minimum, below the noise of a table of the
+    expected size (privacy/mechanisms/validation_gate.py); -inf without expected_rows."""
+    from privflow.privacy.mechanisms import validation_gate
+
+    expected = schema.dataset.expected_rows
+    return validation_gate.floor(
+        expected,
+        config.select.min_rows(expected),
+        plan.stage("validate").event,  # type: ignore[attr-defined]
+        config.gate.false_stop,
+    )
+
+
+def gate_note(config: RunConfig, schema: Schema, plan: object) -> str | None:
+    """A warning when the gate cannot stop the run: without expected_rows it has no minimum of
+    rows and only its noise floor as a limit; with them, its limit (on a small table, the noise
+    floor of its DP count) may be at least the expected row count, so even a table whose every
+    row fails the checks goes on, trained on the rows that pass. From public quantities only."""
     expected = schema.dataset.expected_rows
     limit = gate_limit(config, schema, plan)
-    if limit < (expected or rows):
-        return None
     eps = 1.0 / plan.stage("validate").event.noise_multiplier  # type: ignore[attr-defined]
-    # the private count is never printed (a retraining flow logs this to Prefect): the public figure or none
-    size = f"{expected} expected rows" if expected else "row count"
+    if expected is None:
+        return (
+            f"the schema declares no dataset.expected_rows, so the validation gate has no public minimum of rows "
+            f"(a file with few or no rows is not stopped) and stops only above {limit:.0f} failing rows, the noise "
+            f"floor of its DP count at epsilon {eps:.3g}. Declare the table's approximate size as expected_rows."
+        )
+    if limit < expected:
+        return None
+    size = f"{expected} expected rows"
     return (
         f"the validation gate cannot stop this run: its limit of {limit:.0f} failing rows (the noise floor of its "
         f"DP count at epsilon {eps:.3g}) is not below the table's {size}, so however many rows fail the "
@@ -594,12 +617,11 @@ def preflight(config: RunConfig) -> Preflight:
     timed("privacy parameters", check_privacy_parameters, config)
     schema = timed("schema", _check_schema, config)
     timed("privacy parameters", check_privacy_parameters, config, schema)
-    least = config.select.min_rows(schema.dataset.expected_rows)
-    fmt, rows = timed("data file", check_table, Path(config.data), schema, "Data file", least)
+    fmt = timed("data file", check_table, Path(config.data), schema, "Data file")
     streamed = timed("streaming", check_stream, config, schema)
     test_fmt = None
     if config.evaluate.test_data is not None:
-        test_fmt, _ = timed("test data", check_table, Path(config.evaluate.test_data), schema, "Test data file", 1)
+        test_fmt = timed("test data", check_table, Path(config.evaluate.test_data), schema, "Test data file")
     timed("store", check_store, config.store)
     timed("synthetic table", check_synthetic, config, schema)
     device = timed("device", resolve_device, config.train.device)
@@ -607,10 +629,10 @@ def preflight(config: RunConfig) -> Preflight:
     if config.init_from is not None:
         config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
     plan = timed("plan and budget", _check_budget, config, schema)
-    candidates = (gate_note(config, schema, plan, rows), budget_delta_note(schema), atoms_note(config, schema))
+    candidates = (gate_note(config, schema, plan), budget_delta_note(schema), atoms_note(config, schema))
     notes = tuple(n for n in candidates if n)
     # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
-    return Preflight(config, schema, plan, fmt, rows, device, test_fmt, timings, notes, streamed)
+    return Preflight(config, schema, plan, fmt, None, device, test_fmt, timings, notes, streamed)
 
 
 def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
@@ -621,7 +643,7 @@ def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
     check_privacy_parameters(config)
     schema = _check_schema(config)
     check_privacy_parameters(config, schema)
-    check_table(Path(config.data), schema, "Data file", config.select.min_rows(schema.dataset.expected_rows))
+    check_table(Path(config.data), schema, "Data file")
     check_store(config.store)
     if canaries is not None:
         from privflow.codec import Codec
@@ -645,7 +667,8 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
             "Pretraining starts from the config's random initialisation; remove 'init_from' from --config."
         )
     schema = _check_schema(config)
-    fmt, rows = check_table(Path(config.data), schema, "Public data file", config.select.min_rows(None))
+    fmt = check_table(Path(config.data), schema, "Public data file")
+    rows = _public_rows(Path(config.data), config.select.min_rows(None))
     check_store(config.store)
     device = resolve_device(config.train.device)
     check_workers(config.train.workers, device)

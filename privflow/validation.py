@@ -24,6 +24,7 @@ from typing import Any, Literal
 import polars as pl
 
 from privflow.errors import ConfigError, ValidationFailed
+from privflow.io import UNREADABLE
 from privflow.schema import Column, Schema
 
 NOT_DP_LABEL = (
@@ -32,12 +33,13 @@ NOT_DP_LABEL = (
 )
 
 Policy = Literal["strict", "quarantine"]
-Check = Literal["missing_column", "extra_column", "type", "integer", "bounds", "category", "not_null"]
+Check = Literal["missing_column", "extra_column", "unreadable", "type", "integer", "bounds", "category", "not_null"]
 SCHEMA_LEVEL = "schema"
 ROW_LEVEL = "row"
 
 ROW_COLUMN = "_privflow_row"  # quarantine file: the row's 0-based position in the input
 REASON_COLUMN = "_privflow_failed_checks"  # quarantine file: "column:check;..." for the row
+ROWS = "(row)"  # the `column` of a failure that concerns the whole row (a line the reader could not read)
 
 
 def numeric_dtype(dtype: pl.DataType) -> bool:
@@ -48,7 +50,7 @@ def numeric_dtype(dtype: pl.DataType) -> bool:
 
 
 _CHECK_ORDER = {c: i for i, c in enumerate(
-    ("missing_column", "extra_column", "type", "integer", "not_null", "bounds", "category")
+    ("missing_column", "extra_column", "unreadable", "type", "integer", "not_null", "bounds", "category")
 )}  # fmt: skip
 
 
@@ -194,9 +196,10 @@ def _raw_missing(s: pl.Series) -> pl.Series:
 def _coerce(raw: pl.DataFrame, schema: Schema) -> _Coerced:
     """Cast each declared column to its schema type (strict=False), counting what does not parse.
 
-    A value that is present but not a number ("abc", "nan") is a row-level "type" failure;
-    when no present value of a column parses, the column itself has the wrong type (schema
-    level). In integer columns a finite number with a fraction is an "integer" failure.
+    A value that is present but not a number ("abc", "nan") is a row-level "type" failure,
+    however many rows hold one: a verdict on the whole column would let one row decide the
+    fate of every other (privacy rule 8), so only a column's dtype (public for Parquet) fails
+    at schema level. In integer columns a finite number with a fraction is an "integer" failure.
     """
     n = raw.height
     out: dict[str, pl.Series] = {}
@@ -221,17 +224,13 @@ def _coerce(raw: pl.DataFrame, schema: Schema) -> _Coerced:
         elif numeric_dtype(s.dtype):
             parsed = s.cast(pl.Float64)
             parsed = _null_where(parsed.is_nan().fill_null(False), parsed)  # NaN counts as missing
-            bad = pl.Series(col.name, [False] * n)
+            bad = pl.Series(col.name, [False] * n, dtype=pl.Boolean)
         else:
             detail = f"holds {s.dtype} values where {col.type} numbers are declared"
             failures.append(Failure(col.name, "type", n, SCHEMA_LEVEL, detail))
             out[col.name] = pl.Series(col.name, [None] * n, dtype=pl.Float64)
             continue
-        n_bad = int(bad.sum())
-        if n_bad and n_bad == int(s.is_not_null().sum()):
-            detail = f"no value parses as a number ({_rows(n_bad)}): the whole column has the wrong type"
-            failures.append(Failure(col.name, "type", n_bad, SCHEMA_LEVEL, detail))
-        elif n_bad:
+        if bad.any():
             masks[(col.name, "type")] = bad
         if col.type == "integer":
             frac = (parsed.is_finite() & (parsed != parsed.round(0))).fill_null(False)
@@ -425,7 +424,9 @@ def _value_masks(coerced: pl.DataFrame, raw: pl.DataFrame, schema: Schema) -> di
     return masks
 
 
-def _detail(col: Column, check: str, n: int) -> str:
+def _detail(col: Column | None, check: str, n: int) -> str:
+    if check == "unreadable":
+        return f"{_rows(n)} that could not be read as a row of the header's columns (the quarantine file has each line)"
     if check == "type":
         return f"{_rows(n)} with a value that is not a number"
     if check == "integer":
@@ -447,8 +448,9 @@ SCORED_ADVICE = "Fix those rows: every row of this table is answered, so none ca
 
 def _message(report: ValidationReport, reason: str, advice: str = QUARANTINE_ADVICE) -> str:
     parts = "; ".join(f.sentence() for f in report.failures)
-    if report.schema_level:
+    if report.schema_level:  # a fact of the header or the column types: no row count is shown
         advice = "Missing, undeclared or wrongly typed columns cannot be quarantined: fix the file or the schema."
+        return f"Validation of dataset '{report.dataset}' against its schema failed ({reason}): {parts}. {advice}"
     return (
         f"Validation of dataset '{report.dataset}' against its schema failed ({reason}): "
         f"{report.failing_rows} of {report.total_rows} rows fail. {parts}. Counts only are shown; this "
@@ -487,7 +489,8 @@ def _write_quarantine(
     in `df`) and the checks they fail; `append` adds them to the file without a header."""
     n = df.height
     reasons = pl.Series(REASON_COLUMN, [""] * n)
-    for (column, check), mask in sorted(masks.items(), key=lambda kv: (order[kv[0][0]], _CHECK_ORDER[kv[0][1]])):
+    ordered = sorted(masks.items(), key=lambda kv: (order.get(kv[0][0], -1), _CHECK_ORDER[kv[0][1]]))
+    for (column, check), mask in ordered:
         tag = f"{column}:{check}"
         joined = pl.when(reasons == "").then(pl.lit(tag)).otherwise(reasons + ";" + tag)
         reasons = pl.select(pl.when(mask).then(joined).otherwise(reasons)).to_series().alias(REASON_COLUMN)
@@ -510,7 +513,7 @@ def validate(
     schema: Schema,
     policy: Policy = "strict",
     quarantine_path: Path | None = None,
-    gate: Callable[[int], bool] | None = None,
+    gate: Callable[[int, int], bool] | None = None,
     *,
     row_offset: int = 0,
     append: bool = False,
@@ -519,13 +522,14 @@ def validate(
     """Check `df` against `schema`; return the clean typed frame (schema order) and the report.
 
     With `gate` (the pipeline's DP validation gate, privacy/mechanisms/validation_gate.py),
-    the decision to stop is not taken on exact counts: `gate(failing_rows)` releases a DP
-    count and returns whether to stop. A column whose values are all of the wrong type then
-    counts as every row failing (the structure of the header is checked before, in the
-    pre-flight). If the gate says go, failing rows are dropped (strict) or set aside
+    the decision to stop is not taken on exact counts: `gate(failing_rows, passing_rows)`
+    releases DP counts and returns whether to stop; a table with no row at all goes to the
+    gate too. Each row fails or passes on its own values (the header's structure is checked
+    before, in the pre-flight); a line the reader could not read (`privflow.io.UNREADABLE`)
+    is a failing row. If the gate says go, failing rows are dropped (strict) or set aside
     (quarantine) and the rest is returned, possibly empty: later mechanisms are DP on any
     number of rows. If it says stop, ValidationFailed carries only the report, whose exact
-    counts are for the curator; the caller words the message from the DP count.
+    counts are for the curator; the caller words the message from the DP counts.
 
     Typed: numeric -> Float64, integer -> Int64, categorical -> Enum of the declared list.
     strict: any failure raises ValidationFailed. quarantine: rows failing a row-level check are
@@ -542,11 +546,14 @@ def validate(
         raise ConfigError(f"Validation policy must be 'strict' or 'quarantine', got '{policy}'.")
     if policy == "quarantine" and quarantine_path is None:
         raise ConfigError("The quarantine policy needs a quarantine_path for the rows it sets aside.")
-    if df.height == 0:
+    if df.height == 0 and gate is None:
         raise ValidationFailed(
             f"Dataset '{schema.dataset.name}': the table has no rows, so there is nothing to validate or train on."
         )
 
+    given = df  # as read: the quarantine file keeps the reader's reason for a line it could not read
+    unreadable = df.get_column(UNREADABLE).is_not_null() if UNREADABLE in df.columns else None
+    df = df.drop(UNREADABLE, strict=False)
     raw = _normalise(df, schema.dataset.missing_values)
     n = raw.height
     co = _coerce(raw, schema)
@@ -566,6 +573,11 @@ def validate(
             )
         if gx_count:
             masks[(column, check)] = mask
+    if unreadable is not None and unreadable.any():
+        # a line the reader could not read fails as a row, once, and no column's count includes it
+        masks = {key: mask & ~unreadable for key, mask in masks.items()}
+        masks = {key: mask for key, mask in masks.items() if mask.any()}
+        masks[(ROWS, "unreadable")] = unreadable
 
     failures = [
         Failure(c, "missing_column", n, SCHEMA_LEVEL, "is declared in the schema but missing from the table")
@@ -578,20 +590,14 @@ def validate(
     failures += co.schema_failures
     for (column, check), mask in masks.items():
         k = int(mask.sum())
-        detail = _detail(schema.column(column), check, k)
+        detail = _detail(None if column == ROWS else schema.column(column), check, k)
         failures.append(Failure(column, check, k, ROW_LEVEL, detail))  # type: ignore[arg-type]
-    order = {c: i for i, c in enumerate(schema.names)}
+    order = {ROWS: -1, **{c: i for i, c in enumerate(schema.names)}}
     failures.sort(key=lambda f: (order.get(f.column, len(order)), _CHECK_ORDER[f.check]))
 
-    row_fail = pl.Series([False] * n)
+    row_fail = pl.Series([False] * n, dtype=pl.Boolean)
     for mask in masks.values():
         row_fail = row_fail | mask
-    header_level = any(f.check in ("missing_column", "extra_column") for f in failures)
-    if gate is not None and not header_level:
-        # Whole-column type failures become row-level: every row fails them.
-        failures = [f if f.level == ROW_LEVEL else Failure(f.column, f.check, n, ROW_LEVEL, f.detail) for f in failures]
-        if any(f.check == "type" and f.failing_rows == n for f in failures):
-            row_fail = pl.Series([True] * n)
     schema_level = any(f.level == SCHEMA_LEVEL for f in failures)
     failing = n if schema_level else int(row_fail.sum())
 
@@ -610,7 +616,7 @@ def validate(
     if schema_level:
         raise _fail(report(0, None), "schema-level problem")
     if gate is not None:
-        if gate(failing):
+        if gate(failing, n - failing):
             err = ValidationFailed(f"Validation of dataset '{schema.dataset.name}' failed ({policy} policy).")
             err.report = report(0, None)  # type: ignore[attr-defined]
             raise err
@@ -619,7 +625,7 @@ def validate(
 
     if policy == "quarantine":
         assert quarantine_path is not None
-        _write_quarantine(df, masks, row_fail, order, Path(quarantine_path), row_offset, append)
+        _write_quarantine(given, masks, row_fail, order, Path(quarantine_path), row_offset, append)
         rep = report(failing, str(quarantine_path))
     else:
         rep = report(0, None)
@@ -636,7 +642,7 @@ def validate_chunks(
     schema: Schema,
     policy: Policy,
     quarantine_path: Path | None,
-    gate: Callable[[int], bool],
+    gate: Callable[[int, int], bool],
     consume: Callable[[pl.DataFrame], None],
 ) -> ValidationReport:
     """`validate` for a table read in chunks (a streamed run, privflow/chunked.py): each chunk is
@@ -654,16 +660,15 @@ def validate_chunks(
             continue
         offset = sum(r.total_rows for r in reports)
         clean, rep = validate(
-            chunk, schema, policy, quarantine_path, lambda _: False, row_offset=offset, append=bool(reports)
+            chunk, schema, policy, quarantine_path, lambda _f, _p: False, row_offset=offset, append=bool(reports)
         )
         reports.append(rep)
         consume(clean)
-    if not reports:
-        raise ValidationFailed(
-            f"Dataset '{schema.dataset.name}': the table has no rows, so there is nothing to validate or train on."
-        )
+    if not reports:  # no row at all: the gate decides, as for any other count
+        where = str(quarantine_path) if quarantine_path else None
+        reports.append(ValidationReport(schema.dataset.name, policy, 0, 0, 0, (), 0, where))
     report = merged_report(reports, schema)
-    if gate(report.failing_rows):
+    if gate(report.failing_rows, report.total_rows - report.failing_rows):
         err = ValidationFailed(f"Validation of dataset '{schema.dataset.name}' failed ({policy} policy).")
         err.report = report  # type: ignore[attr-defined]
         raise err
@@ -680,8 +685,11 @@ def merged_report(reports: Sequence[ValidationReport], schema: Schema) -> Valida
             counts[key] = counts.get(key, 0) + f.failing_rows
     order = {c: i for i, c in enumerate(schema.names)}
     failures = sorted(
-        (Failure(c, k, n, lv, _detail(schema.column(c), k, n)) for (c, k, lv), n in counts.items()),  # type: ignore[arg-type]
-        key=lambda f: (order.get(f.column, len(order)), _CHECK_ORDER[f.check]),
+        (
+            Failure(c, k, n, lv, _detail(None if c == ROWS else schema.column(c), k, n))  # type: ignore[arg-type]
+            for (c, k, lv), n in counts.items()
+        ),
+        key=lambda f: (order.get(f.column, -1), _CHECK_ORDER[f.check]),
     )
     first = reports[0]
     return ValidationReport(

@@ -83,7 +83,7 @@ def first_pass(
     schema: Schema,
     plan: PrivacyPlan,
     work: Path,
-    gate: Callable[[int], bool],
+    gate: Callable[[int, int], bool],
     quarantine: Path,
     show_progress: bool = False,
 ) -> tuple[FirstPass, ValidationReport]:
@@ -162,7 +162,7 @@ def encode_chunks(
         for chunk in _chunks(config, "Encoding (pass 2 of 2)", show_progress):
             if not chunk.height:
                 continue
-            clean = validate(chunk, schema, "strict", None, lambda _: False)[0]  # the first pass's checks
+            clean = validate(chunk, schema, "strict", None, lambda _f, _p: False)[0]  # the first pass's checks
             rank = ranks.ranks(clean)  # occurrence ranks in the whole table, as the whole table's would be
             coin = selection_coins(clean, config.select.fraction(schema.dataset.expected_rows), config.train.seed, rank)
             train, val = encode_split(clean, coin, codec, rng)

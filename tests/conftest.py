@@ -50,13 +50,18 @@ def _gate_never_stops_a_clean_table_by_chance():
     from privflow.privacy.mechanisms import validation_gate
 
     real = validation_gate.threshold
+    real_floor = validation_gate.floor
 
     def threshold(policy_rows, event, false_stop=validation_gate.FALSE_STOP):
         return real(policy_rows, event, min(false_stop, TEST_FALSE_STOP))
 
+    def floor(expected_rows, least, event, false_stop=validation_gate.FALSE_STOP):
+        return real_floor(expected_rows, least, event, min(false_stop, TEST_FALSE_STOP))
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(validation_gate, "threshold", threshold)
-        yield real
+        mp.setattr(validation_gate, "floor", floor)
+        yield real, real_floor
 
 
 @pytest.fixture(autouse=True)
@@ -67,5 +72,7 @@ def _gate_odds_where_marked(
     if request.node.get_closest_marker("gate_odds") is not None:
         from privflow.privacy.mechanisms import validation_gate
 
-        monkeypatch.setattr(validation_gate, "threshold", _gate_never_stops_a_clean_table_by_chance)
+        real, real_floor = _gate_never_stops_a_clean_table_by_chance
+        monkeypatch.setattr(validation_gate, "threshold", real)
+        monkeypatch.setattr(validation_gate, "floor", real_floor)
     yield

@@ -51,12 +51,20 @@ def test_fit_refuses_before_anything_is_charged_or_created(
     assert not (tmp_path / "store").exists()  # no ledger, no registry, no Prefect home
 
 
-def test_fit_refuses_a_table_too_small_to_split(tmp_path: Path, rows: pl.DataFrame, schema: Schema) -> None:
-    with pytest.raises(DataError, match="at least") as exc:
-        fit(rows.head(5), schema, 1.0, store=tmp_path / "store")
-    assert not (tmp_path / "store").exists()
-    # the caller's frame is named, not fit's temporary copy of it
-    assert "the data frame given to fit" in str(exc.value) and "privflow-api-" not in str(exc.value)
+def test_a_handful_of_rows_is_the_gates_decision_not_a_refusal(tmp_path: Path, rows: pl.DataFrame) -> None:
+    """The frame given to fit is private: its row count decides nothing outside the validation
+    gate's DP count (privacy rule 8). Five rows where 100,000 are expected stop at the gate, which
+    is charged alone, with DP figures in the message."""
+    from privflow.errors import ValidationFailed
+    from privflow.privacy.ledger import Ledger
+
+    doc = yaml.safe_load((DEMO / "adult.yaml").read_text())
+    doc["dataset"]["expected_rows"] = 100_000
+    with pytest.raises(ValidationFailed, match="public minimum") as exc:
+        fit(rows.head(5), Schema.model_validate(doc), 1.0, delta=1e-6, store=tmp_path / "store")
+    assert "5 rows" not in str(exc.value)
+    [run] = Ledger(tmp_path / "store" / "ledger.db").runs("adult")
+    assert [e.kind for e in run.events] == ["laplace"]
 
 
 @pytest.mark.parametrize("data", [None, 42, [[1, 2]]], ids=["none", "int", "list"])

@@ -55,7 +55,7 @@ def test_demo_preflight_is_fast_and_imports_no_server_library(tmp_path: Path) ->
     assert out["heavy"] == []
     # nor torch (a second of import), unless an NVIDIA driver makes `auto` ask torch about CUDA
     assert not out["torch"] or nvidia_driver()
-    assert out["rows"] == 32561 and out["device"] in ("cpu", "cuda")
+    assert out["rows"] is None and out["device"] in ("cpu", "cuda")  # the private file's rows are never counted
     # CPU seconds of the whole process, imports included: 2.1 s measured here (3.6 s while it imported torch;
     # wall on this shared machine varies threefold with the load, so it is not what is asserted)
     assert out["cpu"] < 8, out
@@ -134,13 +134,37 @@ def test_gate_note_warns_when_the_gate_cannot_stop_the_run() -> None:
 
     small = sized(300)
     assert gate_limit(cfg, small, plan) == pytest.approx(50.0 * math.log(500.0))
-    note = gate_note(cfg, small, plan, rows=300)
+    note = gate_note(cfg, small, plan)
     assert note is not None and "cannot stop" in note and "311" in note and "300 expected rows" in note
     assert "privacy.gate_share" in note
-    assert gate_note(cfg, sized(32_000), plan, rows=300) is None  # expected_rows decides, not the count
-    assert gate_note(cfg, sized(None), plan, rows=5_000) is None  # undeclared: the counted rows
-    undeclared = gate_note(cfg, sized(None), plan, rows=200)
-    assert undeclared is not None and "200" not in undeclared  # the private count is never printed
+    assert gate_note(cfg, sized(32_000), plan) is None
+    undeclared = gate_note(cfg, sized(None), plan)  # no expected_rows: no minimum of rows, and it says so
+    assert undeclared is not None and "no public minimum of rows" in undeclared and "expected_rows" in undeclared
+
+
+@pytest.mark.gate_odds
+def test_the_gate_floor_is_public_and_below_the_noise_of_a_table_of_the_expected_size() -> None:
+    from types import SimpleNamespace
+
+    from privflow.preflight import gate_floor
+    from privflow.privacy.events import LaplaceEvent
+    from privflow.privacy.mechanisms import validation_gate
+    from privflow.schema import Schema
+
+    schema = Schema.from_yaml(DEMO / "adult.yaml")
+    event = LaplaceEvent(50.0)
+    plan = SimpleNamespace(stage=lambda name: SimpleNamespace(event=event))
+    cfg = RunConfig.build(data="x.csv", schema_path="s.yaml")
+
+    def sized(rows: int | None) -> Schema:
+        return schema.model_copy(update={"dataset": schema.dataset.model_copy(update={"expected_rows": rows})})
+
+    assert gate_floor(cfg, sized(32_000), plan) == pytest.approx(320.0)  # 1% of expected_rows
+    assert gate_floor(cfg, sized(None), plan) == -math.inf
+    # a small table: lowered so that a table of the expected size is stopped with probability <= false_stop
+    noise = 50.0 * math.log(1.0 / (2.0 * 1e-3))
+    assert validation_gate.floor(320, 20, event, 1e-3) == pytest.approx(320 - noise)  # 9 rows, not 20
+    assert validation_gate.floor(2_000, 20, event, 1e-3) == pytest.approx(20.0)
 
 
 def test_budget_delta_note_when_the_dataset_total_is_stated_at_a_meaningless_delta() -> None:

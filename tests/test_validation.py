@@ -204,12 +204,31 @@ def test_extra_column_is_fatal(tmp_path: Path, policy: str) -> None:
 
 
 @pytest.mark.parametrize("policy", ["strict", "quarantine"])
-def test_whole_column_of_text_is_a_fatal_type_error(tmp_path: Path, policy: str) -> None:
+def test_whole_column_of_text_fails_row_by_row(tmp_path: Path, policy: str) -> None:
+    """No verdict on a whole column from its values: with one row more or less, a column of text
+    would flip between 'every row fails' and 'the column has the wrong type' (privacy rule 8)."""
     df = toy().with_columns(pl.lit("forty").alias("age"))
-    err = fails(df, policy=policy, quarantine_path=tmp_path / "q.csv")
-    assert "'age'" in str(err) and "wrong type" in str(err)
+    err = fails(df, policy="strict")
     f = err.report.failures[0]  # type: ignore[attr-defined]
-    assert (f.column, f.check, f.level, f.failing_rows) == ("age", "type", "schema", 10)
+    assert (f.column, f.check, f.level, f.failing_rows) == ("age", "type", "row", 10)
+    seen: list[tuple[int, int]] = []
+    with pytest.raises(ValidationFailed):
+        validate(df, SMALL, policy, tmp_path / "q.csv", gate=lambda f, p: seen.append((f, p)) or True)
+    assert seen == [(10, 0)]
+
+
+def test_unreadable_lines_are_failing_rows_listed_in_the_quarantine(tmp_path: Path) -> None:
+    from privflow.io import UNREADABLE
+
+    df = toy(4).with_columns(pl.Series(UNREADABLE, [None, "line 3 holds a NUL byte", None, None]))
+    df = df.with_columns([pl.when(pl.col(UNREADABLE).is_null()).then(pl.col(c)).alias(c) for c in toy(1).columns])
+    seen: list[tuple[int, int]] = []
+    q = tmp_path / "q.csv"
+    clean, report = validate(df, SMALL, "quarantine", q, gate=lambda f, p: seen.append((f, p)) or False)
+    assert seen == [(1, 3)] and clean.height == 3
+    assert [(f.column, f.check, f.failing_rows) for f in report.failures] == [("(row)", "unreadable", 1)]
+    q = pl.read_csv(tmp_path / "q.csv")
+    assert q["_privflow_row"].to_list() == [1] and q[UNREADABLE].to_list() == ["line 3 holds a NUL byte"]
 
 
 def test_non_numeric_dtype_in_numeric_column_is_fatal() -> None:
@@ -459,17 +478,17 @@ def test_validating_in_chunks_equals_validating_the_whole_table(tmp_path: Path, 
 
     df = _bad_toy()
     q_whole, q_chunks = tmp_path / "whole.csv", tmp_path / "chunks.csv"
-    clean, report = validate(df, SMALL, policy, q_whole, gate=lambda _: False)  # type: ignore[arg-type]
-    seen: list[int] = []
+    clean, report = validate(df, SMALL, policy, q_whole, gate=lambda _f, _p: False)  # type: ignore[arg-type]
+    seen: list[tuple[int, int]] = []
     kept: list[pl.DataFrame] = []
 
-    def gate(failing: int) -> bool:
-        seen.append(failing)
+    def gate(failing: int, passing: int) -> bool:
+        seen.append((failing, passing))
         return False
 
     chunks = [df.slice(s, 9) for s in range(0, df.height, 9)]
     merged = validate_chunks(chunks, SMALL, policy, q_chunks, gate, kept.append)  # type: ignore[arg-type]
-    assert seen == [6]  # rows 3, 8, 17, 25, 30, 39: one decision on the total
+    assert seen == [(6, 34)]  # rows 3, 8, 17, 25, 30, 39 fail: one decision on the totals
     assert pl.concat(kept).equals(clean)
     assert merged.to_dict() | {"quarantine_path": None} == report.to_dict() | {"quarantine_path": None}
     if policy == "quarantine":
@@ -483,7 +502,7 @@ def test_a_gate_that_stops_a_chunked_validation_gets_the_total_and_the_merged_re
     df = _bad_toy()
     chunks = [df.slice(s, 15) for s in range(0, df.height, 15)]
     with pytest.raises(ValidationFailed) as exc:
-        validate_chunks(chunks, SMALL, "strict", None, lambda failing: failing >= 6, lambda _: None)
+        validate_chunks(chunks, SMALL, "strict", None, lambda failing, _passing: failing >= 6, lambda _: None)
     report = exc.value.report  # type: ignore[attr-defined]
     assert (report.total_rows, report.failing_rows) == (40, 6)
     assert {(f.column, f.check, f.failing_rows) for f in report.failures} == {
@@ -491,8 +510,10 @@ def test_a_gate_that_stops_a_chunked_validation_gets_the_total_and_the_merged_re
         ("income", "type", 1),
         ("color", "category", 3),
     }
-    with pytest.raises(ValidationFailed, match="no rows"):
-        validate_chunks([df.head(0)], SMALL, "strict", None, lambda _: False, lambda _: None)
+    # no row at all is the gate's decision too (its DP count of passing rows), never a refusal on an exact count
+    seen: list[tuple[int, int]] = []
+    validate_chunks([df.head(0)], SMALL, "strict", None, lambda f, p: seen.append((f, p)) or False, lambda _: None)
+    assert seen == [(0, 0)]
 
 
 def test_great_expectations_is_set_up_once_per_schema_and_columns() -> None:

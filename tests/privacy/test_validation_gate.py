@@ -43,3 +43,24 @@ def test_bad_arguments_are_refused() -> None:
         vg.gate(-1, 1.0, vg.gate_event(1.0))
     with pytest.raises(ValueError):
         vg.threshold(1.0, vg.gate_event(1.0), false_stop=0.7)
+
+
+def test_too_few_passing_rows_stop_at_the_floor_and_say_so_in_dp_figures() -> None:
+    event = vg.gate_event(1.0)
+    d = vg.gate(0, 100.0, event, passing_rows=3, floor=320.0)  # a handful of rows where thousands are expected
+    assert d.stop and d.too_few
+    text = d.describe()
+    assert f"{max(0.0, d.noisy_passing):.0f} rows pass" in text and "minimum of 320" in text
+    assert not vg.gate(0, 100.0, event, passing_rows=2_000, floor=320.0).stop
+    assert not vg.gate(0, 100.0, event, passing_rows=0).stop  # no floor: nothing to stop on
+
+
+def test_failing_and_passing_counts_are_one_release_of_l1_sensitivity_one() -> None:
+    """The pair gets independent Laplace(b) noise per coordinate: b = 1/epsilon on each."""
+    import numpy as np
+
+    event = vg.gate_event(0.5)
+    draws = np.array([(d.noisy_failing, d.noisy_passing) for d in (vg.gate(10, 1e9, event, 50) for _ in range(4000))])
+    noise = draws - np.array([10.0, 50.0])
+    assert np.abs(noise).mean(axis=0) == pytest.approx([2.0, 2.0], rel=0.08)  # E|Laplace(b)| = b = 2
+    assert abs(np.corrcoef(noise.T)[0, 1]) < 0.06
