@@ -2,8 +2,10 @@
 Algorithm 2): an ensemble of k NON-private flows, one per disjoint part of the private rows,
 and the charged, per-query release of its noisy majority vote.
 
-Fit (`fit_ensemble`). The rows are validated with a per-row filter that never stops on the data
-(failing rows are set aside to the curator-only quarantine file), partitioned by a salted hash
+Fit (`fit_ensemble`). The rows are read with the total reader (a line it cannot parse is a
+failing row, not a refusal) and validated with a per-row filter that never stops on the data
+(failing rows are set aside to the curator-only quarantine file); no minimum is put on their
+number (a part with too few rows trains no flow and votes "normal"). They are partitioned by a salted hash
 of each row (privacy/mechanisms/dp_ad.py, `partition_of`), and each part trains the configured
 flow without noise (`tasks/fit.fit(private=False)`) on its rows less a held-out share, whose
 log-likelihoods set that part's threshold. The flows are private data: they are written to the
@@ -274,7 +276,9 @@ def fit_ensemble(
     try:
         folder = curator_dir(store, ens_id)
         df = raw if isinstance(raw, pl.DataFrame) else read_table(raw)
-        typed, report = validate(df, schema, "quarantine", folder / "quarantine.csv", gate=lambda _failing: False)
+        typed, report = validate(
+            df, schema, "quarantine", folder / "quarantine.csv", gate=lambda _failing, _passing: False
+        )
         salts = (secrets.randbits(63), secrets.randbits(63))
         models = train_partitions(typed, schema, config, settings, salts, on_part)
         ens = Ensemble(

@@ -143,7 +143,11 @@ def _noisy_margin(
     # Rows failing the schema's checks are dropped (a per-row filter, so the margin's
     # sensitivity holds); the comparison never stops on them, so no count is released.
     df, _ = validate(
-        read_table(config.data), schema, config.policy, run_dir / "promote_quarantine.csv", gate=lambda _failing: False
+        read_table(config.data),
+        schema,
+        config.policy,
+        run_dir / "promote_quarantine.csv",
+        gate=lambda _failing, _passing: False,
     )
     with contextlib.suppress(OSError):  # nothing set aside (the strict policy): no empty folder left behind
         run_dir.rmdir()

@@ -7,9 +7,13 @@ are themselves private, the counts printed are for the operator only).
 The threshold is either a public number, or the DP q-quantile of a REFERENCE table's
 log-likelihoods (privacy/mechanisms/dp_quantile.py, pure epsilon-DP). The reference rows are
 charged to the schema's dataset in the ledger exactly as tasks/promote.py does it: the
+reference file's structure (it exists, its format, its header against the schema: all public)
+is checked first, so a user's mistake there is refused with nothing recorded; then the
 mechanism's event is reserved under its own id before any reference row is read (refused,
 BudgetExceeded, when the budget cannot hold it), settled after the one release, abandoned
-(still counted) if anything fails after rows were read.
+(still counted) if anything fails after rows were read. What a reference row holds never
+refuses the release (privacy rule 8): a row the reader cannot parse or that fails the schema's
+checks is a failing row, dropped by a per-row filter.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import numpy as np
 import polars as pl
 
 from privflow.curator import curator_dir
-from privflow.io import read_table
+from privflow.errors import DataError
+from privflow.io import read_header, read_table
 from privflow.privacy.ledger import Ledger
 from privflow.privacy.mechanisms.dp_quantile import DPQuantile
 from privflow.schema import SCORE_COLUMNS, Schema
@@ -82,16 +87,34 @@ def score_table(model: LoadedVersion, path: Path, threshold: float) -> pl.DataFr
     return flag(*scored_rows(model, path), threshold)
 
 
+def check_reference(reference: Path, schema: Schema) -> None:
+    """The reference file exists, is a table privflow reads, and its header names the schema's
+    columns, or DataError. Public facts only (no row is read), checked before the ledger
+    reserves, so a user's mistake here is charged nothing. The CLI runs the pre-flight's fuller
+    `check_table` (with hints) before this; here is the guard for every other caller."""
+    try:
+        _, header, _ = read_header(reference)
+    except DataError as exc:
+        raise DataError(str(exc).replace("Data file", "Reference file", 1)) from None
+    if sorted(header) != sorted(schema.names):
+        raise DataError(
+            f"Reference file '{reference}' does not match the schema '{schema.dataset.name}': its header names "
+            f"{header[:20]}, the schema declares {schema.names}. Fix the file's header."
+        )
+
+
 def dp_threshold(model: LoadedVersion, reference: Path, mechanism: DPQuantile, store: Path) -> DPThreshold:
     """The DP q-quantile of the reference rows' log-likelihoods, charged to the schema's dataset.
 
-    Reserve before reading any reference row (BudgetExceeded refuses with nothing recorded);
-    rows failing the schema's checks are dropped (a per-row filter: the count-based
-    sensitivity holds); release once; settle. Any failure after the reservation abandons it
-    (it stays counted: rows may have been read).
+    The reference's format and header are checked against the schema first (a DataError then
+    records nothing); reserve before reading any reference row (BudgetExceeded refuses with
+    nothing recorded); rows the total reader marks unreadable or that fail the schema's checks
+    are dropped (a per-row filter: the count-based sensitivity holds); release once; settle.
+    Any failure after the reservation abandons it (it stays counted: rows may have been read).
     """
     schema: Schema = model.schema
     dataset = schema.dataset.name
+    check_reference(Path(reference), schema)  # public structure only, before the ledger
     ledger = Ledger(store / "ledger.db")
     ledger.ensure_dataset(dataset, schema.dataset.budget.epsilon, schema.dataset.budget.delta)
     event = mechanism.event()
@@ -109,7 +132,7 @@ def dp_threshold(model: LoadedVersion, reference: Path, mechanism: DPQuantile, s
             schema,
             "quarantine",
             run_dir / "reference_quarantine.csv",
-            gate=lambda _failing: False,
+            gate=lambda _failing, _passing: False,  # never stops: failing rows are dropped
         )
         threshold = mechanism.release(score_rows(model, df))
     except BaseException:
@@ -123,6 +146,7 @@ __all__ = [
     "ANOMALY",
     "LOGLIK",
     "DPThreshold",
+    "check_reference",
     "dp_threshold",
     "flag",
     "load_model",

@@ -171,3 +171,41 @@ def test_a_held_out_share_out_of_range_is_named_before_the_row_rule(tmp_path: Pa
     )  # fmt: skip
     text = " ".join(res.output.split())
     assert res.exit_code == 2 and "held-out fraction must lie in [0.01, 0.9)" in text and "partitions" not in text
+
+
+def _fit_small(tmp_path: Path, demo_dir: Path, name: str, lines: list[str]) -> tuple[int, str]:
+    """`dpad fit` on a table of the given data lines, under a schema that declares no expected_rows."""
+    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
+    doc["dataset"].pop("expected_rows", None)
+    schema = tmp_path / "adult-no-rows.yaml"
+    schema.write_text(yaml.safe_dump(doc))
+    header = (demo_dir / "adult_train.csv").read_text().splitlines()[0]
+    data = tmp_path / f"{name}.csv"
+    data.write_text("\n".join([header, *lines]) + "\n")
+    store = tmp_path / f"store-{name}"
+    res = _invoke(
+        "dpad", "fit", "--data", data, "--schema", schema, "--partitions", 3, "--epsilon-per-query", 0.05,
+        "--model", "maf", "--epochs", 1, "--store", store,
+    )  # fmt: skip
+    text = " ".join(res.output.split())
+    ensemble = re.search(r"dpad-[0-9a-f]{12}", text)
+    return res.exit_code, (text.replace(ensemble.group(0), "ID") if ensemble else text).replace(str(store), "STORE")
+
+
+def test_fit_puts_no_minimum_on_the_private_rows(tmp_path: Path, demo_dir: Path) -> None:
+    """Fewer rows than parts, none at all, or a malformed line: the fit works alike and its
+    message names no count of the private rows (it refused with 'has 2 data row(s)'; a part
+    with too few rows trains no flow and votes normal, and the queries are DP)."""
+    rows = (demo_dir / "adult_train.csv").read_text().splitlines()[1:3]
+    outcomes = {
+        name: _fit_small(tmp_path, demo_dir, name, lines)
+        for name, lines in {
+            "two": rows,
+            "none": [],
+            "malformed": [*rows, rows[0] + ",extra"],
+        }.items()
+    }
+    for name, (code, text) in outcomes.items():
+        assert code == 0, text
+        assert "nothing was charged" in text and "row(s)" not in text and "Parts without" not in text, text
+        assert text.replace(f"/{name}", "/X") == outcomes["two"][1].replace("/two", "/X")

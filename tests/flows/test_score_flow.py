@@ -1,9 +1,11 @@
 """The scoring flow (flows/score.py) called as a plain function (no Prefect server), and its
-deployment's trigger (infra/deployments.py): a new file is scored beside itself, the counts
-go to MLflow's `privflow-scoring` experiment, and nothing is charged."""
+deployment's trigger (infra/deployments.py): a new file is scored beside itself, its public
+settings go to MLflow's `privflow-scoring` experiment, its exact counts (operator-only) to the
+curator store, and nothing is charged."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -41,10 +43,14 @@ def _drop(folder: Path, demo_dir: Path, name: str = "batch-001.csv", rows: int =
 
 
 @pytest.mark.slow
-def test_a_new_file_is_scored_beside_itself_and_counted_in_mlflow(
-    tmp_path: Path, demo_dir: Path, released: LoadedVersion
+def test_a_new_file_is_scored_beside_itself_and_counted_for_the_operator_only(
+    tmp_path: Path, demo_dir: Path, released: LoadedVersion, caplog
 ) -> None:
+    import logging
+
     from mlflow import MlflowClient
+
+    caplog.set_level(logging.INFO, logger=score_flow.__name__)
 
     store = tmp_path / "store"
     path = _drop(tmp_path / "incoming", demo_dir)
@@ -62,7 +68,15 @@ def test_a_new_file_is_scored_beside_itself_and_counted_in_mlflow(
     exp = client.get_experiment_by_name(score_flow.EXPERIMENT)
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.experiment_id == exp.experiment_id and run.info.status == "FINISHED"
-    assert run.data.metrics["rows_scored"] == 60 and run.data.metrics["rows_flagged"] == result["flagged"]
+    # exact counts of the file's rows are not DP: none in MLflow, which a deployment shares
+    assert run.data.metrics == {}
+    report = Path(result["curator_report"])
+    assert run.data.params["curator_report"] == str(report) and report.parent.parent == (store / "curator").resolve()
+    counts = json.loads(report.read_text())
+    assert counts["rows_scored"] == 60 and counts["rows_flagged"] == result["flagged"]
+    assert counts["label"].startswith("CURATOR ONLY")
+    (said,) = [r.getMessage() for r in caplog.records if r.name == score_flow.__name__]
+    assert "60 rows" not in said and "flagged" not in said and str(report) in said
     assert run.data.params["model_version"] == "3" and run.data.params["data_file"] == "batch-001.csv"
     assert run.data.tags["privflow.not_dp"] == score_flow.NOT_DP
     assert client.list_artifacts(run.info.run_id) == []  # the scored rows stay in the operator's folder
