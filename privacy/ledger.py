@@ -82,6 +82,16 @@ PUBLISHABLE_DATASET_FIELDS: tuple[tuple[str, str], ...] = (
     ("runs", "the number of charged runs listed below"),
 )
 _HEX = re.compile(r"\b[0-9a-f]{12,}\b")
+# public_sources: the data owner's declarations, one per version `privflow pretrain` registered
+# (tasks/warm_start.py): the exact version (its weights' digest) and the keyed fingerprint of the
+# table declared public. Only a version declared here warm-starts for free; a registry tag does not.
+# lineage: a warm-started run's parent version and, for a private parent, the parent's ledger run,
+# so that a version's epsilon is its private chain's composition (privacy rule 9, `Ledger.lineage`).
+_LINEAGE_TEXT = re.compile(r"ledger run (\S+) \(already counted")  # the stages' init_from of older ledgers
+# Notes that are functions of a private file's bytes (its keyed fingerprint changed, or came
+# back): recorded in `curator_notes`, shown by `curator_notes()` / `privflow ledger curator-notes`
+# only, never in `notes()` or the publishable summary (privacy rules 5 and 8).
+_FINGERPRINT_NOTE = "%content fingerprint%"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -110,7 +120,27 @@ CREATE TABLE IF NOT EXISTS runs (
     created TEXT NOT NULL,
     settled_at TEXT
 );
+CREATE TABLE IF NOT EXISTS public_sources (
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    weights TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    declared TEXT NOT NULL,
+    PRIMARY KEY (model, version)
+);
+CREATE TABLE IF NOT EXISTS lineage (
+    run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
+    parent TEXT NOT NULL,
+    parent_run TEXT
+);
 CREATE TABLE IF NOT EXISTS notes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset TEXT NOT NULL,
+    at TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS curator_notes (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     dataset TEXT NOT NULL,
     at TEXT NOT NULL,
@@ -132,6 +162,36 @@ class RunRecord:
     epsilon: float
     reserved_events: tuple[Event, ...] = ()
     stages: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class PublicSource:
+    """A version `privflow pretrain` registered from a table the data owner declared public."""
+
+    model: str
+    version: str
+    weights: str  # digest of the registered weights (tasks/warm_start.py, `weights_digest`)
+    fingerprint: str  # keyed HMAC of the public table (privacy/fingerprint.py)
+    dataset: str  # the schema's dataset name it was pretrained for
+    declared: str
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """A run's private chain: its ledger runs oldest first (this run last), the parent versions
+    they were warm-started from, oldest first (a public root marked "(public)"; the run's own
+    version is not known here), and the PLD composition of the chain's recorded events at the
+    dataset's delta."""
+
+    runs: tuple[str, ...]
+    parents: tuple[str, ...]
+    epsilon: float
+    delta: float
+
+    @property
+    def private_parents(self) -> bool:
+        """Whether any ancestor is a private release (else the run's epsilon is its own)."""
+        return len(self.runs) > 1
 
 
 @dataclass(frozen=True)
@@ -232,6 +292,7 @@ class Ledger:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         con.execute(statement)
+                self._move_curator_notes(con)
                 con.execute("COMMIT")
             finally:
                 con.close()
@@ -248,6 +309,14 @@ class Ledger:
                 "epsilon spent on its datasets, so privflow will not replace it: restore it from a backup (do not "
                 "delete it, that would forget what was spent). Nothing was changed."
             ) from None
+
+    @staticmethod
+    def _move_curator_notes(con: sqlite3.Connection) -> None:
+        """A ledger written before fingerprint notes were curator-only kept them in `notes`, which
+        the publishable summary prints: move them to `curator_notes` (same time, same text)."""
+        moved = "SELECT dataset, at, message FROM notes WHERE message LIKE ?"
+        con.execute(f"INSERT INTO curator_notes (dataset, at, message) {moved}", (_FINGERPRINT_NOTE,))
+        con.execute("DELETE FROM notes WHERE message LIKE ?", (_FINGERPRINT_NOTE,))
 
     # -- connections -------------------------------------------------------------------------
 
@@ -282,8 +351,10 @@ class Ledger:
         """Register a dataset or check it against the record; returns warnings (empty when all agrees).
 
         A known dataset keeps its recorded budget (change it deliberately with `set_budget`).
-        A fingerprint different from the recorded ones is stored and reported, never ignored:
-        new rows under an old name still share the old name's budget.
+        A fingerprint different from the recorded ones is stored and noted, never ignored: new
+        rows under an old name still share the old name's budget. That note is a function of the
+        private file's bytes, so it is curator-only: written to `curator_notes` (read it with
+        `curator_notes()`), neither returned nor logged, never in the publishable summary.
         """
         if not (math.isfinite(budget_epsilon) and budget_epsilon > 0):
             raise PrivacyPlanError(f"Dataset '{name}': budget epsilon must be a finite positive number.")
@@ -315,11 +386,17 @@ class Ledger:
             if fingerprint is not None and fingerprint != row["fingerprint"]:
                 seen = {r[0] for r in con.execute("SELECT fingerprint FROM fingerprints WHERE dataset = ?", (name,))}
                 if row["fingerprint"] is not None:
-                    # No fingerprint value in the message: notes are part of the publishable summary.
-                    warnings.append(
-                        f"Dataset '{name}' now has a content fingerprint different from the one recorded"
-                        + (" (a version seen earlier)" if fingerprint in seen else "")
-                        + ". The data changed under the same name; its spent budget still counts."
+                    # Curator-only (no fingerprint value in it either): whether the bytes changed is
+                    # decided by every row, so it never reaches a message or the publishable summary.
+                    con.execute(
+                        "INSERT INTO curator_notes (dataset, at, message) VALUES (?, ?, ?)",
+                        (
+                            name,
+                            now,
+                            f"Dataset '{name}' now has a content fingerprint different from the one recorded"
+                            + (" (a version seen earlier)" if fingerprint in seen else "")
+                            + ". The data changed under the same name; its spent budget still counts.",
+                        ),
                     )
                 if fingerprint not in seen:
                     con.execute("INSERT INTO fingerprints VALUES (?, ?, ?)", (name, fingerprint, now))
@@ -517,6 +594,77 @@ class Ledger:
             )
             self._refresh_spent(con, run["dataset"], float(self._dataset_row(con, run["dataset"])["budget_delta"]))
 
+    # -- public sources and lineage -----------------------------------------------------------
+
+    def declare_public(self, model: str, version: str, weights: str, fingerprint: str, dataset: str) -> None:
+        """Record the data owner's declaration (`privflow pretrain`): version `model/version`,
+        whose weights have digest `weights`, was trained on the table of keyed fingerprint
+        `fingerprint`, declared public. Replaces an earlier declaration of the same version."""
+        with self._tx() as con:
+            con.execute(
+                "INSERT OR REPLACE INTO public_sources (model, version, weights, fingerprint, dataset, declared)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (model, str(version), weights, fingerprint, dataset, _now()),
+            )
+
+    def public_source(self, model: str, version: str) -> PublicSource | None:
+        """The declaration of `model/version`, or None when `privflow pretrain` made none here."""
+        with self._tx(immediate=False) as con:
+            r = con.execute(
+                "SELECT * FROM public_sources WHERE model = ? AND version = ?", (model, str(version))
+            ).fetchone()
+        if r is None:
+            return None
+        return PublicSource(r["model"], r["version"], r["weights"], r["fingerprint"], r["dataset"], r["declared"])
+
+    def record_parent(self, run_id: str, parent: str, parent_run: str | None) -> None:
+        """A warm-started run's parent version (NAME/VERSION) and, for a private parent, its ledger run."""
+        with self._tx() as con:
+            if con.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
+            con.execute(
+                "INSERT OR REPLACE INTO lineage (run_id, parent, parent_run) VALUES (?, ?, ?)",
+                (run_id, parent, parent_run),
+            )
+
+    def lineage(self, run_id: str) -> Lineage:
+        """The run's private chain and its composed epsilon (privacy rule 9): the recorded events
+        of this run and of every private ancestor's run, composed with the ledger's accountant at
+        the dataset's delta. A public root adds no events; a fresh run's chain is itself."""
+        runs: list[str] = []
+        parents: list[str] = []
+        events: list[Event] = []
+        with self._tx(immediate=False) as con:
+            first = con.execute("SELECT dataset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if first is None:
+                raise PrivacyPlanError(f"Run '{run_id}' is not in the privacy ledger.")
+            delta = float(self._dataset_row(con, first["dataset"])["budget_delta"])
+            current: str | None = run_id
+            while current is not None:
+                if current in runs:
+                    raise PrivacyPlanError(f"The lineage of run '{run_id}' loops back to run '{current}'.")
+                row = con.execute("SELECT events, stages FROM runs WHERE run_id = ?", (current,)).fetchone()
+                if row is None:
+                    raise PrivacyPlanError(
+                        f"Run '{run_id}' descends from ledger run '{current}', which this ledger does not hold: "
+                        "its lineage's epsilon cannot be composed."
+                    )
+                runs.append(current)
+                events.extend(events_from_json(row["events"]))
+                link = con.execute("SELECT parent, parent_run FROM lineage WHERE run_id = ?", (current,)).fetchone()
+                if link is not None:
+                    parent, current = link["parent"], link["parent_run"]
+                else:  # a ledger from before the lineage table: the stages name the parent
+                    text = json.loads(row["stages"]).get("init_from")
+                    if text is None:
+                        break
+                    found = _LINEAGE_TEXT.search(text)
+                    parent, current = text.split(":", 1)[0], (found.group(1) if found else None)
+                parents.append(parent if current is not None else f"{parent} (public)")
+        runs.reverse()
+        parents.reverse()
+        return Lineage(tuple(runs), tuple(parents), compose_epsilon(events, delta), delta)
+
     # -- reading ----------------------------------------------------------------------------
 
     def spent(self, dataset: str) -> tuple[float, float]:
@@ -570,16 +718,25 @@ class Ledger:
         ]
 
     def notes(self, dataset: str | None = None) -> list[tuple[str, str, str]]:
-        """(dataset, time, message) of recorded warnings: fingerprint changes, budget changes."""
+        """(dataset, time, message) of the publishable notes: budget changes."""
+        return self._notes("notes", dataset)
+
+    def curator_notes(self, dataset: str | None = None) -> list[tuple[str, str, str]]:
+        """(dataset, time, message) of the curator-only notes: a dataset's content fingerprint
+        changed (or came back). Functions of the private files' bytes: never published."""
+        return self._notes("curator_notes", dataset)
+
+    def _notes(self, table: str, dataset: str | None) -> list[tuple[str, str, str]]:
         with self._tx(immediate=False) as con:
-            q = "SELECT dataset, at, message FROM notes" + (" WHERE dataset = ?" if dataset else "") + " ORDER BY id"
+            q = f"SELECT dataset, at, message FROM {table}" + (" WHERE dataset = ?" if dataset else "") + " ORDER BY id"
             return [tuple(r) for r in con.execute(q, (dataset,) if dataset else ())]
 
     def describe(self, dataset: str | None = None) -> str:
         """The publishable summary: per dataset its budget and spend, and its charged runs
         (settled, abandoned, open reservations) with the columns of PUBLISHABLE_RUN_COLUMNS only.
 
-        Released reservations (they spent nothing) are left out, and so are data fingerprints.
+        Released reservations (they spent nothing) are left out, and so are data fingerprints
+        and the curator-only notes about them (`curator_notes`).
         """
         datasets = [d for d in self.datasets() if dataset is None or d.name == dataset]
         if dataset is not None and not datasets:
@@ -598,6 +755,12 @@ class Ledger:
                 "delta shows a smaller epsilon here than the one it was planned for)"
             )
             if runs:
+                lines.append(
+                    f"  fully adaptive bound: epsilon={sum(r.epsilon for r in runs):.4f} at "
+                    f"delta={len(runs) * d.budget_delta:g} (each run's epsilon at the budget's delta, summed: basic "
+                    "composition, which holds as a privacy filter even where whether and how a run ran depended on "
+                    "earlier releases; Rogers et al. 2016)"
+                )
                 table = [tuple(c for c in columns if c != "stages")]
                 so_far: list[Event] = []
                 for r in runs:
@@ -648,6 +811,8 @@ __all__ = [
     "PUBLISHABLE_RUN_COLUMNS",
     "DatasetRecord",
     "Ledger",
+    "Lineage",
+    "PublicSource",
     "RunRecord",
     "check_budget",
     "check_budget_at",

@@ -376,8 +376,15 @@ def _print_summary(summary: object) -> None:
     table = Table(title="privflow run", show_header=False)
     table.add_column(no_wrap=True)
     table.add_column(overflow="fold")
-    table.add_row("epsilon (PLD, reported)", f"{s.epsilon:.4f} at delta={s.delta:g}")
-    table.add_row("epsilon (RDP cross-check)", f"{s.epsilon_rdp:.4f}")
+    # the version's epsilon (privacy rule 9): a warm start from a private parent composes the whole chain
+    lineage, runs = get("lineage"), get("lineage_runs") or ()
+    headline = "epsilon (PLD, reported" + (f", lineage of {len(runs)} runs)" if len(runs) > 1 else ")")
+    table.add_row(headline, f"{s.epsilon:.4f} at delta={s.delta:g}")
+    if len(runs) > 1:
+        table.add_row("  lineage", str(lineage))
+    if get("epsilon_run") is not None and get("delta_run"):
+        table.add_row("epsilon (this run alone, PLD)", f"{s.epsilon_run:.4f} at delta={s.delta_run:g}")
+    table.add_row("epsilon (this run alone, RDP cross-check)", f"{s.epsilon_rdp:.4f}")
     for stage, eps in s.stages.items():
         table.add_row(f"  stage {stage}", f"{eps:.4f} alone")
     # the ledger composes every run of the dataset at its budget's delta, which may differ from this run's
@@ -401,7 +408,10 @@ def _print_summary(summary: object) -> None:
     promotion = get("promotion", None)
     lines = [f"registered model {s.model_name} v{s.model_version}"]
     if get("init_from"):
-        lines.append(f"warm-started from {get('init_from')} (lineage in the MLflow params and the ledger entry)")
+        lines.append(
+            f"warm-started from {get('init_from')} (lineage {get('lineage') or '?'}: in the version's "
+            "privflow.lineage tag, the MLflow params and the ledger entry)"
+        )
     if alias_version is None and promotion is None:
         alias_line = f"alias @{alias} -> v{s.model_version}"  # before RunSummary gained the fields
     elif alias_version is None:
@@ -489,7 +499,7 @@ def _pretrain(config_path: Path | None, overrides: dict, quiet: bool, verbose: b
             if math.isfinite(s.validation_nats_per_row)
             else "validation not measured (no row fell in the selection split)"
         )
-        + f", {s.wall_seconds:.1f} s. Tagged privflow.pretrained=public; no privacy was spent. Warm-start a "
+        + f", {s.wall_seconds:.1f} s. Declared public in the store's ledger; no privacy was spent. Warm-start a "
         f"DP run with: privflow run ... --init-from {s.model_name}/{s.model_version}  (MLflow run {s.mlflow_run_id})",
         highlight=False,
         markup=False,
@@ -765,6 +775,29 @@ def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> Non
     Console().print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
 
 
+@ledger_app.command("curator-notes")
+def ledger_curator_notes(
+    dataset: Annotated[str | None, typer.Argument(help="Dataset name; all datasets when omitted.")] = None,
+    store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """CURATOR ONLY: the ledger's notes that depend on the private files' bytes (a dataset's
+    content fingerprint changed or came back). Not part of the publishable summary; do not publish."""
+    _guarded(verbose, lambda: _ledger_curator_notes(dataset, store, verbose), spends=False)
+
+
+def _ledger_curator_notes(dataset: str | None, store: Path, verbose: bool = False) -> None:
+    from privflow import env
+    from privflow.curator import LABEL
+
+    env.set_verbosity(verbose)
+    notes = _ledger_at(store, dataset).curator_notes(dataset)
+    lines = [LABEL, *(f"{name} {at[:19]}: {message}" for name, at, message in notes)]
+    if not notes:
+        lines.append("no curator-only notes" + (f" for dataset '{dataset}'" if dataset else ""))
+    Console().print("\n".join(lines), highlight=False, soft_wrap=True, markup=False)
+
+
 @ledger_app.command("set-budget")
 def ledger_set_budget(
     dataset: Annotated[str, typer.Argument(help="Dataset name, as its schema's dataset.name.")],
@@ -970,8 +1003,9 @@ def _dpad_fit(
     cfg = _load_config(config_path, overrides, None)  # its model and train sections; marginals do not apply
     sch = Schema.from_yaml(schema_path)
     check_store(store)
-    # header and row count only: no value is read
-    _, rows = check_table(data, sch, "Data file", need_rows=partitions, why="one row for each of the --partitions")
+    # format and header only: no row is read or counted (a minimum on private rows would be a
+    # refusal one row decides; a part with too few rows trains no flow and votes "normal")
+    check_table(data, sch, "Data file")
     from privflow.config import DPAD_MIN_PART_ROWS
 
     if threshold is None:  # a per-part threshold from held-out rows, by default
@@ -983,14 +1017,15 @@ def _dpad_fit(
     except ValueError as exc:
         raise ConfigError(f"Bad dpad settings: {exc}.") from None
     share = 1.0 - settings.holdout_fraction
-    n = sch.dataset.expected_rows or rows  # the public row count where the schema declares one
-    if n // partitions * share < DPAD_MIN_PART_ROWS:  # every part would vote "normal" on every query
+    n = sch.dataset.expected_rows  # public: only the schema's declared row count, never the file's
+    if n is not None and n // partitions * share < DPAD_MIN_PART_ROWS:  # every part would vote "normal"
         most = int(n * share // DPAD_MIN_PART_ROWS)
         advice = f"Use at most {most} partitions, or a larger table." if most >= 2 else "Use a larger table."
         raise ConfigError(
-            f"With --partitions {partitions}, each part of about {n // partitions} rows gets about "
-            f"{n // partitions * share:.0f} training rows, fewer than the {DPAD_MIN_PART_ROWS} a part needs to train "
-            f"a flow: no part could vote, yet every query would be charged. {advice}"
+            f"With --partitions {partitions} and the schema's expected_rows of {n}, each part of about "
+            f"{n // partitions} rows gets about {n // partitions * share:.0f} training rows, fewer than the "
+            f"{DPAD_MIN_PART_ROWS} a part needs to train a flow: no part could vote, yet every query would be "
+            f"charged. {advice}"
         )
     env.configure(store, verbose=verbose)
     from privflow.tasks.dpad import fit_ensemble
@@ -1005,14 +1040,14 @@ def _dpad_fit(
         store,
         on_part=None if verbose else (lambda i, k: console.print(f"  part {i}/{k} trained", highlight=False)),
     )
-    idle = sum(f is None for f in ens.models.flows)
     say(
         f"DP-AD ensemble {ens.ensemble_id}: {settings.partitions} non-private flows on disjoint parts of dataset "
         f"'{ens.dataset}', kept curator-only in {ens.folder} (never in MLflow or the registry). Nothing was released "
         f"and nothing was charged; the ensemble is registered in the ledger, and every answered query will cost "
         f"epsilon={settings.epsilon_per_query:g} of the dataset's budget. Score with: privflow dpad score "
-        f"--ensemble {ens.ensemble_id} --data NEW.csv -o scored.csv --store {store}"
-        + (f". Parts without a flow (too few rows; they vote normal; not DP, operator only): {idle}" if idle else ""),
+        f"--ensemble {ens.ensemble_id} --data NEW.csv -o scored.csv --store {store}. Each part's rows and "
+        f"whether it trained (a part with too few rows votes normal) are curator-only, in "
+        f"{ens.folder / 'ensemble.json'}",
         highlight=False,
         soft_wrap=True,
         markup=False,

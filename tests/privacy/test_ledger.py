@@ -159,24 +159,71 @@ def test_non_private_run_is_refused(ledger: Ledger) -> None:
 
 def test_fingerprint_and_budget_changes_are_recorded(ledger: Ledger) -> None:
     assert ledger.ensure_dataset("adult", 1.0, DELTA, "fp-1") == []
-    warnings = ledger.ensure_dataset("adult", 1.0, DELTA, "fp-2")
-    # the change is recorded, but no fingerprint value goes into the (publishable) note
-    assert len(warnings) == 1 and "fingerprint different" in warnings[0]
-    assert "fp-2" not in warnings[0] and "fp-1" not in warnings[0]
+    # the change is recorded for the curator only: neither returned (a message) nor a public note
+    assert ledger.ensure_dataset("adult", 1.0, DELTA, "fp-2") == []
+    ((_, _, note),) = ledger.curator_notes("adult")
+    assert "fingerprint different" in note and "fp-2" not in note and "fp-1" not in note
+    assert ledger.notes("adult") == []
     (ds,) = ledger.datasets()
     assert ds.fingerprint == "fp-2" and ds.fingerprints == ("fp-1", "fp-2")
     warnings = ledger.ensure_dataset("adult", 5.0, DELTA, "fp-2")
     assert len(warnings) == 1 and "privflow ledger set-budget adult" in warnings[0]
     assert ledger.datasets()[0].budget_epsilon == 1.0  # not raised behind the owner's back
-    assert len(ledger.notes("adult")) == 2
+    assert len(ledger.notes("adult")) == 1
     ledger.set_budget("adult", 5.0, DELTA)
     assert ledger.datasets()[0].budget_epsilon == 5.0
     # a schema that lowers the budget needs nobody's leave: it applies at once, with a note
     assert ledger.ensure_dataset("adult", 2.0, DELTA, "fp-2") == []
     assert ledger.datasets()[0].budget_epsilon == 2.0 and "lowered by the schema" in ledger.notes("adult")[-1][2]
     ledger.set_budget("adult", 5.0, DELTA)
-    text = ledger.describe("adult")
-    assert "fp-2" not in text and "fp-1" not in text and "fingerprint different" in text
+    text = ledger.describe("adult").replace(str(ledger.path), "")  # the test's folder is named for it
+    assert "fp-2" not in text and "fp-1" not in text and "fingerprint" not in text
+
+
+def test_fingerprint_notes_are_curator_only(tmp_path: Path) -> None:
+    """Whether a dataset's bytes changed (or came back) is a function of every private row: it is
+    kept in the ledger for the curator (`ledger curator-notes`) and never printed by the
+    publishable summary (`ledger show`), which shows only budget notes."""
+    from typer.testing import CliRunner
+
+    from privflow.cli import app
+
+    led = Ledger(tmp_path / "ledger.db")
+    for fp in ("fp-1", "fp-2", "fp-1"):  # changed, then a version seen earlier
+        assert led.ensure_dataset("adult", 1.0, DELTA, fp) == []
+    led.set_budget("adult", 2.0, DELTA)
+    assert [m for *_, m in led.curator_notes("adult")] == [
+        "Dataset 'adult' now has a content fingerprint different from the one recorded. The data changed "
+        "under the same name; its spent budget still counts.",
+        "Dataset 'adult' now has a content fingerprint different from the one recorded (a version seen "
+        "earlier). The data changed under the same name; its spent budget still counts.",
+    ]
+    assert [m for *_, m in led.notes("adult")] == [
+        "budget changed from (epsilon=1, delta=1e-05) to (epsilon=2, delta=1e-05): set on purpose"
+    ]
+    runner = CliRunner()
+    shown = runner.invoke(app, ["ledger", "show", "--store", str(tmp_path)])
+    assert shown.exit_code == 0 and "budget changed" in shown.output, shown.output
+    for text in (" ".join(shown.output.split()), led.describe()):
+        assert "fingerprint" not in text.replace(str(led.path), "").lower()  # the test's folder is named for it
+    curator = runner.invoke(app, ["ledger", "curator-notes", "adult", "--store", str(tmp_path)])
+    assert curator.exit_code == 0 and "CURATOR ONLY" in curator.output
+    assert "a version seen earlier" in " ".join(curator.output.split())
+
+
+def test_an_older_ledgers_fingerprint_notes_move_out_of_the_summary(tmp_path: Path) -> None:
+    """A ledger written when fingerprint notes were public notes: opening it moves them to the
+    curator-only table, so `describe` no longer prints them."""
+    import sqlite3
+
+    led = Ledger(tmp_path / "ledger.db")
+    led.ensure_dataset("adult", 1.0, DELTA, "fp-1")
+    old = "Dataset 'adult' now has a content fingerprint different from the one recorded. The data changed."
+    with sqlite3.connect(led.path) as con:
+        con.execute("INSERT INTO notes (dataset, at, message) VALUES ('adult', '2024-01-01T00:00:00', ?)", (old,))
+    reopened = Ledger(led.path)
+    assert reopened.notes("adult") == [] and "content fingerprint" not in reopened.describe()
+    assert reopened.curator_notes("adult") == [("adult", "2024-01-01T00:00:00", old)]
 
 
 def test_unknown_dataset_and_run(ledger: Ledger) -> None:
@@ -235,12 +282,8 @@ def test_describe_prints_only_publishable_columns(ledger: Ledger) -> None:
     secret = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
     ledger.ensure_dataset("adult", 1.0, DELTA, secret)
     ledger.reserve("adult", "run-1", [G5], {"dp_stats": "eps 0.05 alone"})
-    text = ledger.describe("adult")
-    assert (
-        secret[:12] not in text
-        and "fp-1" not in text
-        and "fingerprint " not in text.replace("fingerprint different", "")
-    )
+    text = ledger.describe("adult").replace(str(ledger.path), "")
+    assert secret[:12] not in text and "fp-1" not in text and "fingerprint" not in text
     lines = text.splitlines()
     (header,) = [line for line in lines if line.strip().startswith("run ")]
     printed = [cell for cell in header.strip().split("  ") if cell.strip()]
@@ -445,3 +488,18 @@ def test_a_run_that_spent_less_than_planned_shows_its_stages_as_planned(ledger: 
     text = ledger.describe("census")
     assert "stopped planned stages: train=eps 0.7, validate=eps 0.02 alone" in text
     assert "full stages: train=eps 0.7" in text
+
+
+def test_summary_states_the_fully_adaptive_bound_as_the_sum_of_run_epsilons(ledger: Ledger) -> None:
+    """Runs chosen after earlier releases make the sequence adaptive: the summary also gives basic
+    composition (each run's epsilon summed, deltas summed), valid as a privacy filter."""
+    from privflow.privacy.ledger import compose_epsilon
+
+    ledger.ensure_dataset("census", 10.0, DELTA, None)
+    for run in ("run-1", "run-2"):
+        ledger.reserve("census", run, [G5])
+        ledger.settle(run, [G5])
+    alone = compose_epsilon([G5], DELTA)
+    text = ledger.describe("census")
+    assert f"fully adaptive bound: epsilon={2 * alone:.4f} at delta={2 * DELTA:g}" in text
+    assert 2 * alone >= compose_epsilon([G5, G5], DELTA)  # never below the PLD composition
