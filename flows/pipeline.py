@@ -8,8 +8,10 @@ module does not import Prefect, so the second path never pays for it (tasks/lazy
 Privacy bookkeeping: the plan is made and the dataset's ledger reserves its events before
 any row is read; the run settles with the events actually spent (a run the validation gate
 stops is charged the gate alone); a run that fails in the middle of a mechanism keeps its
-reservation counted. The reported epsilon is the PLD composition of the run's recorded
-events, and nothing else.
+reservation counted. The reported epsilon is the version's: the PLD composition of the
+recorded events of the run and of every private ancestor it was warm-started from (privacy
+rule 9, `Ledger.lineage`; without a private parent, the run's own), and nothing else. The
+run's own figure is kept beside it (`epsilon_run`).
 
 Trust boundary (README, "Trust boundary"): the MLflow run, the registered version and the
 synthetic table hold only what `tasks/release.py` allows (public values and mechanism
@@ -31,7 +33,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import mlflow
 import numpy as np
 import polars as pl
 import torch
@@ -46,7 +47,7 @@ from privflow.io import read_table, write_table
 from privflow.preflight import gate_floor, gate_limit
 from privflow.privacy.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.fingerprint import keyed_fingerprint, store_key
-from privflow.privacy.ledger import Ledger
+from privflow.privacy.ledger import Ledger, Lineage
 from privflow.privacy.mechanisms import validation_gate
 from privflow.privacy.plan import PrivacyPlan
 from privflow.schema import Schema
@@ -75,9 +76,9 @@ class RunSummary:
     alias: str
     alias_version: str | None
     promotion: str
-    epsilon: float
-    delta: float
-    epsilon_rdp: float
+    epsilon: float  # the version's: its private lineage composed (privacy rule 9); else this run's own
+    delta: float  # the delta `epsilon` is stated at (the dataset's with a private parent, else the run's)
+    epsilon_rdp: float  # RDP cross-check of this run's own events
     dataset_epsilon: float
     stages: dict[str, float]
     synthetic_path: str
@@ -90,6 +91,10 @@ class RunSummary:
     init_from: str | None = None  # a warm start's parent version, NAME/VERSION
     release_note: str | None = None  # why the release is not a trained flow (FitResult.release_note)
     diagnostics_note: str | None = None  # curator-only: diagnostics skipped, and why (never released)
+    epsilon_run: float = 0.0  # this run alone: PLD composition of its own recorded events, at delta_run
+    delta_run: float = 0.0  # this run's delta
+    lineage: str | None = None  # the versions the weights descend from: NAME/V -> ... -> this version
+    lineage_runs: tuple[str, ...] = ()  # the ledger runs whose events `epsilon` composes, oldest first
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -231,10 +236,16 @@ def _compare_with_holder(
 
 
 def _reserve(
-    config: RunConfig, schema: Schema, store: Path, run_id: str, lineage: str | None = None
+    config: RunConfig,
+    schema: Schema,
+    store: Path,
+    run_id: str,
+    lineage: str | None = None,
+    parent: tuple[str, str | None] | None = None,
 ) -> tuple[PrivacyPlan, Ledger]:
     """Plan and reserve: public inputs only, before any row is read. A warm start's ledger
-    entry names its parent (`lineage`)."""
+    entry names its parent (`lineage`), and the ledger links the run to it (`parent`: the
+    version, and a private parent's ledger run) for the version's lineage epsilon."""
     plan = _step(plan_privacy)(config, schema)
     ledger = Ledger(store / "ledger.db")
     budget = schema.dataset.budget
@@ -243,29 +254,45 @@ def _reserve(
     if lineage is not None:
         stages["init_from"] = lineage
     ledger.reserve(schema.dataset.name, run_id, plan.events, stages)
+    if parent is not None:
+        ledger.record_parent(run_id, *parent)
     return plan, ledger
 
 
 def _account(
     ledger: Ledger, run_id: str, dataset: str, plan: PrivacyPlan, fitted: FitResult, spend: Spend
-) -> dict[str, float]:
-    """Settle the run with what it spent; the accountant's epsilon (PLD; RDP as a cross-check)."""
+) -> tuple[dict[str, float], Lineage]:
+    """Settle the run with what it spent; the accountant's epsilon of the run alone (PLD; RDP as
+    a cross-check), and the version's (`epsilon`, `delta`): its lineage's, the ledger's
+    composition of its private chain (privacy rule 9), or the run's own without a private parent."""
     ledger.settle(run_id, spend.events)
     figures = {
-        "epsilon": PLDAccountant().epsilon(spend.events, plan.delta),
+        "epsilon_run": PLDAccountant().epsilon(spend.events, plan.delta),
         "epsilon_rdp": RDPAccountant().epsilon(spend.events, plan.delta),
+        "delta_run": plan.delta,
     }
+    lineage = ledger.lineage(run_id)
+    if lineage.private_parents:
+        figures["epsilon"], figures["delta"] = lineage.epsilon, lineage.delta
+    else:
+        figures["epsilon"], figures["delta"] = figures["epsilon_run"], plan.delta
     figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(dataset)
     store_ml.log_cumulative_epsilon(fitted.cumulative_epsilon)
     store_ml.log_spend(
         spend.events,
-        figures["epsilon"],
+        figures["epsilon_run"],
         figures["epsilon_rdp"],
         plan.delta,
         figures["dataset_epsilon"],
         fitted.train.steps + 1,
+        (figures["epsilon"], figures["delta"]),
     )
-    return figures
+    return figures, lineage
+
+
+def _chain(lineage: Lineage, model_name: str, version: str) -> str:
+    """The version's lineage as shown: its ancestors (a public root marked), then itself."""
+    return " -> ".join([*lineage.parents, f"{model_name}/{version}"])
 
 
 def _release_table(
@@ -285,10 +312,10 @@ def _register(
     model_name: str,
     fitted: FitResult,
     figures: dict[str, float],
-    delta: float,
+    lineage: Lineage,
     run_id: str,
 ) -> Registered:
-    return _step(register_model)(
+    registered = _step(register_model)(
         model_name,
         config.alias,
         schema,
@@ -297,7 +324,9 @@ def _register(
         fitted.states,
         {
             "epsilon": f"{figures['epsilon']:.6g}",
-            "delta": f"{delta:g}",
+            "delta": f"{figures['delta']:g}",
+            "epsilon_run_alone": f"{figures['epsilon_run']:.6g}",
+            "delta_run_alone": f"{figures['delta_run']:g}",
             "dataset": schema.dataset.name,
             "dataset_epsilon_cumulative": f"{figures['dataset_epsilon']:.6g}",
             "privflow_run_id": run_id,
@@ -307,6 +336,8 @@ def _register(
         config.promotion,
         *release_parts(fitted.codec),  # DP marginals and target head, as release_codec reads them
     )
+    store_ml.log_lineage(model_name, registered.version, _chain(lineage, model_name, registered.version), lineage.runs)
+    return registered
 
 
 def _summary(
@@ -317,6 +348,7 @@ def _summary(
     model_name: str,
     registered: Registered,
     figures: dict[str, float],
+    lineage: Lineage,
     outputs: dict[str, Any],
     metrics: dict[str, float],
     decision: validation_gate.GateDecision,
@@ -331,7 +363,11 @@ def _summary(
         alias_version=registered.alias_version,
         promotion=registered.promotion,
         epsilon=figures["epsilon"],
-        delta=plan.delta,
+        delta=figures["delta"],
+        epsilon_run=figures["epsilon_run"],
+        delta_run=plan.delta,
+        lineage=_chain(lineage, model_name, registered.version),
+        lineage_runs=lineage.runs,
         epsilon_rdp=figures["epsilon_rdp"],
         dataset_epsilon=figures["dataset_epsilon"],
         dataset_delta=figures["dataset_delta"],
@@ -420,7 +456,14 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
     # Without the engine no flow run exists: prefect.runtime is not asked (it may call the API).
     flow_id, attempt = _flow_run() if _ENGINE.get() else (None, 1)
     run_id = f"{flow_id or uuid.uuid4()}-attempt{attempt or 1}"
-    plan, ledger = _reserve(config, schema, store, run_id, parent.lineage() if parent is not None else None)
+    plan, ledger = _reserve(
+        config,
+        schema,
+        store,
+        run_id,
+        parent.lineage() if parent is not None else None,
+        (parent.spec, parent.ledger_run) if parent is not None else None,
+    )
     budget, spend = schema.dataset.budget, Spend()
     try:
         ledger.ensure_dataset(
@@ -432,7 +475,9 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
         with (
             cpu_threads(config.train.threads),
             torch.random.fork_rng(devices=[]),
-            mlflow.start_run(run_name=f"{schema.dataset.name}-eps{config.privacy.epsilon:g}") as active,
+            store_ml.released_run(
+                schema.dataset.name, f"{schema.dataset.name}-eps{config.privacy.epsilon:g}"
+            ) as active,
             ExitStack() as stack,
         ):
             torch.manual_seed(secrets.randbits(63))
@@ -458,12 +503,12 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
                 as_tasks=_ENGINE.get(),
                 init_state=parent.state if parent is not None else None,
             )
-            figures = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
+            figures, lineage = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
             synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
             metrics, report_path, diagnostics_note = _diagnose(
                 config, schema, codec, fitted.flows[0], df, x_train, x_val, synthetic, curator, fitted.diagnostics()
             )
-            registered = _register(config, schema, model_name, fitted, figures, plan.delta, run_id)
+            registered = _register(config, schema, model_name, fitted, figures, lineage, run_id)
     except BaseException:
         _settle_failure(ledger, run_id, spend)
         raise
@@ -479,5 +524,16 @@ def _pipeline(config: RunConfig, show_progress: bool) -> RunSummary:
         "diagnostics_note": diagnostics_note,
     }
     return _summary(
-        config, plan, run_id, active.info.run_id, model_name, registered, figures, outputs, metrics, decision, started
+        config,
+        plan,
+        run_id,
+        active.info.run_id,
+        model_name,
+        registered,
+        figures,
+        lineage,
+        outputs,
+        metrics,
+        decision,
+        started,
     )

@@ -2,7 +2,7 @@
 table the operator declares public, and registered as a parent for warm starts
 (`privflow run --init-from`, tasks/warm_start.py; the DP-GAN note, Boob et al. 2018, 3.2).
 
-Nothing here is private, so nothing is a mechanism: no ledger entry, no DP statistic. The
+Nothing here is private, so nothing is a mechanism: no ledger charge, no DP statistic. The
 steps are the non-private reference of `fit` (tasks/fit.py): exact actnorm statistics (and
 exact EM for a mixture prior), noise-free training with the planned shape for the public
 table's own row count, argmax checkpoint selection; with ``marginals.enabled`` the copula
@@ -12,7 +12,10 @@ the weights, so `privflow generate` and `load_version` load it) with the version
 ``privflow.pretrained=public`` and ``privflow.data=public``, in the dataset's own
 ``privflow-<dataset>-public`` experiment, under ``privflow-<dataset>-public`` unless
 ``--model-name`` says otherwise. A file this store's ledger knows as private is refused
-(`check_public_file`); otherwise "public" is the operator's declaration.
+(`check_public_file`); otherwise "public" is the operator's declaration, and it is recorded in
+the store's ledger (`declare_public_version`: the exact version, its weights' digest, the
+table's keyed fingerprint). Warm starts accept a public parent on that record only; the
+version tags are information.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from privflow.tasks import mlflow_store as store_ml
 from privflow.tasks.fit import FitResult, Spend, fit, prepare
 from privflow.tasks.select import row_loglik
 from privflow.tasks.train import cpu_threads
-from privflow.tasks.warm_start import DATA_TAG, PRETRAINED_TAG, check_public_file
+from privflow.tasks.warm_start import DATA_TAG, PRETRAINED_TAG, check_public_file, declare_public_version
 from privflow.validation import validate
 
 DEFAULT_ALIAS = "pretrained"  # the CLI's --alias for pretraining (each new version takes it)
@@ -136,6 +139,8 @@ def pretrain_pipeline(config: RunConfig, show_progress: bool = True) -> Pretrain
             "always",
             *release_parts(fitted.codec),  # DP marginals and target head, as release_codec reads them
         )
+        # the data owner's declaration, the one thing that makes this version a free parent
+        declare_public_version(store, model_name, registered.version, Path(config.data), dataset)
     return PretrainSummary(
         model_name=model_name,
         model_version=registered.version,

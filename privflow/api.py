@@ -43,6 +43,7 @@ class Synthesizer:
     summary: RunSummary | None = None
     marginals: dict[str, Any] | None = None
     head: dict[str, Any] | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # the registered version's tags (`load`)
     codec: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -50,8 +51,35 @@ class Synthesizer:
 
     @property
     def epsilon(self) -> float | None:
-        """The run's epsilon, as the accountant composed its recorded events."""
-        return None if self.summary is None else self.summary.epsilon
+        """The model's epsilon (privacy rule 9): the ledger's PLD composition of the recorded
+        events of the run that trained it and of every private release it was warm-started from
+        (this run's own without a private parent), at `delta`. From the run's summary (`fit`) or
+        the registered version's tag (`load`); None when neither is known."""
+        if self.summary is not None:
+            return self.summary.epsilon
+        return float(self.tags["epsilon"]) if "epsilon" in self.tags else None
+
+    @property
+    def delta(self) -> float | None:
+        """The delta `epsilon` is stated at."""
+        if self.summary is not None:
+            return self.summary.delta
+        return float(self.tags["delta"]) if "delta" in self.tags else None
+
+    @property
+    def epsilon_run(self) -> float | None:
+        """The epsilon of the run that trained this model alone (not a bound for the model when
+        it was warm-started from a private parent: `epsilon` is)."""
+        if self.summary is not None:
+            return self.summary.epsilon_run
+        return float(self.tags["epsilon_run_alone"]) if "epsilon_run_alone" in self.tags else None
+
+    @property
+    def lineage(self) -> str | None:
+        """The versions the weights descend from, NAME/V -> ... -> this version."""
+        if self.summary is not None:
+            return self.summary.lineage
+        return self.tags.get("privflow.lineage")
 
     def sample(self, n: int, seed: int | None = None) -> pl.DataFrame:
         """`n` synthetic rows; `seed` makes the draw reproducible (else a CSPRNG seed). The table
@@ -100,9 +128,9 @@ class Synthesizer:
         from privflow.tasks import mlflow_store  # imports mlflow and prefect: after env.configure
 
         mlflow_store.tracking(Path(store).resolve())
-        name, number, _ = mlflow_store.resolve_version(spec)
+        name, number, tags = mlflow_store.resolve_version(spec)
         loaded = mlflow_store.load_version(name, number)
-        return cls(loaded.schema, loaded.flows, marginals=loaded.marginals, head=loaded.head)
+        return cls(loaded.schema, loaded.flows, marginals=loaded.marginals, head=loaded.head, tags=tags)
 
 
 def _check_count(value: Any, name: str, low: int) -> None:

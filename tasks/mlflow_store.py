@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ def experiment_for(dataset: str, store: Path) -> str:
     Under the store's lock (`store_lock`): the first use of a store creates MLflow's SQLite
     schema and the experiment, and two runs started together on a new store raced there (one
     failed in MLflow's migrations, or on 'table ... already exists')."""
-    name = f"privflow-{dataset}"
+    name = experiment_name(dataset)
     with store_lock(store):
         client = MlflowClient()
         if client.get_experiment_by_name(name) is None:
@@ -71,6 +72,11 @@ def experiment_for(dataset: str, store: Path) -> str:
             client.create_experiment(name, artifact_location=location)
     mlflow.set_experiment(name)
     return name
+
+
+def experiment_name(dataset: str) -> str:
+    """The MLflow experiment of a dataset's runs."""
+    return f"privflow-{dataset}"
 
 
 @contextmanager
@@ -93,6 +99,45 @@ def store_lock(store: Path) -> Iterator[None]:
 
 # -- what a run logs (tasks/release.py says why each entry may be there) -------------------------
 
+_DAY_MS = 86_400_000
+
+
+def release_moment(now_ms: int | None = None) -> int:
+    """The one time a released run shows (tasks/release.py, TIMING): the start of the UTC day
+    it began, in milliseconds. Its start, its end and every metric's timestamp are this value,
+    so nothing in the run tells how long reading, validating or training took (which grows
+    with the private row count)."""
+    now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    return now - now % _DAY_MS
+
+
+@contextmanager
+def released_run(dataset: str, run_name: str) -> Iterator[Any]:
+    """`mlflow.start_run` for a run behind a release, made timeless: created with its start at
+    `release_moment()`, and on exit (finished or failed) its end set to the same moment. The
+    metrics logged through this module carry that moment too (`_moment`)."""
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(experiment_name(dataset))
+    if experiment is None:
+        raise RuntimeError(f"experiment_for('{dataset}', store) must run before released_run")
+    moment = release_moment()
+    created = client.create_run(experiment.experiment_id, start_time=moment, run_name=run_name)
+    run_id = created.info.run_id
+    status = "FAILED"
+    try:
+        with mlflow.start_run(run_id=run_id) as active:
+            yield active
+        status = "FINISHED"
+    finally:
+        # mlflow.end_run stamped the wall-clock end; replace it by the start's moment
+        client.set_terminated(run_id, status=status, end_time=moment)
+
+
+def _moment() -> int:
+    """The timestamp of every metric of the active run: its start (`released_run`: the day)."""
+    run = mlflow.active_run()
+    return int(run.info.start_time) if run is not None else release_moment()
+
 
 def flat_params(config: RunConfig) -> dict[str, Any]:
     """The run configuration as `section.field` params."""
@@ -113,30 +158,61 @@ def log_run_header(config: RunConfig, plan: PrivacyPlan, run_id: str, dataset: s
         tags["privflow.sampling_seed"] = str(config.evaluate.sampling_seed)
     mlflow.set_tags(tags)
     mlflow.log_dict(plan.to_dict(), "privacy/plan.json")
-    mlflow.log_metrics({f"plan.{s.name}.epsilon_alone": s.epsilon_alone for s in plan.stages})
-    mlflow.log_metrics({f"plan.{s.name}.share": s.share for s in plan.stages})
+    at = _moment()
+    mlflow.log_metrics({f"plan.{s.name}.epsilon_alone": s.epsilon_alone for s in plan.stages}, timestamp=at)
+    mlflow.log_metrics({f"plan.{s.name}.share": s.share for s in plan.stages}, timestamp=at)
 
 
 def log_gate(noisy_failing: float) -> None:
     """The validation gate's DP count (a mechanism output)."""
-    mlflow.log_metric("gate.noisy_failing_rows", noisy_failing)
+    mlflow.log_metric("gate.noisy_failing_rows", noisy_failing, timestamp=_moment())
 
 
 def log_cumulative_epsilon(points: Iterable[tuple[int, float]]) -> None:
     """The accountant's epsilon after each checkpoint step (public: planned events composed)."""
+    at = _moment()
     for step, eps in points:
-        mlflow.log_metric("epsilon_cumulative", eps, step=step)
+        mlflow.log_metric("epsilon_cumulative", eps, step=step, timestamp=at)
 
 
 def log_spend(
-    spent: list[Event], epsilon: float, epsilon_rdp: float, delta: float, dataset_epsilon: float, final_step: int
+    spent: list[Event],
+    epsilon: float,
+    epsilon_rdp: float,
+    delta: float,
+    dataset_epsilon: float,
+    final_step: int,
+    lineage: tuple[float, float] | None = None,
 ) -> None:
-    """The accountant's figures and the events they come from."""
-    mlflow.log_metric("epsilon_cumulative", epsilon, step=final_step)
+    """The accountant's figures and the events they come from. `epsilon` and `delta` are this
+    run alone; `lineage` (epsilon, delta) is the version's, the headline (privacy rule 9:
+    the composition of its private warm-start chain; this run's own figure without one)."""
+    at = _moment()
+    headline = lineage if lineage is not None else (epsilon, delta)
+    mlflow.log_metric("epsilon_cumulative", epsilon, step=final_step, timestamp=at)
     mlflow.log_metrics(
-        {"epsilon": epsilon, "delta": delta, "epsilon_rdp": epsilon_rdp, "dataset_epsilon_cumulative": dataset_epsilon}
+        {
+            "epsilon": headline[0],
+            "delta": headline[1],
+            "epsilon_run_alone": epsilon,
+            "delta_run_alone": delta,
+            "epsilon_rdp": epsilon_rdp,
+            "dataset_epsilon_cumulative": dataset_epsilon,
+        },
+        timestamp=at,
     )
     mlflow.log_text(events_to_json(spent), "privacy/events.json")
+
+
+def log_lineage(name: str, version: str, chain: str, runs: Iterable[str]) -> None:
+    """The version's lineage, on the version and on the active run behind it: the chain of
+    versions its weights descend from (NAME/V -> ... -> this version; a public root marked) and
+    the ledger runs whose events its epsilon composes."""
+    tags = {"privflow.lineage": chain, "privflow.lineage_runs": json.dumps(list(runs))}
+    mlflow.set_tags(tags)
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
 
 
 def log_synthetic(path: Path) -> None:
@@ -401,12 +477,14 @@ __all__ = [
     "Registered",
     "alias_holder",
     "experiment_for",
+    "experiment_name",
     "flat_params",
     "load_generator",
     "open_registry",
     "load_version",
     "log_cumulative_epsilon",
     "log_gate",
+    "log_lineage",
     "log_refusal",
     "log_run_header",
     "log_spend",
@@ -414,6 +492,8 @@ __all__ = [
     "model_uri",
     "record_promotion",
     "register_model",
+    "release_moment",
+    "released_run",
     "resolve_version",
     "signature_for",
     "tracking",

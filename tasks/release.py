@@ -22,15 +22,22 @@ TAGS: dict[str, str] = {
     "privflow.dataset": "public: the schema's dataset name",
     "privflow.code_version": "public: the privflow version that ran",
     "privflow.sampling_seed": "public: the sampling seed the user passed for the synthetic table",
+    "privflow.lineage": "public: the chain of registered versions the weights descend from (--init-from, pinned)",
+    "privflow.lineage_runs": "public: the ledger run ids whose recorded events the version's epsilon composes",
     "mlflow.*": "MLflow's own bookkeeping: run name, user, source entry point, logged-model history",
 }
 METRICS: dict[str, str] = {
     "plan.*.epsilon_alone": "public: the privacy plan (configuration and schema only)",
     "plan.*.share": "public: the privacy plan",
     "epsilon_cumulative": "public: the plan's events composed up to each checkpoint step",
-    "epsilon": "accountant: PLD composition of the events recorded for this run",
-    "epsilon_rdp": "accountant: RDP composition of the same events",
-    "delta": "public: the run's delta",
+    "epsilon": (
+        "ledger: the version's epsilon, PLD composition of the recorded events of its private warm-start chain "
+        "and this run at the dataset's delta (privacy rule 9); this run's own without a private parent"
+    ),
+    "delta": "public: the delta of the version's epsilon (the dataset's with a private parent, else the run's)",
+    "epsilon_run_alone": "accountant: PLD composition of the events recorded for this run alone",
+    "delta_run_alone": "public: the run's delta",
+    "epsilon_rdp": "accountant: RDP composition of this run's events alone (a cross-check)",
     "dataset_epsilon_cumulative": "ledger: the dataset's total spend, as the publishable summary shows it",
     "gate.noisy_failing_rows": "mechanism: the validation gate's Laplace count (privacy/mechanisms/validation_gate.py)",
 }
@@ -40,8 +47,12 @@ ARTIFACTS: dict[str, str] = {
     "synthetic/*": "mechanism output: sampled from the released model with a CSPRNG or public seed",
 }
 VERSION_TAGS: dict[str, str] = {
-    "epsilon": "accountant: this run's PLD epsilon",
-    "delta": "public: the run's delta",
+    "epsilon": "ledger: the version's epsilon, its private lineage's PLD composition (as the run's metric)",
+    "delta": "public: the delta the version's epsilon is stated at",
+    "epsilon_run_alone": "accountant: this run's own PLD epsilon",
+    "delta_run_alone": "public: the run's delta",
+    "privflow.lineage": "public: the chain of versions the weights descend from",
+    "privflow.lineage_runs": "public: the ledger runs the version's epsilon composes",
     "dataset": "public: the schema's dataset name",
     "dataset_epsilon_cumulative": "ledger: the dataset's total spend",
     "privflow_run_id": "public: the run's id in the ledger",
@@ -57,6 +68,18 @@ MODEL_TAGS: dict[str, str] = {
 }
 
 
+# When: the run behind a release shows one moment only. MLflow stamps a run's start and end and
+# every metric with the wall clock; the gaps between them are timings of the private work
+# (reading and gating the rows, training), which grow with the private row count: a side
+# channel no mechanism covers (privacy rule 8). So the run starts at, ends at, and logs every
+# metric at `mlflow_store.release_moment()`, the start of its UTC day (`released_run`).
+TIMING: dict[str, str] = {
+    "run.start_time": "the start of the UTC day the run began (release_moment): a public calendar day",
+    "run.end_time": "equal to the start time: the run's duration is not released",
+    "metric.timestamp": "every metric at the run's start time: no metric shows when it was computed",
+}
+
+
 def reason(allowlist: dict[str, str], key: str) -> str | None:
     """Why `key` may be released under `allowlist`, or None when nothing covers it."""
     for pattern, why in allowlist.items():
@@ -65,4 +88,4 @@ def reason(allowlist: dict[str, str], key: str) -> str | None:
     return None
 
 
-__all__ = ["ARTIFACTS", "METRICS", "MODEL_TAGS", "PARAMS", "TAGS", "VERSION_TAGS", "reason"]
+__all__ = ["ARTIFACTS", "METRICS", "MODEL_TAGS", "PARAMS", "TAGS", "TIMING", "VERSION_TAGS", "reason"]

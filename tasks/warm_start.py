@@ -5,16 +5,24 @@ config's random initialisation (issue 14; the DP-GAN note, Boob et al. 2018, sec
 Which parents are allowed, and what starting from them costs (ARCHITECTURE.md, privacy
 rules 3, 5 and 7):
 
-- **Public pretraining** (`privflow pretrain`, version tag ``privflow.pretrained=public``):
-  the weights are a function of data the operator declared public and of public settings.
-  Starting from them reads no private row and costs nothing.
+- **Public pretraining** (`privflow pretrain`): the weights are a function of data the
+  operator declared public and of public settings. Starting from them reads no private row and
+  costs nothing. The declaration is the data owner's, made once and recorded in the store's
+  ledger (`Ledger.declare_public`: the exact version, the digest of its weights, the keyed
+  fingerprint of the public table) when `pretrain` registers the version. The version tag
+  ``privflow.pretrained=public`` is information only: anyone with registry write access can set
+  it, so a version carrying it without the ledger's declaration is refused
+  (`UndeclaredPublicParent`).
 - **A private release of the same dataset** (version tag ``dataset`` equal to this run's
   schema's dataset): its weights came out of mechanisms whose events this store's ledger
   already holds (its ledger run must be there, charged). The new run is recorded as one
   more run of that dataset, and the ledger composes all of a dataset's runs, so the
   dataset's cumulative epsilon covers the warm-started model (parent and child together):
   nothing is charged twice and nothing is missed. The new run's ledger entry and its MLflow
-  params name the parent version (the lineage).
+  params name the parent version (the lineage). The new version's own epsilon is its lineage's
+  (privacy rule 9): its weights are a function of the parent's release, so the only valid
+  bound for it alone is the composition of every private ancestor's run and this one
+  (`Ledger.lineage`), which it reports as its epsilon; its run's own figure is kept beside it.
 - **A private release of another dataset: refused.** That release is already public output,
   and reusing it is post-processing *for its own dataset*: it would cost that dataset
   nothing more. What privflow cannot know is whether the two datasets describe some of the
@@ -39,6 +47,7 @@ with them, so the plan has no DP statistics or DP prior stage (privacy/run_plan.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +71,11 @@ DATA_TAG = "privflow.data"  # "public": what the weights were trained on
 # iteration count only matters for a fresh prior, and a warm start keeps the parent's.
 _NOT_SHAPE = frozenset({"mog_iterations"})
 _COLUMN_FIELDS = ("type", "bounds", "categories", "transform", "nullable")
+
+
+class UndeclaredPublicParent(ConfigError):
+    """A warm start's parent is tagged public in the registry, but the store's ledger holds no
+    declaration of it by `privflow pretrain` (a tag is not the data owner's decision)."""
 
 
 @dataclass(frozen=True)
@@ -95,21 +109,73 @@ class Parent:
         )
 
 
-def find_parent(spec: str) -> Parent:
-    """Look `spec` up in the current MLflow registry (the caller points MLflow at the store)."""
+def weights_digest(loaded: LoadedVersion) -> str:
+    """SHA-256 of what a registered version holds: every checkpoint's tensors (names, dtypes,
+    shapes, bytes), its DP marginals and its target head. The ledger's public declaration names
+    it, so a version re-registered under a declared name and number does not pass as declared."""
+    h = hashlib.sha256()
+    for flow in loaded.flows:
+        for key, value in sorted(flow.state_dict().items()):
+            t = value.detach().cpu().contiguous()
+            h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.numpy().tobytes())
+    h.update(json.dumps([loaded.marginals, loaded.head], sort_keys=True, default=str).encode())
+    return "sha256:" + h.hexdigest()
+
+
+def declare_public_version(store: Path, name: str, version: str, data: Path, dataset: str) -> None:
+    """`privflow pretrain`'s declaration, in the store's ledger: version `name/version` (its
+    weights as registered) was trained on the table `data`, which the data owner declares public."""
+    from privflow.tasks.mlflow_store import load_version
+
+    weights = weights_digest(load_version(name, version))
+    fingerprint = keyed_fingerprint(data, store_key(store))
+    Ledger(store / "ledger.db").declare_public(name, version, weights, fingerprint, dataset)
+
+
+def _declared(spec: str, name: str, version: str, loaded: LoadedVersion, ledger_path: Path | None) -> bool:
+    """Whether the ledger holds `pretrain`'s declaration of exactly this version (same weights)."""
+    if ledger_path is None or not ledger_path.is_file():
+        return False
+    source = Ledger(ledger_path).public_source(name, version)
+    if source is None:
+        return False
+    if source.weights != weights_digest(loaded):
+        raise UndeclaredPublicParent(
+            f"--init-from {spec}: the ledger at '{ledger_path}' records version {version} of '{name}' as a public "
+            f"pretraining (declared {source.declared[:19]}), but the weights registered under that number now are "
+            "not the ones declared: the version was replaced after `privflow pretrain` registered it. Pretrain "
+            "again on the public table (`privflow pretrain`) and warm-start from the new version; nothing was "
+            "reserved or read."
+        )
+    return True
+
+
+def find_parent(spec: str, ledger_path: Path | None = None) -> Parent:
+    """Look `spec` up in the current MLflow registry (the caller points MLflow at the store).
+    Public only when the store's ledger (`ledger_path`) holds `pretrain`'s declaration of it."""
     from privflow.tasks.mlflow_store import load_version, resolve_version
 
     name, version, tags = resolve_version(spec)
     loaded = load_version(name, version)
-    if tags.get(PRETRAINED_TAG) == "public":
+    if _declared(spec, name, version, loaded, ledger_path):
         return Parent(name, version, "public", None, None, loaded)
+    if tags.get(PRETRAINED_TAG) == "public":
+        raise UndeclaredPublicParent(
+            f"--init-from {spec}: version {version} of '{name}' carries the registry tag {PRETRAINED_TAG}=public, "
+            f"but the store's ledger ('{ledger_path}') holds no declaration of it by `privflow pretrain`. Whether "
+            "weights count as public is the data owner's decision, recorded in the ledger when `privflow pretrain` "
+            "registers a version from a table declared public; a registry tag can be set by anyone with write "
+            "access to the registry, so it decides nothing. Pretrain the parent with `privflow pretrain` on this "
+            "store (--store) and warm-start from that version; nothing was reserved or read."
+        )
     if tags.get("dataset") and tags.get("privflow_run_id"):
         return Parent(name, version, "private", tags["dataset"], tags["privflow_run_id"], loaded)
     raise ConfigError(
-        f"--init-from {spec}: version {version} of '{name}' is neither a public pretraining "
-        f"({PRETRAINED_TAG}=public) nor a privflow DP release with a dataset and a ledger run, so what it cost "
-        "cannot be told. Warm-start from a model registered by `privflow pretrain` or by `privflow run` on this "
-        "dataset."
+        f"--init-from {spec}: version {version} of '{name}' is neither a public pretraining declared in this "
+        "store's ledger by `privflow pretrain` nor a privflow DP release with a dataset and a ledger run, so what "
+        "it cost cannot be told. Warm-start from a model registered by `privflow pretrain` or by `privflow run` "
+        "on this dataset."
     )
 
 
@@ -222,8 +288,9 @@ def resolve_parent(config: RunConfig, schema: Schema) -> Parent | None:
     """The checked parent of a warm start (None without `init_from`); MLflow must point at the store."""
     if config.init_from is None:
         return None
-    parent = find_parent(config.init_from)
-    check_parent(parent, config, schema, config.store.resolve() / "ledger.db")
+    ledger = config.store.resolve() / "ledger.db"
+    parent = find_parent(config.init_from, ledger)
+    check_parent(parent, config, schema, ledger)
     return parent
 
 
@@ -231,9 +298,12 @@ __all__ = [
     "DATA_TAG",
     "PRETRAINED_TAG",
     "Parent",
+    "UndeclaredPublicParent",
     "check_parent",
     "check_public_file",
+    "declare_public_version",
     "find_parent",
     "resolve_parent",
     "schema_difference",
+    "weights_digest",
 ]

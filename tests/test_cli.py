@@ -229,6 +229,43 @@ def test_summary_prints_every_path_in_full(capsys) -> None:
     assert "0.9900 at delta=1e-05" in out and "2.0000 at delta=1e-06" in out
 
 
+def test_summary_of_a_private_warm_start_heads_with_the_lineages_epsilon(capsys) -> None:
+    """Privacy rule 9: the version's epsilon is its private chain's; the run's own is labelled."""
+    from types import SimpleNamespace
+
+    from privflow.cli import _print_summary
+
+    summary = SimpleNamespace(
+        epsilon=1.3432,
+        delta=1e-5,
+        epsilon_run=0.9929,
+        delta_run=1e-5,
+        lineage="m/1 -> m/2",
+        lineage_runs=("r1", "r2"),
+        init_from="m/1",
+        epsilon_rdp=1.1,
+        stages={"train": 0.9},
+        dataset_epsilon=1.5,
+        dataset_delta=1e-5,
+        metrics={},
+        wall_seconds=1.0,
+        model_name="m",
+        model_version="2",
+        alias="champion",
+        alias_version="1",
+        promotion="kept",
+        curator_dir="/c",
+        synthetic_path="/s.csv",
+        report_path=None,
+        mlflow_run_id="abc",
+        run_id="r2",
+    )
+    _print_summary(summary)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "epsilon (PLD, reported, lineage of 2 runs) │ 1.3432 at delta=1e-05" in out, out
+    assert "m/1 -> m/2" in out and "epsilon (this run alone, PLD) │ 0.9929 at delta=1e-05" in out, out
+
+
 def test_ledger_show_without_ledger(tmp_path: Path) -> None:
     result = runner.invoke(app, ["ledger", "show", "--store", str(tmp_path)])
     _assert_user_error(result, "No ledger")

@@ -1,8 +1,10 @@
 """Warm starts refused up front (issue 14): `privflow run --init-from` with a missing model, a
 parent under another schema, another flow or codec space, a private release of another
-dataset, or a private parent the ledger does not hold exits 2 with one paragraph, before any
-reservation, and leaves the ledger as it was. Plus the plan of a warm start: the from-scratch
-plan minus its initialisation stages, DP-SGD unchanged.
+dataset, a private parent the ledger does not hold, or a version tagged public in the registry
+that `privflow pretrain` never declared in the ledger (issue 34) exits 2 with one paragraph,
+before any reservation, and leaves the ledger as it was. Plus the plan of a warm start: the
+from-scratch plan minus its initialisation stages, DP-SGD unchanged; and the ledger's lineage
+composition (privacy rule 9).
 
 Parents are registered directly (`register_model.fn`, as the pipeline logs them), so no
 Prefect server is needed; the end-to-end runs are in tests/flows/test_warm_start.py.
@@ -16,13 +18,15 @@ import mlflow
 import polars as pl
 import pytest
 import yaml
+from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from privflow.cli import app
 from privflow.codec import Codec
 from privflow.config import RunConfig
-from privflow.privacy.events import GaussianEvent, event_to_dict
-from privflow.privacy.ledger import Ledger
+from privflow.errors import ConfigError
+from privflow.privacy.events import GaussianEvent, LaplaceEvent, event_to_dict
+from privflow.privacy.ledger import Ledger, compose_epsilon
 from privflow.privacy.run_plan import run_plan
 from privflow.schema import Schema
 
@@ -84,7 +88,20 @@ def setup(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
         "not-in-ledger": _register(store, "parents", schema, {"dataset": "adult", "privflow_run_id": "elsewhere"}),
         "same-dataset": _register(store, "parents", schema, {"dataset": "adult", "privflow_run_id": PARENT_RUN}),
         "untagged": _register(store, "parents", schema, {}),
+        "tag-only": _register(store, "parents", schema, {}),
+        "replaced": _register(store, "parents", schema, public),
     }
+    from privflow.tasks.warm_start import declare_public_version
+
+    # what `privflow pretrain` does once it has registered a version (flows/pretrain.py)
+    public_table = tmp / "public.csv"
+    pl.read_csv(demo_dir / "adult_test.csv", infer_schema=False, n_rows=50).write_csv(public_table)
+    for kind in ("public", "other-bounds", "other-flow"):
+        declare_public_version(store, "parents", versions[kind], public_table, "adult")
+    # someone with registry write access tags a version public by hand: no declaration
+    MlflowClient().set_model_version_tag("parents", versions["tag-only"], "privflow.pretrained", "public")
+    # a declaration whose weights are not those registered under the number now
+    ledger.declare_public("parents", versions["replaced"], "sha256:" + "0" * 64, "hmac-sha256:x", "adult")
     config = tmp / "run.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -185,6 +202,55 @@ def test_private_release_of_another_dataset_is_refused(setup: dict) -> None:
 def test_private_parent_missing_from_the_ledger_or_untagged_is_refused(setup: dict) -> None:
     _refused(setup, f"parents/{setup['v']['not-in-ledger']}", "ledger run elsewhere", "does not hold")
     _refused(setup, f"parents/{setup['v']['untagged']}", "neither a public pretraining")
+
+
+def test_a_public_tag_the_ledger_does_not_declare_is_refused(setup: dict) -> None:
+    """Public is the data owner's declaration, recorded by `privflow pretrain` in the ledger; the
+    registry tag is information, and anyone with registry write access can set it."""
+    from privflow.tasks.warm_start import UndeclaredPublicParent
+
+    assert issubclass(UndeclaredPublicParent, ConfigError)
+    message = _refused(
+        setup,
+        f"parents/{setup['v']['tag-only']}",
+        "privflow.pretrained=public",
+        "holds no declaration",
+        "privflow pretrain",
+        "nothing was reserved",
+    )
+    assert "decides nothing" in message
+    _refused(setup, f"parents/{setup['v']['replaced']}", "not the ones declared", "replaced")
+    ledger = Ledger(setup["store"] / "ledger.db")
+    declared = ledger.public_source("parents", setup["v"]["public"])
+    assert declared is not None and declared.fingerprint.startswith("hmac-sha256:") and declared.dataset == "adult"
+    assert ledger.public_source("parents", setup["v"]["tag-only"]) is None
+
+
+def test_lineage_composes_the_private_chain(tmp_path: Path) -> None:
+    """Privacy rule 9: a run's lineage is its events and every private ancestor's, composed at
+    the dataset's delta; a public root adds nothing, other runs of the dataset are not in it."""
+    ledger = Ledger(tmp_path / "ledger.db")
+    ledger.ensure_dataset("d", 50.0, 1e-6)
+    events = {"v1": [GaussianEvent(3.0)], "other": [GaussianEvent(2.0)], "v2": [LaplaceEvent(4.0)]}
+    for run, ev in events.items():
+        ledger.reserve("d", run, ev)
+        ledger.settle(run, ev)
+    ledger.record_parent("v1", "pub/4", None)
+    ledger.record_parent("v2", "m/1", "v1")
+    fresh = ledger.lineage("other")
+    assert fresh.runs == ("other",) and fresh.parents == () and not fresh.private_parents
+    assert fresh.epsilon == pytest.approx(compose_epsilon(events["other"], 1e-6))
+    v2 = ledger.lineage("v2")
+    assert v2.runs == ("v1", "v2") and v2.parents == ("pub/4 (public)", "m/1") and v2.delta == 1e-6
+    assert v2.epsilon == pytest.approx(compose_epsilon(events["v1"] + events["v2"], 1e-6), rel=1e-9)
+    assert v2.epsilon > compose_epsilon(events["v2"], 1e-6)
+    # a ledger written before the lineage table: the run's stages name its parent's ledger run
+    old = [GaussianEvent(6.0)]
+    ledger.reserve("d", "v3", old, {"init_from": "m/2: private on dataset 'd', ledger run v2 (already counted; ok)"})
+    ledger.settle("v3", old)
+    v3 = ledger.lineage("v3")
+    assert v3.runs == ("v1", "v2", "v3") and v3.parents == ("pub/4 (public)", "m/1", "m/2")
+    assert v3.epsilon == pytest.approx(compose_epsilon(events["v1"] + events["v2"] + old, 1e-6), rel=1e-9)
 
 
 def test_allowed_parents_pass_preflight_pinned_to_their_version(setup: dict) -> None:

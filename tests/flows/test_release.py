@@ -9,6 +9,8 @@ One small run on a slice of real data (Adult) with one bad row, then:
   on the private row count);
 - diagnostics on real rows are in the curator-only folder and nowhere in MLflow;
 - the data fingerprint is a keyed HMAC, kept out of MLflow;
+- the released run is timeless: one moment (the start of its UTC day) for its start, its end
+  and every metric, so no duration of the private work shows;
 - the validation gate's stop is a charged DP decision whose message carries no exact count.
 """
 
@@ -114,6 +116,22 @@ def test_every_released_entry_is_on_the_allowlist(run) -> None:
     # the gate's DP count is released; no diagnostic metric is
     assert "gate.noisy_failing_rows" in data.metrics
     assert not any(k.startswith("diag") for k in data.metrics)
+
+
+def test_the_released_run_shows_one_moment_and_no_duration(run) -> None:
+    cfg, summary = run
+    client = MlflowClient()
+    version = client.get_model_version(summary.model_name, summary.model_version)
+    assert version.run_id == summary.mlflow_run_id  # the run behind the registered model
+    info = client.get_run(summary.mlflow_run_id).info
+    day = 86_400_000
+    assert info.start_time % day == 0 and info.end_time == info.start_time  # a calendar day, no duration
+    assert info.status == "FINISHED"
+    metrics = client.get_run(summary.mlflow_run_id).data.metrics
+    history = [m for key in metrics for m in client.get_metric_history(summary.mlflow_run_id, key)]
+    assert len(history) > len(metrics)  # epsilon_cumulative has a point per checkpoint
+    assert {m.timestamp for m in history} == {info.start_time}
+    assert {"run.start_time", "run.end_time", "metric.timestamp"} <= set(release.TIMING)
 
 
 def test_allowlist_rejects_what_it_does_not_name() -> None:

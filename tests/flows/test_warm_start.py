@@ -6,8 +6,10 @@
 - a public warm start is charged what a from-scratch run is charged minus the skipped DP
   statistics stage, with DP-SGD's noise unchanged; pretraining itself charges nothing;
 - the lineage: the MLflow params and the ledger entry name the parent version; a warm start
-  from a private release of the same dataset composes with it in the ledger;
-- `pretrain` refuses a file the ledger knows as private.
+  from a private release of the same dataset composes with it in the ledger, and the new
+  version reports the lineage's composition as its epsilon everywhere (privacy rule 9);
+- `pretrain` declares its version public in the ledger (the only thing a free warm start
+  accepts), and refuses a file the ledger knows as private.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from privflow.cli import app
 from privflow.config import RunConfig
 from privflow.privacy.accountant import PLDAccountant
 from privflow.privacy.events import event_to_dict
-from privflow.privacy.ledger import Ledger
+from privflow.privacy.ledger import Ledger, compose_epsilon
 from privflow.privacy.run_plan import run_plan
 from privflow.schema import Schema
 
@@ -83,7 +85,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
         _config(files, files["public"], model_name="warmtest-public-marg", alias="pretrained", **marginals),
         show_progress=False,
     )
-    out["ledger_after_pretrain"] = (files["store"] / "ledger.db").exists()
+    pretrained = Ledger(files["store"] / "ledger.db")
+    out["ledger_after_pretrain"] = (
+        pretrained.datasets(),
+        pretrained.runs(),
+        pretrained.public_source(out["parent"].model_name, out["parent"].model_version),
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(train_task, "train", recording_train)
         out["warm"] = train_pipeline(
@@ -117,7 +124,10 @@ def _same(a: dict, b: dict) -> bool:
 
 def test_pretraining_registers_a_public_version_and_charges_nothing(runs: dict) -> None:
     parent = runs["parent"]
-    assert not runs["ledger_after_pretrain"]  # no ledger entry, not even a file
+    datasets, charged, declared = runs["ledger_after_pretrain"]
+    assert datasets == [] and charged == []  # no dataset, no run: nothing charged
+    # the data owner's declaration, the one thing a free warm start accepts
+    assert declared is not None and declared.dataset == "adult" and declared.fingerprint.startswith("hmac-sha256:")
     tags = MlflowClient().get_model_version(parent.model_name, parent.model_version).tags
     assert tags["privflow.pretrained"] == "public" and tags["privflow.data"] == "public"
     loaded = _version(parent.model_name, parent.model_version)  # loadable like a release, schema beside it
@@ -173,6 +183,53 @@ def test_lineage_is_in_the_mlflow_run_and_the_ledger(runs: dict) -> None:
     assert child.dataset_delta == pytest.approx(1e-5)  # stated at the budget's delta
     assert child.dataset_epsilon > max(child.epsilon, warm.epsilon)
     assert "init_from=" in ledger.describe("adult")
+
+
+def test_a_version_warm_started_from_a_private_parent_reports_its_lineages_epsilon(runs: dict) -> None:
+    """Privacy rule 9: the child's weights are a function of the private parent's release, so its
+    only valid epsilon is the composition of the parent's and its own recorded events (not its run's
+    alone, and not the dataset's total, which also counts the unrelated scratch run)."""
+    import os
+
+    from privflow.api import Synthesizer
+
+    files, public, warm, child = runs["files"], runs["parent"], runs["warm"], runs["child"]
+    records = {r.run_id: r for r in Ledger(files["store"] / "ledger.db").runs("adult")}
+    reference = compose_epsilon([*records[warm.run_id].events, *records[child.run_id].events], 1e-5)
+    assert child.epsilon == pytest.approx(reference, rel=1e-9) and child.delta == pytest.approx(1e-5)
+    assert child.epsilon > child.epsilon_run
+    assert child.epsilon_run == pytest.approx(records[child.run_id].epsilon, rel=1e-9)
+    assert child.epsilon < child.dataset_epsilon  # the scratch run is no ancestor
+    chain = (
+        f"{public.model_name}/{public.model_version} (public) -> {warm.model_name}/{warm.model_version} -> "
+        f"{child.model_name}/{child.model_version}"
+    )
+    assert child.lineage == chain and child.lineage_runs == (warm.run_id, child.run_id)
+    client = MlflowClient()
+    tags = client.get_model_version(child.model_name, child.model_version).tags
+    assert float(tags["epsilon"]) == pytest.approx(reference, rel=1e-5)
+    assert float(tags["epsilon_run_alone"]) == pytest.approx(child.epsilon_run, rel=1e-5)
+    assert tags["privflow.lineage"] == chain
+    data = client.get_run(child.mlflow_run_id).data
+    assert data.metrics["epsilon"] == pytest.approx(reference, rel=1e-9)
+    assert data.metrics["epsilon_run_alone"] == pytest.approx(child.epsilon_run, rel=1e-9)
+    assert data.tags["privflow.lineage"] == chain
+    # a public parent adds nothing: the warm run's epsilon is its own
+    assert warm.epsilon == warm.epsilon_run and warm.lineage_runs == (warm.run_id,)
+    assert float(client.get_model_version(warm.model_name, warm.model_version).tags["epsilon"]) == pytest.approx(
+        warm.epsilon_run, rel=1e-5
+    )
+    # the Python API: from the run's summary, and from the registered version's tags
+    loaded = _version(child.model_name, child.model_version)
+    assert Synthesizer(loaded.schema, loaded.flows, summary=child).epsilon == child.epsilon
+    saved = dict(os.environ)
+    try:
+        synth = Synthesizer.load(child.model_name, child.model_version, files["store"])
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert synth.epsilon == pytest.approx(reference, rel=1e-5) and synth.lineage == chain
+    assert synth.epsilon_run == pytest.approx(child.epsilon_run, rel=1e-5)
 
 
 def test_warm_start_with_dp_marginals_fine_tunes_in_the_runs_own_codec(runs: dict) -> None:
