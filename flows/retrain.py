@@ -164,7 +164,8 @@ def retrain_on_new_data(
         "promoted": decision.promoted,
         "reason": decision.reason,
         "champion_before": decision.champion_version,
-        "run_epsilon": summary.epsilon,
+        "epsilon": summary.epsilon,  # the version's: its private lineage composed
+        "run_epsilon": summary.epsilon_run,  # this run alone
         "promotion_epsilon": decision.epsilon,
         "mlflow_run_id": summary.mlflow_run_id,
         "data_path": data_path,
