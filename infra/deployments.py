@@ -158,7 +158,7 @@ def score_deployments(site: Site, common: dict[str, Any], scoring: ScoreSite | N
 
 def training_config(site: Site) -> dict[str, Any]:
     """The scheduled run's RunConfig as JSON parameters (validated now, not at 03:00)."""
-    from privflow.config import RunConfig
+    from privflow.core.config import RunConfig
 
     if site.train_data is None:
         raise ValueError("The scheduled training deployment needs a training file (PRIVFLOW_TRAIN_DATA).")
@@ -235,7 +235,7 @@ def deploy(site: Site, pool: str, image: str | None = None, job_variables: dict[
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; a bad flag, file or cron expression is one line on stderr and status 2."""
-    from privflow.errors import PrivflowError
+    from privflow.core.errors import PrivflowError
 
     try:
         return _main(argv)
@@ -275,7 +275,7 @@ def _main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.gpus is not None and args.gpus < 0:
         parser.error(f"--gpus must be 0 or more, got {args.gpus}")
-    from privflow import env
+    from privflow.core import env
 
     site = Site.from_env(
         schema=args.schema,

@@ -16,12 +16,24 @@ os.environ.pop("PREFECT_API_URL", None)
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 # every test composes for itself (tests/privacy/test_composed_cache.py turns the cache on)
 os.environ["PRIVFLOW_ACCOUNTING_CACHE"] = "off"
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one thread per xdist worker: the workers already fill the cores, and oversubscribed
+    # OpenMP pools (torch, numba, BLAS) made every step slower
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
-from privflow import env  # noqa: E402
+from privflow.core import env  # noqa: E402
 
 env.configure(_HOME)
 
-DEMO = Path(__file__).resolve().parent.parent / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parent.parent / "src" / "privflow" / "demo"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +45,63 @@ def prefect_server():
         yield
 
 
+@pytest.fixture()
+def cli_process_state():
+    """The CLI switches logging and warnings off for its process and sets environment variables:
+    give a test that invokes it in process its state back afterwards."""
+    import logging
+    import warnings
+
+    saved = dict(os.environ)
+    with warnings.catch_warnings():
+        yield
+    logging.disable(logging.NOTSET)
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def demo_dir() -> Path:
     return DEMO
+
+
+@pytest.fixture(scope="session")
+def trained_store(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict:
+    """The session's one small trained store (tests/stores.py), READ-ONLY: `store`, `data`,
+    `schema`, the run's `config` (a RunConfig) and `summary` (its dict). Built once across xdist
+    workers; a test that changes a store takes `store_copy` instead."""
+    import json
+
+    from filelock import FileLock
+
+    from privflow.core.config import RunConfig
+    from tests import stores
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / "trained-store"  # xdist: the session's folder
+    done = root / "trained.json"
+    with FileLock(str(root) + ".lock"):
+        if not done.exists():
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps(stores.build(root, DEMO)))
+    info = stores.load(done)
+    config = RunConfig.model_validate(info["config"])
+    return {
+        "store": root / "store",
+        "data": root / "adult.csv",
+        "schema": root / "adult.yaml",
+        "config": config,
+        "summary": info["summary"],
+        "seed": stores.SEED,
+    }
+
+
+@pytest.fixture()
+def store_copy(trained_store: dict, tmp_path: Path) -> Path:
+    """A private copy of the shared trained store, for a test that charges or registers."""
+    from tests import stores
+
+    return stores.copy_store(trained_store["store"], tmp_path / "store")
 
 
 TEST_FALSE_STOP = 1e-12

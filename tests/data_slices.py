@@ -24,7 +24,7 @@ def small_config(data: Path, schema: Path, store: Path, model_name: str, epsilon
     """A quick end-to-end run's config: the MAF backbone with one block of 8 hidden units, one
     epoch of batch 256, delta 1e-5, 300 synthetic rows and only the fidelity diagnostics;
     `sections` add to (or replace keys of) those sections, or set others."""
-    from privflow.config import RunConfig
+    from privflow.core.config import RunConfig
 
     base: dict[str, dict] = {
         "model": {"name": "maf", "blocks": 1, "hidden": 8},

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from privflow.api import Synthesizer, fit
-from privflow.schema import Schema
-from privflow.validation import validate
+from privflow.data.schema import Schema
+from privflow.data.validation import validate
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
 def _no_prefect(*args: object, **kwargs: object) -> None:
@@ -64,7 +64,7 @@ def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monk
 def test_score_adds_the_target_heads_log_probability(tmp_path: Path, demo_dir: Path) -> None:
     """With a target head, a row's log-likelihood is the flow's density of the other columns plus
     log p(target | them): changing only the target moves the score by exactly the head's difference."""
-    from privflow.target_head import TargetCodec, conditional_loglik
+    from privflow.data.target_head import TargetCodec, conditional_loglik
 
     rows = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=1200)
     doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())

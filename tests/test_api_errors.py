@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from privflow.api import Synthesizer, fit
-from privflow.errors import ConfigError, DataError, DeviceUnavailable, ModelNotFound, PrivflowError, SchemaError
-from privflow.schema import Schema
+from privflow.core.errors import ConfigError, DataError, DeviceUnavailable, ModelNotFound, PrivflowError, SchemaError
+from privflow.data.schema import Schema
 
-DEMO = Path(__file__).resolve().parents[1] / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[1] / "src" / "privflow" / "demo"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_a_handful_of_rows_is_the_gates_decision_not_a_refusal(tmp_path: Path, r
     """The frame given to fit is private: its row count decides nothing outside the validation
     gate's DP count (privacy rule 8). Five rows where 100,000 are expected stop at the gate, which
     is charged alone, with DP figures in the message."""
-    from privflow.errors import ValidationFailed
+    from privflow.core.errors import ValidationFailed
     from privflow.privacy.ledger import Ledger
 
     doc = yaml.safe_load((DEMO / "adult.yaml").read_text())

@@ -7,7 +7,6 @@ training are the slow subprocess tests at the end."""
 from __future__ import annotations
 
 import gzip
-import logging
 import os
 import re
 import shutil
@@ -16,7 +15,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,27 +24,19 @@ import yaml
 from typer.testing import CliRunner
 
 from privflow.cli import app
-from privflow.config import RunConfig
-from privflow.io import read_table
+from privflow.core.config import RunConfig
+from privflow.data.io import read_table
 from privflow.preflight import preflight
 from tests.conftest import TEST_FALSE_STOP
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "privflow" / "demo"
+DEMO = ROOT / "src" / "privflow" / "demo"
 PRIVFLOW = Path(sys.executable).parent / "privflow"
 runner = CliRunner()
 TIMES: dict[str, tuple[int, float]] = {}
 
 
-@pytest.fixture(autouse=True)
-def _restore_process_state():
-    """The CLI switches logging/warnings off for its process; give the test process them back."""
-    saved = dict(os.environ)
-    with warnings.catch_warnings():
-        yield
-    logging.disable(logging.NOTSET)
-    os.environ.clear()
-    os.environ.update(saved)
+pytestmark = pytest.mark.usefixtures("cli_process_state")
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +100,7 @@ def over_budget(ws):
 
 
 def over_budget_after_spend(ws):
-    from privflow.privacy.events import PureDPEvent
+    from privflow.privacy.accounting.events import PureDPEvent
     from privflow.privacy.ledger import Ledger
 
     led = Ledger(ws["store"] / "ledger.db")
@@ -629,7 +619,6 @@ def _runs(store: Path) -> list[tuple[str, float]]:
         return [(r[0], float(r[1])) for r in con.execute("SELECT status, epsilon FROM runs ORDER BY rowid")]
 
 
-@pytest.mark.slow
 def test_audit_refuses_more_canaries_than_the_model_holds_before_prefect(ws: dict, monkeypatch) -> None:
     """`privflow audit --canaries` above the model's masked-out weights is refused in pre-flight,
     naming the most that fit, before Prefect's engine or server (the flow's refusal took ~18 s)."""
@@ -652,7 +641,6 @@ def test_audit_refuses_more_canaries_than_the_model_holds_before_prefect(ws: dic
     assert time.perf_counter() - t0 < 15  # the corpus bound: the flow's refusal took ~18 s
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sig", "status", "said"),
     [(signal.SIGINT, 130, "interrupted (Ctrl-C)"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
@@ -696,7 +684,6 @@ def _mlflow_statuses(store: Path) -> set[str]:
         return set()
 
 
-@pytest.mark.slow
 def test_sigkill_during_training_keeps_the_spend_and_the_store_works(ws: dict) -> None:
     store = ws["dir"] / "sigkill"
     doc = yaml.safe_load(ws["schema"].read_text())

@@ -1,4 +1,4 @@
-"""privflow/chunked.py: Parquet read in chunks, row matrices on disk, and when a run streams."""
+"""privflow/data/chunked.py: Parquet read in chunks, row matrices on disk, and when a run streams."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import polars as pl
 import pytest
 import torch
 
-from privflow.chunked import DiskRows, parquet_chunks, scratch, streamed
-from privflow.config import RunConfig
-from privflow.errors import DataError
-from privflow.schema import Schema
+from privflow.core.config import RunConfig
+from privflow.core.errors import DataError
+from privflow.data.chunked import DiskRows, parquet_chunks, scratch, streamed
+from privflow.data.schema import Schema
 
 
 def test_disk_rows_read_back_what_was_appended(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_training_from_disk_equals_training_from_memory(tmp_path: Path) -> None:
     """The trainer gathers each Poisson sample from the file: with the same (test-only) seeds
     the steps, and so the checkpoints, are the same as from a tensor."""
     from privflow.models.softmax_head import SoftmaxHead
-    from privflow.privacy.dp_sgd import TrainSettings, train
+    from privflow.privacy.dpsgd.dp_sgd import TrainSettings, train
 
     rng = np.random.default_rng(1)
     x = np.column_stack([rng.random((600, 2)), rng.integers(0, 2, 600)]).astype(np.float32)

@@ -1,4 +1,4 @@
-"""privflow.codec: the schema-only map between typed rows and the encoded space."""
+"""privflow.data.codec: the schema-only map between typed rows and the encoded space."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from privflow.codec import Codec, Feature
-from privflow.errors import DataError
-from privflow.io import read_table
-from privflow.schema import Schema
+from privflow.core.errors import DataError
+from privflow.data.codec import Codec, Feature
+from privflow.data.io import read_table
+from privflow.data.schema import Schema
 
-DEMO = Path(__file__).resolve().parents[1] / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[1] / "src" / "privflow" / "demo"
 
 MIXED = Schema.model_validate(
     {
@@ -321,7 +321,7 @@ def test_decode_refuses_bad_shapes_and_nan() -> None:
 
 def test_integer_columns_stay_integers_through_pandas() -> None:
     """Nullable integer columns decode as Int64 (pandas: nullable Int64), never 39.0."""
-    from privflow.codec import restore_types
+    from privflow.data.codec import restore_types, to_pandas
 
     schema = Schema.model_validate(
         {
@@ -337,7 +337,7 @@ def test_integer_columns_stay_integers_through_pandas() -> None:
     df = codec.decode(arr)
     assert df.schema["a"] == pl.Int64 and df.schema["b"] == pl.Int64
     assert df["a"].to_list() == [39, None]
-    pdf = codec.decode_pandas(arr)
+    pdf = to_pandas(df, schema)
     assert str(pdf["a"].dtype) == "Int64" and pdf["a"].tolist()[0] == 39
     back = restore_types(pl.from_pandas(df.to_pandas()), schema)  # float64 with NaN, as a pyfunc returns it
     assert back.schema["a"] == pl.Int64 and back["a"].to_list() == [39, None]

@@ -10,7 +10,8 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from privflow.copula import (
+from privflow.core.errors import DataError
+from privflow.data.copula import (
     U_MARGIN,
     CopulaCodec,
     Marginals,
@@ -18,8 +19,7 @@ from privflow.copula import (
     marginal_of,
     schema_cells,
 )
-from privflow.errors import DataError
-from privflow.schema import Column, Schema
+from privflow.data.schema import Column, Schema
 
 
 def make_schema() -> Schema:
@@ -144,7 +144,7 @@ def test_encode_is_uniform_under_the_data_marginals() -> None:
 def test_encode_depends_only_on_schema_marginals_and_generator() -> None:
     """A row's code is fixed by its own value, the marginals and the draws: the same rows inside a
     larger frame land in the same cell intervals (numeric: the same point); no statistic of the rows."""
-    from privflow.copula import cell_positions
+    from privflow.data.copula import cell_positions
 
     schema = make_schema()
     m = positive_marginals(schema)
@@ -414,7 +414,7 @@ def test_uniformize_makes_each_column_uniform_and_keeps_the_ranks() -> None:
             ],
         }
     )
-    from privflow.copula import column_cells
+    from privflow.data.copula import column_cells
 
     probs = {c.name: np.full(column_cells(c).n_cells, 1.0) for c in schema.columns}
     codec = CopulaCodec.from_marginals(schema, Marginals(probs))

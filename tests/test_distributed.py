@@ -27,12 +27,12 @@ import torch
 from typer.testing import CliRunner
 
 from privflow.cli import app
-from privflow.errors import ConfigError
+from privflow.core.errors import ConfigError
 from privflow.models import build_flow
 from privflow.preflight import check_workers
-from privflow.privacy.distributed import PROGRESS, WorkersFailed, train_data_parallel
-from privflow.privacy.dp_sgd import Replica, TrainResult, TrainSettings, dp_sgd_event, train
-from privflow.privacy.events import PoissonGaussianEvent
+from privflow.privacy.accounting.events import PoissonGaussianEvent
+from privflow.privacy.dpsgd.distributed import PROGRESS, WorkersFailed, train_data_parallel
+from privflow.privacy.dpsgd.dp_sgd import Replica, TrainResult, TrainSettings, dp_sgd_event, train
 
 CARD = [None, 3, None, 4]  # categorical columns: the dequantization noise is split across ranks too
 ROWS = 240

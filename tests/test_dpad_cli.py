@@ -12,10 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from privflow.cli import app
-from privflow.privacy.events import PureDPEvent, RepeatedEvent
+from privflow.privacy.accounting.events import PureDPEvent, RepeatedEvent
 from privflow.privacy.ledger import Ledger
-
-pytestmark = pytest.mark.slow
 
 
 def _invoke(*args: str):

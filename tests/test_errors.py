@@ -1,4 +1,4 @@
-"""The wording helpers of privflow/errors.py: which failures are a full disk, and byte sizes."""
+"""The wording helpers of privflow/core/errors.py: which failures are a full disk, and byte sizes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from privflow.errors import byte_size, disk_full
+from privflow.core.errors import byte_size, disk_full
 
 
 def test_a_full_disk_is_found_anywhere_in_the_chain() -> None:

@@ -1,4 +1,4 @@
-"""The CLI's Ctrl-C and SIGTERM (privflow.interrupts): never lost where Python ignores exceptions,
+"""The CLI's Ctrl-C and SIGTERM (privflow.core.interrupts): never lost where Python ignores exceptions,
 and no 'Exception ignored ... Traceback' under the one-line message."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from privflow import interrupts
+from privflow.core import interrupts
 
 # each signal and the exception its handler raises
 SIGNALS = pytest.mark.parametrize(

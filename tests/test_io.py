@@ -1,4 +1,4 @@
-"""privflow.io: reading CSV/Parquet as the validator expects it, writing, fingerprinting."""
+"""privflow.data.io: reading CSV/Parquet as the validator expects it, writing, fingerprinting."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from privflow.errors import DataError
-from privflow.io import UNREADABLE, count_rows, read_header, read_table, sniff, write_table
+from privflow.core.errors import DataError
+from privflow.data.io import UNREADABLE, count_rows, read_header, read_table, sniff, write_table
 
-DEMO = Path(__file__).resolve().parents[1] / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[1] / "src" / "privflow" / "demo"
 
 
 def _write(path: Path, data: bytes | str) -> Path:

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from privflow.config import RunConfig
-from privflow.errors import BudgetExceeded, ConfigError, DeviceUnavailable
+from privflow.core.config import RunConfig
+from privflow.core.errors import BudgetExceeded, ConfigError, DeviceUnavailable
 from privflow.preflight import nvidia_driver, preflight, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "privflow" / "demo"
+DEMO = ROOT / "src" / "privflow" / "demo"
 
 CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
-from privflow.config import RunConfig
+from privflow.core.config import RunConfig
 from privflow.preflight import preflight
 cfg = RunConfig.build(data=sys.argv[1], schema_path=sys.argv[2], store=sys.argv[3],
                       evaluate={"test_data": sys.argv[4]})
@@ -91,7 +91,7 @@ def test_device() -> None:
 
 
 def test_budget_is_checked_against_the_ledger_without_reserving(tmp_path: Path) -> None:
-    from privflow.privacy.events import PureDPEvent
+    from privflow.privacy.accounting.events import PureDPEvent
     from privflow.privacy.ledger import Ledger
 
     store = tmp_path / "store"
@@ -120,9 +120,9 @@ def test_gate_note_warns_when_the_gate_cannot_stop_the_run() -> None:
     whose every row fails goes on: pre-flight says so; on a larger table it says nothing."""
     from types import SimpleNamespace
 
+    from privflow.data.schema import Schema
     from privflow.preflight import gate_limit, gate_note
-    from privflow.privacy.events import LaplaceEvent
-    from privflow.schema import Schema
+    from privflow.privacy.accounting.events import LaplaceEvent
 
     schema = Schema.from_yaml(DEMO / "adult.yaml")
     stage = SimpleNamespace(event=LaplaceEvent(50.0))  # the gate at epsilon 0.02: floor 50 ln 500 = 311
@@ -146,10 +146,10 @@ def test_gate_note_warns_when_the_gate_cannot_stop_the_run() -> None:
 def test_the_gate_floor_is_public_and_below_the_noise_of_a_table_of_the_expected_size() -> None:
     from types import SimpleNamespace
 
+    from privflow.data.schema import Schema
     from privflow.preflight import gate_floor
-    from privflow.privacy.events import LaplaceEvent
+    from privflow.privacy.accounting.events import LaplaceEvent
     from privflow.privacy.mechanisms import validation_gate
-    from privflow.schema import Schema
 
     schema = Schema.from_yaml(DEMO / "adult.yaml")
     event = LaplaceEvent(50.0)
@@ -171,8 +171,8 @@ def test_budget_delta_note_when_the_dataset_total_is_stated_at_a_meaningless_del
     """A budget delta of 1e-5 with two million expected rows: the dataset's total is stated at a
     delta above 1/n (fuzzing round 6 saw a cumulative 0.2248 printed under a run's own 0.4970);
     pre-flight says so and names a delta below 1/n. The demo's budget (1e-5 at 32,561 rows) is fine."""
+    from privflow.data.schema import Schema
     from privflow.preflight import budget_delta_note
-    from privflow.schema import Schema
 
     schema = Schema.from_yaml(DEMO / "adult.yaml")
     assert budget_delta_note(schema) is None
@@ -197,8 +197,8 @@ def test_preflight_says_whether_the_table_is_streamed(tmp_path: Path) -> None:
 
 
 def test_atoms_note_when_the_marginals_that_keep_them_are_off() -> None:
+    from privflow.data.schema import Schema
     from privflow.preflight import atoms_note
-    from privflow.schema import Schema
 
     schema = Schema.from_yaml(DEMO / "adult.yaml")
     cols = tuple(c.model_copy(update={"atoms": (0.0,)}) if c.name == "capital-gain" else c for c in schema.columns)

@@ -1,4 +1,4 @@
-"""Occurrence ranks counted on disk (privflow/rank_spill.py): the same as the whole table's
+"""Occurrence ranks counted on disk (privflow/data/rank_spill.py): the same as the whole table's
 whatever the chunking and the number of partitions, with a bounded block per partition, and a
 changed file between the passes refused."""
 
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privflow import rank_spill
-from privflow.errors import DataError
-from privflow.rank_spill import SpilledRanks, partitions_for
-from privflow.row_hash import occurrence_ranks
+from privflow.core.errors import DataError
+from privflow.data import rank_spill
+from privflow.data.rank_spill import SpilledRanks, partitions_for
+from privflow.data.row_hash import occurrence_ranks
 
 
 def _few_distinct(n: int, seed: int, values: int = 4) -> pl.DataFrame:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privflow.row_hash import occurrence_ranks, row_units
+from privflow.data.row_hash import occurrence_ranks, row_units
 
 
 def _few_distinct(n: int, seed: int) -> pl.DataFrame:

@@ -6,10 +6,10 @@ import polars as pl
 import pytest
 import torch
 
-from privflow.codec import Codec
+from privflow.data.codec import Codec
+from privflow.data.schema import Schema
 from privflow.models import build_flow
-from privflow.sampler import sample_rows
-from privflow.schema import Schema
+from privflow.serving.sampler import sample_rows
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +49,8 @@ def test_without_a_seed_each_table_is_fresh(flow_and_codec) -> None:
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_write_samples_streams_the_same_rows_as_sample_rows(flow_and_codec, tmp_path, suffix) -> None:
-    from privflow.io import read_table
-    from privflow.sampler import write_samples
+    from privflow.data.io import read_table
+    from privflow.serving.sampler import write_samples
 
     flow, codec = flow_and_codec
     out = write_samples([flow, flow], codec, 301, tmp_path / f"s{suffix}", seed=4, batch=64)
@@ -66,7 +66,7 @@ def test_write_samples_streams_the_same_rows_as_sample_rows(flow_and_codec, tmp_
 
 
 def test_write_samples_leaves_the_global_rng_alone(flow_and_codec, tmp_path) -> None:
-    from privflow.sampler import write_samples
+    from privflow.serving.sampler import write_samples
 
     flow, codec = flow_and_codec
     with torch.random.fork_rng():  # leave later tests the global state they had before
@@ -77,7 +77,7 @@ def test_write_samples_leaves_the_global_rng_alone(flow_and_codec, tmp_path) -> 
 
 
 def test_iter_samples_yields_batches_of_at_most_batch_rows(flow_and_codec) -> None:
-    from privflow.sampler import iter_samples
+    from privflow.serving.sampler import iter_samples
 
     flow, codec = flow_and_codec
     sizes = [f.height for f in iter_samples([flow], codec, 100, seed=1, batch=32)]
@@ -96,7 +96,7 @@ def copula_flow_and_codec(demo_dir):
     """The default release's path: a flow over the copula codec of (hand-made) marginals."""
     import numpy as np
 
-    from privflow.copula import CopulaCodec, Marginals, schema_cells
+    from privflow.data.copula import CopulaCodec, Marginals, schema_cells
 
     schema = Schema.from_yaml(demo_dir / "adult.yaml")
     cells = schema_cells(schema, grid_bins=64)
@@ -108,7 +108,7 @@ def copula_flow_and_codec(demo_dir):
 
 
 def test_copula_rows_depend_only_on_seed_and_batch(copula_flow_and_codec, tmp_path) -> None:
-    from privflow.sampler import write_samples
+    from privflow.serving.sampler import write_samples
 
     flow, codec = copula_flow_and_codec
     one = sample_rows([flow, flow], codec, 230, seed=5, batch=50, workers=1)

@@ -7,43 +7,28 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from privflow.cli import app
-from privflow.privacy.events import PureDPEvent
+from privflow.privacy.accounting.events import PureDPEvent
 from privflow.privacy.ledger import Ledger
 
-MODEL = "privflow-adult-scoretest"
+MODEL = "privflow-adult"  # the shared trained store's model
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, demo_dir: Path, prefect_server):
-    from privflow.api import fit
+def trained(trained_store: dict, tmp_path_factory, demo_dir: Path) -> dict:
+    """A copy of the session's shared trained store (the DP threshold tests charge its ledger),
+    a new table to score and a reference slice of the training rows."""
+    from tests import stores
 
     tmp = tmp_path_factory.mktemp("score")
-    train = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=2000)
-    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
-    doc["dataset"]["expected_rows"] = 2000
-    schema = tmp / "adult.yaml"
-    schema.write_text(yaml.safe_dump(doc))
-    store = tmp / "store"
-    fit(
-        train,
-        schema,
-        epsilon=2.0,
-        delta=1e-5,
-        store=store,
-        model_name=MODEL,
-        model={"name": "maf", "blocks": 1, "hidden": 8},
-        train={"epochs": 1, "batch_size": 256},
-        evaluate={"fidelity": False, "utility": False, "likelihood": False, "privacy_risk": False, "report": False},
-    )
+    store = stores.copy_store(trained_store["store"], tmp / "store")
     new = tmp / "new.csv"
     pl.read_csv(demo_dir / "adult_test.csv", infer_schema=False, n_rows=300).write_csv(new)
     ref = tmp / "ref.csv"
-    train.slice(0, 800).write_csv(ref)
-    return {"store": store, "new": new, "ref": ref, "tmp": tmp, "dataset": doc["dataset"]["name"]}
+    pl.read_csv(trained_store["data"], infer_schema=False).slice(1, 800).write_csv(ref)
+    return {"store": store, "new": new, "ref": ref, "tmp": tmp, "dataset": "adult"}
 
 
 def _invoke(*args: str):
@@ -52,9 +37,6 @@ def _invoke(*args: str):
 
 def _runs(store: Path, dataset: str) -> list:
     return Ledger(store / "ledger.db").runs(dataset)
-
-
-pytestmark = pytest.mark.slow
 
 
 def test_public_threshold_scores_every_row_and_spends_nothing(trained) -> None:
@@ -191,7 +173,7 @@ def test_a_disk_that_fills_while_generating_is_a_user_error_and_leaves_no_table(
     exits 2 with advice, not 'internal error ... a bug', and no partial table keeps the name."""
     import errno
 
-    import privflow.sampler as sampler
+    import privflow.serving.sampler as sampler
 
     real = sampler.iter_samples
 

@@ -1,4 +1,4 @@
-"""privflow/startup.py: the CLI's start-up runs without cyclic collection, and leaves the
+"""privflow/core/startup.py: the CLI's start-up runs without cyclic collection, and leaves the
 collector as it found it, with what start-up built frozen out of later collections."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from privflow.startup import imports_without_gc, meanwhile
+from privflow.core.startup import imports_without_gc, meanwhile
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""Target head (privflow/target_head.py): the codec that joins the flow's columns with a head for
+"""Target head (privflow/data/target_head.py): the codec that joins the flow's columns with a head for
 the target; draws follow the head's probabilities, the likelihood term is a proper conditional,
 calibration meets the released class rates, and a stored release rebuilds the same codec."""
 
@@ -9,11 +9,11 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from privflow.codec import Codec
-from privflow.copula import CopulaCodec, Marginals, marginal_of, schema_cells
-from privflow.features import feature_matrix
-from privflow.schema import Schema
-from privflow.target_head import (
+from privflow.data.codec import Codec
+from privflow.data.copula import CopulaCodec, Marginals, marginal_of, schema_cells
+from privflow.data.features import feature_matrix
+from privflow.data.schema import Schema
+from privflow.data.target_head import (
     TargetCodec,
     TargetHead,
     calibration_shift,
@@ -198,7 +198,7 @@ def test_a_codec_without_a_head_adds_nothing() -> None:
 def test_compact_log_probs_equal_the_expanded_product() -> None:
     """The sampler's gather per block gives the same probabilities as the [p, K] product of the
     expanded public features, for nullable, missing and undeclared values alike."""
-    from privflow.features import compact_features, feature_widths
+    from privflow.data.features import compact_features, feature_widths
 
     schema, df = make_schema(nullable_target=True), make_rows(500, nullable_target=True)
     head = random_head(schema, seed=7)
@@ -225,7 +225,7 @@ def test_compact_log_probs_equal_the_expanded_product() -> None:
 def test_compact_log_probs_equal_the_expanded_product_with_a_hat_basis(knots: int) -> None:
     """With numerics through a hat basis the sampler's per-block sums still equal the product of
     the expanded features, and the head keeps its knots through the model artifact."""
-    from privflow.features import compact_features
+    from privflow.data.features import compact_features
 
     schema, df = make_schema(), make_rows(400)
     k = class_count(schema.column("label"))
@@ -246,7 +246,7 @@ def test_compact_features_fill_the_leading_columns_of_a_given_array() -> None:
     """`out` gets the same numbers as a fresh array in its leading columns (the head's trainer
     adds the class as the last column without a stacked copy) and its other columns untouched;
     an array of the wrong dtype or shape is refused."""
-    from privflow.features import compact_features
+    from privflow.data.features import compact_features
 
     schema, df = make_schema(), make_rows(50)
     fresh = compact_features(schema, df, ("label",))
@@ -261,7 +261,7 @@ def test_compact_features_fill_the_leading_columns_of_a_given_array() -> None:
 
 
 def test_hat_basis_is_a_partition_of_unity_that_reproduces_lines() -> None:
-    from privflow.features import hat_basis
+    from privflow.data.features import hat_basis
 
     z = np.linspace(0.0, 1.0, 101)
     h = hat_basis(z, 5)

@@ -13,11 +13,8 @@ slow tier (`pytest -m slow`).
 
 from __future__ import annotations
 
-import logging
-import os
 import re
 import sqlite3
-import warnings
 from pathlib import Path
 
 import polars as pl
@@ -25,12 +22,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from privflow.io import read_table
-from privflow.schema import Schema
-from privflow.validation import validate
+from privflow.data.io import read_table
+from privflow.data.schema import Schema
+from privflow.data.validation import validate
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "privflow" / "demo"
+DEMO = ROOT / "src" / "privflow" / "demo"
 ROWS = 2000
 GOOD = (
     b"39,State-gov,77516,Bachelors,13,Never-married,Adm-clerical,Not-in-family,White,Male,2174,0,40,"
@@ -129,15 +126,7 @@ runner = CliRunner()
 _COUNT_OR_LINE = re.compile(r"\bline\s*\d|\b(1999|2000|2001|2002)\b|offset \d|\b\d+ row\(s\)")
 
 
-@pytest.fixture(autouse=True)
-def _restore_process_state():
-    """The CLI switches logging/warnings off for its process; give the test process them back."""
-    saved = dict(os.environ)
-    with warnings.catch_warnings():
-        yield
-    logging.disable(logging.NOTSET)
-    os.environ.clear()
-    os.environ.update(saved)
+pytestmark = pytest.mark.usefixtures("cli_process_state")
 
 
 def _config(tmp: Path) -> Path:

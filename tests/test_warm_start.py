@@ -22,13 +22,13 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from privflow.cli import app
-from privflow.codec import Codec
-from privflow.config import RunConfig
-from privflow.errors import ConfigError
-from privflow.privacy.events import GaussianEvent, LaplaceEvent, event_to_dict
+from privflow.core.config import RunConfig
+from privflow.core.errors import ConfigError
+from privflow.data.codec import Codec
+from privflow.data.schema import Schema
+from privflow.privacy.accounting.events import GaussianEvent, LaplaceEvent, event_to_dict
 from privflow.privacy.ledger import Ledger, compose_epsilon
-from privflow.privacy.run_plan import run_plan
-from privflow.schema import Schema
+from privflow.tasks.run_plan import run_plan
 
 runner = CliRunner()
 MODEL = {"name": "maf", "blocks": 1, "hidden": 8}
@@ -287,7 +287,7 @@ def test_warm_start_plan_is_the_scratch_plan_minus_initialisation(setup: dict) -
     assert [s.name for s in warm.stages] == ["validate", "dp_head", "select", "train"]
     for s in warm.stages:  # every kept stage, DP-SGD included, keeps its noise
         assert event_to_dict(s.event) == event_to_dict(scratch.stage(s.name).event)
-    from privflow.privacy.accountant import PLDAccountant
+    from privflow.privacy.accounting.accountant import PLDAccountant
 
     assert warm.epsilon == pytest.approx(PLDAccountant().epsilon(warm.events, warm.delta))
     assert warm.epsilon < scratch.epsilon <= 1.0 and warm.target_epsilon == scratch.target_epsilon

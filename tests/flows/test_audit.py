@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 import yaml
 
-from privflow.config import RunConfig
+from privflow.core.config import RunConfig
 from privflow.flows.audit import audit_pipeline
 
 

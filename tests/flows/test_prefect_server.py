@@ -1,4 +1,4 @@
-"""Prefect's temporary server started early (flows/prefect_server.py): it is the one server the
+"""Prefect's temporary server started early (privflow/core/startup.py, `start_early`): it is the one server the
 process uses (a flow then runs against it and Prefect starts no second one), it is stopped at
 exit, and it is left alone when an API is configured.
 
@@ -21,12 +21,12 @@ pytestmark = pytest.mark.slow
 EARLY = """
     import json, sys
     import psutil
-    from privflow import env
+    from privflow.core import env
 
     env.configure(sys.argv[1])
     from prefect.server.api.server import SubprocessASGIServer
 
-    from privflow.flows.prefect_server import start_early
+    from privflow.core.startup import start_early
 
     ready = start_early()
     server = SubprocessASGIServer()
@@ -76,12 +76,12 @@ def test_the_early_server_is_the_one_the_flow_uses_and_it_stops_at_exit(tmp_path
 def test_nothing_starts_when_an_api_is_configured(tmp_path: Path) -> None:
     body = """
         import sys
-        from privflow import env
+        from privflow.core import env
 
         env.configure(sys.argv[1])
         from prefect.server.api.server import SubprocessASGIServer
 
-        from privflow.flows.prefect_server import start_early
+        from privflow.core.startup import start_early
 
         ready = start_early()
         ready()

@@ -28,15 +28,15 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from privflow.config import RunConfig
-from privflow.errors import ValidationFailed
-from privflow.privacy.events import LaplaceEvent
+from privflow.core.config import RunConfig
+from privflow.core.errors import ValidationFailed
+from privflow.privacy.accounting.events import LaplaceEvent
 from privflow.privacy.ledger import Ledger
-from privflow.sampler import sample_rows
+from privflow.serving.sampler import sample_rows
 from privflow.tasks import release
 from privflow.tasks.promote import load_version
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("prefect_server")
 
 SEED = 20261123
 
@@ -68,25 +68,17 @@ def _config(data: Path, schema: Path, store: Path, **extra: object) -> RunConfig
     )
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, demo_dir: Path):
-    from privflow.flows.train import train_pipeline
+@pytest.fixture()
+def run(trained_store: dict):
+    """The session's shared trained store (tests/stores.py: 2,000 rows with one bad age, the
+    in-process run, whose release tests/flows/test_train_in_process.py shows to be the Prefect
+    flow's), read only."""
+    from types import SimpleNamespace
 
-    tmp = tmp_path_factory.mktemp("release")
-    data, schema = _slice(tmp, demo_dir, 2000, bad_age=1)
-    cfg = _config(
-        data,
-        schema,
-        tmp / "store",
-        evaluate={
-            "synthetic_rows": 300,
-            "sampling_seed": SEED,
-            "utility": False,
-            "privacy_risk": False,
-            "report": True,
-        },
-    )
-    return cfg, train_pipeline(cfg, show_progress=False)
+    from privflow.tasks import mlflow_store
+
+    mlflow_store.tracking(trained_store["store"])
+    return trained_store["config"], SimpleNamespace(**trained_store["summary"])
 
 
 def _artifacts(client: MlflowClient, run_id: str, path: str | None = None) -> list[str]:
@@ -186,8 +178,8 @@ def test_gate_limit_is_raised_to_the_configured_false_stop_floor(tmp_path: Path,
     """gate.false_stop sets the noise floor: the count a clean table exceeds with that probability."""
     from types import SimpleNamespace
 
+    from privflow.data.schema import Schema
     from privflow.preflight import gate_limit
-    from privflow.schema import Schema
 
     data, schema_path = _slice(tmp_path, demo_dir, 2000)
     schema = Schema.from_yaml(schema_path)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from privflow.privacy.events import LaplaceEvent
+from privflow.privacy.accounting.events import LaplaceEvent
 from privflow.privacy.ledger import Ledger
 from privflow.tasks.promote import (
     PromotionDecision,
@@ -22,7 +22,7 @@ from privflow.tasks.promote import (
     release_margin,
 )
 
-DEMO = Path(__file__).resolve().parents[2] / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "src" / "privflow" / "demo"
 
 
 # -- the statistic and its mechanism (no server) ----------------------------------------------
@@ -79,8 +79,8 @@ def test_copula_log_mass_is_the_cell_log_probability() -> None:
     released masses; codecs over the same cells are comparable, others are not."""
     import polars as pl
 
-    from privflow.copula import CopulaCodec, Marginals
-    from privflow.schema import Schema
+    from privflow.data.copula import CopulaCodec, Marginals
+    from privflow.data.schema import Schema
 
     schema = Schema.model_validate(
         {
@@ -118,7 +118,7 @@ def test_release_margin_laplace_and_gaussian_scales() -> None:
     gau = PromotionSettings(epsilon=0.5, mechanism="gaussian", delta=1e-6)
     g = np.array([release_margin(0.0, 30.0, gau) for _ in range(4000)])
     assert np.std(g) == pytest.approx(30.0 * gau.noise_multiplier(), rel=0.05)
-    from privflow.privacy.calibration import epsilon_for_gaussian
+    from privflow.privacy.accounting.calibration import epsilon_for_gaussian
 
     assert epsilon_for_gaussian(gau.noise_multiplier(), 1e-6) == pytest.approx(0.5, rel=1e-3)
     with pytest.raises(ValueError):
@@ -190,7 +190,7 @@ def _register(name: str, state: dict, reg: dict) -> str:
     """A version of `name` holding `state`, logged like the pipeline logs one (alias 'candidate')."""
     import mlflow
 
-    from privflow.schema import Schema
+    from privflow.data.schema import Schema
     from privflow.tasks.mlflow_store import experiment_for, register_model, tracking
 
     tracking(reg["store"])
@@ -204,10 +204,10 @@ def _register(name: str, state: dict, reg: dict) -> str:
 def _model(seed: int, bad: bool = False) -> dict:
     """A fitted-looking version (first actnorm set from the slice's statistics: test only, not
     DP) or a bad one (a far too narrow first actnorm: every row lands deep in the tails)."""
-    from privflow.codec import Codec
-    from privflow.io import read_table
+    from privflow.data.codec import Codec
+    from privflow.data.io import read_table
+    from privflow.data.schema import Schema
     from privflow.models import build_flow
-    from privflow.schema import Schema
 
     schema = Schema.from_yaml(DEMO / "adult.yaml")
     codec = Codec.from_schema(schema)
@@ -224,12 +224,11 @@ def _model(seed: int, bad: bool = False) -> dict:
 
 
 def _config(reg: dict, **extra) -> RunConfig:  # noqa: F821
-    from privflow.config import RunConfig
+    from privflow.core.config import RunConfig
 
     return RunConfig.build(data=reg["data"], schema_path=reg["schema"], store=reg["store"], **TINY, **extra)
 
 
-@pytest.mark.slow
 def test_first_version_becomes_champion_at_no_cost(registry: dict) -> None:
     from mlflow import MlflowClient
 
@@ -277,12 +276,11 @@ def test_a_promotion_waits_for_the_stores_lock(registry: dict) -> None:
     assert decided and decided[0].promoted  # type: ignore[attr-defined]
 
 
-@pytest.mark.slow
 def test_better_version_is_promoted_and_the_comparison_is_in_the_ledger(registry: dict) -> None:
     import mlflow
     from mlflow import MlflowClient
 
-    from privflow.schema import Schema
+    from privflow.data.schema import Schema
     from privflow.tasks.promote import promote_if_better
 
     name = "pf-better"
@@ -314,7 +312,6 @@ def test_better_version_is_promoted_and_the_comparison_is_in_the_ledger(registry
     assert len(previous.predict(pd.DataFrame({"n": [5]}))) == 5
 
 
-@pytest.mark.slow
 def test_worse_version_is_not_promoted_and_still_pays(registry: dict) -> None:
     from mlflow import MlflowClient
 
@@ -335,7 +332,6 @@ def test_worse_version_is_not_promoted_and_still_pays(registry: dict) -> None:
     assert any(r.run_id == "worse:promote" and r.status == "settled" for r in ledger.runs())
 
 
-@pytest.mark.slow
 def test_comparison_refused_by_the_budget_reads_nothing(registry: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow import MlflowClient
 
@@ -351,8 +347,8 @@ def test_comparison_refused_by_the_budget_reads_nothing(registry: dict, monkeypa
     def no_read(*args, **kwargs):
         raise AssertionError("rows were read although the ledger refused")
 
-    monkeypatch.setattr("privflow.io.read_table", no_read)
-    from privflow.schema import Schema
+    monkeypatch.setattr("privflow.data.io.read_table", no_read)
+    from privflow.data.schema import Schema
 
     dataset = Schema.from_yaml(registry["schema"]).dataset
     ledger.ensure_dataset(dataset.name, dataset.budget.epsilon, dataset.budget.delta)
@@ -370,7 +366,6 @@ def test_comparison_refused_by_the_budget_reads_nothing(registry: dict, monkeypa
     assert client.get_model_version(name, b).tags["privflow.promotion.promoted"] == "no"
 
 
-@pytest.mark.slow
 def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, monkeypatch: pytest.MonkeyPatch) -> None:
     """A retry reruns the mechanism with fresh noise, so the ledger must count it a second time."""
     from mlflow import MlflowClient
@@ -417,12 +412,11 @@ def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, m
 # -- the retraining flow end to end (SQLite registry, temporary Prefect server) ----------------
 
 
-@pytest.mark.slow
 def test_retrain_flow_registers_promotes_and_refuses(tmp_path: Path, prefect_server) -> None:
     from mlflow import MlflowClient
 
+    from privflow.data.schema import Schema
     from privflow.flows.retrain import REFUSED, retrain_on_new_data
-    from privflow.schema import Schema
 
     schema_path = _schema(tmp_path, "adult-retrain", 2.6, 600)
     store = tmp_path / "store"
@@ -465,7 +459,6 @@ def test_retrain_flow_registers_promotes_and_refuses(tmp_path: Path, prefect_ser
     assert math.isfinite(ledger.spent(dataset)[0])
 
 
-@pytest.mark.slow
 def test_new_file_with_wrong_columns_fails_before_anything_is_spent(tmp_path: Path, prefect_server) -> None:
     from privflow.flows.retrain import retrain_on_new_data
 
@@ -477,7 +470,6 @@ def test_new_file_with_wrong_columns_fails_before_anything_is_spent(tmp_path: Pa
     assert not (tmp_path / "store" / "ledger.db").exists() or not Ledger(tmp_path / "store" / "ledger.db").runs()
 
 
-@pytest.mark.slow
 def test_retraining_runs_the_clis_pre_flight(tmp_path: Path, prefect_server) -> None:
     """The retraining flow used to check only the file's header (comma-separated, no gzip) and the
     budget: a delta above the budget's was trained on and charged 2.42 while reporting 0.99."""
@@ -511,14 +503,13 @@ def _flaky(monkeypatch: pytest.MonkeyPatch, module: object, attr: str, exc: Exce
 
 
 def _train_config(tmp: Path, name: str) -> RunConfig:  # noqa: F821
-    from privflow.config import RunConfig
+    from privflow.core.config import RunConfig
 
     schema = _schema(tmp, name, 5.0, 600)
     data = _slice(DEMO / "adult_train.csv", tmp / "rows.csv", 2000, 600)
     return RunConfig.build(data=data, schema_path=schema, store=tmp / "store", **TINY)
 
 
-@pytest.mark.slow
 def test_retried_flow_run_that_failed_before_any_mechanism_counts_once(
     tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -539,7 +530,6 @@ def test_retried_flow_run_that_failed_before_any_mechanism_counts_once(
     assert summary.dataset_epsilon == pytest.approx(counted[0].epsilon)
 
 
-@pytest.mark.slow
 def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
     tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -561,7 +551,6 @@ def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
     assert ledger.spent("adult-retry-late")[0] > summary.epsilon * 1.2
 
 
-@pytest.mark.slow
 def test_a_diagnostics_crash_keeps_the_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Curator-only diagnostics run after the release and spend nothing: their failure is a note
     for the curator, not a failed run that spent its budget and registered nothing."""
@@ -577,11 +566,10 @@ def test_a_diagnostics_crash_keeps_the_release(tmp_path: Path, monkeypatch: pyte
     assert run.status == "settled" and run.run_id == summary.run_id
 
 
-@pytest.mark.slow
 def test_the_run_summary_counts_its_own_promotion_comparison(tmp_path: Path) -> None:
     """`--promote if-better` against a holder charges a DP comparison after the run settles; the
     summary's dataset total is the ledger's after it, as `privflow ledger show` prints it."""
-    from privflow.config import RunConfig
+    from privflow.core.config import RunConfig
     from privflow.flows.pipeline import train_in_process
 
     schema_path = _schema(tmp_path, "adult-summary", 5.0, 600)

@@ -11,11 +11,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from privflow.codec import Codec
-from privflow.errors import DataError
+from privflow.core.errors import DataError
+from privflow.data.codec import Codec
+from privflow.data.schema import Schema
 from privflow.flows import score as score_flow
 from privflow.models import build_flow
-from privflow.schema import Schema
 from privflow.tasks.mlflow_store import LoadedVersion
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,6 @@ def _drop(folder: Path, demo_dir: Path, name: str = "batch-001.csv", rows: int =
     return path
 
 
-@pytest.mark.slow
 def test_a_new_file_is_scored_beside_itself_and_counted_for_the_operator_only(
     tmp_path: Path, demo_dir: Path, released: LoadedVersion, caplog
 ) -> None:
@@ -83,7 +82,6 @@ def test_a_new_file_is_scored_beside_itself_and_counted_for_the_operator_only(
     assert not (store / "ledger.db").exists()  # public threshold: nothing charged
 
 
-@pytest.mark.slow
 def test_parquet_input_and_an_output_folder(tmp_path: Path, demo_dir: Path, released: LoadedVersion) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
@@ -95,7 +93,6 @@ def test_parquet_input_and_an_output_folder(tmp_path: Path, demo_dir: Path, rele
     assert pl.read_parquet(result["output_path"]).height == 20
 
 
-@pytest.mark.slow
 def test_a_file_of_another_table_reads_no_row_and_writes_nothing(
     tmp_path: Path, demo_dir: Path, released: LoadedVersion
 ) -> None:
@@ -111,10 +108,10 @@ def test_scoring_deployment_is_triggered_by_its_own_folder(tmp_path: Path, monke
     from infra.deployments import EVENT, FOLDER_LABEL, ScoreSite, Site, deployments, score_deployments
 
     site = Site.from_env(
-        schema=ROOT / "privflow" / "demo" / "adult.yaml",
+        schema=ROOT / "src" / "privflow" / "demo" / "adult.yaml",
         watch_folder=tmp_path / "in",
         store=tmp_path / "store",
-        train_data=ROOT / "privflow" / "demo" / "adult_train.csv",
+        train_data=ROOT / "src" / "privflow" / "demo" / "adult_train.csv",
     )
     monkeypatch.delenv("PRIVFLOW_SCORE_DIR", raising=False)
     assert score_deployments(site, {}) == [] and len(deployments(site)) == 2

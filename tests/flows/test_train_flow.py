@@ -18,15 +18,15 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from privflow.cli import app
-from privflow.config import RunConfig
-from privflow.privacy.accountant import PLDAccountant, PRVAccountant
-from privflow.privacy.events import events_from_json
+from privflow.core.config import RunConfig
+from privflow.data.schema import Schema
+from privflow.data.validation import validate
+from privflow.privacy.accounting.accountant import PLDAccountant, PRVAccountant
+from privflow.privacy.accounting.events import events_from_json
 from privflow.privacy.ledger import Ledger
-from privflow.schema import Schema
-from privflow.validation import validate
 from tests.data_slices import adult_slice, small_config
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_dp_marginals_are_planned_spent_released_and_decoded_through(tmp_path: P
     """marginals.enabled: one Gaussian release of all column histograms, in the plan and the
     recorded events; the registered model carries the marginals and decodes through them."""
     from privflow.flows.train import train_pipeline
-    from privflow.privacy.events import GaussianEvent
+    from privflow.privacy.accounting.events import GaussianEvent
     from privflow.tasks.mlflow_store import load_version
 
     data, schema = adult_slice(tmp_path, demo_dir, 2000)
@@ -210,7 +210,7 @@ def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: 
     flow: the marginals take its budget, the release is the independent copula, and the summary,
     the CLI and the registered version say so."""
     from privflow.flows.train import train_pipeline
-    from privflow.privacy.events import GaussianEvent, LaplaceEvent, PoissonGaussianEvent
+    from privflow.privacy.accounting.events import GaussianEvent, LaplaceEvent, PoissonGaussianEvent
 
     data, schema = adult_slice(tmp_path, demo_dir, 1500)
     cfg = RunConfig.build(

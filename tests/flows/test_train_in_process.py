@@ -16,14 +16,14 @@ import polars as pl
 import pytest
 from mlflow import MlflowClient
 
-from privflow.config import RunConfig
-from privflow.privacy.accountant import PLDAccountant
+from privflow.core.config import RunConfig
+from privflow.data.schema import Schema
+from privflow.data.validation import validate
+from privflow.privacy.accounting.accountant import PLDAccountant
 from privflow.privacy.ledger import Ledger, RunRecord
-from privflow.schema import Schema
-from privflow.validation import validate
 from tests.data_slices import adult_slice
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("prefect_server")
 
 ROWS = 1500
 
@@ -128,3 +128,25 @@ def test_the_synthetic_table_is_released_the_same_way(runs) -> None:
     clean, _ = validate(b, schema, policy="strict", quarantine_path=None)
     assert clean.height == 300
     assert Path(local.curator_dir).is_dir() and Path(local.curator_dir).name == local.run_id
+
+
+def test_the_plan_preflight_made_is_the_one_reserved(tmp_path: Path, demo_dir: Path, monkeypatch) -> None:
+    """One plan: pre-flight computes it and the in-process run reserves exactly it, without
+    planning again."""
+    from types import SimpleNamespace
+
+    from privflow.flows import pipeline
+    from privflow.preflight import preflight
+
+    data, schema_path = adult_slice(tmp_path, demo_dir, 300)
+    cfg = RunConfig.build(data=data, schema_path=schema_path, store=tmp_path / "store")
+    checked = preflight(cfg)
+
+    def plan_again(*args: object) -> None:
+        raise AssertionError("planned twice")
+
+    monkeypatch.setattr(pipeline, "plan_privacy", SimpleNamespace(fn=plan_again, retries=0))
+    schema = Schema.from_yaml(schema_path)
+    plan, ledger = pipeline._reserve(checked.config, schema, tmp_path / "store", "run-1", plan=checked.plan)
+    assert plan is checked.plan
+    assert list(ledger.runs(schema.dataset.name)[0].reserved_events) == checked.plan.events

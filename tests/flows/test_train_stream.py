@@ -14,13 +14,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from privflow.config import RunConfig
+from privflow.core.config import RunConfig
+from privflow.data.schema import Schema
+from privflow.data.validation import validate
 from privflow.privacy.ledger import Ledger
-from privflow.schema import Schema
-from privflow.validation import validate
 from tests.data_slices import adult_slice
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("prefect_server")
 
 ROWS = 2500
 BAD = [5, 1234, 2400]  # rows given an age outside the public bounds

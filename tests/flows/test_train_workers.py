@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from privflow.privacy.distributed import train_data_parallel
-from privflow.privacy.events import PoissonGaussianEvent
+from privflow.data.schema import Schema
+from privflow.privacy.accounting.events import PoissonGaussianEvent
+from privflow.privacy.dpsgd.distributed import train_data_parallel
 from privflow.privacy.ledger import Ledger
-from privflow.privacy.run_plan import run_plan
-from privflow.schema import Schema
 from privflow.tasks import train as train_task
+from privflow.tasks.run_plan import run_plan
 from tests.data_slices import adult_slice, small_config
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]

@@ -24,14 +24,14 @@ from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from privflow.cli import app
-from privflow.config import RunConfig
-from privflow.privacy.accountant import PLDAccountant
-from privflow.privacy.events import event_to_dict
+from privflow.core.config import RunConfig
+from privflow.data.schema import Schema
+from privflow.privacy.accounting.accountant import PLDAccountant
+from privflow.privacy.accounting.events import event_to_dict
 from privflow.privacy.ledger import Ledger, compose_epsilon
-from privflow.privacy.run_plan import run_plan
-from privflow.schema import Schema
+from privflow.tasks.run_plan import run_plan
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("prefect_server")
 
 TINY = {
     "model": {"name": "maf", "blocks": 2, "hidden": 16},

@@ -35,7 +35,7 @@ from tests.integration.servers import (
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "privflow" / "demo"
+DEMO = ROOT / "src" / "privflow" / "demo"
 DATASET = "adult-it"
 ROWS = 1500
 TINY = {

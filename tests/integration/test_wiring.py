@@ -102,10 +102,10 @@ def _site(tmp_path: Path):
     from infra.deployments import Site
 
     return Site.from_env(
-        schema=ROOT / "privflow" / "demo" / "adult.yaml",
+        schema=ROOT / "src" / "privflow" / "demo" / "adult.yaml",
         watch_folder=tmp_path / "in",
         store=tmp_path / "store",
-        train_data=ROOT / "privflow" / "demo" / "adult_train.csv",
+        train_data=ROOT / "src" / "privflow" / "demo" / "adult_train.csv",
         cron="15 2 * * 1",
     )
 

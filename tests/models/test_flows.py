@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from privflow import models
-from privflow.config import ModelConfig
+from privflow.core.config import ModelConfig
 from privflow.models import build_flow
 from privflow.models.priors import MixtureOfGaussians
 from tests.models.conftest import jacobian_logdets, perturb

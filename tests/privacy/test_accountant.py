@@ -2,7 +2,7 @@
 
 Reference values: dp-accounting 0.6.0 (../shared/design/STACK.md table, delta = 1e-5) and
 opacus' own RDP and PRV accountants computed here. The exact analytic-Gaussian formula
-(privacy/calibration.py, Balle & Wang 2018) is a third, closed-form reference.
+(privacy/accounting/calibration.py, Balle & Wang 2018) is a third, closed-form reference.
 """
 
 from __future__ import annotations
@@ -12,9 +12,13 @@ import math
 
 import pytest
 
-from privflow.privacy.accountant import ACCOUNTANTS, Accountant, PLDAccountant, RDPAccountant, reported_epsilon
-from privflow.privacy.calibration import epsilon_for_gaussian, gaussian_delta, gaussian_noise_for_epsilon
-from privflow.privacy.events import (
+from privflow.privacy.accounting.accountant import (
+    ACCOUNTANTS,
+    Accountant,
+    PLDAccountant,
+)
+from privflow.privacy.accounting.calibration import epsilon_for_gaussian, gaussian_delta, gaussian_noise_for_epsilon
+from privflow.privacy.accounting.events import (
     Event,
     GaussianEvent,
     LaplaceEvent,
@@ -161,16 +165,10 @@ def test_epsilon_for_gaussian_matches_table() -> None:
     assert epsilon_for_gaussian(1e6, DELTA) == 0.0
 
 
-def test_reported_epsilon_is_pld() -> None:
-    events = [GaussianEvent(5.0), LaplaceEvent(2.0)]
-    assert reported_epsilon(events, DELTA) == PLDAccountant().epsilon(events, DELTA)
-    assert reported_epsilon(events, DELTA) < RDPAccountant().epsilon(events, DELTA)
-
-
 def test_pld_refuses_a_pure_epsilon_it_cannot_represent() -> None:
     """exp(epsilon) overflows past ~709: a clear PLDTooLarge, never an OverflowError."""
-    from privflow.privacy.accountant import PLDAccountant, PLDTooLarge
-    from privflow.privacy.events import PureDPEvent
+    from privflow.privacy.accounting.accountant import PLDAccountant, PLDTooLarge
+    from privflow.privacy.accounting.events import PureDPEvent
 
     with pytest.raises(PLDTooLarge):
         PLDAccountant().epsilon([PureDPEvent(1000.0)], 1e-5)
@@ -179,7 +177,7 @@ def test_pld_refuses_a_pure_epsilon_it_cannot_represent() -> None:
 def test_large_dp_sgd_plds_are_not_kept_among_the_small_ones() -> None:
     """An epsilon curve asks for one self-composed DP-SGD PLD per checkpoint (MBs each): at most
     `_poisson_pld`'s 4 stay cached, none in the 32-entry cache of small ones."""
-    from privflow.privacy import accountant
+    from privflow.privacy.accounting import accountant
 
     accountant._COMPOSED.clear()  # the remembered epsilons would skip the compositions
     accountant._small_pld.cache_clear()
@@ -196,7 +194,7 @@ def test_an_epsilon_curve_builds_one_dp_sgd_step_and_composes_it_per_checkpoint(
     self-composed for each step count; the figures equal those of a step built afresh."""
     from dp_accounting.pld import privacy_loss_distribution as reference
 
-    from privflow.privacy import accountant
+    from privflow.privacy.accounting import accountant
 
     accountant._COMPOSED.clear()
     accountant._one_step_pld.cache_clear()

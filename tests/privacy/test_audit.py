@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 
 from privflow.privacy.audit import epsilon_lower_bound, guesses, inclusion_coins, mutate, p_value
-from privflow.privacy.dp_sgd import TrainSettings
+from privflow.privacy.dpsgd.dp_sgd import TrainSettings
 
 
 def test_chance_level_gives_zero() -> None:
@@ -55,7 +55,7 @@ def test_mutations_adjust_the_settings() -> None:
 
 
 def test_more_canaries_than_masked_out_weights_is_a_user_error_naming_the_most() -> None:
-    from privflow.errors import ConfigError
+    from privflow.core.errors import ConfigError
     from privflow.models import build_flow
     from privflow.privacy.audit import canary_slots
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from privflow.privacy.averaging import ParameterAverage
-from privflow.privacy.dp_sgd import train
+from privflow.privacy.dpsgd.averaging import ParameterAverage
+from privflow.privacy.dpsgd.dp_sgd import train
 from tests.privacy.test_dp_sgd import data, settings
 from tests.privacy.test_grad_samplers import TinyFlow
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from privflow.privacy.clipping import (
+from privflow.privacy.dpsgd.clipping import (
     GradientMismatch,
     LayerInfo,
     clip_flat,
@@ -167,8 +167,8 @@ def test_sparsify_operator_cases() -> None:
 def test_kth_largest_matches_a_sort(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     """tau of stochastic sparsification: the k-th largest |entry| per row, with rows of many
     exact zeros (fewer positive entries than k gives 0), ties, and k from 1 to m."""
-    from privflow.privacy.clipping import sparsify
-    from privflow.privacy.clipping.sparsify import kth_largest
+    from privflow.privacy.dpsgd.clipping import sparsify
+    from privflow.privacy.dpsgd.clipping.sparsify import kth_largest
 
     g = torch.Generator().manual_seed(0)
     n, m = 12, 30
@@ -199,7 +199,7 @@ def test_sparsify_is_unbiased() -> None:
 def test_sampled_tau_is_the_same_rank_share_among_the_positions() -> None:
     """tau from positions: the round(k S / m)-th largest of the entries there (S positions);
     all positions give the exact k-th largest; rows up to EXACT_ROW get no positions."""
-    from privflow.privacy.clipping.sparsify import EXACT_ROW, THRESHOLD_SAMPLE, kth_largest
+    from privflow.privacy.dpsgd.clipping.sparsify import EXACT_ROW, THRESHOLD_SAMPLE, kth_largest
 
     g = torch.Generator().manual_seed(0)
     a = torch.rand(5, 100, generator=g, dtype=DT)
@@ -218,7 +218,7 @@ def test_sampled_tau_keeps_about_one_minus_s_and_stays_unbiased() -> None:
     """On long rows (heavy-tailed, a third exact zeros) the share of entries at least tau is
     1 - s within 4 standard errors of the S-position estimate, and T with the estimated tau is
     still unbiased (5 standard errors over gamma)."""
-    from privflow.privacy.clipping.sparsify import THRESHOLD_SAMPLE
+    from privflow.privacy.dpsgd.clipping.sparsify import THRESHOLD_SAMPLE
 
     g = torch.Generator().manual_seed(1)
     m, s = 20000, 0.5
@@ -246,7 +246,7 @@ def test_sampled_tau_keeps_about_one_minus_s_and_stays_unbiased() -> None:
 def sampled_tau(strategy: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """`sparsify-sampled`: sparsify with tau estimated on every layer of more than 8 free
     entries, from 4 positions (the small test models' layers are all under the real limit)."""
-    from privflow.privacy.clipping import sparsify
+    from privflow.privacy.dpsgd.clipping import sparsify
 
     if strategy != "sparsify-sampled":
         return strategy
@@ -261,7 +261,7 @@ def sampled_tau(strategy: str, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_fast_path_equals_reference(strategy: str, kernels: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast path against the materialising reference, with the fused CPU kernels and
     without them (``torch``: the operations CUDA runs)."""
-    from privflow.privacy import cpu_kernels
+    from privflow.privacy.dpsgd import cpu_kernels
 
     if not kernels:
         monkeypatch.setattr(cpu_kernels, "usable", lambda *tensors: False)
@@ -280,9 +280,9 @@ def test_fast_path_equals_reference(strategy: str, kernels: bool, monkeypatch: p
 def test_fast_path_in_many_chunks_equals_one_chunk(strategy: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Materialising per-example gradients a few examples at a time (the torch path, chunks
     of 16 entries: one example each) gives the sum of the unchunked reference."""
-    from privflow.privacy import cpu_kernels
-    from privflow.privacy.clipping import _fast
-    from privflow.privacy.grad_samplers import linear
+    from privflow.privacy.dpsgd import cpu_kernels
+    from privflow.privacy.dpsgd.clipping import _fast
+    from privflow.privacy.dpsgd.grad_samplers import linear
 
     strategy = sampled_tau(strategy, monkeypatch)
     model = TinyFlow(d=4, hidden=8, blocks=3, seed=1).to(DT)
@@ -304,9 +304,9 @@ def test_a_gpu_materialises_a_batch_in_few_chunks() -> None:
     another device (a GPU; here the meta device) in chunks of ACCELERATOR_CHUNK_ELEMENTS, since
     each chunk costs kernel launches there: the 12,627-entry shared MADE at batch 4,096 in 2
     chunks, not 25."""
-    from privflow.privacy.clipping._fast import chunks
-    from privflow.privacy.clipping.structure import LayerInfo
-    from privflow.privacy.grad_samplers._common import ACCELERATOR_CHUNK_ELEMENTS
+    from privflow.privacy.dpsgd.clipping._fast import chunks
+    from privflow.privacy.dpsgd.clipping.structure import LayerInfo
+    from privflow.privacy.dpsgd.grad_samplers._common import ACCELERATOR_CHUNK_ELEMENTS
 
     def layer(device: str) -> LayerInfo:
         lin = nn.Linear(12_626, 1, device=device)
@@ -485,7 +485,7 @@ def test_all_nonfinite_batch_gives_zero_sum() -> None:
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_training_step_with_bad_rows_keeps_parameters_finite(strategy: str) -> None:
-    from privflow.privacy.dp_sgd import TrainSettings, train
+    from privflow.privacy.dpsgd.dp_sgd import TrainSettings, train
 
     model = NaNLossFlow(d=4, hidden=8, blocks=2, seed=4)
     x, good = _bad_batch()
@@ -536,9 +536,9 @@ def test_dphflow_fast_path_equals_torch_func_per_example_clipping(
     runs on the GPU against the same reference computed on the CPU. `sparsify-sampled`: every
     layer of more than 8 free entries estimates tau from positions (on the same draws)."""
     from privflow.models import build_flow
-    from privflow.privacy.clipping._fast import free_index
-    from privflow.privacy.clipping._fast import gammas as draw_gammas
-    from privflow.privacy.clipping._fast import positions as draw_positions
+    from privflow.privacy.dpsgd.clipping._fast import free_index
+    from privflow.privacy.dpsgd.clipping._fast import gammas as draw_gammas
+    from privflow.privacy.dpsgd.clipping._fast import positions as draw_positions
 
     strategy = sampled_tau(strategy, monkeypatch)
     from privflow.privacy.noise import dequantization_noise
@@ -602,7 +602,7 @@ def test_dphflow_fast_path_equals_torch_func_per_example_clipping(
 def test_finite_screen_tells_overflow_from_non_finite_entries() -> None:
     """The engine screens recorded tensors and clipped sums by one sum each; finite entries
     whose float32 sum overflows are still finite, an inf or a NaN entry is not."""
-    from privflow.privacy.clipping.engine import _all_finite
+    from privflow.privacy.dpsgd.clipping.engine import _all_finite
 
     big = torch.full((4, 3), 3e38, dtype=torch.float32)  # finite entries, the sum overflows
     assert _all_finite([big, torch.zeros(2)])

@@ -1,4 +1,4 @@
-"""Composed epsilons kept on disk (privacy/composed_cache.py): a hit returns exactly what the
+"""Composed epsilons kept on disk (privacy/accounting/composed_cache.py): a hit returns exactly what the
 accountant computed, anything that changes the answer changes the key, and a bad file never
 fails a composition."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from privflow.privacy import accountant, composed_cache
-from privflow.privacy.accountant import PLDAccountant, RDPAccountant, remember_on_disk
-from privflow.privacy.events import GaussianEvent, PoissonGaussianEvent
+from privflow.privacy.accounting import accountant, composed_cache
+from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant, remember_on_disk
+from privflow.privacy.accounting.events import GaussianEvent, PoissonGaussianEvent
 
 EVENTS = [GaussianEvent(3.0), PoissonGaussianEvent(0.01, 1.2, 200)]
 
@@ -140,10 +140,10 @@ def test_the_default_lives_in_the_user_cache(monkeypatch, tmp_path):
 PLAN = """
 import sys
 from pathlib import Path
-from privflow.config import RunConfig
-from privflow.schema import Schema
-from privflow.privacy.accountant import remember_on_disk
-from privflow.privacy.run_plan import run_plan
+from privflow.core.config import RunConfig
+from privflow.data.schema import Schema
+from privflow.privacy.accounting.accountant import remember_on_disk
+from privflow.tasks.run_plan import run_plan
 demo = Path(sys.argv[1])
 cfg = RunConfig.build(data=demo / "adult_train.csv", schema_path=demo / "adult.yaml")
 remember_on_disk()

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from privflow.privacy import cpu_kernels
-from privflow.privacy.clipping._base import factor
-from privflow.privacy.clipping.sparsify import stochastic_sparsify, threshold
+from privflow.privacy.dpsgd import cpu_kernels
+from privflow.privacy.dpsgd.clipping._base import factor
+from privflow.privacy.dpsgd.clipping.sparsify import stochastic_sparsify, threshold
 
 
 def _inputs(n: int, calls: int, cols: int, rows: int, dtype: torch.dtype, seed: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -187,7 +187,7 @@ def test_kernels_compile_without_a_writable_cache(monkeypatch: pytest.MonkeyPatc
     without a user cache): the kernels are then compiled in memory instead of failing."""
     import numba
 
-    from privflow.privacy import _numba_kernels
+    from privflow.privacy.dpsgd import _numba_kernels
 
     real = numba.njit
 
@@ -210,7 +210,7 @@ def test_lu_sq_norms_match_the_materialised_gradients(
     """The LULinear kernel's four squared norms against eq. (3)'s per-example gradients formed
     in full by the layer's grad sampler (summed over the calls)."""
     from privflow.models.layers import LULinear
-    from privflow.privacy.grad_samplers.lu_linear import lu_linear_grad_sample
+    from privflow.privacy.dpsgd.grad_samplers.lu_linear import lu_linear_grad_sample
 
     gen = torch.Generator().manual_seed(calls)
     d, n = 7, 140

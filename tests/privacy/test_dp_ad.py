@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from privflow.privacy.events import PureDPEvent, RepeatedEvent
+from privflow.privacy.accounting.events import PureDPEvent, RepeatedEvent
 from privflow.privacy.ledger import compose_epsilon
 from privflow.privacy.mechanisms.dp_ad import (
     FLAGGED,
@@ -21,7 +21,6 @@ from privflow.privacy.mechanisms.dp_ad import (
     NOT_FLAGGED,
     SparseVector,
     VoteAggregation,
-    exponential_mechanism_prob,
     holdout_coins,
     partition_of,
     partition_threshold,
@@ -89,6 +88,13 @@ def test_opendp_certifies_at_most_epsilon_per_query(epsilon: float) -> None:
     certified = agg.measurement().map(1.0)  # one part changes: each count moves by at most 1
     assert epsilon * (1 - 1e-6) <= certified <= epsilon
     assert agg.event(7) == RepeatedEvent(PureDPEvent(epsilon), 7)
+
+
+def exponential_mechanism_prob(votes: np.ndarray, partitions: int, epsilon: float) -> np.ndarray:
+    """The paper's exponential mechanism (Algorithm 2, line 10, utility = vote count, sensitivity 1):
+    P(anomalous) = exp(eps c_out / 2) / (exp(eps c_out / 2) + exp(eps c_in / 2))."""
+    d = 2.0 * np.asarray(votes, dtype=np.float64) - float(partitions)
+    return 1.0 / (1.0 + np.exp(-0.5 * float(epsilon) * d))
 
 
 def test_closed_form_is_epsilon_dp_and_beats_the_exponential_mechanism() -> None:

@@ -11,8 +11,8 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from privflow.models.softmax_head import SoftmaxHead
-from privflow.privacy.accountant import PLDAccountant, RDPAccountant
-from privflow.privacy.clipping import clipped_gradient_sum, model_layers
+from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
+from privflow.privacy.dpsgd.clipping import clipped_gradient_sum, model_layers
 from privflow.privacy.mechanisms import dp_head
 
 
@@ -91,9 +91,9 @@ def test_private_head_records_its_event_and_learns() -> None:
 
 def test_the_head_expands_compact_features_as_the_release_does() -> None:
     """The torch head trains on compact features; the released numpy head scores the expanded
-    matrix of `privflow.features`: both must see the same numbers."""
-    from privflow.features import compact_features, expand_features, feature_matrix, feature_widths
-    from privflow.schema import Schema
+    matrix of `privflow.data.features`: both must see the same numbers."""
+    from privflow.data.features import compact_features, expand_features, feature_matrix, feature_widths
+    from privflow.data.schema import Schema
 
     schema = Schema.model_validate(
         {

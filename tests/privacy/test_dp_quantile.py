@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from privflow.privacy.events import PureDPEvent
-from privflow.privacy.mechanisms.dp_quantile import DPQuantile, clip_scores, quantile_utility
+from privflow.privacy.accounting.events import PureDPEvent
+from privflow.privacy.mechanisms.dp_quantile import DPQuantile, clip_scores
+
+
+def quantile_utility(scores: np.ndarray, grid: np.ndarray, q: float) -> np.ndarray:
+    """The module's documented utility u(D, t) = -|#{x < t} - q n| for every candidate t."""
+    v = np.sort(np.asarray(scores, dtype=np.float64).ravel())
+    below = np.searchsorted(v, np.asarray(grid, dtype=np.float64), side="left")
+    return -np.abs(below - q * len(v))
 
 
 @pytest.mark.parametrize("q", [0.01, 0.1, 0.5, 0.9])

@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from privflow.privacy.clipping import clipped_gradient_sum
-from privflow.privacy.dp_sgd import (
+from privflow.privacy.accounting.events import PoissonGaussianEvent
+from privflow.privacy.dpsgd.clipping import clipped_gradient_sum
+from privflow.privacy.dpsgd.dp_sgd import (
     TrainResult,
     TrainSettings,
     checkpoint_steps,
@@ -20,7 +21,6 @@ from privflow.privacy.dp_sgd import (
     poisson_sample,
     train,
 )
-from privflow.privacy.events import PoissonGaussianEvent
 from tests.privacy.test_grad_samplers import TinyFlow
 
 torch.set_num_threads(1)
@@ -328,7 +328,7 @@ def test_dequantization_noise_comes_from_an_explicit_generator(monkeypatch: pyte
 def test_cuda_without_a_gpu_is_the_users_error() -> None:
     """The trainer called from Python (not through the CLI's pre-flight) refuses CUDA it cannot
     use with the user-error class, before any step."""
-    from privflow.errors import DeviceUnavailable
+    from privflow.core.errors import DeviceUnavailable
 
     with pytest.raises(DeviceUnavailable, match="no CUDA device"):
         train(TinyFlow(seed=0), data(), settings(device="cuda"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from privflow.errors import DataError
+from privflow.core.errors import DataError
 from privflow.privacy.fingerprint import keyed_fingerprint, store_key
 
 

@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from privflow.models.layers import ActNorm, BlockEmbedding, LowRankLinear, LULinear, MaskedLinear
-from privflow.privacy.clipping.per_unit import row_stats
-from privflow.privacy.grad_samplers import GHOST_OPS, Tape, materialise
+from privflow.privacy.dpsgd.clipping.per_unit import row_stats
+from privflow.privacy.dpsgd.grad_samplers import GHOST_OPS, Tape, materialise
 
 torch.set_num_threads(1)
 DT = torch.float64
@@ -164,7 +164,7 @@ def test_grad_sampler_matches_torch_func(
 ) -> None:
     """Per-example gradients, ghost norms, row statistics and weighted sums against torch.func,
     with the fused CPU kernels and without them (``torch``: the operations CUDA runs)."""
-    from privflow.privacy import cpu_kernels
+    from privflow.privacy.dpsgd import cpu_kernels
 
     if not kernels:
         monkeypatch.setattr(cpu_kernels, "usable", lambda *tensors: False)
@@ -244,8 +244,8 @@ def test_masked_staircase_ops_match_torch_func(
     row on the staircase columns in the fused CPU kernels, or (``torch``: the path CUDA takes)
     group by group (``linear._staircase_slabs``), group sums by reshape when the groups are
     runs; all against torch.func."""
-    from privflow.privacy import cpu_kernels
-    from privflow.privacy.grad_samplers.linear import _STAIRCASE_MIN_ROWS, mask_layout
+    from privflow.privacy.dpsgd import cpu_kernels
+    from privflow.privacy.dpsgd.grad_samplers.linear import _STAIRCASE_MIN_ROWS, mask_layout
 
     if not kernels:
         monkeypatch.setattr(cpu_kernels, "usable", lambda *tensors: False)
@@ -392,7 +392,7 @@ def test_step_memo_is_per_layer_and_per_recorded_tensors() -> None:
     """The stacks a step computes for the norms are reused for the clipped sum: per layer (the
     ops object is shared by every layer of its type, and a step visits all layers for the norms
     before any clipped sum), and recomputed for new recorded tensors (the next step)."""
-    from privflow.privacy.grad_samplers._common import StepMemo
+    from privflow.privacy.dpsgd.grad_samplers._common import StepMemo
 
     memo: StepMemo[int] = StepMemo()
     computed: list[int] = []

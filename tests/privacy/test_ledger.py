@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from privflow.errors import BudgetExceeded, PrivacyPlanError
-from privflow.privacy.accountant import PLDAccountant, PRVAccountant
-from privflow.privacy.events import (
+from privflow.core.errors import BudgetExceeded, PrivacyPlanError
+from privflow.privacy.accounting.accountant import PLDAccountant, PRVAccountant
+from privflow.privacy.accounting.events import (
     GaussianEvent,
     LaplaceEvent,
     NonPrivateEvent,
@@ -327,9 +327,9 @@ def test_check_is_a_dry_run_of_reserve(ledger: Ledger, tmp_path: Path) -> None:
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
-    from privflow.privacy.events import GaussianEvent
+    from privflow.privacy.accounting.events import GaussianEvent
     from privflow.privacy.ledger import Ledger, compose_epsilon
-    from privflow.errors import BudgetExceeded
+    from privflow.core.errors import BudgetExceeded
 
     path, run_id, sigma, go, mode = sys.argv[1:6]
     compose_epsilon([GaussianEvent(1.0)], 1e-5)  # import and warm the accountant before the start line
@@ -377,7 +377,6 @@ def _race(tmp_path: Path, budget: float, sigmas: list[float]) -> list[dict]:
     return results
 
 
-@pytest.mark.slow
 def test_two_concurrent_processes_room_for_one(tmp_path: Path) -> None:
     results = _race(tmp_path, budget=1.0, sigmas=[5.0, 5.0])  # 0.7255 each, 1.05 together
     assert sorted(r["ok"] for r in results) == [False, True]
@@ -394,7 +393,6 @@ def test_two_concurrent_processes_room_for_one(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.slow
 def test_four_concurrent_processes_room_for_two(tmp_path: Path) -> None:
     sigma = 12.0
     two = compose_epsilon([GaussianEvent(sigma)] * 2, DELTA)
@@ -406,7 +404,6 @@ def test_four_concurrent_processes_room_for_two(tmp_path: Path) -> None:
     print("\nrace 4 procs:", sorted(round(r["seconds"], 3) for r in results))
 
 
-@pytest.mark.slow
 def test_sigkill_after_reserving_leaves_spend_counted(tmp_path: Path) -> None:
     path = tmp_path / "kill.db"
     Ledger(path).ensure_dataset("d", 1.0, DELTA, None)
@@ -434,7 +431,7 @@ KILL_IN_TX = textwrap.dedent(
     """
     import sys, time
     import privflow.privacy.ledger as L
-    from privflow.privacy.events import GaussianEvent
+    from privflow.privacy.accounting.events import GaussianEvent
 
     real = L.compose_epsilon
     def slow(events, delta):
@@ -448,7 +445,6 @@ KILL_IN_TX = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
 def test_sigkill_inside_the_transaction_records_nothing_and_frees_the_lock(tmp_path: Path) -> None:
     path = tmp_path / "kill2.db"
     Ledger(path).ensure_dataset("d", 1.0, DELTA, None)
@@ -478,7 +474,7 @@ def test_a_check_against_a_lower_schema_budget_uses_the_lower(ledger: Ledger) ->
 def test_a_run_that_spent_less_than_planned_shows_its_stages_as_planned(ledger: Ledger) -> None:
     """A run the validation gate stopped spent only the gate: its stage list is the plan's, and
     says so (it read as if every stage had been charged)."""
-    from privflow.privacy.events import LaplaceEvent
+    from privflow.privacy.accounting.events import LaplaceEvent
 
     ledger.ensure_dataset("census", 10.0, DELTA, None)
     ledger.reserve("census", "stopped", [LaplaceEvent(50.0), G5], {"validate": "eps 0.02 alone", "train": "eps 0.7"})

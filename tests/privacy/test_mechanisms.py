@@ -10,8 +10,8 @@ import pytest
 from scipy import stats
 
 from privflow.privacy import noise
-from privflow.privacy.accountant import PLDAccountant
-from privflow.privacy.events import GaussianEvent, LaplaceEvent, PureDPEvent, RepeatedEvent
+from privflow.privacy.accounting.accountant import PLDAccountant
+from privflow.privacy.accounting.events import GaussianEvent, LaplaceEvent, PureDPEvent, RepeatedEvent
 from privflow.privacy.mechanisms import dp_mog, dp_stats
 from privflow.privacy.mechanisms.dp_mog import (
     MoGParams,
@@ -75,7 +75,7 @@ def test_gaussian_noise_law_and_scale() -> None:
 
 
 def test_gaussian_event_matches_exact_epsilon() -> None:
-    from privflow.privacy.calibration import epsilon_for_gaussian
+    from privflow.privacy.accounting.calibration import epsilon_for_gaussian
 
     assert gaussian_event(5.0) == GaussianEvent(5.0)
     assert PLDAccountant().epsilon([gaussian_event(5.0)], DELTA) == pytest.approx(
@@ -550,12 +550,12 @@ def test_dp_em_releases_move_within_sensitivity_leave_one_out() -> None:
 
 
 def test_validation_gate_count_moves_by_at_most_one(tmp_path) -> None:  # noqa: ANN001
-    """The count the gate releases (rows failing any row check, from privflow.validation) changes
+    """The count the gate releases (rows failing any row check, from privflow.data.validation) changes
     by at most 1 -- its stated L1 sensitivity -- when a row is removed or a bad row added."""
     import polars as pl
 
-    from privflow.schema import Schema
-    from privflow.validation import validate
+    from privflow.data.schema import Schema
+    from privflow.data.validation import validate
 
     schema = Schema.model_validate(
         {
@@ -594,7 +594,7 @@ def test_validation_gate_count_moves_by_at_most_one(tmp_path) -> None:  # noqa: 
 def test_dp_em_sums_its_statistics_over_chunks_of_rows(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """DP-EM reads rows a chunk at a time (rows on disk in a streamed run): with the noise made
     negligible, any chunking, and rows given as a file, fit the mixture fitted on the whole array."""
-    from privflow.chunked import DiskRows
+    from privflow.data.chunked import DiskRows
     from privflow.privacy.mechanisms import dp_mog
 
     g = rng(23)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from privflow.errors import PrivacyPlanError
-from privflow.privacy.accountant import PLDAccountant, PRVAccountant
-from privflow.privacy.events import GaussianEvent, PureDPEvent
-from privflow.privacy.plan import SGDShape, make_plan
+from privflow.core.errors import PrivacyPlanError
+from privflow.privacy.accounting.accountant import PLDAccountant, PRVAccountant
+from privflow.privacy.accounting.events import GaussianEvent, PureDPEvent
+from privflow.privacy.accounting.plan import SGDShape, make_plan
 
 
 def _gauss(eps: float) -> GaussianEvent:
-    from privflow.privacy.calibration import gaussian_noise_for_epsilon
+    from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
 
     return GaussianEvent(gaussian_noise_for_epsilon(eps, 1e-5))
 
@@ -66,7 +66,7 @@ def test_epsilon_above_the_limit_is_refused_with_a_message(epsilon: float) -> No
 
 
 def test_a_tiny_noise_stage_is_refused_not_a_memory_blowup() -> None:
-    from privflow.privacy.accountant import PLDAccountant, PLDTooLarge
+    from privflow.privacy.accounting.accountant import PLDAccountant, PLDTooLarge
 
     with pytest.raises(PLDTooLarge):
         PLDAccountant().epsilon([GaussianEvent(1e-4)], 1e-5)
@@ -81,9 +81,9 @@ def _demo_plan(name: str, epsilon: float, **sections: dict) -> tuple[object, obj
     from pathlib import Path
 
     import privflow
-    from privflow.config import RunConfig
-    from privflow.privacy.run_plan import run_plan
-    from privflow.schema import Schema
+    from privflow.core.config import RunConfig
+    from privflow.data.schema import Schema
+    from privflow.tasks.run_plan import run_plan
 
     path = Path(privflow.__file__).parent / "demo" / f"{name}.yaml"
     schema = Schema.from_yaml(path)
@@ -92,7 +92,7 @@ def _demo_plan(name: str, epsilon: float, **sections: dict) -> tuple[object, obj
 
 
 def test_small_table_gives_the_flow_budget_to_the_marginals() -> None:
-    from privflow.privacy.run_plan import effective_batch, flow_can_learn, run_plan, sgd_shape
+    from privflow.tasks.run_plan import effective_batch, flow_can_learn, run_plan, sgd_shape
 
     _, _, headless = _demo_plan("german", 1.0, marginals={"enabled": True}, head={"enabled": False})
     assert [s.name for s in headless.stages] == ["validate", "dp_marginals"]  # type: ignore[attr-defined]

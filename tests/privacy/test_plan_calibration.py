@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import pytest
 
-from privflow.errors import PrivacyPlanError
-from privflow.privacy import accountant
-from privflow.privacy.accountant import PLDAccountant
-from privflow.privacy.calibration import gaussian_noise_for_epsilon
-from privflow.privacy.events import Event, GaussianEvent, LaplaceEvent, PoissonGaussianEvent, PureDPEvent
-from privflow.privacy.plan import Remainder, SGDShape, make_plan
+from privflow.core.errors import PrivacyPlanError
+from privflow.privacy.accounting import accountant
+from privflow.privacy.accounting.accountant import PLDAccountant
+from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
+from privflow.privacy.accounting.events import Event, GaussianEvent, LaplaceEvent, PoissonGaussianEvent, PureDPEvent
+from privflow.privacy.accounting.plan import Remainder, SGDShape, make_plan
 
 DELTA = 1e-5
 
@@ -23,7 +23,7 @@ def _gauss(eps: float) -> GaussianEvent:
     return GaussianEvent(gaussian_noise_for_epsilon(eps, DELTA))
 
 
-# The pipeline's small stages with their default shares (privacy/run_plan.py).
+# The pipeline's small stages with their default shares (tasks/run_plan.py).
 SMALL: dict[str, tuple[float, Callable[[float], Event]]] = {
     "validate": (0.02, lambda eps: LaplaceEvent(1.0 / eps)),
     "dp_marginals": (0.5, _gauss),
@@ -33,7 +33,7 @@ SMALL: dict[str, tuple[float, Callable[[float], Event]]] = {
 
 
 def _bisection_sigma(epsilon: float, fixed: list[Event], shape: SGDShape, tolerance: float = 0.01) -> float:
-    """The former calibration (privacy/plan.py before issue 15), kept here as the reference:
+    """The former calibration (privacy/accounting/plan.py before issue 15), kept here as the reference:
     bisection on log(sigma) over [0.3, 1000] on the coarse grid (1e-3) down to a width of 1e-4,
     aiming at epsilon * (1 - tolerance / 2), then sigma nudged up by 0.2% until the fine grid's
     figure is under the target."""

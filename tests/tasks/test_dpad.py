@@ -15,15 +15,13 @@ import pytest
 import torch
 import yaml
 
-from privflow.config import RunConfig
-from privflow.errors import BudgetExceeded, DataError, PrivacyPlanError
-from privflow.privacy.events import PureDPEvent, RepeatedEvent
+from privflow.core.config import RunConfig
+from privflow.core.errors import BudgetExceeded, DataError, PrivacyPlanError
+from privflow.data.schema import Schema
+from privflow.privacy.accounting.events import PureDPEvent, RepeatedEvent
 from privflow.privacy.ledger import Ledger
-from privflow.schema import Schema
 from privflow.tasks import dpad
 from privflow.tasks.select import row_loglik
-
-pytestmark = pytest.mark.slow
 
 TINY = {"model": {"name": "maf", "blocks": 1, "hidden": 8}, "train": {"epochs": 2, "batch_size": 128, "device": "cpu"}}
 

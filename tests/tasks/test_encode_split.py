@@ -30,10 +30,10 @@ def test_rows_are_encoded_in_chunks_into_the_two_splits(demo_dir, monkeypatch) -
     and categorical columns match a one-pass encoding exactly."""
     import numpy as np
 
-    from privflow.codec import Codec
-    from privflow.schema import Schema
+    from privflow.data.codec import Codec
+    from privflow.data.schema import Schema
+    from privflow.data.validation import validate
     from privflow.tasks import encode
-    from privflow.validation import validate
 
     schema = Schema.from_yaml(demo_dir / "adult.yaml")
     df, _ = validate(pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=1000), schema, "strict")
@@ -69,13 +69,13 @@ def test_a_streamed_encoding_splits_as_the_whole_table_does(
     schema's 32,561 expected rows, both expect 3,000 * 300 / 32,561 = 28 selection rows, not 600."""
     import numpy as np
 
-    from privflow import rank_spill
-    from privflow.chunked import parquet_chunks
-    from privflow.codec import Codec
-    from privflow.config import RunConfig
-    from privflow.schema import Schema
+    from privflow.core.config import RunConfig
+    from privflow.data import rank_spill
+    from privflow.data.chunked import parquet_chunks
+    from privflow.data.codec import Codec
+    from privflow.data.schema import Schema
+    from privflow.data.validation import validate
     from privflow.tasks import encode, stream
-    from privflow.validation import validate
 
     schema_path = demo_dir / "adult.yaml"
     schema = Schema.from_yaml(schema_path)

@@ -13,10 +13,10 @@ import pytest
 from scipy.spatial.distance import cdist
 from scipy.stats.contingency import association
 
-from privflow.config import EvaluateConfig
-from privflow.errors import DataError
-from privflow.features import feature_matrix
-from privflow.schema import Schema
+from privflow.core.config import EvaluateConfig
+from privflow.core.errors import DataError
+from privflow.data.features import feature_matrix
+from privflow.data.schema import Schema
 from privflow.tasks.evaluation import BANNER, evaluate
 from privflow.tasks.evaluation.fidelity import (
     cramers_matrix,
@@ -29,7 +29,7 @@ from privflow.tasks.evaluation.fidelity import (
 from privflow.tasks.evaluation.risk import dcr, likelihood_mia, nearest_distances, tpr_at_fpr
 from privflow.tasks.evaluation.utility import CLASSIFIERS, UtilityResult, classify, utility
 
-DEMO = Path(__file__).resolve().parents[2] / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "src" / "privflow" / "demo"
 
 
 def _load(schema: Schema, path: Path, n: int | None = None) -> pl.DataFrame:
@@ -169,7 +169,6 @@ def test_cramers_v_matches_scipy(adult: tuple[Schema, pl.DataFrame, pl.DataFrame
 # ---------------------------------------------------------------- utility
 
 
-@pytest.mark.slow
 def test_utility_real_reference_is_sensible(adult: tuple[Schema, pl.DataFrame, pl.DataFrame]) -> None:
     schema, train, test = adult
     res = utility(schema, train.head(1500), train.head(1500), test, repeats=1)
@@ -295,7 +294,6 @@ def _logliks(rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {"train": rng.normal(-20, 3, 800) + 0.5, "holdout": rng.normal(-20, 3, 300), "test": rng.normal(-20, 3, 500)}
 
 
-@pytest.mark.slow
 def test_evaluate_writes_self_contained_report(
     tmp_path: Path, adult: tuple[Schema, pl.DataFrame, pl.DataFrame]
 ) -> None:
@@ -335,7 +333,6 @@ def test_evaluate_switches_and_skips(tmp_path: Path, adult: tuple[Schema, pl.Dat
     assert res.html_path is None and res.figures == {} and res.classifiers is None
 
 
-@pytest.mark.slow
 def test_evaluate_skips_absent_inputs_with_notes(
     tmp_path: Path, adult: tuple[Schema, pl.DataFrame, pl.DataFrame]
 ) -> None:

@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 import torch
 
-from privflow.config import RunConfig
-from privflow.privacy.run_plan import run_plan
-from privflow.schema import Schema
+from privflow.core.config import RunConfig
+from privflow.data.schema import Schema
 from privflow.tasks.fit import Spend, fit, prepare
+from privflow.tasks.run_plan import run_plan
 
 torch.set_num_threads(1)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from privflow.config import SelectConfig
-from privflow.privacy.events import GaussianEvent, PureDPEvent, RepeatedEvent
-from privflow.privacy.plan import StagePlan
+from privflow.core.config import SelectConfig
+from privflow.privacy.accounting.events import GaussianEvent, PureDPEvent, RepeatedEvent
+from privflow.privacy.accounting.plan import StagePlan
 from tests.stats_checks import FALSE_ALARM
 
 CARDS = [None, 3, None, 4]

@@ -10,10 +10,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from privflow.codec import Codec
-from privflow.config import RunConfig
+from privflow.core.config import RunConfig
+from privflow.data.codec import Codec
+from privflow.data.schema import Schema
 from privflow.models import build_flow
-from privflow.schema import Schema
 from privflow.tasks.mlflow_store import LoadedVersion
 from privflow.tasks.promote import PromotionSettings, _noisy_margin
 

@@ -7,8 +7,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from privflow.errors import DataError
-from privflow.schema import Schema
+from privflow.core.errors import DataError
+from privflow.data.schema import Schema
 from privflow.tasks.evaluation.quality import QUALITY_KEYS, quality_scores, sdmetrics_metadata
 
 pytest.importorskip("sdmetrics", reason="sdmetrics is in the 'dev' and 'bench' extras")

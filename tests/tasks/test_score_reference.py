@@ -10,13 +10,13 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from privflow.codec import Codec
-from privflow.errors import DataError
+from privflow.core.errors import DataError
+from privflow.data.codec import Codec
+from privflow.data.schema import Schema
 from privflow.models import build_flow
-from privflow.privacy.events import PureDPEvent
+from privflow.privacy.accounting.events import PureDPEvent
 from privflow.privacy.ledger import Ledger
 from privflow.privacy.mechanisms.dp_quantile import DPQuantile
-from privflow.schema import Schema
 from privflow.tasks import score as score_task
 from privflow.tasks.mlflow_store import LoadedVersion
 

@@ -20,7 +20,7 @@ def test_a_second_store_in_the_same_process_is_not_sent_to_the_first(tmp_path: P
 
 def _first_use(store: str) -> str:
     """One process's first use of a store: MLflow's schema and the dataset's experiment."""
-    from privflow import env
+    from privflow.core import env
     from privflow.tasks.mlflow_store import experiment_for
 
     env.configure(Path(store))

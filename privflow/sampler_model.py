@@ -1,7 +1,0 @@
-"""MLflow "models from code" entry point: the released sampler, defined by code, not a pickle."""
-
-import mlflow
-
-from privflow.sampler import FlowSampler
-
-mlflow.models.set_model(FlowSampler())

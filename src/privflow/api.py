@@ -1,0 +1,265 @@
+"""The Python API, in the idiom of SDV and smartnoise-synth: fit once, then sample and score.
+
+    from privflow.api import fit
+    synth = fit("adult_train.csv", "adult.yaml", epsilon=1.0, delta=1e-5, train={"epochs": 2})
+    table = synth.sample(1000, seed=7)          # polars DataFrame
+    ll = synth.score(table)                     # per-row log-likelihoods (nats)
+
+`fit` runs the same Prefect flow as `privflow run` (flows/train.py: pre-planned budget in the
+ledger, DP validation gate, DP statistics, [DP prior], DP-SGD, Report-Noisy-Max, MLflow
+registry), then loads the registered version back. `sample` and `score` are post-processing
+of the released model: they spend no privacy and never touch the training rows.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from privflow.core import env
+from privflow.core.config import RunConfig
+from privflow.core.errors import ConfigError, DataError, PrivflowError, SchemaError
+from privflow.data.schema import Schema
+from privflow.data.target_head import conditional_loglik, release_codec
+from privflow.privacy.mechanisms.promotion import mixture_loglik
+
+if TYPE_CHECKING:
+    from privflow.flows.pipeline import RunSummary
+
+
+@dataclass
+class Synthesizer:
+    """A released privflow model: its public schema, its flows and the run that produced it."""
+
+    schema: Schema
+    flows: list[Any]
+    summary: RunSummary | None = None
+    marginals: dict[str, Any] | None = None
+    head: dict[str, Any] | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # the registered version's tags (`load`)
+    codec: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.codec = release_codec(self.schema, self.marginals, self.head)
+
+    @property
+    def epsilon(self) -> float | None:
+        """The model's epsilon (privacy rule 9): the ledger's PLD composition of the recorded
+        events of the run that trained it and of every private release it was warm-started from
+        (this run's own without a private parent), at `delta`. From the run's summary (`fit`) or
+        the registered version's tag (`load`); None when neither is known."""
+        if self.summary is not None:
+            return self.summary.epsilon
+        return float(self.tags["epsilon"]) if "epsilon" in self.tags else None
+
+    @property
+    def delta(self) -> float | None:
+        """The delta `epsilon` is stated at."""
+        if self.summary is not None:
+            return self.summary.delta
+        return float(self.tags["delta"]) if "delta" in self.tags else None
+
+    @property
+    def epsilon_run(self) -> float | None:
+        """The epsilon of the run that trained this model alone (not a bound for the model when
+        it was warm-started from a private parent: `epsilon` is)."""
+        if self.summary is not None:
+            return self.summary.epsilon_run
+        return float(self.tags["epsilon_run_alone"]) if "epsilon_run_alone" in self.tags else None
+
+    @property
+    def lineage(self) -> str | None:
+        """The versions the weights descend from, NAME/V -> ... -> this version."""
+        if self.summary is not None:
+            return self.summary.lineage
+        return self.tags.get("privflow.lineage")
+
+    def sample(self, n: int, seed: int | None = None) -> pl.DataFrame:
+        """`n` synthetic rows; `seed` makes the draw reproducible (else a CSPRNG seed). The table
+        is built in memory: `n` it could not hold is refused before sampling (stream larger
+        tables to a file with `privflow generate`)."""
+        from privflow.preflight import check_memory, check_seed
+        from privflow.serving.sampler import sample_rows  # imports mlflow: after env.configure
+
+        _check_count(n, "n", 1)
+        n, seed = int(n), check_seed(seed, "seed")
+        fewer = "sample fewer rows at a time, or stream them to a file with `privflow generate`"
+        check_memory(n, len(self.schema.columns), f"sample({n:,})", fewer)
+        return sample_rows(self.flows, self.codec, n, seed=seed)
+
+    def score(self, rows: pl.DataFrame | Any, seed: int | None = None) -> np.ndarray:
+        """Per-row log-likelihood (nats, privflow's encoded space) of `rows` under the released
+        model: the equal-weight mixture of its checkpoints, as `sample` draws from it, plus the
+        target head's log-probability of the row's target when the model has one. Rows must
+        pass the schema's checks (as `privflow score` requires): a row the model cannot encode
+        has no score."""
+        from privflow.data.validation import SCORED_ADVICE, validate
+        from privflow.preflight import check_seed
+        from privflow.tasks.select import row_loglik  # imports prefect: after env.configure
+
+        seed = check_seed(seed, "seed")
+        df, _ = validate(_frame(rows, "rows"), self.schema, "strict", advice=SCORED_ADVICE)
+        x = self.codec.encode(df.select(self.schema.names), np.random.default_rng(seed))
+        if len(x) == 0:
+            return np.empty(0)
+        per = []
+        for k, flow in enumerate(self.flows):  # the dequantization noise: from `seed` when given
+            gen = torch.Generator().manual_seed(seed + k) if seed is not None else None
+            per.append(row_loglik(flow, x, generator=gen).astype(np.float64))
+        return mixture_loglik(np.stack(per)) + conditional_loglik(self.codec, df)
+
+    @classmethod
+    def load(cls, model_name: str, version: str | int, store: str | Path = ".privflow") -> Synthesizer:
+        """A registered version from the store's MLflow registry: `version` a number or an alias
+        (e.g. "champion"). ModelNotFound when the store has no such version."""
+        from privflow.preflight import check_registry
+
+        spec = f"{model_name}/{version}" if str(version).isdigit() else f"{model_name}@{version}"
+        store = _store(store)
+        check_registry(store, f"model {spec}", "Train and register one first (`fit` or `privflow run`).")
+        env.configure(store)
+        from privflow.tasks import mlflow_store  # imports mlflow and prefect: after env.configure
+
+        mlflow_store.tracking(Path(store).resolve())
+        name, number, tags = mlflow_store.resolve_version(spec)
+        loaded = mlflow_store.load_version(name, number)
+        return cls(loaded.schema, loaded.flows, marginals=loaded.marginals, head=loaded.head, tags=tags)
+
+
+def _check_count(value: Any, name: str, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ConfigError(f"{name} must be a whole number of at least {low}, got {value!r}.")
+
+
+def _frame(data: Any, what: str) -> pl.DataFrame:
+    """A polars DataFrame from a polars or pandas one; anything else is a user error."""
+    if isinstance(data, pl.DataFrame):
+        return data
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas comes with mlflow
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        try:
+            return pl.from_pandas(data)
+        except Exception as exc:  # noqa: BLE001 - pyarrow's conversion errors: a column of mixed types
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DataError(f"{what} cannot be read as a table ({first}); give each column one type.") from None
+    raise ConfigError(
+        f"{what} must be a polars or pandas DataFrame (or, for fit, a CSV/Parquet path), got {type(data).__name__}."
+    )
+
+
+def _schema_path(schema: str | Path | Schema | dict[str, Any], tmp: Path) -> Path:
+    if isinstance(schema, (str, Path)):
+        return Path(schema)
+    if isinstance(schema, Schema):
+        obj = schema
+    elif isinstance(schema, dict):
+        obj = Schema.validated(schema)
+    else:
+        raise SchemaError(f"schema must be a YAML path, a Schema or its dict, got {type(schema).__name__}.")
+    path = tmp / "schema.yaml"
+    path.write_text(obj.to_yaml())
+    return path
+
+
+def _data_path(data: str | Path | pl.DataFrame | Any, tmp: Path) -> Path:
+    if isinstance(data, (str, Path)):
+        return Path(data)
+    frame = _frame(data, "data")
+    # written as CSV, a date or bytes would become text that fails every row at the charged
+    # validation gate: refused here, for free, as pre-flight refuses such a Parquet column
+    odd = {c: t for c, t in frame.schema.items() if t.is_temporal() or t in (pl.Binary, pl.Object)}
+    if odd:
+        listed = ", ".join(f"'{c}' ({t})" for c, t in odd.items())
+        raise DataError(
+            f"data has columns privflow cannot read: {listed}. It reads numbers, whole numbers and category "
+            "labels; convert those columns (e.g. a date to a number of days) first."
+        )
+    path = tmp / "data.csv"
+    try:
+        frame.write_csv(path)
+    except pl.exceptions.PolarsError as exc:  # nested (list, struct) columns have no CSV form
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"data cannot be written as a table ({first}); give every column plain values.") from None
+    return path
+
+
+def _store(store: Any) -> Path:
+    if not isinstance(store, str | Path):
+        raise ConfigError(f"store must be a folder path (str or Path), got {type(store).__name__}.")
+    return Path(store)
+
+
+def fit(
+    data: str | Path | pl.DataFrame | Any,
+    schema: str | Path | Schema | dict[str, Any],
+    epsilon: float = 1.0,
+    delta: float = 1e-5,
+    *,
+    store: str | Path = ".privflow",
+    show_progress: bool = False,
+    prefect: bool | None = None,
+    **config: Any,
+) -> Synthesizer:
+    """Train a DP flow on `data` (a CSV/Parquet path, or a polars/pandas DataFrame) described by
+    `schema` (a YAML path, a Schema or its dict) at (epsilon, delta), and return the released model.
+
+    `config` holds RunConfig sections and fields (privflow/core/config.py), e.g.
+    `model={"name": "maf"}, train={"epochs": 2}, promotion="never"`. `prefect` runs the
+    pipeline as a Prefect flow (True) or in this process without Prefect's engine (False);
+    None, the default, decides as `privflow run` does: a flow when PREFECT_API_URL is set.
+    What is charged, recorded and registered is the same either way.
+    """
+    from privflow.core.startup import use_prefect
+    from privflow.preflight import preflight
+
+    privacy = config.pop("privacy", {})
+    if not isinstance(privacy, dict):
+        raise ConfigError(f"privacy must be a mapping of privacy settings, got {type(privacy).__name__}.")
+    with tempfile.TemporaryDirectory(prefix="privflow-api-") as tmp:
+        run = RunConfig.build(
+            data=_data_path(data, Path(tmp)),
+            schema_path=_schema_path(schema, Path(tmp)),
+            store=_store(store),
+            privacy={**privacy, "epsilon": epsilon, "delta": delta},
+            **config,
+        )
+        # the CLI's checks, before the store is set up, any server starts or the ledger reserves
+        try:
+            checked = preflight(run)
+            run = checked.config
+            for note in checked.notes:
+                warnings.warn(note, UserWarning, stacklevel=2)
+        except PrivflowError as exc:  # name the caller's frame or schema, not this call's temporary copy
+            text = str(exc)
+            for path, what in ((run.data, "the data frame given to fit"), (run.schema_path, "the schema given")):
+                if Path(tmp) in Path(path).parents:
+                    text = text.replace(f"'{path}'", what).replace(str(path), what)
+            if text == str(exc):
+                raise
+            raise type(exc)(text) from None
+        engine = use_prefect(prefect is True, prefect is False)
+        env.configure(store)  # offline, quiet settings before prefect and mlflow are imported
+        if engine:  # imports prefect: after env.configure; the flow plans in its own plan task
+            from privflow.flows.train import train_pipeline
+
+            summary = train_pipeline(run, show_progress=show_progress)
+        else:  # pre-flight's plan, handed down: computed once
+            from privflow.flows.pipeline import train_in_process
+
+            summary = train_in_process(run, show_progress=show_progress, plan=checked.plan)
+    synth = Synthesizer.load(summary.model_name, summary.model_version, store)
+    synth.summary = summary
+    return synth
+
+
+__all__ = ["Synthesizer", "fit"]

@@ -1,0 +1,1 @@
+"""Configuration, errors, environment and process plumbing that every layer may use."""

@@ -1,0 +1,533 @@
+"""Copula codec: every column through its DP marginal CDF into (0, 1), and back by inverse CDF.
+
+The flow learns the dependence between columns; the marginals come from one DP release
+(`privacy/mechanisms/dp_marginals.py`). Encoding a column through its released CDF and
+decoding through the inverse makes the synthetic marginals equal the released ones by
+construction (a Gaussian/uniform copula; Nelsen, "An Introduction to Copulas", ch. 2), so
+the flow no longer has to learn spiky integer columns, many-valued categoricals or mass
+at the public bounds.
+
+Cells (public: fixed by the schema and two public integers, never by the rows).
+Each column's marginal is a probability vector over its cells, in this order:
+
+- categorical: one cell per declared category (declared order);
+- integer: cells are runs of consecutive integers [a_k, b_k). If the support
+  ceil(lo)..floor(hi) has at most `max_atoms` values, every integer is its own cell (an
+  atom: spikes such as a loan term 12/24/36/48/60 and point masses such as a capital
+  gain of 0 are kept exactly). Otherwise the cells are `grid_bins` equal-width bins of the
+  dequantized domain [lo, hi + 1) on the column's scale (identity or log1p), with edges
+  rounded to integers and duplicates dropped (on a log scale the first cells are then
+  single integers, e.g. 0, 1, 2, ...); each of the schema's declared `atoms` is cut out as a
+  single integer of its own;
+- numeric: `grid_bins` equal-width bins of [lo, hi] on the column's scale (t = identity or
+  log1p), and a zero-width cell [a, a] for each declared atom a (a public point mass: 0 for
+  an amount that is often exactly zero, a default value), which holds the rows equal to a;
+- a nullable column has one more cell, last, for null.
+
+Encode (`CopulaCodec.encode`): a value in cell k, whose CDF interval is [F_k, F_k + p_k),
+goes to F_k + p_k * r with r in [0, 1) its position inside the cell: for a category or an
+integer atom r is a uniform draw from the explicit generator (dequantization inside the
+atom's interval); for a run of integers r = (x - a_k + v) / (b_k - a_k), v uniform; for a
+numeric bin r is the linear position of t(x) in the bin (no draw). Null is the null cell's
+interval with a uniform draw. u is clipped to [`U_MARGIN`, 1 - `U_MARGIN`], and with
+space="gaussian" mapped to z = Phi^-1(u).
+
+Decode (`CopulaCodec.decode`): u -> cell by `searchsorted` on the CDF (side='right', so
+cells of zero released mass are never chosen), r = (u - F_k) / p_k, and back to a label,
+an integer (floor inside the run) or a number (linear on the t-scale inside the bin);
+the null cell to null. decode(encode(df)) == df for categorical and integer columns;
+numeric values come back within one bin (exactly, up to rounding, when their bin has
+mass). Everything is vectorised numpy/polars; no per-row Python.
+
+The codec is a pure function of the schema and the released `Marginals` (privacy rule 2):
+it reads no statistic of the rows it encodes. Rows in a cell of zero released mass encode
+to the point F_k (a measure-zero set; the alternative, mixing in a floor mass, would put
+back values the release says are absent).
+
+Randomness (privacy rule 6): `encode` draws from the generator it is given; for private rows
+pass one seeded from the OS CSPRNG (`privacy.noise.secret_seed`) and use it for nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import polars as pl
+from scipy import special
+
+from privflow.core.errors import DataError
+from privflow.data.schema import Column, Schema
+
+DEFAULT_MAX_ATOMS = 1024
+# 512, not 1024: every occupied bin carries its own Gaussian noise, so a grid column's TVD
+# floor grows with the number of occupied bins. On the Adult demo, even at a generous epsilon,
+# a 512-bin log grid leaves fnlwgt closer to its empirical histogram than a 1024-bin one, while
+# a bin is still narrow on the log scale. Integer supports up to `max_atoms` stay exact.
+DEFAULT_GRID_BINS = 512
+# u stays this far inside (0, 1): Phi^-1 is then within about +-6, and never infinite.
+U_MARGIN = 1e-9
+
+Space = Literal["uniform", "gaussian"]
+
+
+def _t(x: Any, transform: str) -> Any:
+    return np.log1p(x) if transform == "log1p" else x
+
+
+def _t_inv(v: Any, transform: str) -> Any:
+    return np.expm1(v) if transform == "log1p" else v
+
+
+# ---------------------------------------------------------------------------- public cells
+
+
+@dataclass(frozen=True, eq=False)
+class Cells:
+    """The public cells of one column's marginal (module docstring, "Cells").
+
+    kind "categorical": `labels`; "integer": integer runs [starts[k], ends[k]); "numeric":
+    bin edges `edges` (length n_values + 1) on the t-scale. The null cell, if any, is last.
+    """
+
+    column: str
+    kind: Literal["categorical", "integer", "numeric"]
+    nullable: bool
+    transform: str = "none"
+    labels: tuple[str, ...] = ()
+    starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    ends: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    edges: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    bounds: tuple[float, float] | None = None
+    atoms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # numeric: declared point masses, sorted
+    atom_cells: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # and their cells
+
+    @property
+    def n_values(self) -> int:
+        if self.kind == "categorical":
+            return len(self.labels)
+        if self.kind == "integer":
+            return int(self.starts.size)
+        return int(self.edges.size - 1)
+
+    @property
+    def n_cells(self) -> int:
+        return self.n_values + (1 if self.nullable else 0)
+
+    def same_as(self, other: Cells) -> bool:
+        """The same public cells: kind, labels, runs, edges and atoms alike (not just as many)."""
+        return (self.column, self.kind, self.nullable, self.transform, self.labels, self.bounds) == (
+            other.column,
+            other.kind,
+            other.nullable,
+            other.transform,
+            other.labels,
+            other.bounds,
+        ) and all(
+            np.array_equal(a, b)
+            for a, b in (
+                (self.starts, other.starts),
+                (self.ends, other.ends),
+                (self.edges, other.edges),
+                (self.atoms, other.atoms),
+            )
+        )
+
+    @property
+    def is_atomic(self) -> bool:
+        """Every value cell is one point (a category or a single integer)."""
+        return self.kind == "categorical" or (self.kind == "integer" and bool(np.all(self.ends - self.starts == 1)))
+
+
+def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS) -> Cells:
+    """The cells of `col` from the schema alone (module docstring, "Cells")."""
+    if max_atoms < 1 or grid_bins < 1:
+        raise ValueError(f"max_atoms and grid_bins must be >= 1, got {max_atoms}, {grid_bins}")
+    if col.is_categorical:
+        return Cells(col.name, "categorical", col.nullable, labels=tuple(col.categories or ()))
+    lo, hi = col.bounds  # type: ignore[misc]
+    if col.type == "numeric":
+        edges = np.linspace(float(_t(lo, col.transform)), float(_t(hi, col.transform)), grid_bins + 1)
+        atoms = np.unique(np.asarray(col.atoms, dtype=np.float64))
+        t_atoms = np.asarray(_t(atoms, col.transform), dtype=np.float64)
+        # each atom's edge twice (a grid edge it falls on once only): the cell between is [a, a]
+        edges = np.sort(np.concatenate([edges[~np.isin(edges, t_atoms)], t_atoms, t_atoms]))
+        cells = np.searchsorted(edges, t_atoms, side="left").astype(np.int64)
+        return Cells(
+            col.name,
+            "numeric",
+            col.nullable,
+            col.transform,
+            edges=edges,
+            bounds=(float(lo), float(hi)),
+            atoms=atoms,
+            atom_cells=cells,
+        )
+    lo_i, hi_i = math.ceil(lo), math.floor(hi)  # at least one integer: the schema refuses bounds without
+    if hi_i - lo_i + 1 <= max_atoms:
+        starts = np.arange(lo_i, hi_i + 1, dtype=np.int64)
+    else:
+        t_edges = np.linspace(float(_t(lo_i, col.transform)), float(_t(hi_i + 1, col.transform)), grid_bins + 1)
+        cuts = np.rint(_t_inv(t_edges, col.transform)).astype(np.int64)
+        cuts[0], cuts[-1] = lo_i, hi_i + 1
+        atoms = np.asarray(col.atoms, dtype=np.int64)  # each its own run [a, a + 1)
+        starts = np.unique(np.clip(np.concatenate([cuts[:-1], atoms, atoms + 1]), lo_i, hi_i))
+    ends = np.append(starts[1:], hi_i + 1).astype(np.int64)
+    return Cells(
+        col.name, "integer", col.nullable, col.transform, starts=starts, ends=ends, bounds=(float(lo_i), float(hi_i))
+    )
+
+
+def schema_cells(schema: Schema, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS) -> list[Cells]:
+    """`column_cells` for every column, in schema order."""
+    return [column_cells(c, max_atoms, grid_bins) for c in schema.columns]
+
+
+def _numbers(s: pl.Series, name: str) -> np.ndarray:
+    try:
+        return s.cast(pl.Float64).to_numpy().astype(np.float64)
+    except Exception:
+        raise DataError(
+            f"Column '{name}': its {s.dtype} values are not numbers; pass the typed frame returned by validate()."
+        ) from None
+
+
+def cell_positions(s: pl.Series, cells: Cells) -> tuple[np.ndarray, np.ndarray]:
+    """(cell index [n] int64, position inside the cell [n] in [0, 1] or NaN where a draw is needed).
+
+    A per-row map fixed by the schema: each row lands in exactly one cell (values outside
+    the public bounds are clipped to them, as the schema codec does). Raises DataError on a
+    null in a non-nullable column or an undeclared category (validate the table first).
+    """
+    n = s.len()
+    isnull = s.is_null().to_numpy()
+    pos = np.full(n, np.nan)
+    if cells.kind == "categorical":
+        labels = list(cells.labels)
+        codes = s.cast(pl.String).replace_strict(labels, list(range(len(labels))), default=None, return_dtype=pl.Int64)
+        unknown = codes.is_null().to_numpy() & ~isnull
+        if unknown.any():
+            raise DataError(
+                f"Column '{cells.column}': {int(unknown.sum())} value(s) are not in its declared "
+                "categories; validate the table first."
+            )
+        idx = codes.fill_null(0).to_numpy().astype(np.int64)
+    else:
+        x = _numbers(s, cells.column)
+        isnull = isnull | np.isnan(x)
+        lo, hi = cells.bounds  # type: ignore[misc]
+        xv = np.clip(np.where(isnull, lo, x), lo, hi)
+        if cells.kind == "integer":
+            xi = np.floor(xv).astype(np.int64)
+            idx = np.searchsorted(cells.starts, xi, side="right") - 1
+            width = cells.ends[idx] - cells.starts[idx]
+            # a run of integers: the integer's own slot, (x - a) / width .. (x - a + 1) / width; the draw fills it
+            pos = np.where(width > 1, (xi - cells.starts[idx]).astype(np.float64), np.nan)
+        else:
+            tx = _t(xv, cells.transform)
+            e = cells.edges
+            idx = np.clip(np.searchsorted(e, tx, side="right") - 1, 0, e.size - 2)
+            with np.errstate(divide="ignore", invalid="ignore"):  # an atom's zero-width cell: set below
+                pos = np.clip((tx - e[idx]) / (e[idx + 1] - e[idx]), 0.0, 1.0)
+            if cells.atoms.size:  # a value equal to a declared atom: the atom's cell, its position drawn
+                hit = np.isin(xv, cells.atoms) & ~isnull
+                idx[hit] = cells.atom_cells[np.searchsorted(cells.atoms, xv[hit])]
+                pos[hit] = np.nan
+    if isnull.any():
+        if not cells.nullable:
+            raise DataError(
+                f"Column '{cells.column}': {int(isnull.sum())} null value(s) in a column that is not "
+                "nullable; validate the table first."
+            )
+        idx = np.where(isnull, cells.n_values, idx)
+        pos = np.where(isnull, np.nan, pos)
+    return idx.astype(np.int64), pos
+
+
+def cell_index(df: pl.DataFrame, cells: Sequence[Cells]) -> np.ndarray:
+    """[n, d] int64: the cell of every row in every column (the mechanism's histogram input)."""
+    missing = [c.column for c in cells if c.column not in df.columns]
+    if missing:
+        raise DataError(f"The table lacks the declared column(s) {missing}.")
+    out = np.empty((df.height, len(cells)), dtype=np.int64)
+    for j, c in enumerate(cells):
+        out[:, j] = cell_positions(df.get_column(c.column), c)[0]
+    return out
+
+
+# ---------------------------------------------------------------------------- released marginals
+
+
+@dataclass(frozen=True, eq=False)
+class Marginals:
+    """Released per-column probability vectors over the public cells, and the cell parameters.
+
+    `probs[name]` has `column_cells(col, max_atoms, grid_bins).n_cells` entries, each >= 0,
+    summing to 1. Produced by `privacy.mechanisms.dp_marginals` (DP) or, in tests, by hand.
+    """
+
+    probs: Mapping[str, np.ndarray]
+    max_atoms: int = DEFAULT_MAX_ATOMS
+    grid_bins: int = DEFAULT_GRID_BINS
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (floats), for the model artifact."""
+        return {
+            "max_atoms": int(self.max_atoms),
+            "grid_bins": int(self.grid_bins),
+            "probs": {k: [float(x) for x in np.asarray(v)] for k, v in self.probs.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Marginals:
+        return cls(
+            {k: np.asarray(v, dtype=np.float64) for k, v in data["probs"].items()},
+            int(data["max_atoms"]),
+            int(data["grid_bins"]),
+        )
+
+
+def _check_probs(name: str, p: np.ndarray, n_cells: int) -> np.ndarray:
+    p = np.asarray(p, dtype=np.float64)
+    if p.shape != (n_cells,):
+        raise ValueError(f"marginal of column '{name}' has {p.size} entries, its cells number {n_cells}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0) or p.sum() <= 0:
+        raise ValueError(f"marginal of column '{name}' must be finite, >= 0 and not all zero")
+    return p / p.sum()
+
+
+class CopulaCodec:
+    """Encode typed rows to (0, 1)^d (or R^d, space="gaussian") through the released marginal
+    CDFs, and decode any array back to rows of the schema (module docstring)."""
+
+    def __init__(self, schema: Schema, marginals: Marginals, space: Space = "uniform") -> None:
+        if space not in ("uniform", "gaussian"):
+            raise ValueError(f"space must be 'uniform' or 'gaussian', got {space!r}")
+        self.schema = schema
+        self.marginals = marginals
+        self.space: Space = space
+        self.cells = schema_cells(schema, marginals.max_atoms, marginals.grid_bins)
+        extra = sorted(set(marginals.probs) - set(schema.names))
+        if extra:
+            raise ValueError(f"marginals for undeclared column(s) {extra}")
+        self.probs: list[np.ndarray] = []
+        self.cdfs: list[np.ndarray] = []
+        for c in self.cells:
+            if c.column not in marginals.probs:
+                raise ValueError(f"no marginal for column '{c.column}'")
+            p = _check_probs(c.column, marginals.probs[c.column], c.n_cells)
+            cdf = np.concatenate([[0.0], np.cumsum(p)])
+            cdf /= cdf[-1]
+            cdf[-1] = 1.0
+            self.probs.append(np.diff(cdf))
+            self.cdfs.append(cdf)
+
+    @classmethod
+    def from_marginals(cls, schema: Schema, marginals: Marginals, space: Space = "uniform") -> CopulaCodec:
+        return cls(schema, marginals, space)
+
+    @property
+    def dim(self) -> int:
+        return len(self.cells)
+
+    def uniformize(self, u: np.ndarray, jitter: np.ndarray) -> np.ndarray:
+        """Randomised probability integral transform of one sampled batch, per column:
+        (rank - 1 + V) / m with V ~ U(0, 1) from the sampling generator.
+
+        The flow learns the dependence but its coordinates are only approximately uniform;
+        this makes each column of the batch exactly uniform (for any m, m = 1 included) while
+        keeping the flow's ranks, so the decoded columns follow the released DP marginals by
+        construction. Post-processing of released samples: no private value is involved.
+        """
+        u = np.asarray(u)
+        if u.ndim != 2 or u.shape[1] != self.dim or np.shape(jitter) != u.shape:
+            raise ValueError(f"expected u and jitter of shape [m, {self.dim}], got {u.shape} and {np.shape(jitter)}")
+        out = self._ranks(u).T  # [m, d], column-major
+        out += np.asarray(jitter, dtype=np.float64)
+        out /= u.shape[0]
+        np.clip(out, U_MARGIN, 1 - U_MARGIN, out=out)
+        return special.ndtri(out) if self.space == "gaussian" else out
+
+    @staticmethod
+    def _ranks(u: np.ndarray) -> np.ndarray:
+        """[m, d] -> [d, m] float64: each value's 0-based rank in its column, ties in row order
+        (the ranks of a stable sort). For float32, what the flows return: the value's
+        order-preserving 32-bit key sorted in two stable 16-bit passes (numpy sorts 16-bit keys
+        by radix: much faster than a stable argsort of the values, and the same ranks);
+        otherwise a stable argsort of the float64 values. Column by column: each one's
+        permutations stay in cache (faster than the same work on the whole batch)."""
+        m, d = u.shape
+        ranks = np.empty((d, m))
+        rank = np.arange(m, dtype=np.float64)
+        if u.dtype != np.float32 or np.isnan(u).any():
+            columns = np.asarray(u, dtype=np.float64).T
+            for j in range(d):
+                ranks[j][np.argsort(columns[j], kind="stable")] = rank
+            return ranks
+        bits = np.ascontiguousarray(u.T + np.float32(0.0)).view(np.uint32)  # + 0: -0.0 ties with 0.0
+        # flip every bit of a negative value, only the sign bit of the others: unsigned order = value order
+        keys = bits ^ ((bits.view(np.int32) >> 31).view(np.uint32) | np.uint32(1 << 31))
+        low_half, high_half = keys.astype(np.uint16), (keys >> 16).astype(np.uint16)
+        ranked = np.empty(m)
+        for j in range(d):
+            by_low = np.argsort(low_half[j], kind="stable")
+            ranked[np.argsort(high_half[j][by_low], kind="stable")] = rank  # rank of by_low's k-th value
+            ranks[j][by_low] = ranked
+        return ranks
+
+    def log_mass(self, df: pl.DataFrame) -> np.ndarray:
+        """[n] sum over columns of log p(cell of the row): with the flow's log-density of the
+        encoded row, the row's log-likelihood against counting measure on cells x Lebesgue on
+        the position inside them (du = p_k dr), a reference shared by every copula codec with the
+        same cells, so versions trained through different DP marginals can be compared (-inf
+        where a cell has no released mass)."""
+        idx = cell_index(df, self.cells)
+        with np.errstate(divide="ignore"):
+            return np.sum([np.log(self.probs[j][idx[:, j]]) for j in range(self.dim)], axis=0)
+
+    def same_cells(self, other: CopulaCodec) -> bool:
+        """Both codecs split every column into the same public cells (schema, max_atoms, grid_bins):
+        compared cell by cell, so changed bounds or atoms that keep the count still differ."""
+        return (
+            self.schema.names == other.schema.names
+            and (self.marginals.max_atoms, self.marginals.grid_bins)
+            == (other.marginals.max_atoms, other.marginals.grid_bins)
+            and all(a.same_as(b) for a, b in zip(self.cells, other.cells, strict=True))
+        )
+
+    @property
+    def cardinalities(self) -> list[int | None]:
+        """Every copula coordinate is continuous (categories are dequantized inside their cell)."""
+        return [None] * self.dim
+
+    # ------------------------------------------------------------------ encode
+
+    def encode(self, df: pl.DataFrame, generator: np.random.Generator) -> np.ndarray:
+        """Typed frame -> float64 [n, d]: u in [U_MARGIN, 1 - U_MARGIN] (or Phi^-1(u)).
+
+        `generator` draws the position inside atoms, integer runs and the null cell; pass a
+        secret one for private rows (module docstring, "Randomness").
+        """
+        if not isinstance(generator, np.random.Generator):
+            raise TypeError("encode needs an explicit numpy Generator (np.random.default_rng(secret_seed()))")
+        missing = [c.column for c in self.cells if c.column not in df.columns]
+        if missing:
+            raise DataError(f"Cannot encode: the table lacks the declared column(s) {missing}.")
+        n = df.height
+        out = np.empty((n, self.dim), dtype=np.float64)
+        for j, c in enumerate(self.cells):
+            idx, pos = cell_positions(df.get_column(c.column), c)
+            draw = np.isnan(pos)
+            r = pos.copy()
+            if c.kind == "integer":
+                # inside a run of integers: (offset + v) / width, v uniform
+                run = ~draw
+                width = c.ends[np.minimum(idx, c.n_values - 1)] - c.starts[np.minimum(idx, c.n_values - 1)]
+                v = generator.random(n)
+                r = np.where(run, (np.nan_to_num(pos) + v) / width, v)
+            elif draw.any():
+                r[draw] = generator.random(int(draw.sum()))
+            cdf, p = self.cdfs[j], self.probs[j]
+            u = cdf[idx] + p[idx] * np.clip(r, 0.0, 1.0)
+            # rounding must not carry u into the next cell (a tiny cell late in the CDF)
+            out[:, j] = np.where(p[idx] > 0, np.minimum(u, np.nextafter(cdf[idx + 1], 0.0)), cdf[idx])
+        np.clip(out, U_MARGIN, 1.0 - U_MARGIN, out=out)
+        return special.ndtri(out) if self.space == "gaussian" else out
+
+    # ------------------------------------------------------------------ decode
+
+    def decode(self, array: np.ndarray) -> pl.DataFrame:
+        """Any finite array [n, d] -> rows of the schema (schema order; types as `validate`
+        returns them: Int64, Float64, Enum of the declared categories; nulls where the null
+        cell is drawn)."""
+        a = np.asarray(array, dtype=np.float64)
+        if a.ndim != 2 or a.shape[1] != self.dim:
+            raise ValueError(f"decode expects an array of shape [n, {self.dim}], got {list(a.shape)}")
+        if np.isnan(a).any():
+            raise ValueError("decode got NaN values; the sampler must return finite numbers")
+        u = special.ndtr(a) if self.space == "gaussian" else a
+        ut = np.array(u.T, dtype=np.float64, order="C")  # a copy, one contiguous row per column
+        np.clip(ut, 0.0, np.nextafter(1.0, 0.0), out=ut)
+        cols: dict[str, pl.Series] = {}
+        for j, c in enumerate(self.cells):
+            cdf, p = self.cdfs[j], self.probs[j]
+            idx = self._cell_of(cdf, ut[j])
+            np.clip(idx, 0, c.n_cells - 1, out=idx)
+            r = None
+            if not c.is_atomic:  # a category or a single integer is its cell: no position needed
+                pk = p[idx]
+                r = np.clip((ut[j] - cdf[idx]) / np.where(pk > 0, pk, 1.0), 0.0, 1.0)
+            cols[c.column] = self._values(c, idx, r)
+        return pl.DataFrame(cols)
+
+    @staticmethod
+    def _cell_of(cdf: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """``searchsorted(cdf, u, side="right") - 1`` for u in [0, 1), through a lookup table: u
+        falls in one of G = 2^k equal buckets (G >= 8 x knots; u * G is exact), which knows the
+        cell at its left edge; one comparison with the next knot settles a bucket that holds a
+        single knot, a binary search the few that hold more. Faster than the binary search on
+        every value, and the same indices."""
+        buckets = 1 << max(6, 3 + int(cdf.size).bit_length())
+        at_edges = np.searchsorted(cdf, np.arange(buckets + 1) / buckets, side="right") - 1
+        b = (u * buckets).astype(np.intp)
+        np.clip(b, 0, buckets - 1, out=b)
+        idx = at_edges[b]
+        idx += np.append(cdf, np.inf)[idx + 1] <= u  # idx <= cdf.size - 1: the next knot, or none
+        crowded = (at_edges[1:] - at_edges[:-1] > 1)[b]
+        if crowded.any():
+            rows = np.flatnonzero(crowded)
+            idx[rows] = np.searchsorted(cdf, u[rows], side="right") - 1
+        return idx
+
+    @staticmethod
+    def _values(c: Cells, idx: np.ndarray, r: np.ndarray | None) -> pl.Series:
+        """The column's values from each row's cell and position inside it (r: None for atomic cells)."""
+        if c.kind == "categorical":
+            # gather from Enum labels: faster than gathering strings and casting them
+            return pl.Series(c.column, [*c.labels, None], dtype=pl.Enum(list(c.labels))).gather(idx)
+        isnull = idx >= c.n_values
+        k = np.minimum(idx, c.n_values - 1)
+        if c.kind == "integer":
+            if r is None:
+                x = c.starts[k]
+            else:
+                width = c.ends[k] - c.starts[k]
+                x = c.starts[k] + np.minimum(np.floor(r * width).astype(np.int64), width - 1)
+            s = pl.Series(c.column, x, dtype=pl.Int64)
+        else:
+            e = c.edges
+            lo, hi = c.bounds  # type: ignore[misc]
+            x = np.clip(_t_inv(e[k] + r * (e[k + 1] - e[k]), c.transform), lo, hi)
+            if c.atoms.size:  # an atom's cell gives the atom itself (no round trip through the t-scale)
+                at = np.isin(k, c.atom_cells)
+                x[at] = c.atoms[np.searchsorted(c.atom_cells, k[at])]
+            s = pl.Series(c.column, x, dtype=pl.Float64)
+        if isnull.any():
+            s = s.scatter(np.flatnonzero(isnull), None)
+        return s
+
+
+def marginal_of(df: pl.DataFrame, cells: Cells) -> np.ndarray:
+    """The empirical distribution of one column over its cells (for tests and curator-only
+    diagnostics; never for anything released)."""
+    idx, _ = cell_positions(df.get_column(cells.column), cells)
+    counts = np.bincount(idx, minlength=cells.n_cells).astype(np.float64)
+    return counts / max(counts.sum(), 1.0)
+
+
+__all__ = [
+    "DEFAULT_GRID_BINS",
+    "DEFAULT_MAX_ATOMS",
+    "U_MARGIN",
+    "Cells",
+    "CopulaCodec",
+    "Marginals",
+    "cell_index",
+    "cell_positions",
+    "column_cells",
+    "marginal_of",
+    "schema_cells",
+]

@@ -1,0 +1,434 @@
+"""Reading and writing the private table (CSV or Parquet).
+
+`read_table` only parses: it does not check the data against the schema (that is
+`privflow.data.validation.validate`). CSV columns are all read as strings so a value of the wrong
+type reaches validation, where it is counted. The reader is total over rows (privacy rule 8):
+a row is a line, and a line that cannot be read as a row of the header's columns becomes a
+failing row, never a refusal of the file. Only what is public may refuse a file before a row
+is read, each as a `DataError` with one paragraph that names the file: the format (decided
+by the content, not the suffix: Parquet by its magic bytes, gzip by its own, CSV text in
+UTF-8 with or without a byte-order mark, or UTF-16 with one) and the header line (which
+also decides the delimiter: comma, semicolon, tab or pipe). `sniff` and `read_header` read
+the first bytes and the header line only.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import gzip
+import io
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from privflow.core.errors import DataError
+
+CSV_SUFFIXES = (".csv", ".tsv", ".txt")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+TABLE_SUFFIXES = (".csv", *PARQUET_SUFFIXES)  # the tables privflow writes and takes as new data
+_SUPPORTED = "CSV (.csv) or Parquet (.parquet, .pq), optionally gzip-compressed (.gz)"
+DELIMITERS = (",", ";", "\t", "|")
+DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab", "|": "pipe"}
+_HEAD_BYTES = 1 << 16
+
+_MAGIC = {
+    b"PK\x03\x04": "a ZIP archive (an Excel .xlsx or .ods workbook?)",
+    b"\xd0\xcf\x11\xe0": "an old Excel/Office document (.xls)",
+    b"SQLite format 3": "an SQLite database",
+    b"%PDF": "a PDF document",
+    b"BZh": "a bzip2 archive",
+    b"\xfd7zXZ": "an xz archive",
+    b"(\xb5/\xfd": "a zstd archive",
+    b"ARROW1": "an Arrow/Feather file",
+}
+
+
+@dataclass(frozen=True)
+class TableFormat:
+    """How a table file is stored, as sniffed from its first bytes."""
+
+    kind: str  # "csv" | "parquet"
+    compression: str | None = None  # "gzip" | None
+    encoding: str | None = None  # "utf-8" | "utf-8-sig" | "utf-16" (CSV only)
+    delimiter: str | None = None  # CSV only
+
+    def describe(self) -> str:
+        if self.kind == "parquet":
+            out = "Parquet"
+        else:
+            name = DELIMITER_NAMES.get(self.delimiter or ",", repr(self.delimiter))
+            out = f"{self.encoding or 'utf-8'} CSV, {name}-delimited"
+        return out + (", gzip-compressed" if self.compression else "")
+
+
+def _kind(path: Path) -> str:
+    """The format chosen by suffix (writing only; reading decides by content)."""
+    suffix = path.suffix.lower()
+    if suffix in CSV_SUFFIXES:
+        return "csv"
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    raise DataError(
+        f"Data file '{path}' has the suffix '{path.suffix or '(none)'}'; privflow reads {_SUPPORTED} "
+        "files only. Convert the file or rename it if it already is one of these formats."
+    )
+
+
+def _check_file(p: Path) -> None:
+    if p.is_dir():
+        raise DataError(
+            f"Data path '{p}' is a directory, not a file; pass the table file itself (e.g. '{p}/data.csv')."
+        )
+    if not p.exists():
+        raise DataError(f"Data file '{p}' does not exist; check the path (relative paths start in {Path.cwd()}).")
+    if not p.is_file():
+        raise DataError(f"Data path '{p}' is not a regular file (a device, socket or pipe?); pass a table file.")
+
+
+def _raw(p: Path, limit: int | None = None) -> tuple[bytes, str | None]:
+    """The file's bytes (decompressed if gzip), at most `limit` of them; and the compression."""
+    _check_file(p)
+    try:
+        with p.open("rb") as fh:
+            magic = fh.read(2)
+            fh.seek(0)
+            if magic == b"\x1f\x8b":
+                try:
+                    with gzip.GzipFile(fileobj=fh) as gz:
+                        return (gz.read(limit) if limit is not None else gz.read()), "gzip"
+                except (OSError, EOFError, zlib.error) as exc:
+                    if limit is not None:  # a truncated head is fine; a broken archive is not
+                        raise DataError(
+                            f"Data file '{p}' is a damaged gzip archive ({exc}); compress it again."
+                        ) from None
+                    raise DataError(f"Data file '{p}' is a damaged gzip archive ({exc}); compress it again.") from None
+            return (fh.read(limit) if limit is not None else fh.read()), None
+    except PermissionError:
+        raise DataError(
+            f"Data file '{p}' cannot be read: permission denied. Give the user running privflow read access "
+            f"(e.g. chmod u+r '{p}')."
+        ) from None
+    except IsADirectoryError:
+        _check_file(p)
+        raise
+    except OSError as exc:
+        raise DataError(f"Data file '{p}' cannot be read: {exc.strerror or exc}.") from None
+
+
+def _header_bytes(head: bytes) -> bytes:
+    """The first line of a head of the file (the header): public, unlike every line after it."""
+    cut = head.find(b"\n")
+    return head if cut < 0 else head[: cut + 1]
+
+
+def _encoding(p: Path, head: bytes) -> str:
+    """The text encoding of a CSV file, from its byte-order mark and its header line only, or a
+    DataError with a hint. Rows are never looked at: a row that does not decode is a failing row
+    (`read_table`), not a verdict on the file."""
+    if head.startswith(codecs.BOM_UTF8):
+        enc = "utf-8-sig"
+    elif head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "utf-16"
+    elif head.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+        raise DataError(f"Data file '{p}' is UTF-32 text; save it as UTF-8 CSV.")
+    else:
+        enc = "utf-8"
+    line = _header_bytes(head)
+    if len(line) >= 4 and line.count(b"\x00") * 3 >= len(line):
+        raise DataError(
+            f"Data file '{p}' looks like UTF-16 text without a byte-order mark; privflow reads UTF-8, or UTF-16 "
+            "with a byte-order mark. Save it as UTF-8 CSV (e.g. iconv -f UTF-16LE -t UTF-8)."
+        )
+    if b"\x00" in line:
+        raise DataError(
+            f"Data file '{p}' has NUL bytes in its header line, so it is neither CSV text nor Parquet (a binary or "
+            "corrupted file?); export the table as UTF-8 CSV or Parquet."
+        )
+    try:
+        codecs.getincrementaldecoder(enc)().decode(line, final=False)
+    except UnicodeDecodeError:
+        raise DataError(
+            f"Data file '{p}' has a header line that is not UTF-8 text. If the file is Latin-1 or Windows-1252 "
+            f"(common for spreadsheet exports), convert it, e.g. `iconv -f WINDOWS-1252 -t UTF-8 '{p}' > out.csv`; "
+            "privflow reads UTF-8, or UTF-16 with a byte-order mark."
+        ) from None
+    return enc
+
+
+def _header_text(head: bytes, enc: str) -> str:
+    """The header line of a head of the file, decoded (without its line break)."""
+    if enc == "utf-16":
+        head = head[: len(head) - len(head) % 2]
+        text = codecs.getincrementaldecoder(enc)(errors="replace").decode(head, final=False)
+        return text.split("\n", 1)[0].rstrip("\r")
+    text = _header_bytes(head).decode(enc, errors="replace")
+    return text.split("\n", 1)[0].rstrip("\r")
+
+
+def _sniff_delimiter(header: str) -> str:
+    """The candidate that splits the header line into the most fields (comma on ties). Only the
+    header is public: a delimiter sniffed from rows would let one row decide how every row is read."""
+    best, best_width = ",", 1
+    for d in DELIMITERS:
+        try:
+            width = len(next(csv.reader([header], delimiter=d)))
+        except (csv.Error, StopIteration):
+            continue
+        if width > best_width:
+            best, best_width = d, width
+    return best
+
+
+def sniff(path: str | Path) -> TableFormat:
+    """The file's format from its first bytes and header line: Parquet or CSV (encoding,
+    delimiter), gzip or not.
+
+    Raises DataError for a missing or unreadable path, an empty file, a known non-table format
+    (ZIP/Excel, PDF, ...), or a header line that is binary or in an encoding privflow does not
+    read. What the rows hold is never looked at here.
+    """
+    p = Path(path)
+    head, compression = _raw(p, _HEAD_BYTES)
+    if not head.strip():
+        raise DataError(f"Data file '{p}' is empty; it needs a header row naming the columns.")
+    if head.startswith(b"PAR1"):
+        return TableFormat("parquet", compression)
+    for magic, what in _MAGIC.items():
+        if head.startswith(magic):
+            raise DataError(f"Data file '{p}' is {what}, not a table privflow reads; export it as {_SUPPORTED}.")
+    enc = _encoding(p, head)
+    return TableFormat("csv", compression, enc, _sniff_delimiter(_header_text(head, enc)))
+
+
+UNREADABLE = "_privflow_unreadable"  # read_table: why a row could not be read (null on rows that were)
+_UNDECODABLE = re.compile("[\udc80-\udcff\ufffd]")
+
+
+def _lines(data: bytes, enc: str) -> tuple[list[str], list[bool]]:
+    """The file's physical lines (LF or CRLF), decoded, and for each whether it held bytes that
+    do not decode. A row is a line: a bad byte, quote or field count stays in its own line."""
+    if enc == "utf-16":
+        text = data[: len(data) - len(data) % 2].decode("utf-16", errors="replace")
+        lines = text.split("\n")
+        return lines, [_UNDECODABLE.search(line) is not None for line in lines]
+    text = data.decode("utf-8", errors="surrogateescape")
+    if enc == "utf-8-sig" and text.startswith("\ufeff"):
+        text = text[1:]
+    lines = text.split("\n")
+    try:
+        text.encode("utf-8")
+        bad = [False] * len(lines)
+    except UnicodeEncodeError:  # some byte did not decode: find its lines
+        bad = [_UNDECODABLE.search(line) is not None for line in lines]
+    return lines, bad
+
+
+def _row(line: str, delimiter: str, width: int) -> tuple[list[str] | None, str | None]:
+    """One data line split into fields, or None and the reason it is not a row of this table."""
+    if "\x00" in line:
+        return None, "holds a NUL byte"
+    if '"' not in line and "\r" not in line:
+        fields = line.split(delimiter)
+    else:
+        try:
+            records = list(csv.reader([line], delimiter=delimiter, strict=True))
+        except csv.Error as exc:
+            return None, f"is not valid CSV ({exc})"
+        fields = records[0] if records else []
+    if len(fields) != width:
+        return None, f"has {len(fields)} fields where the header has {width}"
+    return fields, None
+
+
+def _parse_csv(path: Path, data: bytes, fmt: TableFormat) -> pl.DataFrame:
+    """Parse CSV bytes into all-string columns, one row per line, totally: the header decides the
+    columns, and a line that is not a row of them (a field too many or too few, broken quoting, a
+    NUL, bytes that do not decode) becomes a row of nulls whose `UNREADABLE` field says why, so
+    that validation counts it as a failing row instead of refusing the file. Whatever one line
+    holds, it changes no other row (privacy rule 8). Blank lines are not rows.
+
+    A consequence: a quoted field may not hold a line break (each part would be a failing row).
+    polars' reader is not used: it pads short rows, renames duplicate headers and reads invalid
+    UTF-8 lossily, each of which would make a broken row look like plausible data.
+    """
+    delimiter = fmt.delimiter or ","
+    lines, undecodable = _lines(data, fmt.encoding or "utf-8")
+    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if first is None:
+        raise DataError(f"Data file '{path}' is empty; it needs a header row naming the columns.")
+    if undecodable[first]:
+        raise DataError(f"Data file '{path}' has a header line that is not valid {fmt.encoding} text.")
+    try:
+        header = next(csv.reader([lines[first].rstrip("\r")], delimiter=delimiter, strict=True), None)
+    except csv.Error as exc:
+        raise DataError(f"Data file '{path}' has a header line that is not valid CSV: {exc}.") from None
+    header = _check_header(path, header)
+    width = len(header)
+    rows: list[list[str | None]] = []
+    reasons: list[str | None] = []
+    empty: list[str | None] = [None] * width
+    for number in range(first + 1, len(lines)):
+        line = lines[number]
+        if line.endswith("\r"):
+            line = line[:-1]
+        if not line.strip():
+            continue
+        if undecodable[number]:
+            fields, why = None, f"holds bytes that are not valid {fmt.encoding} text"
+        else:
+            fields, why = _row(line, delimiter, width)
+        if fields is None:
+            rows.append(empty)
+            reasons.append(f"line {number + 1} {why}")
+        else:
+            rows.append(fields)  # type: ignore[arg-type]
+            reasons.append(None)
+    columns = list(zip(*rows, strict=True)) if rows else [()] * width
+    frame = pl.DataFrame(
+        {name: list(col) for name, col in zip(header, columns, strict=True)},
+        schema={name: pl.String for name in header},
+    )
+    if any(r is not None for r in reasons):
+        frame = frame.with_columns(pl.Series(UNREADABLE, reasons, dtype=pl.String))
+    return frame
+
+
+def _check_header(path: Path, header: list[str] | None) -> list[str]:
+    if header is None or not any(h.strip() for h in header):
+        raise DataError(f"Data file '{path}' has no header row; the first line must name the columns.")
+    blank = [i + 1 for i, h in enumerate(header) if not h.strip()]
+    if blank:
+        raise DataError(
+            f"Data file '{path}' has {len(blank)} blank column name(s) in its header (position(s) "
+            f"{blank[:5]}); every column needs a name that matches the schema."
+        )
+    dups = sorted({h for h in header if header.count(h) > 1})
+    if dups:
+        raise DataError(
+            f"Data file '{path}' names these columns more than once in its header: {dups}; "
+            "each column must appear exactly once."
+        )
+    if UNREADABLE in header:
+        raise DataError(f"Data file '{path}' has a column named '{UNREADABLE}', a name privflow reserves.")
+    return header
+
+
+def _parquet_schema(p: Path, fmt: TableFormat) -> dict[str, pl.DataType]:
+    try:
+        if fmt.compression:
+            data, _ = _raw(p)
+            return dict(pl.read_parquet_schema(io.BytesIO(data)))
+        return dict(pl.read_parquet_schema(p))
+    except DataError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(
+            f"Data file '{p}' starts like Parquet but its metadata does not parse ({first}); write it again."
+        ) from None
+
+
+def read_header(path: str | Path) -> tuple[TableFormat, list[str], dict[str, pl.DataType] | None]:
+    """(format, column names, Parquet dtypes or None for CSV) from the head of the file only.
+
+    CSV headers are checked for blank and duplicate names; no row value is read.
+    """
+    p = Path(path)
+    fmt = sniff(p)
+    if fmt.kind == "parquet":
+        dtypes = _parquet_schema(p, fmt)
+        if not dtypes:
+            raise DataError(f"Data file '{p}' has no columns.")
+        return fmt, list(dtypes), dtypes
+    head, _ = _raw(p, _HEAD_BYTES)
+    try:
+        header = next(csv.reader([_header_text(head, fmt.encoding or "utf-8")], delimiter=fmt.delimiter or ","), None)
+    except csv.Error as exc:
+        raise DataError(f"Data file '{p}' has a header line that is not valid CSV: {exc}.") from None
+    return fmt, _check_header(p, header), None
+
+
+def count_rows(path: str | Path, fmt: TableFormat | None = None) -> int:
+    """Data rows in the file without parsing values: Parquet metadata, or the CSV's non-blank
+    lines after the header (a row is a line, as `read_table` reads it). For PUBLIC files only
+    (pretraining): a private file's row count is never a public fact (privacy rule 8)."""
+    p = Path(path)
+    fmt = fmt or sniff(p)
+    try:
+        if fmt.kind == "parquet":
+            if fmt.compression:
+                data, _ = _raw(p)
+                return int(pl.scan_parquet(io.BytesIO(data)).select(pl.len()).collect().item())
+            return int(pl.scan_parquet(p).select(pl.len()).collect().item())
+        data, _ = _raw(p)
+        lines, _bad = _lines(data, fmt.encoding or "utf-8")
+        return max(0, sum(1 for line in lines if line.strip()) - 1)
+    except DataError:
+        raise
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"Data file '{p}' could not be scanned as {fmt.describe()} ({first}).") from None
+
+
+def empty_strings_to_null(df: pl.DataFrame) -> pl.DataFrame:
+    """An empty field means a missing value, whether it was written as `,,` or `,"",`."""
+    exprs = [
+        pl.when(pl.col(name) == "").then(None).otherwise(pl.col(name)).alias(name)
+        for name, dtype in df.schema.items()
+        if dtype == pl.String
+    ]
+    return df.with_columns(exprs) if exprs else df
+
+
+def read_table(path: str | Path) -> pl.DataFrame:
+    """Read a CSV (every column as a string, empty field -> null) or Parquet file, gzipped or not.
+
+    Total over rows (privacy rule 8): it raises DataError only for what the file's format and
+    header decide (missing, not a table privflow reads, a header that does not parse, Parquet
+    that does not parse); a CSV line that is not a row of the header's columns is kept as a row
+    of nulls with the reason in the `UNREADABLE` column (present only when some row has one),
+    which validation counts as a failing row. A file with a header and no rows gives an empty
+    frame: whether that stops a run is the validation gate's DP decision. The schema is not
+    consulted here.
+    """
+    p = Path(path)
+    fmt = sniff(p)
+    data, _ = _raw(p)
+    if fmt.kind == "csv":
+        df = _parse_csv(p, data, fmt)
+    else:
+        try:
+            df = pl.read_parquet(io.BytesIO(data))
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DataError(
+                f"Data file '{p}' does not parse as Parquet ({first}); write it again, or export it as CSV."
+            ) from None
+        if UNREADABLE in df.columns:
+            raise DataError(f"Data file '{p}' has a column named '{UNREADABLE}', a name privflow reserves.")
+    if df.width == 0:
+        raise DataError(f"Data file '{p}' has no columns.")
+    return empty_strings_to_null(df)
+
+
+def write_table(df: pl.DataFrame, path: str | Path) -> Path:
+    """Write `df` as CSV or Parquet, chosen by the suffix; creates the parent folder. Written
+    beside it and renamed when complete, so a failed write (a full disk) leaves no partial
+    table under the name, and an earlier file of that name stays as it was."""
+    p = Path(path)
+    kind = _kind(p)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".part")
+    try:
+        if kind == "csv":
+            df.write_csv(tmp)
+        else:
+            df.write_parquet(tmp)
+        tmp.replace(p)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return p

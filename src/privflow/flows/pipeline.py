@@ -1,0 +1,546 @@
+"""The training pipeline: validated table in, DP flow trained, checkpoint chosen, model and
+cumulative epsilon in MLflow (docs/privacy.md, "Data flow of the training pipeline").
+
+The chain runs as a Prefect flow (flows/train.py, `train_pipeline`: each step a task run) or
+in process without Prefect (`train_in_process`, `privflow run` without a Prefect API). This
+module does not import Prefect, so the second path never pays for it (tasks/lazy_task.py).
+
+Privacy bookkeeping: the plan is made and the dataset's ledger reserves its events before
+any row is read; the run settles with the events actually spent (a run the validation gate
+stops is charged the gate alone); a run that fails in the middle of a mechanism keeps its
+reservation counted. The reported epsilon is the version's: the PLD composition of the
+recorded events of the run and of every private ancestor it was warm-started from (privacy
+rule 9, `Ledger.lineage`; without a private parent, the run's own), and nothing else. The
+run's own figure is kept beside it (`epsilon_run`).
+
+Trust boundary (docs/privacy.md, "Trust boundary"): the MLflow run, the registered version and the
+synthetic table hold only what `tasks/release.py` allows (public values and mechanism
+outputs). Everything computed on private rows without a mechanism goes to the run's
+curator-only folder (privflow/core/curator.py). After rows are read, no global RNG touches
+released output: the synthetic table comes from an explicit generator (privflow/serving/sampler.py).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import ExitStack, nullcontext
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from privflow.core.config import RunConfig
+from privflow.core.curator import curator_dir, write_json
+from privflow.core.errors import ValidationFailed
+from privflow.data.chunked import scratch, streamed
+from privflow.data.codec import Codec
+from privflow.data.copula import CopulaCodec
+from privflow.data.io import read_table, write_table
+from privflow.data.schema import Schema
+from privflow.data.target_head import release_parts
+from privflow.data.validation import validate
+from privflow.preflight import gate_floor, gate_limit
+from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
+from privflow.privacy.accounting.plan import PrivacyPlan
+from privflow.privacy.fingerprint import keyed_fingerprint, store_key
+from privflow.privacy.ledger import Ledger, Lineage
+from privflow.privacy.mechanisms import validation_gate
+from privflow.tasks import mlflow_store as store_ml
+from privflow.tasks.evaluate import evaluate_run
+from privflow.tasks.fit import FitResult, Spend, fit, prepare
+from privflow.tasks.mlflow_store import Registered, register_model
+from privflow.tasks.plan import plan_privacy
+from privflow.tasks.promote import PromotionSettings, promote_if_better
+from privflow.tasks.stream import first_pass, stream_prepare
+from privflow.tasks.train import cpu_threads
+from privflow.tasks.validate import validate_data
+from privflow.tasks.warm_start import resolve_parent
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run produced, as the CLI prints it and Python callers receive it."""
+
+    run_id: str
+    mlflow_run_id: str
+    model_name: str
+    model_version: str
+    alias: str
+    alias_version: str | None
+    promotion: str
+    epsilon: float  # the version's: its private lineage composed (privacy rule 9); else this run's own
+    delta: float  # the delta `epsilon` is stated at (the dataset's with a private parent, else the run's)
+    epsilon_rdp: float  # RDP cross-check of this run's own events
+    dataset_epsilon: float
+    stages: dict[str, float]
+    synthetic_path: str
+    curator_dir: str
+    report_path: str | None
+    metrics: dict[str, float]
+    failing_rows_dp: float
+    wall_seconds: float
+    dataset_delta: float = 0.0  # the delta dataset_epsilon is stated at: the dataset budget's, not the run's
+    init_from: str | None = None  # a warm start's parent version, NAME/VERSION
+    release_note: str | None = None  # why the release is not a trained flow (FitResult.release_note)
+    diagnostics_note: str | None = None  # curator-only: diagnostics skipped, and why (never released)
+    epsilon_run: float = 0.0  # this run alone: PLD composition of its own recorded events, at delta_run
+    delta_run: float = 0.0  # this run's delta
+    lineage: str | None = None  # the versions the weights descend from: NAME/V -> ... -> this version
+    lineage_runs: tuple[str, ...] = ()  # the ledger runs whose events `epsilon` composes, oldest first
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _read_and_gate(
+    config: RunConfig,
+    schema: Schema,
+    plan: PrivacyPlan,
+    curator: Path,
+    spend: Spend,
+    work: Path | None = None,
+    show_progress: bool = False,
+) -> tuple[Any, validation_gate.GateDecision]:
+    """Read the rows and let the DP gate decide on them; the exact report stays with the curator.
+    Returns the clean table, or for a streamed run (`work`: its scratch folder) what the first
+    pass over the chunks keeps (tasks/stream.py)."""
+    stage = plan.stage("validate")
+    threshold, floor = gate_limit(config, schema, plan), gate_floor(config, schema, plan)
+    decisions: list[validation_gate.GateDecision] = []
+
+    def gate(failing: int, passing: int) -> bool:
+        spend.start()
+        decisions.append(validation_gate.gate(failing, threshold, stage.event, passing, floor))  # type: ignore[arg-type]
+        spend.add(stage.event)
+        return decisions[-1].stop
+
+    try:
+        if work is None:
+            df, report = _step(validate_data)(config.data, schema, config.policy, curator / "quarantine.csv", gate)
+        else:
+            df, report = _step(first_pass)(config, schema, plan, work, gate, curator / "quarantine.csv", show_progress)
+    except ValidationFailed as exc:
+        report = getattr(exc, "report", None)
+        if report is not None:
+            write_json(curator, "validation.json", report.to_dict())
+        if not decisions:
+            raise
+        raise ValidationFailed(
+            f"The validation gate stopped the run ({config.policy} policy): {decisions[-1].describe()}. "
+            f"The exact per-column counts are in the curator-only report {curator / 'validation.json'}. "
+            f"The gate's DP count cost epsilon={decisions[-1].epsilon:.3g}, which the ledger has charged; "
+            + (
+                "nothing else was spent. Check that --data is the whole table, or correct the schema's "
+                "dataset.expected_rows."
+                if decisions[-1].too_few
+                else "nothing else was spent. Fix the rows (or the schema's bounds), or raise the policy's limit "
+                + (
+                    "(gate.strict_max_failing), or use --policy quarantine."
+                    if config.policy == "strict"
+                    else "(gate.quarantine_max_failing)."
+                )
+            )
+        ) from None
+    write_json(curator, "validation.json", report.to_dict())
+    store_ml.log_gate(decisions[-1].noisy_failing)
+    return df, decisions[-1]
+
+
+def _diagnose(
+    config: RunConfig,
+    schema: Schema,
+    codec: Codec | CopulaCodec,
+    flow: torch.nn.Module,
+    df: pl.DataFrame,
+    x_train: np.ndarray,
+    x_val: np.ndarray,
+    synthetic: pl.DataFrame,
+    curator: Path,
+    extra: dict[str, Any],
+) -> tuple[dict[str, float], str | None, str | None]:
+    """Evaluation on the real rows, written to the curator-only folder (never to MLflow):
+    (metrics, report path, a note for the curator when part or all of it was skipped).
+
+    Diagnostics come after the release and spend nothing: a test file none of whose rows pass
+    its checks, or any other failure in them, is noted (curator-only) and never costs the
+    run its registered model."""
+    write_json(curator, "training.json", extra)
+    test_df, notes = None, []
+    try:
+        if config.evaluate.test_data is not None:
+            try:
+                test_df, _ = validate(
+                    read_table(config.evaluate.test_data), schema, "quarantine", curator / "test_quarantine.csv"
+                )
+            except ValidationFailed as exc:
+                notes.append(f"--test-data was not used: {exc}")
+        if df.height == 0:
+            return {}, None, _note(curator, notes)
+        evaluation = _step(evaluate_run)(
+            schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate, curator / "evaluation"
+        )
+    except Exception as exc:  # noqa: BLE001 - the release stands; the curator is told what failed
+        notes.append(f"diagnostics failed ({type(exc).__name__}: {exc})")
+        return {}, None, _note(curator, notes)
+    metrics = {k: float(v) for k, v in evaluation.metrics.items() if np.isfinite(v)}
+    write_json(curator, "metrics.json", {"metrics": metrics})
+    return metrics, str(evaluation.html_path) if evaluation.html_path is not None else None, _note(curator, notes)
+
+
+def _note(curator: Path, notes: list[str]) -> str | None:
+    """The curator's note on skipped diagnostics, also kept in the curator-only folder."""
+    if not notes:
+        return None
+    text = " ".join(" ".join(n.split())[:600] for n in notes)
+    write_json(curator, "diagnostics_notes.json", {"notes": notes})
+    return text
+
+
+def _settle_failure(ledger: Ledger, run_id: str, spend: Spend) -> None:
+    """A failed run's truthful record: nothing read -> released; stopped between mechanisms ->
+    charged what it spent; broken inside a mechanism -> the whole reservation stays counted."""
+    if spend.in_mechanism:
+        ledger.abandon(run_id)
+    elif spend.events:
+        ledger.settle(run_id, spend.events)
+    else:
+        ledger.release(run_id)
+
+
+def _compare_with_holder(
+    config: RunConfig, model_name: str, registered: Registered, store: Path, run_id: str
+) -> Registered:
+    """`--promote if-better` with a holder: the DP comparison decides (its own ledger entry)."""
+    holder = registered.alias_version
+    if config.promotion != "if_better" or holder is None or holder == registered.version:
+        return registered
+    settings = PromotionSettings(alias=config.alias)
+    # Without the engine the comparison runs once: its retry would reserve under Prefect's run count.
+    decision = _step(promote_if_better, retry=False)(
+        model_name, registered.version, config, settings, str(store / "ledger.db"), f"{run_id}:promote"
+    )
+    now = registered.version if decision.promoted else (decision.champion_version or holder)  # read under the lock
+    return Registered(
+        registered.version,
+        now,
+        f"@{config.alias} {'moved to' if decision.promoted else 'kept on'} v{now}: {decision.reason}",
+    )
+
+
+def _reserve(
+    config: RunConfig,
+    schema: Schema,
+    store: Path,
+    run_id: str,
+    lineage: str | None = None,
+    parent: tuple[str, str | None] | None = None,
+    plan: PrivacyPlan | None = None,
+) -> tuple[PrivacyPlan, Ledger]:
+    """Plan and reserve: public inputs only, before any row is read. `plan` is pre-flight's,
+    handed down (computed once); without it (a flow a server or a deployment started) the plan
+    step computes it. A warm start's ledger entry names its parent (`lineage`), and the ledger
+    links the run to it (`parent`: the version, and a private parent's ledger run) for the
+    version's lineage epsilon."""
+    plan = plan if plan is not None else _step(plan_privacy)(config, schema)
+    ledger = Ledger(store / "ledger.db")
+    budget = schema.dataset.budget
+    ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
+    stages = {s.name: f"eps {s.epsilon_alone:.4g} alone" for s in plan.stages}
+    if lineage is not None:
+        stages["init_from"] = lineage
+    ledger.reserve(schema.dataset.name, run_id, plan.events, stages)
+    if parent is not None:
+        ledger.record_parent(run_id, *parent)
+    return plan, ledger
+
+
+def _account(
+    ledger: Ledger, run_id: str, dataset: str, plan: PrivacyPlan, fitted: FitResult, spend: Spend
+) -> tuple[dict[str, float], Lineage]:
+    """Settle the run with what it spent; the accountant's epsilon of the run alone (PLD; RDP as
+    a cross-check), and the version's (`epsilon`, `delta`): its lineage's, the ledger's
+    composition of its private chain (privacy rule 9), or the run's own without a private parent."""
+    ledger.settle(run_id, spend.events)
+    figures = {
+        "epsilon_run": PLDAccountant().epsilon(spend.events, plan.delta),
+        "epsilon_rdp": RDPAccountant().epsilon(spend.events, plan.delta),
+        "delta_run": plan.delta,
+    }
+    lineage = ledger.lineage(run_id)
+    if lineage.private_parents:
+        figures["epsilon"], figures["delta"] = lineage.epsilon, lineage.delta
+    else:
+        figures["epsilon"], figures["delta"] = figures["epsilon_run"], plan.delta
+    figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(dataset)
+    store_ml.log_cumulative_epsilon(fitted.cumulative_epsilon)
+    store_ml.log_spend(
+        spend.events,
+        figures["epsilon_run"],
+        figures["epsilon_rdp"],
+        plan.delta,
+        figures["dataset_epsilon"],
+        fitted.train.steps + 1,
+        (figures["epsilon"], figures["delta"]),
+    )
+    return figures, lineage
+
+
+def _chain(lineage: Lineage, model_name: str, version: str) -> str:
+    """The version's lineage as shown: its ancestors (a public root marked), then itself."""
+    return " -> ".join([*lineage.parents, f"{model_name}/{version}"])
+
+
+def _release_table(
+    config: RunConfig, schema: Schema, fitted: FitResult, store: Path, run_id: str
+) -> tuple[pl.DataFrame, Path]:
+    """The synthetic table from the chosen checkpoint(s): an explicit generator, a public size."""
+    n_rows = config.evaluate.rows(schema.dataset.expected_rows)
+    synthetic = fitted.sample(n_rows, seed=config.evaluate.sampling_seed)
+    path = write_table(synthetic, store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv")  # whole or none
+    store_ml.log_synthetic(path)
+    return synthetic, path
+
+
+def _register(
+    config: RunConfig,
+    schema: Schema,
+    model_name: str,
+    fitted: FitResult,
+    figures: dict[str, float],
+    lineage: Lineage,
+    run_id: str,
+) -> Registered:
+    registered = _step(register_model)(
+        model_name,
+        config.alias,
+        schema,
+        config.model.name,
+        config.model.model_dump(exclude={"name"}),
+        fitted.states,
+        {
+            "epsilon": f"{figures['epsilon']:.6g}",
+            "delta": f"{figures['delta']:g}",
+            "epsilon_run_alone": f"{figures['epsilon_run']:.6g}",
+            "delta_run_alone": f"{figures['delta_run']:g}",
+            "dataset": schema.dataset.name,
+            "dataset_epsilon_cumulative": f"{figures['dataset_epsilon']:.6g}",
+            "privflow_run_id": run_id,
+            "chosen_checkpoint_steps": json.dumps(fitted.chosen_steps),
+            "release": "independent-copula" if fitted.copula_only or fitted.fell_back else "flow",
+        },
+        config.promotion,
+        *release_parts(fitted.codec),  # DP marginals and target head, as release_codec reads them
+    )
+    store_ml.log_lineage(model_name, registered.version, _chain(lineage, model_name, registered.version), lineage.runs)
+    return registered
+
+
+def _summary(
+    config: RunConfig,
+    plan: PrivacyPlan,
+    run_id: str,
+    mlflow_run_id: str,
+    model_name: str,
+    registered: Registered,
+    figures: dict[str, float],
+    lineage: Lineage,
+    outputs: dict[str, Any],
+    metrics: dict[str, float],
+    decision: validation_gate.GateDecision,
+    started: float,
+) -> RunSummary:
+    return RunSummary(
+        run_id=run_id,
+        mlflow_run_id=mlflow_run_id,
+        model_name=model_name,
+        model_version=registered.version,
+        alias=config.alias,
+        alias_version=registered.alias_version,
+        promotion=registered.promotion,
+        epsilon=figures["epsilon"],
+        delta=figures["delta"],
+        epsilon_run=figures["epsilon_run"],
+        delta_run=plan.delta,
+        lineage=_chain(lineage, model_name, registered.version),
+        lineage_runs=lineage.runs,
+        epsilon_rdp=figures["epsilon_rdp"],
+        dataset_epsilon=figures["dataset_epsilon"],
+        dataset_delta=figures["dataset_delta"],
+        stages={s.name: s.epsilon_alone for s in plan.stages},
+        metrics=metrics,
+        failing_rows_dp=max(0.0, decision.noisy_failing),
+        wall_seconds=time.monotonic() - started,
+        **outputs,
+    )
+
+
+def run_pipeline(
+    config: RunConfig, show_progress: bool = True, engine: bool = False, plan: PrivacyPlan | None = None
+) -> RunSummary:
+    """The chain once; `engine`: its steps as Prefect tasks (only inside a Prefect flow run,
+    flows/train.py), otherwise as their plain functions (`train_in_process`). `plan`: the
+    privacy plan pre-flight made from the same configuration, used as it is."""
+    token = _ENGINE.set(engine)
+    try:
+        return _pipeline(config, show_progress, plan)
+    finally:
+        _ENGINE.reset(token)
+
+
+def train_in_process(config: RunConfig, show_progress: bool = True, plan: PrivacyPlan | None = None) -> RunSummary:
+    """The same chain without Prefect's engine (`privflow run --no-server`): no API, so no
+    temporary server (13-24 s of a run's start here) and no flow or task run records.
+
+    Prefect 3.8 cannot run a flow or a task without an API (its engines create their runs
+    through a client; with ephemeral mode off and no PREFECT_API_URL they raise), so this calls
+    the flow's steps as the plain functions behind the tasks (`task.fn`). Everything privflow
+    records is the same: plan, ledger reservation and settlement, MLflow run, registered version,
+    synthetic table; the ledger run id is a fresh UUID, as a flow run's id is. Steps keep their
+    retry policy (registration: 2 retries) except the promotion comparison, which runs once.
+    """
+    return run_pipeline(config, show_progress, engine=False, plan=plan)
+
+
+# Whether the pipeline's steps run as Prefect tasks (inside flows/train.py's `train_pipeline`)
+# or as their plain functions (`train_in_process`).
+_ENGINE: ContextVar[bool] = ContextVar("privflow_train_engine", default=False)
+
+
+def _step(task: Any, retry: bool = True) -> Callable[..., Any]:
+    """A pipeline step: the Prefect task itself inside the flow; without the engine, the task's
+    function, retried as the task would be (its retries and delay) when `retry`."""
+    if _ENGINE.get():
+        return task
+    fn = task.fn
+    retries = int(getattr(task, "retries", 0) or 0) if retry else 0
+    delay = getattr(task, "retry_delay_seconds", 0) or 0
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for attempt in range(retries + 1):
+            try:
+                return fn(*args, **kwargs)
+            except Exception:
+                if attempt == retries:
+                    raise
+                wait = delay[min(attempt, len(delay) - 1)] if isinstance(delay, list | tuple) else delay
+                time.sleep(float(wait))
+        raise AssertionError("unreachable")
+
+    return call
+
+
+def _flow_run() -> tuple[str | None, int | None]:
+    """The Prefect flow run's (id, attempt): asked only inside one (Prefect is imported there)."""
+    from prefect.runtime import flow_run
+
+    return flow_run.id, flow_run.run_count
+
+
+def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | None = None) -> RunSummary:
+    """The chain itself (module docstring); steps through `_step`, so with or without Prefect."""
+    started = time.monotonic()
+    schema = Schema.from_yaml(config.schema_path)
+    store = config.store.resolve()
+    store_ml.tracking(store)
+    store_ml.experiment_for(schema.dataset.name, store)
+    model_name = config.model_name or f"privflow-{schema.dataset.name}"
+    # A warm start's parent, checked (tasks/warm_start.py) before anything is reserved or read,
+    # and pinned to its version so that the params and the ledger name exactly the weights used.
+    parent = resolve_parent(config, schema)
+    if parent is not None:
+        config = config.model_copy(update={"init_from": parent.spec})
+    # One ledger entry per attempt: a retried flow run that reruns the mechanisms spends
+    # again and is counted again; an attempt that read nothing releases its reservation.
+    # Without the engine no flow run exists: prefect.runtime is not asked (it may call the API).
+    flow_id, attempt = _flow_run() if _ENGINE.get() else (None, 1)
+    run_id = f"{flow_id or uuid.uuid4()}-attempt{attempt or 1}"
+    plan, ledger = _reserve(
+        config,
+        schema,
+        store,
+        run_id,
+        parent.lineage() if parent is not None else None,
+        (parent.spec, parent.ledger_run) if parent is not None else None,
+        planned,
+    )
+    budget, spend = schema.dataset.budget, Spend()
+    try:
+        ledger.ensure_dataset(
+            schema.dataset.name, budget.epsilon, budget.delta, keyed_fingerprint(config.data, store_key(store))
+        )
+        curator = curator_dir(store, run_id)
+        # fork_rng + a CSPRNG seed: whatever global draw happens after rows are read is
+        # neither derivable from public values nor left behind in the caller's RNG.
+        with (
+            cpu_threads(config.train.threads),
+            torch.random.fork_rng(devices=[]),
+            store_ml.released_run(
+                schema.dataset.name, f"{schema.dataset.name}-eps{config.privacy.epsilon:g}"
+            ) as active,
+            ExitStack() as stack,
+        ):
+            torch.manual_seed(secrets.randbits(63))
+            store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
+            work = curator / "scratch" if streamed(config, schema) else None
+            stack.enter_context(scratch(work) if work is not None else nullcontext())
+            df, decision = _read_and_gate(config, schema, plan, curator, spend, work, show_progress)
+            if work is None:
+                codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
+            else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
+                codec, x_train, x_val, df = stream_prepare(
+                    config, schema, plan, spend, df, work, _ENGINE.get(), show_progress
+                )
+            fitted = fit(
+                config,
+                schema,
+                codec,
+                x_train,
+                x_val,
+                plan=plan,
+                spend=spend,
+                show_progress=show_progress,
+                as_tasks=_ENGINE.get(),
+                init_state=parent.state if parent is not None else None,
+            )
+            figures, lineage = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
+            synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
+            metrics, report_path, diagnostics_note = _diagnose(
+                config, schema, codec, fitted.flows[0], df, x_train, x_val, synthetic, curator, fitted.diagnostics()
+            )
+            registered = _register(config, schema, model_name, fitted, figures, lineage, run_id)
+    except BaseException:
+        _settle_failure(ledger, run_id, spend)
+        raise
+    registered = _compare_with_holder(config, model_name, registered, store, run_id)
+    # the DP comparison with the alias's holder is charged to the same dataset: the summary's total counts it
+    figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(schema.dataset.name)
+    outputs = {
+        "synthetic_path": str(synthetic_path),
+        "curator_dir": str(curator),
+        "report_path": report_path,
+        "init_from": config.init_from,
+        "release_note": fitted.release_note,
+        "diagnostics_note": diagnostics_note,
+    }
+    return _summary(
+        config,
+        plan,
+        run_id,
+        active.info.run_id,
+        model_name,
+        registered,
+        figures,
+        lineage,
+        outputs,
+        metrics,
+        decision,
+        started,
+    )

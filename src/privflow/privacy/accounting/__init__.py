@@ -1,0 +1,1 @@
+"""Privacy events, the accountants that compose them, and the plan's calibration."""

@@ -1,0 +1,1 @@
+"""DP-SGD: the optimiser loop, clipping strategies and per-example gradient samplers."""

@@ -1,0 +1,822 @@
+"""The privacy ledger: a persistent, per-dataset record of every privacy event ever spent.
+
+One SQLite file (stdlib sqlite3, WAL journal) holds datasets with their total budget and
+runs with their events as JSON. A run reserves its events before it reads a row
+(docs/privacy.md, privacy rules 3 and 6): inside `BEGIN IMMEDIATE` (the database write
+lock, so concurrent reservers are serialised across processes) the ledger composes every
+event already recorded for the dataset (reserved, settled or failed: any of them may have
+read data) with the new ones using the PLD accountant at the dataset's delta, and refuses
+the run if the total would pass the budget. The reported epsilon comes only from here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from privflow.core.errors import BudgetExceeded, PrivacyPlanError, StoreError
+from privflow.privacy.accounting.accountant import PLDAccountant
+from privflow.privacy.accounting.events import (
+    Event,
+    GaussianEvent,
+    LaplaceEvent,
+    NonPrivateEvent,
+    PoissonGaussianEvent,
+    PureDPEvent,
+    RepeatedEvent,
+    events_from_json,
+    events_to_json,
+    flatten,
+)
+
+log = logging.getLogger(__name__)
+
+# Relative slack for floating-point noise only: a plan calibrated to land exactly on the
+# budget may compose to budget * (1 + 1e-12) in the PLD's arithmetic.
+_REL_TOL = 1e-9
+
+# Statuses whose events count against the budget and show in the publishable summary:
+# 'reserved' (an open reservation), 'settled' (the run finished and spent its events) and
+# 'failed' (abandoned after a mechanism ran: its reservation stays counted). A 'released'
+# reservation read no row and spent nothing; a refused run is never recorded at all.
+CHARGED_STATUSES = ("reserved", "settled", "failed")
+_STATUS_LABEL = {"reserved": "reserved (open)", "settled": "settled", "failed": "abandoned"}
+
+# What the publishable ledger summary (`describe`, `privflow ledger show`) prints, per run,
+# and why each is public. `describe` builds its table from this tuple only, and a test fails
+# if it prints anything else. Data fingerprints are deliberately absent: they are keyed
+# HMACs of private files, kept in the database for the curator and out of published output.
+PUBLISHABLE_RUN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run", "the run's id: a random identifier (Prefect flow-run UUID and attempt), not derived from rows"),
+    (
+        "status",
+        "settled / abandoned / reserved (open): whether the run finished, a fact the released "
+        "model already shows, and never data-dependent beyond the validation gate's DP decision",
+    ),
+    ("created", "wall-clock time of the reservation, made before any row is read"),
+    ("eps (run)", "the run's own epsilon: PLD composition of its events, which are mechanism parameters"),
+    ("eps (cumulative)", "PLD composition of this run's and all earlier runs' events on the dataset"),
+    (
+        "events",
+        "the mechanisms' parameters (noise multipliers, sample rates, steps), set by the public "
+        "plan before any row is read: Gaussian (DP statistics, DP prior), Poisson-sampled Gaussian "
+        "(DP-SGD), pure DP (Report-Noisy-Max, the validation gate)",
+    ),
+    ("stages", "the plan's standalone epsilon per stage, computed from public settings only"),
+)
+# Per dataset: name, budget (public settings of the schema), spent and remaining epsilon
+# (PLD composition of the published events) and the number of charged runs.
+PUBLISHABLE_DATASET_FIELDS: tuple[tuple[str, str], ...] = (
+    ("dataset", "the schema's public dataset name"),
+    ("budget", "the schema's public total (epsilon, delta)"),
+    ("spent", "PLD composition of every charged run's events"),
+    ("remaining", "budget minus spent"),
+    ("runs", "the number of charged runs listed below"),
+)
+_HEX = re.compile(r"\b[0-9a-f]{12,}\b")
+# public_sources: the data owner's declarations, one per version `privflow pretrain` registered
+# (tasks/warm_start.py): the exact version (its weights' digest) and the keyed fingerprint of the
+# table declared public. Only a version declared here warm-starts for free; a registry tag does not.
+# lineage: a warm-started run's parent version and, for a private parent, the parent's ledger run,
+# so that a version's epsilon is its private chain's composition (privacy rule 9, `Ledger.lineage`).
+_LINEAGE_TEXT = re.compile(r"ledger run (\S+) \(already counted")  # the stages' init_from of older ledgers
+# Notes that are functions of a private file's bytes (its keyed fingerprint changed, or came
+# back): recorded in `curator_notes`, shown by `curator_notes()` / `privflow ledger curator-notes`
+# only, never in `notes()` or the publishable summary (privacy rules 5 and 8).
+_FINGERPRINT_NOTE = "%content fingerprint%"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS datasets (
+    name TEXT PRIMARY KEY,
+    budget_epsilon REAL NOT NULL,
+    budget_delta REAL NOT NULL,
+    fingerprint TEXT,
+    created TEXT NOT NULL,
+    spent_epsilon REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS fingerprints (
+    dataset TEXT NOT NULL REFERENCES datasets(name),
+    fingerprint TEXT NOT NULL,
+    first_seen TEXT NOT NULL,
+    PRIMARY KEY (dataset, fingerprint)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    dataset TEXT NOT NULL REFERENCES datasets(name),
+    status TEXT NOT NULL CHECK (status IN ('reserved', 'settled', 'failed', 'released')),
+    events TEXT NOT NULL,
+    reserved_events TEXT NOT NULL,
+    reserved_epsilon REAL NOT NULL,
+    epsilon REAL NOT NULL,
+    stages TEXT NOT NULL,
+    created TEXT NOT NULL,
+    settled_at TEXT
+);
+CREATE TABLE IF NOT EXISTS public_sources (
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    weights TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    declared TEXT NOT NULL,
+    PRIMARY KEY (model, version)
+);
+CREATE TABLE IF NOT EXISTS lineage (
+    run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
+    parent TEXT NOT NULL,
+    parent_run TEXT
+);
+CREATE TABLE IF NOT EXISTS notes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset TEXT NOT NULL,
+    at TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS curator_notes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    dataset TEXT NOT NULL,
+    at TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run's row: `events` are what it spent (or holds in reserve); `epsilon` is that run alone."""
+
+    run_id: str
+    dataset: str
+    status: str
+    events: tuple[Event, ...]
+    created: str
+    settled_at: str | None
+    epsilon: float
+    reserved_events: tuple[Event, ...] = ()
+    stages: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class PublicSource:
+    """A version `privflow pretrain` registered from a table the data owner declared public."""
+
+    model: str
+    version: str
+    weights: str  # digest of the registered weights (tasks/warm_start.py, `weights_digest`)
+    fingerprint: str  # keyed HMAC of the public table (privacy/fingerprint.py)
+    dataset: str  # the schema's dataset name it was pretrained for
+    declared: str
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """A run's private chain: its ledger runs oldest first (this run last), the parent versions
+    they were warm-started from, oldest first (a public root marked "(public)"; the run's own
+    version is not known here), and the PLD composition of the chain's recorded events at the
+    dataset's delta."""
+
+    runs: tuple[str, ...]
+    parents: tuple[str, ...]
+    epsilon: float
+    delta: float
+
+    @property
+    def private_parents(self) -> bool:
+        """Whether any ancestor is a private release (else the run's epsilon is its own)."""
+        return len(self.runs) > 1
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    """A dataset's budget and what its runs have spent (PLD composition at budget_delta)."""
+
+    name: str
+    budget_epsilon: float
+    budget_delta: float
+    fingerprint: str | None
+    created: str
+    spent_epsilon: float
+    runs: int
+    fingerprints: tuple[str, ...] = ()
+
+    @property
+    def remaining_epsilon(self) -> float:
+        return max(0.0, self.budget_epsilon - self.spent_epsilon)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def merge_events(events: Sequence[Event]) -> list[Event]:
+    """An equivalent, shorter list for the accountant: identical events merged into one repetition.
+
+    DP-SGD runs with the same (q, sigma) add their steps. Composition is commutative, so
+    the composed epsilon is unchanged; self-composition by repeated squaring is far cheaper
+    than composing run after run.
+    """
+    counts: dict[Event, int] = {}
+    for event, n in flatten(list(events)):
+        if isinstance(event, PoissonGaussianEvent):
+            key: Event = PoissonGaussianEvent(event.sample_rate, event.noise_multiplier, 1)
+            n *= event.steps
+        else:
+            key = event
+        counts[key] = counts.get(key, 0) + n
+    out: list[Event] = []
+    for event, n in counts.items():
+        if n == 0:
+            continue
+        if isinstance(event, PoissonGaussianEvent):
+            out.append(PoissonGaussianEvent(event.sample_rate, event.noise_multiplier, n))
+        else:
+            out.append(event if n == 1 else RepeatedEvent(event, n))
+    return out
+
+
+def compose_epsilon(events: Sequence[Event], delta: float) -> float:
+    """The ledger's (and privflow's reported) epsilon: PLD composition at `delta`."""
+    merged = merge_events(events)
+    return PLDAccountant().epsilon(merged, delta) if merged else 0.0
+
+
+def describe_event(event: Event) -> str:
+    """A short human label, e.g. 'poisson_gaussian(q=0.01, sigma=1.1, steps=1000)'."""
+    if isinstance(event, RepeatedEvent):
+        return f"{describe_event(event.event)} x{event.count}"
+    if isinstance(event, GaussianEvent | LaplaceEvent):
+        return f"{event.kind}(sigma={event.noise_multiplier:.4g})"
+    if isinstance(event, PoissonGaussianEvent):
+        return f"poisson_gaussian(q={event.sample_rate:.4g}, sigma={event.noise_multiplier:.4g}, steps={event.steps})"
+    if isinstance(event, PureDPEvent):
+        return f"pure_dp(eps={event.epsilon:.4g})"
+    if isinstance(event, NonPrivateEvent):
+        return f"non_private({event.reason})"
+    return repr(event)
+
+
+_LEDGER_TABLES = {"datasets", "runs"}  # a database holding tables but neither of these is someone else's
+
+# SQLite's words for a disk that is full or failing, not a damaged file (kept, never replaced)
+_MACHINE_FAULTS = ("disk I/O error", "database or disk is full")
+
+
+class Ledger:
+    """Persistent privacy ledger in one SQLite file; safe across threads and processes."""
+
+    def __init__(self, path: str | Path, timeout: float = 300.0) -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        if not self.path.parent.is_dir():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            con = self._connect()
+            try:
+                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if tables and not tables & _LEDGER_TABLES:
+                    raise StoreError(
+                        f"'{self.path}' is a SQLite database but not a privacy ledger (it holds the tables "
+                        f"{', '.join(sorted(tables)[:5])}); privflow will not write into it. Point --store at the "
+                        "store folder privflow runs used, or move that file out of the way. Nothing was changed."
+                    )
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        con.execute(statement)
+                self._move_curator_notes(con)
+                con.execute("COMMIT")
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise  # another process holds it past the timeout: not the file's fault
+            if isinstance(exc, sqlite3.OperationalError) and any(s in str(exc) for s in _MACHINE_FAULTS):
+                raise StoreError(
+                    f"The privacy ledger '{self.path}' cannot be used ({exc}): the disk that holds it may be full "
+                    "or failing. Free some space on it (or fix the disk) and rerun; the ledger is left as it is."
+                ) from None
+            raise StoreError(
+                f"The privacy ledger '{self.path}' cannot be opened as a SQLite database ({exc}). It holds every "
+                "epsilon spent on its datasets, so privflow will not replace it: restore it from a backup (do not "
+                "delete it, that would forget what was spent). Nothing was changed."
+            ) from None
+
+    @staticmethod
+    def _move_curator_notes(con: sqlite3.Connection) -> None:
+        """A ledger written before fingerprint notes were curator-only kept them in `notes`, which
+        the publishable summary prints: move them to `curator_notes` (same time, same text)."""
+        moved = "SELECT dataset, at, message FROM notes WHERE message LIKE ?"
+        con.execute(f"INSERT INTO curator_notes (dataset, at, message) {moved}", (_FINGERPRINT_NOTE,))
+        con.execute("DELETE FROM notes WHERE message LIKE ?", (_FINGERPRINT_NOTE,))
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        con.row_factory = sqlite3.Row
+        con.execute(f"PRAGMA busy_timeout={int(self.timeout * 1000)}")
+        con.execute("PRAGMA foreign_keys=ON")
+        con.execute("PRAGMA synchronous=FULL")
+        return con
+
+    @contextmanager
+    def _tx(self, immediate: bool = True) -> Iterator[sqlite3.Connection]:
+        """A transaction: IMMEDIATE takes the write lock at once, so check-then-write is atomic."""
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            try:
+                yield con
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+        finally:
+            con.close()
+
+    # -- datasets ---------------------------------------------------------------------------
+
+    def ensure_dataset(
+        self, name: str, budget_epsilon: float, budget_delta: float, fingerprint: str | None = None
+    ) -> list[str]:
+        """Register a dataset or check it against the record; returns warnings (empty when all agrees).
+
+        A known dataset keeps its recorded budget (change it deliberately with `set_budget`).
+        A fingerprint different from the recorded ones is stored and noted, never ignored: new
+        rows under an old name still share the old name's budget. That note is a function of the
+        private file's bytes, so it is curator-only: written to `curator_notes` (read it with
+        `curator_notes()`), neither returned nor logged, never in the publishable summary.
+        """
+        if not (math.isfinite(budget_epsilon) and budget_epsilon > 0):
+            raise PrivacyPlanError(f"Dataset '{name}': budget epsilon must be a finite positive number.")
+        if not 0 < budget_delta < 1:
+            raise PrivacyPlanError(f"Dataset '{name}': budget delta must lie in (0, 1).")
+        warnings: list[str] = []
+        with self._tx() as con:
+            row = con.execute("SELECT * FROM datasets WHERE name = ?", (name,)).fetchone()
+            now = _now()
+            if row is None:
+                con.execute(
+                    "INSERT INTO datasets (name, budget_epsilon, budget_delta, fingerprint, created)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (name, float(budget_epsilon), float(budget_delta), fingerprint, now),
+                )
+                if fingerprint is not None:
+                    con.execute("INSERT INTO fingerprints VALUES (?, ?, ?)", (name, fingerprint, now))
+                return warnings
+            recorded = (float(row["budget_epsilon"]), float(row["budget_delta"]))
+            lowered = (min(recorded[0], float(budget_epsilon)), min(recorded[1], float(budget_delta)))
+            if lowered != recorded:  # a lower budget is always safe to apply: it takes effect at once
+                self._set_budget(con, name, *lowered, "lowered by the schema")
+            if (float(budget_epsilon), float(budget_delta)) != lowered:
+                warnings.append(
+                    f"Dataset '{name}' keeps its recorded budget (epsilon={lowered[0]:g}, delta={lowered[1]:g}); "
+                    f"the schema's higher (epsilon={budget_epsilon:g}, delta={budget_delta:g}) was not applied. "
+                    f"Raise it on purpose with `privflow ledger set-budget {name} --epsilon E --delta D`."
+                )
+            if fingerprint is not None and fingerprint != row["fingerprint"]:
+                seen = {r[0] for r in con.execute("SELECT fingerprint FROM fingerprints WHERE dataset = ?", (name,))}
+                if row["fingerprint"] is not None:
+                    # Curator-only (no fingerprint value in it either): whether the bytes changed is
+                    # decided by every row, so it never reaches a message or the publishable summary.
+                    con.execute(
+                        "INSERT INTO curator_notes (dataset, at, message) VALUES (?, ?, ?)",
+                        (
+                            name,
+                            now,
+                            f"Dataset '{name}' now has a content fingerprint different from the one recorded"
+                            + (" (a version seen earlier)" if fingerprint in seen else "")
+                            + ". The data changed under the same name; its spent budget still counts.",
+                        ),
+                    )
+                if fingerprint not in seen:
+                    con.execute("INSERT INTO fingerprints VALUES (?, ?, ?)", (name, fingerprint, now))
+                con.execute("UPDATE datasets SET fingerprint = ? WHERE name = ?", (fingerprint, name))
+            for w in warnings:
+                con.execute("INSERT INTO notes (dataset, at, message) VALUES (?, ?, ?)", (name, now, w))
+        for w in warnings:
+            log.warning(w)
+        return warnings
+
+    def set_budget(self, name: str, budget_epsilon: float, budget_delta: float) -> None:
+        """Change a dataset's total budget on purpose (recorded in its notes); spend is recomputed."""
+        if not (math.isfinite(budget_epsilon) and budget_epsilon > 0) or not 0 < budget_delta < 1:
+            raise PrivacyPlanError(f"Dataset '{name}': need epsilon > 0 and 0 < delta < 1.")
+        with self._tx() as con:
+            self._set_budget(con, name, float(budget_epsilon), float(budget_delta), "set on purpose")
+
+    def _set_budget(self, con: sqlite3.Connection, name: str, epsilon: float, delta: float, why: str) -> None:
+        """The budget update, its note, and every run's epsilon recomposed at the new delta."""
+        row = self._dataset_row(con, name)
+        con.execute("UPDATE datasets SET budget_epsilon = ?, budget_delta = ? WHERE name = ?", (epsilon, delta, name))
+        msg = (
+            f"budget changed from (epsilon={row['budget_epsilon']:g}, delta={row['budget_delta']:g}) "
+            f"to (epsilon={epsilon:g}, delta={delta:g}): {why}"
+        )
+        con.execute("INSERT INTO notes (dataset, at, message) VALUES (?, ?, ?)", (name, _now(), msg))
+        for r in con.execute("SELECT run_id, events FROM runs WHERE dataset = ?", (name,)).fetchall():
+            eps = compose_epsilon(events_from_json(r["events"]), delta)
+            con.execute("UPDATE runs SET epsilon = ? WHERE run_id = ?", (eps, r["run_id"]))
+        self._refresh_spent(con, name, delta)
+
+    @staticmethod
+    def _dataset_row(con: sqlite3.Connection, name: str) -> sqlite3.Row:
+        row = con.execute("SELECT * FROM datasets WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise PrivacyPlanError(f"Dataset '{name}' is not in the privacy ledger; register it first.")
+        return row
+
+    @staticmethod
+    def _dataset_events(con: sqlite3.Connection, name: str, exclude: str | None = None) -> list[Event]:
+        out: list[Event] = []
+        for r in con.execute("SELECT run_id, events FROM runs WHERE dataset = ? ORDER BY rowid", (name,)):
+            if r["run_id"] != exclude:
+                out.extend(events_from_json(r["events"]))
+        return out
+
+    def _refresh_spent(self, con: sqlite3.Connection, name: str, delta: float) -> float:
+        total = compose_epsilon(self._dataset_events(con, name), delta)
+        con.execute("UPDATE datasets SET spent_epsilon = ? WHERE name = ?", (total, name))
+        return total
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def reserve(self, dataset: str, run_id: str, events: list[Event], stages: dict[str, str] | None = None) -> None:
+        """Atomically reserve `events` for a run, or raise BudgetExceeded without recording anything.
+
+        Idempotent per run_id: a retried task finds its reservation and adds nothing.
+        """
+        with self._tx() as con:
+            ds = self._dataset_row(con, dataset)
+            existing = con.execute("SELECT dataset, status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if existing is not None:
+                if existing["dataset"] != dataset:
+                    raise PrivacyPlanError(
+                        f"Run '{run_id}' is recorded on dataset '{existing['dataset']}', not '{dataset}'."
+                    )
+                if existing["status"] == "failed":
+                    con.execute("UPDATE runs SET status = 'reserved' WHERE run_id = ?", (run_id,))
+                return
+            requested, total = self._verdict(
+                con, dataset, float(ds["budget_epsilon"]), float(ds["budget_delta"]), events, f"Run '{run_id}'"
+            )
+            now = _now()
+            js = events_to_json(list(events))
+            con.execute(
+                "INSERT INTO runs (run_id, dataset, status, events, reserved_events, reserved_epsilon, epsilon,"
+                " stages, created) VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
+                (run_id, dataset, js, js, requested, requested, json.dumps(stages or {}), now),
+            )
+            con.execute("UPDATE datasets SET spent_epsilon = ? WHERE name = ?", (total, dataset))
+
+    @classmethod
+    def _verdict(
+        cls,
+        con: sqlite3.Connection | None,
+        dataset: str,
+        budget: float,
+        delta: float,
+        events: Sequence[Event],
+        who: str,
+    ) -> tuple[float, float]:
+        """The one budget check (reserve and check both use it): (requested, total) epsilon, or
+        BudgetExceeded naming every number. `con` None: a dataset with no recorded run."""
+        earlier = cls._dataset_events(con, dataset) if con is not None else []
+        n_runs = (
+            con.execute(
+                f"SELECT COUNT(*) FROM runs WHERE dataset = ? AND status IN {CHARGED_STATUSES}", (dataset,)
+            ).fetchone()[0]
+            if con is not None
+            else 0
+        )
+        spent = compose_epsilon(earlier, delta)
+        requested = compose_epsilon(events, delta)
+        total = compose_epsilon(earlier + list(events), delta) if earlier else requested
+        if not total <= budget * (1 + _REL_TOL):
+            raise BudgetExceeded(
+                f"{who} was refused before reading any row: dataset '{dataset}' has a total "
+                f"budget of epsilon={budget:.4g} (delta={delta:g}); {n_runs} earlier run(s) spent "
+                f"epsilon={spent:.4g}, leaving {max(0.0, budget - spent):.4g}, and this run requests "
+                f"epsilon={requested:.4g} on its own, which composes to a total of {total:.4g}. "
+                f"Lower the run's epsilon, or raise the dataset's budget deliberately (`privflow ledger "
+                f"set-budget {dataset} --epsilon E --delta D`) if the data owner agrees."
+            )
+        return requested, total
+
+    def check(
+        self, dataset: str, events: list[Event], budget: tuple[float, float] | None = None, who: str = "This run"
+    ) -> None:
+        """Dry run of `reserve`: raise BudgetExceeded if `events` would pass the dataset's budget;
+        records nothing and takes no write lock.
+
+        A dataset not yet in the ledger is checked against `budget` (epsilon, delta), the one
+        `ensure_dataset` would record; without it, PrivacyPlanError.
+        """
+        with self._tx(immediate=False) as con:
+            row = con.execute("SELECT * FROM datasets WHERE name = ?", (dataset,)).fetchone()
+            if row is None:
+                if budget is None:
+                    raise PrivacyPlanError(f"Dataset '{dataset}' is not in the privacy ledger; register it first.")
+                check_budget(dataset, events, budget, who=who)
+                return
+            # a schema that lowered the budget applies at once (ensure_dataset): check against it already
+            eps, delta = float(row["budget_epsilon"]), float(row["budget_delta"])
+            if budget is not None:
+                eps, delta = min(eps, float(budget[0])), min(delta, float(budget[1]))
+            self._verdict(con, dataset, eps, delta, events, who)
+
+    def settle(self, run_id: str, events: list[Event]) -> None:
+        """Replace a run's reservation by what it actually spent (at most what it reserved).
+
+        If the actual events cost more than the reservation, they are still recorded (the
+        ledger must never under-count) with status 'failed', and PrivacyPlanError is raised.
+        """
+        js = events_to_json(list(events))
+        overspent: str | None = None
+        with self._tx() as con:
+            run = con.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if run is None:
+                raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
+            if run["status"] == "settled":
+                if run["events"] == js:
+                    return
+                raise PrivacyPlanError(f"Run '{run_id}' is already settled with other events.")
+            ds = self._dataset_row(con, run["dataset"])
+            delta = float(ds["budget_delta"])
+            actual = compose_epsilon(events, delta)
+            reserved = float(run["reserved_epsilon"])
+            status = "settled"
+            if not actual <= reserved * (1 + _REL_TOL):
+                status = "failed"
+                overspent = (
+                    f"Run '{run_id}' spent epsilon={actual:.4g} but reserved only {reserved:.4g}; "
+                    "the ledger records what it spent and marks the run failed."
+                )
+            con.execute(
+                "UPDATE runs SET events = ?, epsilon = ?, status = ?, settled_at = ? WHERE run_id = ?",
+                (js, actual, status, _now(), run_id),
+            )
+            self._refresh_spent(con, run["dataset"], delta)
+        if overspent is not None:
+            log.error(overspent)
+            raise PrivacyPlanError(overspent)
+
+    def abandon(self, run_id: str) -> None:
+        """Mark a reserved run failed; its reserved events stay counted (it may have read data)."""
+        with self._tx() as con:
+            run = con.execute("SELECT status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if run is None:
+                raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
+            if run["status"] == "reserved":
+                con.execute("UPDATE runs SET status = 'failed', settled_at = ? WHERE run_id = ?", (_now(), run_id))
+
+    def release(self, run_id: str) -> None:
+        """Return a reservation whose run stopped before any mechanism read its rows (a failed
+        validation, a bad file): its events stop counting; the record stays, as 'released'."""
+        with self._tx() as con:
+            run = con.execute("SELECT dataset, status FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if run is None:
+                raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
+            if run["status"] != "reserved":
+                raise PrivacyPlanError(f"Run '{run_id}' is {run['status']}; only a reservation can be released.")
+            con.execute(
+                "UPDATE runs SET status = 'released', events = '[]', epsilon = 0, settled_at = ? WHERE run_id = ?",
+                (_now(), run_id),
+            )
+            self._refresh_spent(con, run["dataset"], float(self._dataset_row(con, run["dataset"])["budget_delta"]))
+
+    # -- public sources and lineage -----------------------------------------------------------
+
+    def declare_public(self, model: str, version: str, weights: str, fingerprint: str, dataset: str) -> None:
+        """Record the data owner's declaration (`privflow pretrain`): version `model/version`,
+        whose weights have digest `weights`, was trained on the table of keyed fingerprint
+        `fingerprint`, declared public. Replaces an earlier declaration of the same version."""
+        with self._tx() as con:
+            con.execute(
+                "INSERT OR REPLACE INTO public_sources (model, version, weights, fingerprint, dataset, declared)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (model, str(version), weights, fingerprint, dataset, _now()),
+            )
+
+    def public_source(self, model: str, version: str) -> PublicSource | None:
+        """The declaration of `model/version`, or None when `privflow pretrain` made none here."""
+        with self._tx(immediate=False) as con:
+            r = con.execute(
+                "SELECT * FROM public_sources WHERE model = ? AND version = ?", (model, str(version))
+            ).fetchone()
+        if r is None:
+            return None
+        return PublicSource(r["model"], r["version"], r["weights"], r["fingerprint"], r["dataset"], r["declared"])
+
+    def record_parent(self, run_id: str, parent: str, parent_run: str | None) -> None:
+        """A warm-started run's parent version (NAME/VERSION) and, for a private parent, its ledger run."""
+        with self._tx() as con:
+            if con.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
+            con.execute(
+                "INSERT OR REPLACE INTO lineage (run_id, parent, parent_run) VALUES (?, ?, ?)",
+                (run_id, parent, parent_run),
+            )
+
+    def lineage(self, run_id: str) -> Lineage:
+        """The run's private chain and its composed epsilon (privacy rule 9): the recorded events
+        of this run and of every private ancestor's run, composed with the ledger's accountant at
+        the dataset's delta. A public root adds no events; a fresh run's chain is itself."""
+        runs: list[str] = []
+        parents: list[str] = []
+        events: list[Event] = []
+        with self._tx(immediate=False) as con:
+            first = con.execute("SELECT dataset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if first is None:
+                raise PrivacyPlanError(f"Run '{run_id}' is not in the privacy ledger.")
+            delta = float(self._dataset_row(con, first["dataset"])["budget_delta"])
+            current: str | None = run_id
+            while current is not None:
+                if current in runs:
+                    raise PrivacyPlanError(f"The lineage of run '{run_id}' loops back to run '{current}'.")
+                row = con.execute("SELECT events, stages FROM runs WHERE run_id = ?", (current,)).fetchone()
+                if row is None:
+                    raise PrivacyPlanError(
+                        f"Run '{run_id}' descends from ledger run '{current}', which this ledger does not hold: "
+                        "its lineage's epsilon cannot be composed."
+                    )
+                runs.append(current)
+                events.extend(events_from_json(row["events"]))
+                link = con.execute("SELECT parent, parent_run FROM lineage WHERE run_id = ?", (current,)).fetchone()
+                if link is not None:
+                    parent, current = link["parent"], link["parent_run"]
+                else:  # a ledger from before the lineage table: the stages name the parent
+                    text = json.loads(row["stages"]).get("init_from")
+                    if text is None:
+                        break
+                    found = _LINEAGE_TEXT.search(text)
+                    parent, current = text.split(":", 1)[0], (found.group(1) if found else None)
+                parents.append(parent if current is not None else f"{parent} (public)")
+        runs.reverse()
+        parents.reverse()
+        return Lineage(tuple(runs), tuple(parents), compose_epsilon(events, delta), delta)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def spent(self, dataset: str) -> tuple[float, float]:
+        """(epsilon, delta) spent on a dataset by all its runs; (0, 0) before any run."""
+        with self._tx(immediate=False) as con:
+            ds = self._dataset_row(con, dataset)
+            n = con.execute("SELECT COUNT(*) FROM runs WHERE dataset = ?", (dataset,)).fetchone()[0]
+        return (float(ds["spent_epsilon"]), float(ds["budget_delta"])) if n else (0.0, 0.0)
+
+    def runs(self, dataset: str | None = None) -> list[RunRecord]:
+        """Runs in the order they reserved, optionally of one dataset."""
+        with self._tx(immediate=False) as con:
+            if dataset is None:
+                rows = con.execute("SELECT * FROM runs ORDER BY rowid").fetchall()
+            else:
+                rows = con.execute("SELECT * FROM runs WHERE dataset = ? ORDER BY rowid", (dataset,)).fetchall()
+        return [
+            RunRecord(
+                run_id=r["run_id"],
+                dataset=r["dataset"],
+                status=r["status"],
+                events=tuple(events_from_json(r["events"])),
+                created=r["created"],
+                settled_at=r["settled_at"],
+                epsilon=float(r["epsilon"]),
+                reserved_events=tuple(events_from_json(r["reserved_events"])),
+                stages=tuple(sorted(json.loads(r["stages"]).items())),
+            )
+            for r in rows
+        ]
+
+    def datasets(self) -> list[DatasetRecord]:
+        with self._tx(immediate=False) as con:
+            rows = con.execute("SELECT * FROM datasets ORDER BY created").fetchall()
+            counts = dict(con.execute("SELECT dataset, COUNT(*) FROM runs GROUP BY dataset").fetchall())
+            prints: dict[str, list[str]] = {}
+            for r in con.execute("SELECT dataset, fingerprint FROM fingerprints ORDER BY first_seen"):
+                prints.setdefault(r[0], []).append(r[1])
+        return [
+            DatasetRecord(
+                name=r["name"],
+                budget_epsilon=float(r["budget_epsilon"]),
+                budget_delta=float(r["budget_delta"]),
+                fingerprint=r["fingerprint"],
+                created=r["created"],
+                spent_epsilon=float(r["spent_epsilon"]),
+                runs=int(counts.get(r["name"], 0)),
+                fingerprints=tuple(prints.get(r["name"], [])),
+            )
+            for r in rows
+        ]
+
+    def notes(self, dataset: str | None = None) -> list[tuple[str, str, str]]:
+        """(dataset, time, message) of the publishable notes: budget changes."""
+        return self._notes("notes", dataset)
+
+    def curator_notes(self, dataset: str | None = None) -> list[tuple[str, str, str]]:
+        """(dataset, time, message) of the curator-only notes: a dataset's content fingerprint
+        changed (or came back). Functions of the private files' bytes: never published."""
+        return self._notes("curator_notes", dataset)
+
+    def _notes(self, table: str, dataset: str | None) -> list[tuple[str, str, str]]:
+        with self._tx(immediate=False) as con:
+            q = f"SELECT dataset, at, message FROM {table}" + (" WHERE dataset = ?" if dataset else "") + " ORDER BY id"
+            return [tuple(r) for r in con.execute(q, (dataset,) if dataset else ())]
+
+    def describe(self, dataset: str | None = None) -> str:
+        """The publishable summary: per dataset its budget and spend, and its charged runs
+        (settled, abandoned, open reservations) with the columns of PUBLISHABLE_RUN_COLUMNS only.
+
+        Released reservations (they spent nothing) are left out, and so are data fingerprints
+        and the curator-only notes about them (`curator_notes`).
+        """
+        datasets = [d for d in self.datasets() if dataset is None or d.name == dataset]
+        if dataset is not None and not datasets:
+            return f"Dataset '{dataset}' is not in the privacy ledger ({self.path})."
+        if not datasets:
+            return f"The privacy ledger ({self.path}) is empty."
+        columns = [name for name, _ in PUBLISHABLE_RUN_COLUMNS]
+        lines: list[str] = [f"Privacy ledger: {self.path}"]
+        for d in datasets:
+            runs = [r for r in self.runs(d.name) if r.status in CHARGED_STATUSES]
+            lines.append("")
+            lines.append(
+                f"Dataset {d.name}: budget epsilon={d.budget_epsilon:.4g} delta={d.budget_delta:g}; "
+                f"spent epsilon={d.spent_epsilon:.4f}, remaining {d.remaining_epsilon:.4f}; {len(runs)} run(s); "
+                f"every epsilon below at delta={d.budget_delta:g}, the budget's (a run that targeted a smaller "
+                "delta shows a smaller epsilon here than the one it was planned for)"
+            )
+            if runs:
+                lines.append(
+                    f"  fully adaptive bound: epsilon={sum(r.epsilon for r in runs):.4f} at "
+                    f"delta={len(runs) * d.budget_delta:g} (each run's epsilon at the budget's delta, summed: basic "
+                    "composition, which holds as a privacy filter even where whether and how a run ran depended on "
+                    "earlier releases; Rogers et al. 2016)"
+                )
+                table = [tuple(c for c in columns if c != "stages")]
+                so_far: list[Event] = []
+                for r in runs:
+                    so_far.extend(r.events)
+                    cells = {
+                        "run": r.run_id,
+                        "status": _STATUS_LABEL.get(r.status, r.status),
+                        "created": r.created[:19],
+                        "eps (run)": f"{r.epsilon:.4f}",
+                        "eps (cumulative)": f"{compose_epsilon(so_far, d.budget_delta):.4f}",
+                        "events": "; ".join(describe_event(e) for e in r.events) or "-",
+                    }
+                    table.append(tuple(cells[c] for c in table[0]))
+                widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+                for row in table:
+                    cells = [row[i].ljust(widths[i]) for i in range(len(widths))]
+                    lines.append("  " + "  ".join(cells) + "  " + row[-1])
+                for r in runs:
+                    if r.stages:  # the plan's: a run that stopped early (the gate) spent only its events
+                        label = "stages" if tuple(r.events) == tuple(r.reserved_events) else "planned stages"
+                        lines.append(f"  {r.run_id} {label}: " + ", ".join(f"{k}={v}" for k, v in r.stages))
+            for _, at, message in self.notes(d.name):
+                lines.append(f"  note {at[:19]}: {_HEX.sub('<redacted>', message)}")
+        return "\n".join(lines)
+
+
+def check_budget(dataset: str, events: Sequence[Event], budget: tuple[float, float], who: str = "This run") -> None:
+    """The budget check for a dataset with no recorded run (or no ledger file yet): the same
+    code path as `Ledger.reserve`, against the budget that would be recorded."""
+    Ledger._verdict(None, dataset, float(budget[0]), float(budget[1]), events, who)  # noqa: SLF001
+
+
+def check_budget_at(
+    path: str | Path, dataset: str, events: Sequence[Event], budget: tuple[float, float], who: str = "This run"
+) -> None:
+    """Pre-flight: check `events` against the ledger at `path` without reserving or creating
+    anything; a missing ledger file means a fresh budget."""
+    p = Path(path)
+    if not p.exists():
+        check_budget(dataset, events, budget, who)
+        return
+    Ledger(p).check(dataset, list(events), budget, who)
+
+
+__all__ = [
+    "CHARGED_STATUSES",
+    "PUBLISHABLE_DATASET_FIELDS",
+    "PUBLISHABLE_RUN_COLUMNS",
+    "DatasetRecord",
+    "Ledger",
+    "Lineage",
+    "PublicSource",
+    "RunRecord",
+    "check_budget",
+    "check_budget_at",
+    "compose_epsilon",
+    "describe_event",
+    "merge_events",
+]

@@ -1,0 +1,1 @@
+"""The released sampler: the MLflow pyfunc and the generation code it runs."""

@@ -1,0 +1,7 @@
+"""MLflow "models from code" entry point: the released sampler, defined by code, not a pickle."""
+
+import mlflow
+
+from privflow.serving.sampler import FlowSampler
+
+mlflow.models.set_model(FlowSampler())

@@ -1,0 +1,51 @@
+"""evaluate: diagnostics for the data owner (NOT differentially private; never released)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from privflow.core.config import EvaluateConfig
+from privflow.data.codec import Codec
+from privflow.data.schema import Schema
+from privflow.tasks.evaluation.report import EvaluationResult, evaluate
+from privflow.tasks.lazy_task import task
+from privflow.tasks.select import row_loglik
+
+_MIA_ROWS = 4000  # rows per side for the membership test: enough for a stable AUROC
+
+
+def _some_rows(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Up to _MIA_ROWS distinct row indices, sorted, drawn without a permutation of all n (the
+    rows may be millions, on disk: privflow/data/chunked.py)."""
+    return np.sort(rng.choice(n, size=min(n, _MIA_ROWS), replace=False))
+
+
+@task(name="evaluate", private=True)
+def evaluate_run(
+    schema: Schema,
+    codec: Codec,
+    model: torch.nn.Module,
+    real_train: pl.DataFrame,
+    x_train: np.ndarray,
+    x_holdout: np.ndarray,
+    real_test: pl.DataFrame | None,
+    synthetic: pl.DataFrame,
+    cfg: EvaluateConfig,
+    out_dir: Path,
+) -> EvaluationResult:
+    """Fidelity, utility, likelihood and privacy-risk diagnostics, with an HTML report."""
+    loglik = None
+    if cfg.likelihood or cfg.privacy_risk:
+        rng = np.random.default_rng(0)
+        loglik = {
+            "train": row_loglik(model, x_train[_some_rows(len(x_train), rng)]),
+            "holdout": row_loglik(model, x_holdout[_some_rows(len(x_holdout), rng)]),
+        }
+        if real_test is not None:
+            loglik["test"] = row_loglik(model, codec.encode(real_test, rng))
+    test = real_test if real_test is not None else real_train.head(0)
+    return evaluate(schema, real_train, test, synthetic, cfg, out_dir, loglik=loglik)

@@ -1,0 +1,604 @@
+"""`evaluate`: every diagnostic of one run, and ONE self-contained HTML report.
+
+The metrics follow DP-HFlow's Experimental Results (marginals, Kendall's tau RMSE/MAE of
+Table 1, nine-classifier train-on-synthetic / test-on-real utility of Tables 2-3), plus
+held-out likelihood and empirical privacy-risk checks. They are computed on real rows, so
+they are NOT differentially private: they are for the data owner only and are never part of
+the released model or synthetic data (ARCHITECTURE, privacy rule 5). The report says so in a
+banner at its top.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+from threadpoolctl import threadpool_limits
+
+from privflow.core.config import EvaluateConfig
+from privflow.data.features import check_columns
+from privflow.data.schema import Schema
+from privflow.tasks.evaluation.fidelity import FidelityResult, fidelity
+
+if TYPE_CHECKING:
+    from privflow.tasks.evaluation.risk import DCRResult, MIAResult
+    from privflow.tasks.evaluation.utility import UtilityResult
+
+BANNER = "Diagnostics for the data owner — NOT differentially private; never part of the released model or data"
+
+HELP: dict[str, str] = {
+    "fidelity/tv_mean": "Mean total-variation distance of the per-column marginals (0 = identical, 1 = disjoint).",
+    "fidelity/tv_max": "Worst column's total-variation distance.",
+    "fidelity/tv_numeric_mean": "Mean TV over numeric columns (20 bins over the public bounds).",
+    "fidelity/tv_categorical_mean": "Mean TV over categorical columns (declared categories + missing).",
+    "fidelity/kendall_rmse": "RMSE between real and synthetic Kendall's tau matrices, upper "
+    "triangle (DP-HFlow Table 1).",
+    "fidelity/kendall_mae": "MAE between the Kendall's tau matrices (DP-HFlow Table 1).",
+    "fidelity/cramers_v_rmse": "RMSE between real and synthetic Cramér's V matrices of the categorical columns.",
+    "fidelity/cramers_v_mae": "MAE between the Cramér's V matrices.",
+    "utility/macro_f1_mean": "Macro-F1 on the real test set, classifiers trained on synthetic data "
+    "(mean over classifiers and repeats).",
+    "utility/auroc_mean": "AUROC on the real test set, trained on synthetic data.",
+    "utility/ap_mean": "Average precision (APC) on the real test set, trained on synthetic data.",
+    "utility/real_macro_f1_mean": "Reference: macro-F1 of the same classifiers trained on the real training data.",
+    "utility/real_auroc_mean": "Reference: AUROC when trained on the real training data.",
+    "utility/real_ap_mean": "Reference: average precision when trained on the real training data.",
+    "likelihood/heldout_nats_per_row": "Mean model log-likelihood of unseen rows (nats per row, encoded "
+    "space; higher is better).",
+    "likelihood/generalization_gap": "Train minus held-out mean log-likelihood (nats); large = the model "
+    "prefers its training rows.",
+    "risk/dcr_share_closer_to_train": "Share of synthetic rows nearer a training row than a holdout row "
+    "(ties half); ~0.5 expected.",
+    "risk/dcr_train_median": "Median distance of a synthetic row to its closest training row.",
+    "risk/dcr_holdout_median": "Median distance of a synthetic row to its closest holdout row.",
+    "risk/exact_match_train": "Share of synthetic rows that copy a training row exactly (compare "
+    "with the holdout share).",
+    "risk/exact_match_holdout": "Share of synthetic rows identical to a holdout row (the base rate for "
+    "the line above).",
+    "risk/mia_auroc": "Likelihood-threshold membership inference, AUROC (0.5 = no signal).",
+    "risk/mia_tpr_at_1pct_fpr": "Membership inference: true-positive rate at 1% false-positive rate "
+    "(0.01 = no signal).",
+}
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """Flat metrics ('group/name'), the per-classifier and per-column tables, figure paths,
+    the HTML path (`html_path`, None when the report is off), wall-clock seconds per section,
+    and notes on what was skipped and why."""
+
+    metrics: dict[str, float]
+    classifiers: pl.DataFrame | None
+    columns: pl.DataFrame | None
+    figures: dict[str, Path]
+    html_path: Path | None
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def _mean_finite(x: np.ndarray) -> tuple[float, float]:
+    a = np.asarray(x, dtype=np.float64).ravel()
+    ok = np.isfinite(a)
+    return (float(a[ok].mean()) if ok.any() else float("nan")), (float(1.0 - ok.mean()) if a.size else float("nan"))
+
+
+def likelihood_metrics(loglik: dict[str, Any]) -> dict[str, float]:
+    """Mean nats/row per split (over finite rows; the non-finite share is reported beside it),
+    the held-out figure ('test', else 'holdout') and the train - held-out gap."""
+    out: dict[str, float] = {}
+    for k, v in loglik.items():
+        mean, bad = _mean_finite(v)
+        out[f"likelihood/{k}_nats_per_row"] = mean
+        out[f"likelihood/{k}_nonfinite_share"] = bad
+    held = "test" if "test" in loglik else "holdout" if "holdout" in loglik else None
+    if held:
+        out["likelihood/heldout_nats_per_row"] = out[f"likelihood/{held}_nats_per_row"]
+        if "train" in loglik:
+            out["likelihood/generalization_gap"] = (
+                out["likelihood/train_nats_per_row"] - out["likelihood/heldout_nats_per_row"]
+            )
+    return out
+
+
+def evaluate(
+    schema: Schema,
+    real_train: pl.DataFrame,
+    real_test: pl.DataFrame | None,
+    synthetic: pl.DataFrame,
+    config: EvaluateConfig,
+    out_dir: Path | str,
+    loglik: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> EvaluationResult:
+    """Run the diagnostics that `config` switches on and write the report into `out_dir`.
+
+    Fidelity compares `synthetic` with `real_train`; utility trains on each and tests on
+    `real_test`; DCR uses `real_test` as the holdout; the MIA takes loglik['train'] as members
+    and loglik['holdout'] (else loglik['test']) as non-members. Parts whose inputs are absent
+    (no or an empty test table, no target, no log-likelihoods) are skipped with a note, not an error.
+    `config.synthetic_rows` and `config.test_data` are the caller's (sampling, loading).
+    """
+    with threadpool_limits(limits=1):  # one core: predictable on a shared worker (see utility.classify)
+        return _evaluate(schema, real_train, real_test, synthetic, config, Path(out_dir), loglik, seed)
+
+
+@dataclass
+class _Diagnostics:
+    """What the diagnostics produced so far (metrics, timings, notes and the parts' results)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    fid: FidelityResult | None = None
+    util: UtilityResult | None = None
+    dcr: DCRResult | None = None
+    mia: MIAResult | None = None
+
+
+def _fidelity_and_utility(
+    d: _Diagnostics,
+    schema: Schema,
+    real_train: pl.DataFrame,
+    real_test: pl.DataFrame | None,
+    synthetic: pl.DataFrame,
+    config: EvaluateConfig,
+    seed: int,
+) -> None:
+    if config.fidelity:
+        t = time.perf_counter()
+        d.fid = fidelity(schema, real_train, synthetic)
+        d.metrics.update(d.fid.metrics())
+        d.timings["fidelity"] = time.perf_counter() - t
+    if not config.utility:
+        return
+    if schema.target is None:
+        d.notes.append("Utility skipped: the schema names no target column.")
+    elif real_test is None:
+        d.notes.append("Utility skipped: no real test table was given.")
+    else:
+        # scikit-learn is imported here, not at module top: a run that skips utility never pays for it
+        from privflow.tasks.evaluation.utility import utility
+
+        t = time.perf_counter()
+        d.util = utility(schema, synthetic, real_train, real_test, repeats=config.repeats, seed=seed)
+        d.metrics.update(d.util.metrics())
+        d.timings["utility"] = time.perf_counter() - t
+
+
+def _likelihood_and_risk(
+    d: _Diagnostics,
+    schema: Schema,
+    real_train: pl.DataFrame,
+    real_test: pl.DataFrame | None,
+    synthetic: pl.DataFrame,
+    config: EvaluateConfig,
+    loglik: dict[str, Any] | None,
+    seed: int,
+) -> None:
+    if config.likelihood:
+        if loglik:
+            d.metrics.update(likelihood_metrics(loglik))
+        else:
+            d.notes.append("Likelihood skipped: no per-row log-likelihoods were given.")
+    if not config.privacy_risk:
+        return
+    from privflow.tasks.evaluation.risk import dcr, likelihood_mia  # scikit-learn: only when asked for
+
+    t = time.perf_counter()
+    if real_test is not None:
+        d.dcr = dcr(schema, synthetic, real_train, real_test, seed=seed)
+        d.metrics.update(d.dcr.metrics())
+    else:
+        d.notes.append("Distance to closest record skipped: no holdout (real test) table was given.")
+    non_members = None if not loglik else loglik.get("holdout", loglik.get("test"))
+    if loglik and "train" in loglik and non_members is not None:
+        d.mia = likelihood_mia(np.asarray(loglik["train"]), np.asarray(non_members))
+        d.metrics.update(d.mia.metrics())
+    else:
+        d.notes.append("Membership inference skipped: needs log-likelihoods of 'train' and 'holdout' (or 'test') rows.")
+    d.timings["privacy_risk"] = time.perf_counter() - t
+
+
+def _figures(
+    d: _Diagnostics,
+    schema: Schema,
+    real_train: pl.DataFrame,
+    synthetic: pl.DataFrame,
+    config: EvaluateConfig,
+    fdir: Path,
+    loglik: dict[str, Any] | None,
+    seed: int,
+) -> dict[str, Path]:
+    from privflow.tasks.evaluation import figures as figs  # matplotlib: only for the HTML report's figures
+
+    fid, metrics = d.fid, d.metrics
+    paths = {
+        "marginals": figs.marginals_figure(
+            schema, real_train, synthetic, fdir / "marginals.png", fid.tv if fid else None
+        )
+    }
+    if fid:
+        k_rmse = metrics["fidelity/kendall_rmse"]
+        paths["kendall"] = figs.matrix_figure(
+            fid.numeric,
+            fid.kendall_real,
+            fid.kendall_synthetic,
+            fdir / "kendall.png",
+            f"Kendall's tau of numeric columns (RMSE {k_rmse:.3f}, MAE {metrics['fidelity/kendall_mae']:.3f})",
+        )
+        paths["cramers_v"] = figs.matrix_figure(
+            fid.categorical,
+            fid.cramer_real,
+            fid.cramer_synthetic,
+            fdir / "cramers_v.png",
+            f"Cramér's V of categorical columns (MAE {metrics['fidelity/cramers_v_mae']:.3f})",
+            vmin=0.0,
+            vmax=1.0,
+            cmap="viridis",
+        )
+    paths["projection"] = figs.projection_figure(schema, real_train, synthetic, fdir / "projection.png", seed=seed)
+    if d.dcr is not None:
+        paths["dcr"] = figs.dcr_figure(d.dcr.to_train, d.dcr.to_holdout, fdir / "dcr.png")
+    if loglik and (config.likelihood or config.privacy_risk):
+        paths["loglik"] = figs.loglik_figure({k: np.asarray(v) for k, v in loglik.items()}, fdir / "loglik.png")
+    return paths
+
+
+def _evaluate(
+    schema: Schema,
+    real_train: pl.DataFrame,
+    real_test: pl.DataFrame | None,
+    synthetic: pl.DataFrame,
+    config: EvaluateConfig,
+    out: Path,
+    loglik: dict[str, Any] | None,
+    seed: int,
+) -> EvaluationResult:
+    out.mkdir(parents=True, exist_ok=True)
+    d = _Diagnostics()
+    if real_test is not None and real_test.height == 0:
+        real_test = None
+        d.notes.append("The real test table is empty; it is treated as absent.")
+    check_columns(schema, real_train, "real training")
+    check_columns(schema, synthetic, "synthetic")
+    if real_test is not None:
+        check_columns(schema, real_test, "real test")
+    t_all = time.perf_counter()
+    _fidelity_and_utility(d, schema, real_train, real_test, synthetic, config, seed)
+    _likelihood_and_risk(d, schema, real_train, real_test, synthetic, config, loglik, seed)
+    classifiers = d.util.table() if d.util else None
+    fid = d.fid
+    columns = (
+        pl.DataFrame(
+            {"column": list(fid.tv), "type": [schema.column(c).type for c in fid.tv], "tv": list(fid.tv.values())}
+        )
+        if fid
+        else None
+    )
+    paths: dict[str, Path] = {}
+    html_path: Path | None = None
+    if config.report:
+        t = time.perf_counter()
+        paths = _figures(d, schema, real_train, synthetic, config, out / "figures", loglik, seed)
+        d.timings["figures"] = time.perf_counter() - t
+        d.timings["total"] = time.perf_counter() - t_all
+        html_path = out / "evaluation.html"
+        rows = {
+            "real train": real_train.height,
+            "real test": None if real_test is None else real_test.height,
+            "synthetic": synthetic.height,
+        }
+        html_path.write_text(
+            render_html(schema, d.metrics, classifiers, columns, paths, d.timings, d.notes, rows=rows, mia=d.mia),
+            encoding="utf-8",
+        )
+    d.timings["total"] = time.perf_counter() - t_all
+    return EvaluationResult(d.metrics, classifiers, columns, paths, html_path, d.timings, tuple(d.notes))
+
+
+# ---------------------------------------------------------------- HTML
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;
+ color:#1d2430;background:#f6f7f9}
+main{max-width:1180px;margin:0 auto;padding:0 24px 48px}
+.banner{background:#b3261e;color:#fff;padding:18px 24px;font-size:20px;font-weight:700;text-align:center;
+ letter-spacing:.2px;border-bottom:4px solid #7a1912}
+.banner small{display:block;font-size:13px;font-weight:400;margin-top:6px;opacity:.95}
+h1{font-size:26px;margin:28px 0 4px}
+h2{font-size:20px;margin:36px 0 10px;border-bottom:2px solid #d8dce3;padding-bottom:6px}
+h3{font-size:16px;margin:22px 0 8px}
+.meta{color:#555;font-size:14px}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(200px,1fr));gap:12px;margin:18px 0}
+.card{background:#fff;border:1px solid #dde1e7;border-radius:8px;padding:12px 14px}
+.card .v{font-size:24px;font-weight:700} .card .k{font-size:12px;color:#555;margin-top:2px}
+.card .r{font-size:12px;color:#333;margin-top:6px}
+table{border-collapse:collapse;background:#fff;font-size:13px;margin:8px 0}
+th,td{border:1px solid #dde1e7;padding:5px 9px;text-align:right} th{background:#eef1f5}
+td.l,th.l{text-align:left} td.help{color:#555;text-align:left;max-width:560px}
+figure{margin:14px 0;background:#fff;border:1px solid #dde1e7;border-radius:8px;padding:10px}
+figure img{max-width:100%;height:auto;display:block;margin:0 auto}
+figcaption{font-size:13px;color:#444;margin-top:6px}
+.note{background:#fff7e0;border-left:4px solid #e0a800;padding:8px 12px;margin:6px 0;font-size:14px}
+.bar{display:inline-block;height:10px;background:#ff7f0e;vertical-align:middle}
+"""
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:.{digits}f}"
+
+
+def _img(path: Path, caption: str) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return (
+        f'<figure><img alt="{html.escape(Path(path).stem)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def _help(key: str) -> str:
+    if key in HELP:
+        return HELP[key]
+    name = key.split("/", 1)[-1]
+    if key.startswith("likelihood/") and name.endswith("_nats_per_row"):
+        return (
+            f"Mean model log-likelihood of the '{name.removesuffix('_nats_per_row')}' rows (nats per row, finite rows)."
+        )
+    if key.startswith("likelihood/") and name.endswith("_nonfinite_share"):
+        return (
+            f"Share of '{name.removesuffix('_nonfinite_share')}' rows whose log-likelihood is not finite "
+            "(left out of the mean)."
+        )
+    return ""
+
+
+def _metrics_table(metrics: dict[str, float], prefix: str) -> str:
+    rows = [
+        f'<tr><td class="l"><code>{html.escape(k)}</code></td><td>{_f(v, 4)}</td>'
+        f'<td class="help">{html.escape(_help(k))}</td></tr>'
+        for k, v in metrics.items()
+        if k.startswith(prefix)
+    ]
+    if not rows:
+        return ""
+    return (
+        '<table><tr><th class="l">metric</th><th>value</th><th class="l">meaning</th></tr>' + "".join(rows) + "</table>"
+    )
+
+
+def _card(value: str, name: str, ref: str = "") -> str:
+    r = f'<div class="r">{html.escape(ref)}</div>' if ref else ""
+    return (
+        f'<div class="card"><div class="v">{html.escape(value)}</div><div class="k">{html.escape(name)}</div>{r}</div>'
+    )
+
+
+def _classifier_table(table: pl.DataFrame, metrics: dict[str, float]) -> str:
+    syn = {r["classifier"]: r for r in table.filter(pl.col("train_on") == "synthetic").iter_rows(named=True)}
+    real = {r["classifier"]: r for r in table.filter(pl.col("train_on") == "real").iter_rows(named=True)}
+    head = (
+        '<table><tr><th class="l" rowspan="2">classifier</th><th colspan="3">trained on synthetic</th>'
+        '<th colspan="3">trained on real (reference)</th></tr><tr>'
+        + "<th>macro-F1</th><th>AUROC</th><th>AP</th>" * 2
+        + "</tr>"
+    )
+    body = []
+    for name, r in syn.items():
+        cells = []
+        for src in (r, real.get(name)):
+            for m in ("macro_f1", "auroc", "ap"):
+                if src is None:
+                    cells.append("<td>—</td>")
+                else:
+                    sd = src[f"{m}_std"]
+                    cells.append(f"<td>{_f(src[f'{m}_mean'])}" + (f" ± {_f(sd)}" if sd else "") + "</td>")
+        body.append(f'<tr><td class="l">{html.escape(name)}</td>{"".join(cells)}</tr>')
+    total = []
+    for prefix in ("", "real_"):
+        for m in ("macro_f1", "auroc", "ap"):
+            mean, sd = metrics.get(f"utility/{prefix}{m}_mean"), metrics.get(f"utility/{prefix}{m}_std")
+            total.append(f"<th>{_f(mean)} ± {_f(sd)}</th>" if mean is not None else "<th>—</th>")
+    body.append(f'<tr><th class="l">all classifiers (mean ± std)</th>{"".join(total)}</tr>')
+    return head + "".join(body) + "</table>"
+
+
+def _column_table(columns: pl.DataFrame) -> str:
+    rows = []
+    for r in columns.sort("tv", descending=True, nulls_last=True).iter_rows(named=True):
+        tv = r["tv"]
+        w = 0 if tv is None or math.isnan(tv) else int(round(200 * tv))
+        rows.append(
+            f'<tr><td class="l">{html.escape(r["column"])}</td><td class="l">{html.escape(r["type"])}</td>'
+            f'<td>{_f(tv)}</td><td class="l"><span class="bar" style="width:{w}px"></span></td></tr>'
+        )
+    return (
+        '<table><tr><th class="l">column</th><th class="l">type</th><th>TV distance</th><th class="l"></th></tr>'
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _summary_cards(metrics: dict[str, float]) -> list[str]:
+    m = metrics.get
+    cards: list[str] = []
+    if "fidelity/tv_mean" in metrics:
+        cards.append(_card(_f(m("fidelity/tv_mean")), "mean marginal TV distance (lower is better)"))
+        cards.append(_card(_f(m("fidelity/kendall_rmse")), "Kendall's tau RMSE (lower is better)"))
+    for key, label in (("auroc", "AUROC"), ("macro_f1", "macro-F1")):
+        if f"utility/{key}_mean" in metrics:
+            cards.append(
+                _card(
+                    f"{_f(m(f'utility/{key}_mean'))} ± {_f(m(f'utility/{key}_std'))}",
+                    f"{label}, trained on synthetic, tested on real",
+                    f"trained on real: {_f(m(f'utility/real_{key}_mean'))} ± {_f(m(f'utility/real_{key}_std'))}",
+                )
+            )
+    if "likelihood/heldout_nats_per_row" in metrics:
+        cards.append(_card(_f(m("likelihood/heldout_nats_per_row"), 2), "held-out log-likelihood (nats/row)"))
+    if "risk/dcr_share_closer_to_train" in metrics:
+        cards.append(
+            _card(
+                _f(m("risk/dcr_share_closer_to_train")),
+                "share of synthetic rows closer to train than holdout",
+                "about 0.5 expected without memorisation",
+            )
+        )
+    if "risk/mia_auroc" in metrics:
+        cards.append(_card(_f(m("risk/mia_auroc")), "membership-inference AUROC", "0.5 = no membership signal"))
+
+    return cards
+
+
+def _fidelity_section(metrics: dict[str, float], columns: pl.DataFrame | None, paths: dict[str, Path]) -> list[str]:
+    if not (any(k.startswith("fidelity/") for k in metrics) or "marginals" in paths):
+        return []
+    parts: list[str] = []
+    parts.append("<h2>1. Fidelity: does the synthetic data look like the training data?</h2>")
+    parts.append(_metrics_table(metrics, "fidelity/"))
+    if "marginals" in paths:
+        parts.append(
+            _img(
+                paths["marginals"],
+                "Share of rows per bin: real training data (blue) and synthetic data "
+                "(orange), as in DP-HFlow Figure 3. Numeric bins are 20 equal-width bins over the public "
+                "schema bounds (log1p scale where the schema says so); categorical columns show the 12 most "
+                "frequent categories, the rest grouped.",
+            )
+        )
+    if columns is not None:
+        parts.append("<h3>Marginal total-variation distance per column (worst first)</h3>" + _column_table(columns))
+    if "kendall" in paths:
+        parts.append(
+            _img(
+                paths["kendall"],
+                "Pairwise Kendall's tau of the numeric columns: real, synthetic, and "
+                "their difference. DP-HFlow Table 1 reports the RMSE/MAE of this difference.",
+            )
+        )
+    if "cramers_v" in paths:
+        parts.append(
+            _img(
+                paths["cramers_v"],
+                "Pairwise Cramér's V (association strength, 0 to 1) of the "
+                "categorical columns: real, synthetic, and their difference.",
+            )
+        )
+    if "projection" in paths:
+        parts.append(
+            _img(
+                paths["projection"],
+                "2-D projection of rows encoded by the public schema (numerics scaled "
+                "by their bounds, categoricals one-hot). The PCA is fitted on the synthetic rows only (the "
+                "DP model's output); real rows are projected onto the same axes. Similar clouds = similar "
+                "joint structure.",
+            )
+        )
+    return parts
+
+
+def _utility_section(schema: Schema, metrics: dict[str, float], classifiers: pl.DataFrame | None) -> list[str]:
+    if classifiers is None:
+        return []
+    parts: list[str] = []
+    parts.append("<h2>2. Utility: do models trained on synthetic data work on real data?</h2>")
+    target = schema.column(str(schema.target))
+    positive = target.categories[-1] if target.categories else ""
+    parts.append(
+        f"<p>Nine classifiers predict <code>{html.escape(target.name)}</code> (positive class: "
+        f"<code>{html.escape(positive)}</code>), trained on the "
+        "synthetic table and, for reference, on the real training table; all are scored on the real test "
+        "table (DP-HFlow Tables 2–3). Each cell is the mean over repeats (± std when repeats &gt; 1); "
+        "the last row is the mean ± std over all classifiers and repeats.</p>"
+    )
+    parts.append(_classifier_table(classifiers, metrics))
+    parts.append(
+        "<p class='meta'>Metric names: <code>utility/&lt;macro_f1|auroc|ap&gt;_&lt;mean|std&gt;</code> "
+        "(trained on synthetic) and <code>utility/real_…</code> (trained on real).</p>"
+    )
+    return parts
+
+
+def _risk_section(metrics: dict[str, float], paths: dict[str, Path], mia: MIAResult | None) -> list[str]:
+    if not (any(k.startswith(("likelihood/", "risk/")) for k in metrics)):
+        return []
+    parts: list[str] = []
+    parts.append("<h2>3. Likelihood and privacy-risk checks</h2>")
+    parts.append(
+        "<p>Empirical checks for gross memorisation. They do not measure or replace the (ε, δ) "
+        "guarantee reported by the privacy ledger.</p>"
+    )
+    parts.append(_metrics_table(metrics, "likelihood/"))
+    parts.append(_metrics_table(metrics, "risk/"))
+    if mia is not None:
+        parts.append(
+            f"<p class='meta'>Membership inference used {mia.members:,} member (training) rows and "
+            f"{mia.non_members:,} non-member rows.</p>"
+        )
+    if "dcr" in paths:
+        parts.append(
+            _img(
+                paths["dcr"],
+                "Distance from each synthetic row to its closest real training row and "
+                "closest real holdout row (equal-size samples). Overlapping histograms are expected; a "
+                "spike at zero for training only would indicate copied rows.",
+            )
+        )
+    if "loglik" in paths:
+        parts.append(
+            _img(
+                paths["loglik"],
+                "Per-row model log-likelihood on each split. Training rows scoring "
+                "clearly higher than unseen rows indicate overfitting and membership leakage.",
+            )
+        )
+    return parts
+
+
+def render_html(
+    schema: Schema,
+    metrics: dict[str, float],
+    classifiers: pl.DataFrame | None,
+    columns: pl.DataFrame | None,
+    paths: dict[str, Path],
+    timings: dict[str, float],
+    notes: list[str],
+    rows: dict[str, int | None],
+    mia: MIAResult | None = None,
+) -> str:
+    """The report page: banner, summary cards, then one section per diagnostic group."""
+    cards = _summary_cards(metrics)
+    row_txt = ", ".join(f"{k}: {v:,}" for k, v in rows.items() if v is not None)
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>privflow evaluation — {html.escape(schema.dataset.name)}</title><style>{_CSS}</style></head><body>",
+        f'<div class="banner" role="alert">{html.escape(BANNER)}<small>These figures are computed on real rows '
+        "(training and held-out). Do not publish them, attach them to the model, or share them with data "
+        "recipients.</small></div>",
+        "<main>",
+        f"<h1>Evaluation report — dataset <code>{html.escape(schema.dataset.name)}</code></h1>",
+        f'<p class="meta">Generated {datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")} · rows — {html.escape(row_txt)}'
+        f" · computed in {timings.get('total', float('nan')):.1f} s</p>",
+        f'<div class="cards">{"".join(cards)}</div>',
+    ]
+    parts += [f'<div class="note">{html.escape(n)}</div>' for n in notes]
+
+    parts += _fidelity_section(metrics, columns, paths)
+    parts += _utility_section(schema, metrics, classifiers)
+    parts += _risk_section(metrics, paths, mia)
+    parts.append(
+        "<h2>Run details</h2><table><tr><th class='l'>section</th><th>seconds</th></tr>"
+        + "".join(f"<tr><td class='l'>{html.escape(k)}</td><td>{v:.1f}</td></tr>" for k, v in timings.items())
+        + "</table>"
+    )
+    parts.append(f"<p class='meta'>{html.escape(BANNER)}.</p></main></body></html>")
+    return "\n".join(p for p in parts if p)

@@ -1,0 +1,514 @@
+"""Everything MLflow, in one place: tracking set-up, the dataset's experiment, what a run
+logs (the release), the registry (versions, tags, aliases), and loading a version back.
+
+What may be logged, and why, is the allowlist in `tasks/release.py` (privacy rule 5); the
+sampler that a registered version runs is the pyfunc in `privflow/serving/sampler.py`. The flows and
+tasks call these functions; nothing else in privflow imports mlflow.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import mlflow.artifacts
+import torch
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.types import ColSpec
+from mlflow.types import Schema as MLSchema
+
+import privflow
+from privflow import models
+from privflow.core import env
+from privflow.core.config import RunConfig
+from privflow.core.errors import ModelNotFound
+from privflow.data.schema import Schema
+from privflow.data.target_head import release_codec
+from privflow.models import build_flow
+from privflow.privacy.accounting.events import Event, events_to_json
+from privflow.privacy.accounting.plan import PrivacyPlan
+from privflow.tasks.lazy_task import task
+
+_REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
+# The parts of privflow/ the sampler imports; bundled without the demo data or the CLI.
+_SAMPLER_MODULES = (
+    "__init__.py",
+    "core/__init__.py",
+    "core/errors.py",
+    "data/__init__.py",
+    "data/codec.py",
+    "data/copula.py",
+    "data/schema.py",
+    "core/yaml_file.py",
+    "serving/__init__.py",
+    "serving/sampler.py",
+    "serving/sampler_model.py",
+)
+PROMOTION_TAG = "privflow.promotion"
+
+# -- tracking ---------------------------------------------------------------------------------
+
+
+def tracking(store: Path) -> str:
+    """Point MLflow at the SQLite store under `store` (or at MLFLOW_TRACKING_URI when an
+    operator set one, e.g. a real tracking server); returns the URI."""
+    store.mkdir(parents=True, exist_ok=True)
+    uri = env.operator_tracking_uri() or f"sqlite:///{store.resolve() / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return uri
+
+
+def experiment_for(dataset: str, store: Path) -> str:
+    """The dataset's experiment, with artifacts under the store (not ./mlruns of the cwd).
+
+    Under the store's lock (`store_lock`): the first use of a store creates MLflow's SQLite
+    schema and the experiment, and two runs started together on a new store raced there (one
+    failed in MLflow's migrations, or on 'table ... already exists')."""
+    name = experiment_name(dataset)
+    with store_lock(store):
+        client = MlflowClient()
+        if client.get_experiment_by_name(name) is None:
+            # Against a tracking server, artifacts go through its --artifacts-destination.
+            remote = mlflow.get_tracking_uri().startswith(("http://", "https://"))
+            location = None if remote else (store.resolve() / "artifacts").as_uri()
+            client.create_experiment(name, artifact_location=location)
+    mlflow.set_experiment(name)
+    return name
+
+
+def experiment_name(dataset: str) -> str:
+    """The MLflow experiment of a dataset's runs."""
+    return f"privflow-{dataset}"
+
+
+@contextmanager
+def store_lock(store: Path) -> Iterator[None]:
+    """An exclusive lock on the store across processes (an flock on `<store>/.mlflow.lock`),
+    held while MLflow's database and experiments are set up; a no-op where flock is missing."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (runs on one store are then the user's to serialise)
+        yield
+        return
+    store.mkdir(parents=True, exist_ok=True)
+    with open(store / ".mlflow.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# -- what a run logs (tasks/release.py says why each entry may be there) -------------------------
+
+_DAY_MS = 86_400_000
+
+
+def release_moment(now_ms: int | None = None) -> int:
+    """The one time a released run shows (tasks/release.py, TIMING): the start of the UTC day
+    it began, in milliseconds. Its start, its end and every metric's timestamp are this value,
+    so nothing in the run tells how long reading, validating or training took (which grows
+    with the private row count)."""
+    now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+    return now - now % _DAY_MS
+
+
+@contextmanager
+def released_run(dataset: str, run_name: str) -> Iterator[Any]:
+    """`mlflow.start_run` for a run behind a release, made timeless: created with its start at
+    `release_moment()`, and on exit (finished or failed) its end set to the same moment. The
+    metrics logged through this module carry that moment too (`_moment`)."""
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(experiment_name(dataset))
+    if experiment is None:
+        raise RuntimeError(f"experiment_for('{dataset}', store) must run before released_run")
+    moment = release_moment()
+    created = client.create_run(experiment.experiment_id, start_time=moment, run_name=run_name)
+    run_id = created.info.run_id
+    status = "FAILED"
+    try:
+        with mlflow.start_run(run_id=run_id) as active:
+            yield active
+        status = "FINISHED"
+    finally:
+        # mlflow.end_run stamped the wall-clock end; replace it by the start's moment
+        client.set_terminated(run_id, status=status, end_time=moment)
+
+
+def _moment() -> int:
+    """The timestamp of every metric of the active run: its start (`released_run`: the day)."""
+    run = mlflow.active_run()
+    return int(run.info.start_time) if run is not None else release_moment()
+
+
+def flat_params(config: RunConfig) -> dict[str, Any]:
+    """The run configuration as `section.field` params."""
+    out: dict[str, Any] = {}
+    for section, values in config.model_dump(mode="json").items():
+        if isinstance(values, dict):
+            out.update({f"{section}.{k}": v for k, v in values.items()})
+        else:
+            out[section] = values
+    return out
+
+
+def log_run_header(config: RunConfig, plan: PrivacyPlan, run_id: str, dataset: str) -> None:
+    """Params, tags and the plan: everything public, logged before any row is read."""
+    mlflow.log_params(flat_params(config))
+    tags = {"privflow.run_id": run_id, "privflow.dataset": dataset, "privflow.code_version": privflow.__version__}
+    if config.evaluate.sampling_seed is not None:
+        tags["privflow.sampling_seed"] = str(config.evaluate.sampling_seed)
+    mlflow.set_tags(tags)
+    mlflow.log_dict(plan.to_dict(), "privacy/plan.json")
+    at = _moment()
+    mlflow.log_metrics({f"plan.{s.name}.epsilon_alone": s.epsilon_alone for s in plan.stages}, timestamp=at)
+    mlflow.log_metrics({f"plan.{s.name}.share": s.share for s in plan.stages}, timestamp=at)
+
+
+def log_gate(noisy_failing: float) -> None:
+    """The validation gate's DP count (a mechanism output)."""
+    mlflow.log_metric("gate.noisy_failing_rows", noisy_failing, timestamp=_moment())
+
+
+def log_cumulative_epsilon(points: Iterable[tuple[int, float]]) -> None:
+    """The accountant's epsilon after each checkpoint step (public: planned events composed)."""
+    at = _moment()
+    for step, eps in points:
+        mlflow.log_metric("epsilon_cumulative", eps, step=step, timestamp=at)
+
+
+def log_spend(
+    spent: list[Event],
+    epsilon: float,
+    epsilon_rdp: float,
+    delta: float,
+    dataset_epsilon: float,
+    final_step: int,
+    lineage: tuple[float, float] | None = None,
+) -> None:
+    """The accountant's figures and the events they come from. `epsilon` and `delta` are this
+    run alone; `lineage` (epsilon, delta) is the version's, the headline (privacy rule 9:
+    the composition of its private warm-start chain; this run's own figure without one)."""
+    at = _moment()
+    headline = lineage if lineage is not None else (epsilon, delta)
+    mlflow.log_metric("epsilon_cumulative", epsilon, step=final_step, timestamp=at)
+    mlflow.log_metrics(
+        {
+            "epsilon": headline[0],
+            "delta": headline[1],
+            "epsilon_run_alone": epsilon,
+            "delta_run_alone": delta,
+            "epsilon_rdp": epsilon_rdp,
+            "dataset_epsilon_cumulative": dataset_epsilon,
+        },
+        timestamp=at,
+    )
+    mlflow.log_text(events_to_json(spent), "privacy/events.json")
+
+
+def log_lineage(name: str, version: str, chain: str, runs: Iterable[str]) -> None:
+    """The version's lineage, on the version and on the active run behind it: the chain of
+    versions its weights descend from (NAME/V -> ... -> this version; a public root marked) and
+    the ledger runs whose events its epsilon composes."""
+    tags = {"privflow.lineage": chain, "privflow.lineage_runs": json.dumps(list(runs))}
+    mlflow.set_tags(tags)
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+
+
+def log_synthetic(path: Path) -> None:
+    """The synthetic table (sampled from the released model)."""
+    mlflow.log_artifact(str(path), "synthetic")
+
+
+def log_refusal(run_name: str, tags: dict[str, str], params: dict[str, Any]) -> str:
+    """A KILLED run in the current experiment that records a refused run and why."""
+    with mlflow.start_run(run_name=run_name) as run:
+        mlflow.set_tags(tags)
+        mlflow.log_params(params)
+    MlflowClient().set_terminated(run.info.run_id, status="KILLED")
+    return str(run.info.run_id)
+
+
+# -- the registry ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Registered:
+    """The new version, the version holding the alias afterwards, and why."""
+
+    version: str
+    alias_version: str | None
+    promotion: str
+
+
+def signature_for(schema: Schema) -> Any:
+    """The pyfunc signature from the PUBLIC schema (never inferred from rows)."""
+    kinds = {"numeric": "double", "integer": "long"}
+    inputs = MLSchema([ColSpec("long", "n"), ColSpec("long", "seed", required=False)])
+    outputs = MLSchema([ColSpec(kinds.get(c.type, "string"), c.name) for c in schema.columns])
+    return ModelSignature(inputs=inputs, outputs=outputs)
+
+
+def _sampler_package(tmp: Path) -> str:
+    """A `privflow` package with just what the sampler imports: the table layer and models/."""
+    pkg = tmp / "code" / "privflow"
+    pkg.mkdir(parents=True)
+    for module in _SAMPLER_MODULES:
+        (pkg / module).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path(privflow.__file__).parent / module, pkg / module)
+    shutil.copytree(Path(models.__file__).parent, pkg / "models", ignore=shutil.ignore_patterns("__pycache__"))
+    return str(pkg)
+
+
+def alias_holder(client: MlflowClient, name: str, alias: str) -> str | None:
+    """The version the alias points to, or None when the model or the alias does not exist."""
+    try:
+        return str(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def _log_generator(
+    name: str,
+    schema: Schema,
+    model_name: str,
+    model_config: dict[str, Any],
+    states: list[dict],
+    marginals: dict[str, Any] | None = None,
+    head: dict[str, Any] | None = None,
+) -> str:
+    """Log the checkpoints as a pyfunc sampler ("models from code") and register a version."""
+    with tempfile.TemporaryDirectory() as tmp:
+        artifacts: dict[str, str] = {}
+        for i, state in enumerate(states):
+            path = Path(tmp) / f"checkpoint_{i}.pt"
+            torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
+            artifacts[f"checkpoint_{i}"] = str(path)
+        meta = {
+            "schema": schema.model_dump(mode="json"),
+            "model": {"name": model_name, "config": model_config},
+            "checkpoints": list(artifacts),
+        }
+        if marginals is not None:  # the DP marginals' output (privacy/mechanisms/dp_marginals.py)
+            meta["marginals"] = marginals
+        if head is not None:  # the DP target head (privacy/mechanisms/dp_head.py), calibrated
+            meta["head"] = head
+        (Path(tmp) / "meta.json").write_text(json.dumps(meta))
+        artifacts["meta"] = str(Path(tmp) / "meta.json")
+        info = mlflow.pyfunc.log_model(
+            name="generator",
+            python_model=str(Path(privflow.__file__).parent / "serving" / "sampler_model.py"),
+            artifacts=artifacts,
+            code_paths=[_sampler_package(Path(tmp))],
+            pip_requirements=_REQUIREMENTS,
+            signature=signature_for(schema),
+            registered_model_name=name,
+        )
+    return str(info.registered_model_version)
+
+
+@task(name="register", retries=2, retry_delay_seconds=2)
+def register_model(
+    name: str,
+    alias: str,
+    schema: Schema,
+    model_name: str,
+    model_config: dict[str, Any],
+    states: list[dict],
+    tags: dict[str, str],
+    promotion: str = "if_better",
+    marginals: dict[str, Any] | None = None,
+    head: dict[str, Any] | None = None,
+) -> Registered:
+    """Log the selected checkpoint(s) as a pyfunc sampler, register a version, maybe set the alias.
+
+    Safe to retry: it only writes DP outputs (weights chosen by Report-Noisy-Max) and the
+    public schema, so a retry spends no privacy. `if_better` sets the alias here only when no
+    version holds it (no comparison, no cost); otherwise the flow runs the DP comparison.
+    """
+    version = _log_generator(name, schema, model_name, model_config, states, marginals, head)
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    # The registered model carries the dataset's running total too (latest known figure).
+    if "dataset_epsilon_cumulative" in tags:
+        client.set_registered_model_tag(name, "dataset_epsilon_cumulative", tags["dataset_epsilon_cumulative"])
+    holder = alias_holder(client, name, alias)
+    if promotion == "always" or (promotion == "if_better" and holder is None):
+        client.set_registered_model_alias(name, alias, version)
+        why = (
+            "every new version takes it (--promote always)"
+            if promotion == "always"
+            else ("no version held it yet: the first one takes it at no cost")
+        )
+        client.set_model_version_tag(name, version, "promoted", f"alias '{alias}' set: {why}")
+        return Registered(version, version, f"@{alias} moved to v{version}: {why}")
+    if promotion == "never":
+        return Registered(version, holder, f"@{alias} left on {_v(holder)} (--promote never)")
+    return Registered(version, holder, f"@{alias} on {_v(holder)}: awaiting the DP comparison")
+
+
+def _v(version: str | None) -> str:
+    return f"v{version}" if version is not None else "no version"
+
+
+def record_promotion(client: MlflowClient, decision: Any) -> Any:
+    """Tag the candidate with a promotion decision (tasks/promote.py); on promotion, move the
+    alias and tag the old champion."""
+    for key, value in decision.tags().items():
+        client.set_model_version_tag(decision.model_name, decision.candidate_version, key, value)
+    if decision.promoted:
+        client.set_registered_model_alias(decision.model_name, decision.alias, decision.candidate_version)
+        if decision.champion_version is not None and decision.champion_version != decision.candidate_version:
+            client.set_model_version_tag(
+                decision.model_name,
+                decision.champion_version,
+                f"{PROMOTION_TAG}.superseded_by",
+                decision.candidate_version,
+            )
+    return decision
+
+
+# -- loading a version ------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedVersion:
+    """A registered generator's public description and its flows (eval mode, CPU)."""
+
+    version: str
+    schema: Schema
+    flows: list[torch.nn.Module]
+    marginals: dict[str, Any] | None = None  # DP marginals the version was trained through, if any
+    model: dict[str, Any] | None = None  # the flow family and shape it was built with: {"name", "config"}
+    head: dict[str, Any] | None = None  # its target head (privflow/data/target_head.py), if any
+
+    @property
+    def codec(self) -> Any:
+        """The codec the version was trained in (`privflow.data.target_head.release_codec`)."""
+        return release_codec(self.schema, self.marginals, self.head)
+
+
+def load_version(name: str, version: str) -> LoadedVersion:
+    """Rebuild a registered version's flows from its artifacts (meta.json + checkpoints).
+
+    Reads the artifacts directly instead of `mlflow.pyfunc.load_model`, so the bundled copies
+    of `models/` and `privflow/` are not put on sys.path of this process.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=tmp))
+        art = root / "artifacts"
+        meta = json.loads((art / "meta.json").read_text())
+        schema = Schema.model_validate(meta["schema"])
+        codec = release_codec(schema, meta.get("marginals"), meta.get("head"))
+        flows = []
+        for key in meta["checkpoints"]:
+            flow = build_flow(meta["model"]["name"], codec.cardinalities, **meta["model"]["config"])
+            flow.load_state_dict(torch.load(art / f"{key}.pt", map_location="cpu", weights_only=True))
+            flows.append(flow.eval())
+    return LoadedVersion(version, schema, flows, meta.get("marginals"), meta["model"], meta.get("head"))
+
+
+def resolve_version(spec: str) -> tuple[str, str, dict[str, str]]:
+    """NAME@ALIAS or NAME/VERSION -> (name, version, the version's tags) in the current
+    registry; ModelNotFound (a user error) when the model, alias or version does not exist."""
+    model_uri(spec)  # the form of the reference
+    client = MlflowClient()
+    by_alias = "@" in spec
+    name, key = spec.split("@", 1) if by_alias else spec.rsplit("/", 1)
+    try:
+        mv = client.get_model_version_by_alias(name, key) if by_alias else client.get_model_version(name, key)
+    except MlflowException:
+        known = {m.name: m for m in client.search_registered_models(max_results=20)}
+        if name in known:  # the model is there; its alias or version is not
+            model = known[name]
+            aliases = ", ".join(f"@{a}" for a in sorted(getattr(model, "aliases", None) or {})) or "none"
+            versions = ", ".join(sorted((str(v.version) for v in model.latest_versions or []), key=int)) or "none"
+            raise ModelNotFound(
+                f"Model '{name}' has no {'alias @' if by_alias else 'version '}{key} (its aliases: {aliases}; "
+                f"latest version: {versions}). Pass NAME@ALIAS or NAME/VERSION of one it has."
+            ) from None
+        raise ModelNotFound(
+            f"Model '{spec}' is not in the registry (registered models here: {', '.join(known) or 'none'}). "
+            "Pass NAME@ALIAS or NAME/VERSION of a registered version (`privflow pretrain` registers one from "
+            "public data)."
+        ) from None
+    return name, str(mv.version), dict(mv.tags or {})
+
+
+def model_uri(spec: str) -> str:
+    """NAME@ALIAS -> models:/NAME@ALIAS; NAME/VERSION -> models:/NAME/VERSION."""
+    if "@" in spec:
+        name, alias = spec.split("@", 1)
+        if name and alias:
+            return f"models:/{name}@{alias}"
+    elif "/" in spec:
+        name, version = spec.rsplit("/", 1)
+        if name and version.isdigit():
+            return f"models:/{name}/{version}"
+    raise ModelNotFound(
+        f"'{spec}' is not a model reference: use NAME@ALIAS (e.g. privflow-adult@champion) or NAME/VERSION."
+    )
+
+
+def open_registry(store: Path) -> None:
+    """Point MLflow at the store's registry (or the operator's tracking server); ModelNotFound
+    when the store has none, so that reading a model never creates a store."""
+    db = store.resolve() / "mlflow.db"
+    if env.operator_tracking_uri() is None and not db.exists():
+        raise ModelNotFound(
+            f"No MLflow store at '{db}': run `privflow run` (or `privflow demo`) first, or pass --store."
+        )
+    tracking(store)
+
+
+def load_generator(spec: str, store: Path) -> Any:
+    """Load the registered pyfunc sampler from the store's MLflow registry."""
+    model_uri(spec)  # raises ModelNotFound on a malformed reference, before the store is touched
+    open_registry(store)
+    name, version, _ = resolve_version(spec)  # a missing alias or version: what the model has
+    try:
+        return mlflow.pyfunc.load_model(f"models:/{name}/{version}")
+    except MlflowException as exc:
+        raise ModelNotFound(f"Model '{spec}' could not be loaded ({exc.message.splitlines()[0]}).") from None
+
+
+__all__ = [
+    "LoadedVersion",
+    "Registered",
+    "alias_holder",
+    "experiment_for",
+    "experiment_name",
+    "flat_params",
+    "load_generator",
+    "open_registry",
+    "load_version",
+    "log_cumulative_epsilon",
+    "log_gate",
+    "log_lineage",
+    "log_refusal",
+    "log_run_header",
+    "log_spend",
+    "log_synthetic",
+    "model_uri",
+    "record_promotion",
+    "register_model",
+    "release_moment",
+    "released_run",
+    "resolve_version",
+    "signature_for",
+    "tracking",
+]

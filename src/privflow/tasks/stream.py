@@ -1,0 +1,177 @@
+"""Streamed preparation: the table read in chunks, never whole (privflow/data/chunked.py).
+
+What a streamed run computes is what `tasks.fit.prepare` computes on the table read whole;
+only the order of the reads differs:
+
+1. `first_pass`, inside the validation gate: every chunk validated
+   (``privflow.data.validation.validate_chunks``: the gate decides once, on the total), its clean
+   rows counted into the DP marginals' statistic, written to disk as the head's rows, and
+   their equality keys partitioned on disk for the occurrence ranks
+   (``privflow.data.rank_spill.SpilledRanks``). Nothing is released here: if the gate stops the
+   run, the counts and files are discarded.
+2. `stream_prepare`: the planned releases, the marginals from the summed counts (the same
+   vector as ``marginal_counts`` of the whole table, so the same Gaussian event) and the head
+   by DP-SGD over its rows on disk (each step gathers its Poisson sample, at the rate the
+   public expected_rows sets); then the chunks again, validated again (the same checks drop
+   the same rows, no quarantine written twice), encoded through the released codec into the
+   training and selection files (the same salted row-hash split, with each row's occurrence
+   rank in the whole table from the first pass's keys), and a hash-coin sample of
+   about `stream.diagnostic_rows` clean rows kept for the curator-only diagnostics.
+
+The stages after these read the encoded rows from their files: DP-SGD gathers each Poisson
+sample, the DP statistics, the DP mixture prior's DP-EM iterations (`model.prior: mog`) and
+Report-Noisy-Max read them in slices. Not streamed: data-parallel workers (each process would
+read the table; pre-flight refuses the combination).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from privflow.core.config import RunConfig
+from privflow.data.chunked import DiskRows, parquet_chunks, parquet_rows
+from privflow.data.codec import Codec
+from privflow.data.copula import CopulaCodec
+from privflow.data.rank_spill import SpilledRanks
+from privflow.data.row_hash import row_units
+from privflow.data.schema import Schema
+from privflow.data.target_head import TargetCodec, head_widths
+from privflow.data.validation import ValidationReport, validate, validate_chunks
+from privflow.privacy.accounting.plan import PrivacyPlan
+from privflow.privacy.mechanisms import dp_marginals as marginals_mechanism
+from privflow.tasks.dp_head import fit_head_planned, head_rows
+from privflow.tasks.dp_marginals import codec_from_counts, planned_grid_bins
+from privflow.tasks.encode import encode_split, selection_coins
+from privflow.tasks.fit import Spend
+from privflow.tasks.lazy_task import task
+
+DIAGNOSTIC_SALT = 0x5A3E_D1A6  # public: the diagnostics' coins differ from the selection split's
+
+
+@dataclass
+class FirstPass:
+    """What the first pass leaves for the releases: the marginals' counts on their grid, and the
+    head's rows on disk (None where the plan has no such stage); for the encoding pass, the
+    clean rows' keys on disk."""
+
+    counts: np.ndarray | None
+    grid: int | None
+    head: DiskRows | None
+    ranks: SpilledRanks
+
+
+def _chunks(config: RunConfig, what: str, show_progress: bool) -> Iterator[pl.DataFrame]:
+    """The input's chunks, with a progress bar over the rows (a pass over a large table takes a while)."""
+    columns = [TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, disable=not show_progress, transient=False) as progress:
+        bar = progress.add_task(what, total=parquet_rows(config.data))
+        for chunk in parquet_chunks(config.data, config.stream.chunk_rows):
+            yield chunk
+            progress.advance(bar, chunk.height)
+
+
+@task(name="validate", private=True)
+def first_pass(
+    config: RunConfig,
+    schema: Schema,
+    plan: PrivacyPlan,
+    work: Path,
+    gate: Callable[[int, int], bool],
+    quarantine: Path,
+    show_progress: bool = False,
+) -> tuple[FirstPass, ValidationReport]:
+    """Validate the table chunk by chunk under the gate, keeping the statistics the planned
+    releases need (module docstring, step 1)."""
+    grid = None
+    if plan.has("dp_marginals"):
+        grid = planned_grid_bins(schema, plan.stage("dp_marginals"), config.marginals.grid_bins)
+    head = None
+    if plan.has("dp_head"):
+        head = DiskRows(work / "head.f32", len(head_widths(schema, config.head.numeric_knots)) + 1)
+    counts: list[np.ndarray] = []  # one vector of cell counts per chunk (their sum is the statistic)
+    ranks = SpilledRanks(work / "ranks", parquet_rows(config.data))
+
+    def consume(clean: pl.DataFrame) -> None:
+        ranks.record(clean)
+        if grid is not None:
+            counts.append(marginals_mechanism.marginal_counts(clean, schema, grid_bins=grid))
+        if head is not None:
+            head.append(head_rows(schema, clean, config.head.numeric_knots))
+
+    chunks = _chunks(config, "Validating (pass 1 of 2)", show_progress)
+    report = validate_chunks(chunks, schema, config.policy, quarantine, gate, consume)
+    # validate_chunks hands consume every chunk it checks (clean rows or none) or raises: counts is set
+    return FirstPass(np.sum(counts, axis=0) if grid is not None else None, grid, head, ranks), report
+
+
+def stream_prepare(
+    config: RunConfig,
+    schema: Schema,
+    plan: PrivacyPlan,
+    spend: Spend,
+    first: FirstPass,
+    work: Path,
+    as_tasks: bool = False,
+    show_progress: bool = False,
+) -> tuple[Codec | CopulaCodec | TargetCodec, DiskRows, DiskRows, pl.DataFrame]:
+    """The releases and the encoding pass (module docstring, step 2): the codec, the training
+    and selection rows on disk, and the diagnostics' sample of clean rows. `as_tasks` runs the
+    steps as Prefect tasks (inside a flow), as `tasks.fit.prepare` does."""
+    codec: Any = Codec.from_schema(schema)
+    if first.counts is not None:
+        assert first.grid is not None
+        spend.start()
+        release = dp_marginals_from_counts if as_tasks else dp_marginals_from_counts.fn
+        codec = release(first.counts, schema, plan.stage("dp_marginals"), first.grid)
+        spend.add(plan.stage("dp_marginals").event)
+    if first.head is not None:
+        spend.start()
+        fit_head = dp_head_from_rows if as_tasks else dp_head_from_rows.fn
+        head = fit_head(first.head, schema, config.head, plan.stage("dp_head"))
+        spend.add(plan.stage("dp_head").event)
+        codec = TargetCodec.around(schema, codec, head)
+    encode = encode_chunks if as_tasks else encode_chunks.fn
+    x_train, x_val, sample = encode(config, schema, codec, work, first.ranks, show_progress)
+    return codec, x_train, x_val, sample
+
+
+dp_marginals_from_counts = task(name="dp_marginals", private=True)(codec_from_counts)
+dp_head_from_rows = task(name="dp_head", private=True)(fit_head_planned)
+
+
+@task(name="encode", private=True)
+def encode_chunks(
+    config: RunConfig, schema: Schema, codec: Any, work: Path, ranks: SpilledRanks, show_progress: bool = False
+) -> tuple[DiskRows, DiskRows, pl.DataFrame]:
+    """Encode every clean row into the training / selection files (`tasks.encode.encode_split`,
+    fresh dequantization offsets from OS entropy), and keep about `stream.diagnostic_rows` clean
+    rows (each by a salted hash coin at rate diagnostic_rows / expected_rows) for the curator-only
+    evaluation, which is never released."""
+    x_train, x_val = DiskRows(work / "train.f32", codec.dim), DiskRows(work / "select.f32", codec.dim)
+    rate = min(1.0, config.stream.diagnostic_rows / max(1, schema.dataset.expected_rows or 1))
+    rng = np.random.default_rng()
+    sample: list[pl.DataFrame] = []
+    try:
+        for chunk in _chunks(config, "Encoding (pass 2 of 2)", show_progress):
+            if not chunk.height:
+                continue
+            clean = validate(chunk, schema, "strict", None, lambda _f, _p: False)[0]  # the first pass's checks
+            rank = ranks.ranks(clean)  # occurrence ranks in the whole table, as the whole table's would be
+            coin = selection_coins(clean, config.select.fraction(schema.dataset.expected_rows), config.train.seed, rank)
+            train, val = encode_split(clean, coin, codec, rng)
+            x_train.append(train)
+            x_val.append(val)
+            sample.append(clean.filter(pl.Series(row_units(clean, config.train.seed ^ DIAGNOSTIC_SALT, rank) < rate)))
+    finally:
+        ranks.close()
+    return x_train, x_val, pl.concat(sample)
+
+
+__all__ = ["FirstPass", "encode_chunks", "first_pass", "stream_prepare"]

@@ -1,0 +1,25 @@
+"""validate: the schema's Great Expectations suite over the input file; the stop decision is the DP gate's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import polars as pl
+
+from privflow.data.io import read_table
+from privflow.data.schema import Schema
+from privflow.data.validation import ValidationReport, validate
+from privflow.tasks.lazy_task import task
+
+
+@task(name="validate", private=True)
+def validate_data(
+    data_path: Path,
+    schema: Schema,
+    policy: str,
+    quarantine_path: Path | None,
+    gate: Callable[[int], bool] | None = None,
+) -> tuple[pl.DataFrame, ValidationReport]:
+    """Read and validate; `gate` (the DP validation gate) decides whether failing rows stop the run."""
+    return validate(read_table(data_path), schema, policy=policy, quarantine_path=quarantine_path, gate=gate)

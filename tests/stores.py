@@ -1,0 +1,75 @@
+"""One small trained store for the whole test session, shared read-only by the tests that need
+a released model (the release allowlist, generate, score, ...), and copies of it for the tests
+that change a store (a charged DP threshold, a new version).
+
+The store is built once per session even under xdist: the first worker to get the file lock
+trains it with an in-process run (no Prefect server), the others wait and read it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import yaml
+
+SEED = 20261123  # the public sampling seed of the shared run's synthetic table
+ROWS = 2000
+
+
+def build(root: Path, demo_dir: Path) -> dict[str, Any]:
+    """Train the shared store under `root`: 2,000 Adult rows (one with an age outside the
+    public bounds, so the gate has something to count), a one-block MAF, one epoch."""
+    from privflow.core.config import RunConfig
+    from privflow.flows.pipeline import train_in_process
+
+    root.mkdir(parents=True, exist_ok=True)
+    frame = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=ROWS)
+    frame = frame.with_columns(
+        pl.when(pl.int_range(pl.len()) < 1).then(pl.lit("999")).otherwise(pl.col("age")).alias("age")
+    )
+    data = root / "adult.csv"
+    frame.write_csv(data)
+    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
+    doc["dataset"]["expected_rows"] = ROWS
+    schema = root / "adult.yaml"
+    schema.write_text(yaml.safe_dump(doc))
+    config = RunConfig.build(
+        data=data,
+        schema_path=schema,
+        store=root / "store",
+        privacy={"epsilon": 2.0, "delta": 1e-5},
+        model={"name": "maf", "blocks": 1, "hidden": 8},
+        train={"epochs": 1, "batch_size": 256, "checkpoint_every": 4},
+        evaluate={
+            "synthetic_rows": 300,
+            "sampling_seed": SEED,
+            "utility": False,
+            "privacy_risk": False,
+            "report": True,
+        },
+    )
+    summary = train_in_process(config, show_progress=False)
+    return {"config": config.model_dump(mode="json"), "summary": summary.to_dict()}
+
+
+def copy_store(src: Path, dst: Path) -> Path:
+    """A copy of a store that a test may change: the files, with every absolute path that
+    MLflow recorded in its database (artifact locations, model sources) moved to the copy."""
+    shutil.copytree(src, dst)
+    old, new = str(src.resolve()), str(dst.resolve())
+    db = dst / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            for _, column, kind, *_ in con.execute(f'PRAGMA table_info("{table}")').fetchall():
+                if "CHAR" in kind.upper() or "TEXT" in kind.upper() or kind == "":
+                    con.execute(f'UPDATE "{table}" SET "{column}" = replace("{column}", ?, ?)', (old, new))
+    return dst
+
+
+def load(info_path: Path) -> dict[str, Any]:
+    return json.loads(info_path.read_text())
