@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from privflow.cli import app
 
 runner = CliRunner()
-DEMO = Path(__file__).resolve().parents[1] / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[1] / "src" / "privflow" / "demo"
 
 
 @pytest.mark.parametrize(
@@ -184,7 +184,7 @@ class TestBadDataBeforeTheFlow:
 
 def test_promote_values_map_to_the_config() -> None:
     from privflow.cli import _promotion
-    from privflow.config import RunConfig
+    from privflow.core.config import RunConfig
 
     for flag in ("if-better", "always", "never"):
         value = _promotion(flag)
@@ -397,7 +397,7 @@ def test_ledger_show_names_what_is_wrong_with_the_store(tmp_path: Path) -> None:
 def test_ledger_set_budget_raises_a_datasets_budget_on_purpose(tmp_path: Path) -> None:
     """The refusal's advice is a command: `privflow ledger set-budget` (the schema alone can only
     lower a budget). Bad values and unknown datasets are user errors."""
-    from privflow.privacy.events import GaussianEvent
+    from privflow.privacy.accounting.events import GaussianEvent
     from privflow.privacy.ledger import Ledger
 
     ledger = Ledger(tmp_path / "ledger.db")
@@ -461,12 +461,16 @@ def test_an_interrupted_command_mentions_the_ledger_only_when_it_can_spend(
 ) -> None:
     """Ctrl-C exits 130 with one line; `generate` spends nothing, so it no longer says that privacy
     already spent stays in the ledger (fuzzing round 6), while `run` still does."""
-    import privflow.cli as cli
+    import privflow.cli.generate
+    import privflow.cli.run
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_generate" if command == "generate" else "_run_body", interrupted)
+    if command == "generate":
+        monkeypatch.setattr(privflow.cli.generate, "_generate", interrupted)
+    else:
+        monkeypatch.setattr(privflow.cli.run, "_run_body", interrupted)
     args = {
         "generate": ["generate", "--model", "m@a", "-n", "5", "-o", str(tmp_path / "o.csv")],
         "run": ["run", "--data", "d.csv", "--schema", "s.yaml", "--no-server"],

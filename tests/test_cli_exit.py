@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import privflow.cli as cli
+import privflow.cli.run as run_command
 from privflow.cli import app
 
 runner = CliRunner()
@@ -31,7 +31,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     def body(config_path, overrides, quiet, verbose, promote, server=True) -> None:  # noqa: ANN001
         seen.append(server)
 
-    monkeypatch.setattr(cli, "_run_body", body)
+    monkeypatch.setattr(run_command, "_run_body", body)
     return seen
 
 

@@ -1,0 +1,68 @@
+"""`privflow`: run the DP pipeline, sample a registered model, inspect the privacy ledger.
+
+Heavy libraries (torch, prefect, mlflow) are imported inside the commands, so `--help`
+stays instant. `run` and `demo` first run the pre-flight checks (`privflow.preflight`):
+before Prefect, MLflow or Great Expectations is imported and before the ledger reserves.
+
+Exit statuses: 0 success; 2 any PrivflowError (a user error, over budget, the validation
+gate stopping a run), printed once as one paragraph with no traceback; 1 an unexpected
+(internal) error, one paragraph, with the traceback under `--verbose`; 3 `privflow audit`'s verdict
+is not the healthy one; 130 Ctrl-C; 143 SIGTERM
+(a scheduler cancelling the job), unwound like Ctrl-C so that the ledger, the MLflow run and
+the working files are closed as they are then.
+
+One module per command group: `run` (run, demo; `summary` prints a run's result), `pretrain`,
+`generate`, `score`, `ledger`, `audit`, `dpad`; `_common` holds what they share (options, the
+error-to-exit-status mapping, config loading). The console script's fast exit lives with the
+rest of start-up engineering, in `privflow.core.startup`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+# the command modules: `privflow.cli.run` is the module, `privflow.cli.run.run` its command (a test
+# that replaces a command's body patches it there, where the command looks it up)
+from privflow.cli import audit, generate, pretrain, run, score
+from privflow.cli._common import EXIT_INTERNAL, EXIT_OK, _promotion, _stopped, console
+from privflow.cli.dpad import dpad_app
+from privflow.cli.ledger import ledger_app
+from privflow.cli.summary import _print_summary
+from privflow.core import interrupts
+from privflow.core.startup import FAST_EXIT
+
+__all__ = ["_print_summary", "_promotion", "app", "main"]
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Differentially private normalizing flows for tabular data, with an honest privacy ledger.",
+)
+app.add_typer(ledger_app, name="ledger")
+app.command()(run.run)
+app.command()(run.demo)
+app.command()(pretrain.pretrain)
+app.command()(generate.generate)
+app.command()(score.score)
+app.command()(audit.audit)
+app.add_typer(dpad_app, name="dpad")
+
+
+def main() -> None:
+    """Entry point: friendly errors, no tracebacks for user mistakes; 130 on Ctrl-C, 143 on SIGTERM."""
+    FAST_EXIT.arm()
+    interrupts.install()
+    try:
+        app()
+    except KeyboardInterrupt as exc:
+        what, status = _stopped(exc)
+        console.print(what, highlight=False)
+        FAST_EXIT.code = status
+        sys.exit(status)
+    except SystemExit as exc:
+        code = exc.code
+        FAST_EXIT.code = code if isinstance(code, int) else (0 if code is None else EXIT_INTERNAL)
+        raise
+    FAST_EXIT.code = EXIT_OK

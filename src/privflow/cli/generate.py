@@ -1,0 +1,102 @@
+"""`privflow generate`: synthetic rows sampled from a registered model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from privflow.cli._common import StoreOpt, VerboseOpt, _guarded
+
+
+def generate(
+    model: Annotated[str, typer.Option("--model", help="NAME@ALIAS or NAME/VERSION of a registered model.")],
+    n: Annotated[int, typer.Option("-n", help="Number of rows to sample.", min=1)],
+    out: Annotated[Path, typer.Option("-o", "--out", help="Output file (.csv or .parquet).")],
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed for reproducible samples.")] = None,
+    device: Annotated[
+        str,
+        typer.Option(
+            "--device",
+            help="auto | cpu | cuda: where the flow's inverse runs (auto: CUDA when present). A seed gives the "
+            "same rows on the same kind of device; CPU and GPU arithmetic can differ in the last bits.",
+        ),
+    ] = "auto",
+    store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """Sample synthetic rows from a registered model (never touches the training data)."""
+    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, device), spends=False)
+
+
+def _generate(
+    model: str, n: int, out: Path, seed: int | None, store: Path, verbose: bool, device: str = "auto"
+) -> None:
+    from privflow.preflight import check_output, check_registry, check_room, check_seed, resolve_device
+
+    check_output(out)
+    replaced = " (replacing the file that was there)" if out.exists() else ""
+    seed = check_seed(seed)
+    device = resolve_device(device)  # before the store is opened: a missing GPU costs nothing
+    check_registry(store, f"--model {model}", "Train and register one first (`privflow run`) with the same --store.")
+    from privflow.core import env
+    from privflow.core.startup import imports_without_gc
+
+    env.configure(store, verbose=verbose)
+    with imports_without_gc():  # MLflow's import and the model's load (privflow/core/startup.py)
+        import mlflow  # noqa: F401 - imported here so its event messages can be switched off
+
+        from privflow.cli.registry import load_generator
+
+        env.quiet_imported(verbose)
+        generator = load_generator(model, store)
+    sampler = _generator_sampler(generator)
+    schema = sampler.codec.schema if sampler is not None else _generator_schema(generator)
+    check_room(out, n, len(schema.columns) if schema is not None else 1)
+    if sampler is not None:
+        # Stream: the released flows sample batch by batch straight into the file (bounded
+        # memory, one explicit generator from `--seed` or the OS CSPRNG, privflow.serving.sampler).
+        from privflow.serving.sampler import write_samples
+
+        flows = [flow.to(device) for flow in sampler.flows]
+        write_samples(flows, sampler.codec, n, out, seed=seed, progress=not verbose and _is_tty())
+        Console().print(f"wrote {n} rows to {out}{replaced}", highlight=False, soft_wrap=True)
+        return
+    import pandas as pd
+    import polars as pl
+
+    frame = generator.predict(pd.DataFrame({"n": [n], **({"seed": [seed]} if seed is not None else {})}))
+    table = pl.from_pandas(frame)
+    if schema is not None:
+        from privflow.data.codec import restore_types
+
+        table = restore_types(table, schema)
+    from privflow.data.io import write_table
+
+    write_table(table, out)
+    Console().print(f"wrote {table.height} rows to {out}{replaced}", highlight=False, soft_wrap=True)
+
+
+def _is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+def _generator_sampler(generator: Any) -> Any:
+    """The privflow FlowSampler inside a loaded pyfunc (its flows and codec), or None for a
+    foreign model, which is then asked for its rows through predict."""
+    try:
+        inner = generator.unwrap_python_model()
+    except Exception:  # noqa: BLE001
+        return None
+    return inner if getattr(inner, "flows", None) and getattr(inner, "codec", None) is not None else None
+
+
+def _generator_schema(generator: Any) -> Any:
+    """The public schema inside a loaded pyfunc sampler, when it exposes one."""
+    try:
+        return getattr(generator.unwrap_python_model(), "schema", None)
+    except Exception:  # noqa: BLE001 - an older or foreign model: write what it returned
+        return None

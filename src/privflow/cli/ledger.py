@@ -1,0 +1,121 @@
+"""`privflow ledger`: the per-dataset privacy ledger: the publishable summary, the curator-only
+notes, and a data owner's change of budget."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from privflow.cli._common import StoreOpt, VerboseOpt, _guarded
+
+ledger_app = typer.Typer(no_args_is_help=True, help="Inspect the per-dataset privacy ledger.")
+
+
+@ledger_app.command("show")
+def ledger_show(
+    dataset: Annotated[str | None, typer.Argument(help="Dataset name; all datasets when omitted.")] = None,
+    store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """Charged runs (settled, abandoned, open reservations), their privacy events and the
+    cumulative (epsilon, delta), per dataset: the publishable summary (no data fingerprints)."""
+    _guarded(verbose, lambda: _ledger_show(dataset, store, verbose), spends=False)
+
+
+def _ledger_at(store: Path, dataset: str | None = None) -> Any:
+    """The store's existing ledger (holding `dataset`, when one is named), or a StoreError
+    naming what is there instead."""
+    from privflow.core.errors import StoreError
+    from privflow.privacy.ledger import Ledger
+
+    path = store / "ledger.db"
+    if store.exists() and not store.is_dir():
+        raise StoreError(f"--store '{store}' is a file, not a folder; pass the store folder privflow runs used.")
+    if path.is_dir():
+        raise StoreError(f"'{path}' is a folder, not a privacy ledger; this store's ledger is missing or was moved.")
+    if not path.is_file():
+        raise StoreError(f"No ledger at '{path}': no run has used this store yet (pass --store to pick another).")
+    ledger = Ledger(path)
+    names = [d.name for d in ledger.datasets()]
+    if dataset is not None and dataset not in names:  # a script asking for one dataset gets an error, not a blank
+        held = f"it holds {', '.join(repr(n) for n in names)}" if names else "it holds no dataset yet"
+        raise StoreError(f"Dataset '{dataset}' is not in the privacy ledger at '{path}': {held}.")
+    return ledger
+
+
+def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> None:
+    from privflow.core import env
+
+    env.set_verbosity(verbose)
+    ledger = _ledger_at(store, dataset)
+    Console().print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
+
+
+@ledger_app.command("curator-notes")
+def ledger_curator_notes(
+    dataset: Annotated[str | None, typer.Argument(help="Dataset name; all datasets when omitted.")] = None,
+    store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """CURATOR ONLY: the ledger's notes that depend on the private files' bytes (a dataset's
+    content fingerprint changed or came back). Not part of the publishable summary; do not publish."""
+    _guarded(verbose, lambda: _ledger_curator_notes(dataset, store, verbose), spends=False)
+
+
+def _ledger_curator_notes(dataset: str | None, store: Path, verbose: bool = False) -> None:
+    from privflow.core import env
+    from privflow.core.curator import LABEL
+
+    env.set_verbosity(verbose)
+    notes = _ledger_at(store, dataset).curator_notes(dataset)
+    lines = [LABEL, *(f"{name} {at[:19]}: {message}" for name, at, message in notes)]
+    if not notes:
+        lines.append("no curator-only notes" + (f" for dataset '{dataset}'" if dataset else ""))
+    Console().print("\n".join(lines), highlight=False, soft_wrap=True, markup=False)
+
+
+@ledger_app.command("set-budget")
+def ledger_set_budget(
+    dataset: Annotated[str, typer.Argument(help="Dataset name, as its schema's dataset.name.")],
+    epsilon: Annotated[float, typer.Option("--epsilon", help="The dataset's new total epsilon.")],
+    delta: Annotated[float | None, typer.Option("--delta", help="The new total delta (default: unchanged).")] = None,
+    store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """Change a dataset's total privacy budget on purpose (the data owner's decision): recorded in
+    the ledger's notes, every run recomposed at the new delta. A schema can lower the budget by
+    itself; only this raises it."""
+    _guarded(verbose, lambda: _ledger_set_budget(dataset, epsilon, delta, store, verbose))
+
+
+def _ledger_set_budget(dataset: str, epsilon: float, delta: float | None, store: Path, verbose: bool) -> None:
+    from privflow.core import env
+
+    env.set_verbosity(verbose)
+    from privflow.core.errors import ConfigError
+
+    ledger = _ledger_at(store, dataset)
+    if delta is None:
+        delta = next(d.budget_delta for d in ledger.datasets() if d.name == dataset)
+    # a total across runs, like the schema's `dataset.budget`: any finite positive figure (a single
+    # run's --epsilon has its own limit, privacy.plan.MAX_EPSILON)
+    if not (math.isfinite(epsilon) and 0 < epsilon):
+        raise ConfigError(f"--epsilon must be a finite number above 0, got {epsilon}.")
+    if not (math.isfinite(delta) and 0 < delta < 1):
+        raise ConfigError(f"--delta must lie strictly between 0 and 1, got {delta}.")
+    ledger.set_budget(dataset, epsilon, delta)
+    console = Console()
+    console.print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
+    spent = ledger.spent(dataset)[0]
+    if spent >= epsilon:
+        console.print(
+            f"note: dataset '{dataset}' has already spent epsilon={spent:.4g}, at least the new budget of "
+            f"{epsilon:g}: no further run on it can be charged until the budget is raised.",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )

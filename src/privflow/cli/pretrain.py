@@ -1,0 +1,80 @@
+"""`privflow pretrain`: a non-private flow trained on a public table, registered as a
+warm-start parent."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from privflow.cli._common import StoreOpt, VerboseOpt, _guarded, _load_config, console
+
+
+def pretrain(
+    data: Annotated[Path, typer.Option("--data", help="A PUBLIC table (.csv or .parquet): trained on without DP.")],
+    schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML) of the private runs to warm-start.")],
+    config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML): model, train.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="dphflow | maf.")] = None,
+    epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over the public table.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")] = None,
+    model_name: Annotated[
+        str | None, typer.Option("--model-name", help="Registered model name (default privflow-DATASET-public).")
+    ] = None,
+    alias: Annotated[str, typer.Option("--alias", help="Alias the new version takes.")] = "pretrained",
+    store: StoreOpt = Path(".privflow"),
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Train the configured flow NON-privately on a table you declare public and register it as a
+    warm-start parent for `privflow run --init-from` (no ledger charge: nothing private is read)."""
+    overrides = {
+        "data": data,
+        "schema_path": schema,
+        "store": store,
+        "model_name": model_name,
+        "alias": alias,
+        "model": {"name": model},
+        "train": {"epochs": epochs, "device": device},
+    }
+    _guarded(verbose, lambda: _pretrain(config, overrides, quiet, verbose))
+
+
+def _pretrain(config_path: Path | None, overrides: dict, quiet: bool, verbose: bool) -> None:
+    from privflow.core import env
+
+    env.set_verbosity(verbose)
+    from privflow.preflight import preflight_pretrain
+
+    checked = preflight_pretrain(_load_config(config_path, overrides, None))
+    cfg = checked.config
+    env.configure(cfg.store, verbose=verbose)
+    console.print(
+        f"[bold]privflow[/] pretraining (NOT differentially private: {cfg.data} is declared public) on "
+        f"{checked.rows} rows ({checked.data_format}; device {checked.device}); store {cfg.store.resolve()}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    from privflow.core.startup import imports_without_gc
+
+    with imports_without_gc():  # the flow stack's imports (privflow/core/startup.py)
+        from privflow.flows.pretrain import pretrain_pipeline
+
+        env.quiet_imported(verbose)
+    s = pretrain_pipeline(cfg, show_progress=not quiet)
+    Console(soft_wrap=True).print(
+        f"registered {s.model_name} v{s.model_version} (@{s.alias}) from {s.rows} public rows"
+        + (f" ({s.quarantined_rows} set aside by validation)" if s.quarantined_rows else "")
+        + f", {s.steps} steps, checkpoint of step {s.chosen_step}, "
+        + (
+            f"validation {s.validation_nats_per_row:.3f} nats/row"
+            if math.isfinite(s.validation_nats_per_row)
+            else "validation not measured (no row fell in the selection split)"
+        )
+        + f", {s.wall_seconds:.1f} s. Declared public in the store's ledger; no privacy was spent. Warm-start a "
+        f"DP run with: privflow run ... --init-from {s.model_name}/{s.model_version}  (MLflow run {s.mlflow_run_id})",
+        highlight=False,
+        markup=False,
+    )

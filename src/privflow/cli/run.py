@@ -1,0 +1,213 @@
+"""`privflow run` and `privflow demo`: configuration, pre-flight, then the DP pipeline, in
+process or under Prefect's engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from privflow.cli._common import StoreOpt, VerboseOpt, _guarded, _load_config, console
+from privflow.cli.summary import _print_summary
+from privflow.core.startup import use_prefect
+
+PromoteOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--promote",
+        help="When the alias moves to the new version: if-better (default: only when no version holds it yet; "
+        "later versions by the DP comparison), always, or never.",
+    ),
+]
+NoServerOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-server",
+        envvar="PRIVFLOW_NO_SERVER",
+        help="Run the pipeline's steps in this process without Prefect's engine even when a Prefect API is "
+        "configured: no Prefect flow-run records; the ledger, MLflow, the registry and the synthetic table are "
+        "recorded exactly as with Prefect. The default when no PREFECT_API_URL is set.",
+    ),
+]
+PrefectOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prefect",
+        envvar="PRIVFLOW_PREFECT",
+        help="Run under Prefect's engine even when no Prefect API is configured: a temporary local Prefect "
+        "server records the flow run in the store's Prefect database (a slower start-up).",
+    ),
+]
+
+
+def demo_paths() -> tuple[Path, Path, Path]:
+    """The bundled Adult train file, its schema and the test file."""
+    root = Path(str(resources.files("privflow") / "demo"))
+    return root / "adult_train.csv", root / "adult.yaml", root / "adult_test.csv"
+
+
+def run(
+    data: Annotated[Path, typer.Option("--data", help="Input table (.csv or .parquet).")],
+    schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML).")],
+    epsilon: Annotated[float | None, typer.Option("--epsilon", help="Total epsilon of this run.")] = None,
+    delta: Annotated[float | None, typer.Option("--delta", help="Total delta of this run.")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Run configuration (YAML); flags override it.")
+    ] = None,
+    test_data: Annotated[
+        Path | None, typer.Option("--test-data", help="Real test table for utility diagnostics.")
+    ] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="strict | quarantine (bad rows set aside).")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="dphflow | maf.")] = None,
+    epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over the data (public row count).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            help="Data-parallel DP-SGD processes (torchrun: gloo on CPU, one GPU each with NCCL); same noise and "
+            "epsilon as one process. Default 1.",
+        ),
+    ] = None,
+    stream: Annotated[
+        bool | None,
+        typer.Option(
+            "--stream/--no-stream",
+            help="Read the (Parquet) table in chunks and train from disk, for tables larger than memory; default: "
+            "streamed when the input is Parquet and the schema expects more than stream.auto_rows rows.",
+        ),
+    ] = None,
+    model_name: Annotated[str | None, typer.Option("--model-name", help="Registered model name.")] = None,
+    alias: Annotated[str | None, typer.Option("--alias", help="Registry alias for the new version.")] = None,
+    promote: PromoteOpt = None,
+    init_from: Annotated[
+        str | None,
+        typer.Option(
+            "--init-from",
+            help="Warm start: NAME@ALIAS or NAME/VERSION of a registered model (public pretraining, or a DP "
+            "release of this dataset) whose weights DP training starts from.",
+        ),
+    ] = None,
+    store: StoreOpt = Path(".privflow"),
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    no_server: NoServerOpt = False,
+    prefect: PrefectOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Check everything up front, then validate, train a DP flow, select a checkpoint, evaluate, register."""
+    overrides = {
+        "data": data,
+        "schema_path": schema,
+        "policy": policy,
+        "store": store,
+        "model_name": model_name,
+        "alias": alias,
+        "init_from": init_from,
+        "privacy": {"epsilon": epsilon, "delta": delta},
+        "model": {"name": model},
+        "train": {"epochs": epochs, "device": device, "workers": workers},
+        "evaluate": {"test_data": test_data},
+        "stream": {"enabled": stream},
+    }
+    server = _guarded(verbose, lambda: use_prefect(prefect, no_server))
+    _run(config, overrides, quiet, verbose, promote, server=server)
+
+
+def demo(
+    store: StoreOpt = Path(".privflow"),
+    epsilon: Annotated[float, typer.Option("--epsilon")] = 1.0,
+    delta: Annotated[float, typer.Option("--delta")] = 1e-5,
+    config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML).")] = None,
+    promote: PromoteOpt = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    no_server: NoServerOpt = False,
+    prefect: PrefectOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run the pipeline on the bundled UCI Adult demo at (epsilon=1, delta=1e-5)."""
+    train, schema, test = demo_paths()
+    overrides = {
+        "data": train,
+        "schema_path": schema,
+        "store": store,
+        "privacy": {"epsilon": epsilon, "delta": delta},
+        "evaluate": {"test_data": test},
+    }
+    server = _guarded(verbose, lambda: use_prefect(prefect, no_server))
+    _run(config, overrides, quiet, verbose, promote, server=server)
+
+
+def _run(
+    config_path: Path | None, overrides: dict, quiet: bool, verbose: bool, promote: str | None, server: bool = True
+) -> None:
+    _guarded(verbose, lambda: _run_body(config_path, overrides, quiet, verbose, promote, server))
+
+
+def _run_body(
+    config_path: Path | None, overrides: dict, quiet: bool, verbose: bool, promote: str | None, server: bool = True
+) -> None:
+    from privflow.core import env
+    from privflow.core.startup import imports_without_gc, meanwhile
+
+    env.set_verbosity(verbose)  # before anything logs (the accountant's absl warnings included)
+    with imports_without_gc():  # pre-flight and the flow stack's imports (privflow/core/startup.py)
+        pipeline, ready, cfg = _start_run(config_path, overrides, verbose, promote, server)
+        if ready is not None:
+            from privflow.core.startup import waits
+            from privflow.data.validation import import_gx
+
+            # while Prefect's temporary server starts, this process would wait idle: import GX meanwhile
+            with meanwhile(import_gx) if waits(ready) else nullcontext():
+                ready()
+    summary = pipeline(cfg, show_progress=not quiet)
+    _print_summary(summary)
+
+
+def _start_run(
+    config_path: Path | None, overrides: dict, verbose: bool, promote: str | None, server: bool
+) -> tuple[Callable[..., Any], Callable[[], None] | None, Any]:
+    """Configuration, pre-flight, then (Prefect's temporary server spawned when `server`) the
+    pipeline's import: (the pipeline to call, the wait for that server or None, the config)."""
+    from privflow.core import env
+    from privflow.preflight import preflight
+
+    cfg = _load_config(config_path, overrides, promote)
+    # Everything checkable up front, before any library starts a server or the ledger reserves.
+    checked = preflight(cfg)
+    cfg = checked.config  # a warm start's parent pinned to the version pre-flight checked
+    env.configure(cfg.store, verbose=verbose)
+    console.print(
+        f"[bold]privflow[/] pre-flight passed in {checked.seconds:.1f} s ({checked.data_format}"
+        + ("; streamed: read in chunks, rows encoded on disk" if checked.streamed else "")
+        + f"; device "
+        f"{checked.device}). Training on [cyan]{cfg.data}[/] at epsilon={cfg.privacy.epsilon:g}, "
+        f"delta={cfg.privacy.delta:g}; store {cfg.store.resolve()}"
+        + (f"; warm start from {cfg.init_from} (no DP statistics stage)" if cfg.init_from else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    from rich.markup import escape
+
+    for note in checked.notes:
+        console.print(f"[bold yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    ready = None
+    if server:
+        # Every cheap check passed: Prefect's temporary server starts now, in its own process,
+        # while this one imports torch, MLflow and the pipeline (privflow/core/startup.py).
+        from privflow.core.startup import start_early
+
+        ready = start_early()
+        from privflow.flows.train import train_pipeline as pipeline  # its own plan step, a task run
+    else:  # the same chain without Prefect's engine, and without importing Prefect
+        from functools import partial
+
+        from privflow.flows.pipeline import train_in_process
+
+        pipeline = partial(train_in_process, plan=checked.plan)  # pre-flight's plan, computed once
+
+    env.quiet_imported(verbose)
+    return pipeline, ready, cfg

@@ -1,0 +1,79 @@
+"""The table and lines `privflow run` and `privflow demo` print when the run is done."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from privflow.cli._common import _paragraph
+
+
+def _print_summary(summary: object) -> None:
+    """The run's figures as a table, then the registry decision and every path in full."""
+    from rich.table import Table
+
+    s = summary  # RunSummary
+    get = lambda name, default=None: getattr(s, name, default)  # noqa: E731 - fields other engineers add
+    out = Console(soft_wrap=True)
+    table = Table(title="privflow run", show_header=False)
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
+    # the version's epsilon (privacy rule 9): a warm start from a private parent composes the whole chain
+    lineage, runs = get("lineage"), get("lineage_runs") or ()
+    headline = "epsilon (PLD, reported" + (f", lineage of {len(runs)} runs)" if len(runs) > 1 else ")")
+    table.add_row(headline, f"{s.epsilon:.4f} at delta={s.delta:g}")
+    if len(runs) > 1:
+        table.add_row("  lineage", str(lineage))
+    if get("epsilon_run") is not None and get("delta_run"):
+        table.add_row("epsilon (this run alone, PLD)", f"{s.epsilon_run:.4f} at delta={s.delta_run:g}")
+    table.add_row("epsilon (this run alone, RDP cross-check)", f"{s.epsilon_rdp:.4f}")
+    for stage, eps in s.stages.items():
+        table.add_row(f"  stage {stage}", f"{eps:.4f} alone")
+    # the ledger composes every run of the dataset at its budget's delta, which may differ from this run's
+    table.add_row("dataset cumulative epsilon", f"{s.dataset_epsilon:.4f} at delta={get('dataset_delta', 0.0):g}")
+    metrics = get("metrics") or {}
+    for key in (
+        "utility/macro_f1_mean",
+        "utility/auroc_mean",
+        "utility/ap_mean",
+        "likelihood/test_nats_per_row",
+        "fidelity/tv_mean",
+    ):
+        if key in metrics:
+            table.add_row(f"{key} (not DP)", f"{metrics[key]:.4f}")
+    # The gate's released DP count; exact counts are in the curator-only validation report.
+    table.add_row("rows failing validation (DP count)", f"about {get('failing_rows_dp', 0.0):.0f}")
+    table.add_row("wall time", f"{get('wall_seconds', 0.0):.1f} s")
+    out.print(table)
+    alias = get("alias") or "champion"
+    alias_version = get("alias_version", None)
+    promotion = get("promotion", None)
+    lines = [f"registered model {s.model_name} v{s.model_version}"]
+    if get("init_from"):
+        lines.append(
+            f"warm-started from {get('init_from')} (lineage {get('lineage') or '?'}: in the version's "
+            "privflow.lineage tag, the MLflow params and the ledger entry)"
+        )
+    if alias_version is None and promotion is None:
+        alias_line = f"alias @{alias} -> v{s.model_version}"  # before RunSummary gained the fields
+    elif alias_version is None:
+        alias_line = f"alias @{alias} -> (no version)"
+    else:
+        alias_line = f"alias @{alias} -> v{alias_version}"
+    if promotion:
+        alias_line += f" ({_paragraph(promotion)})"
+    lines.append(alias_line)
+    lines.append(f"synthetic table: {s.synthetic_path}")
+    if get("release_note"):
+        lines.append(f"note: {get('release_note')}")
+    if get("report_path"):
+        lines.append(f"diagnostics report (not DP, curator only): {s.report_path}")
+    if get("diagnostics_note"):
+        lines.append(f"diagnostics note (not DP, curator only): {get('diagnostics_note')}")
+    if get("curator_dir"):
+        lines.append(f"curator-only diagnostics folder (not DP): {get('curator_dir')}")
+    if get("mlflow_run_id"):
+        lines.append(f"MLflow run: {s.mlflow_run_id}")
+    if get("run_id"):
+        lines.append(f"ledger run: {s.run_id}")
+    for line in lines:
+        out.print(line, highlight=False, soft_wrap=True, markup=False)
