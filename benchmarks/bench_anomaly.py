@@ -1,6 +1,6 @@
 """Anomaly detection against epsilon (issue 14): DP-NF's section 5 protocol, one command.
 
-    .venv/bin/python benchmarks/bench_anomaly.py      # 4-8 min on 2 CPU cores; writes
+    .venv/bin/python -m benchmarks.bench_anomaly      # 4-8 min on 2 CPU cores; writes
                                                        # benchmarks/results/anomaly.md and anomaly.png
 
 Data (Waites & Cummings 2021, section 5 and Appendix C):
@@ -33,7 +33,7 @@ Methods, at each epsilon in EPSILONS (DP randomness from the OS CSPRNG):
 Configuration (public, small so the run fits in minutes on 2 cores): MAF (DP-NF's backbone) with
 3 blocks of 32 hidden units, DP-Adam, 8 epochs, batch 512 (each part: batch 64, so a part of
 ~2,200 rows still takes ~270 steps), delta 1e-5, FPR 0.05, 10 parts, one torch thread; DP marginals
-off, so every method trains and scores in the schema's codec (privflow/codec.py) and the DP
+off, so every method trains and scores in the schema's codec (privflow/data/codec.py) and the DP
 flow's whole training share goes to DP-SGD.
 """
 
@@ -54,6 +54,9 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results"
@@ -86,9 +89,9 @@ class Task:
 
 
 def _datasets() -> Any:
-    from privflow.flows.benchmark import datasets_module
+    from benchmarks import datasets
 
-    return datasets_module()
+    return datasets
 
 
 def tail_anomalies(test: pl.DataFrame, schema: Any, n: int, rng: np.random.Generator) -> pl.DataFrame:
@@ -137,7 +140,7 @@ def off_manifold_anomalies(n: int, bounds: Any, rng: np.random.Generator) -> pl.
 
 
 def adult_numeric(work: Path) -> Task:
-    from privflow.schema import Schema
+    from privflow.data.schema import Schema
 
     dm = _datasets()
     data = dm.load("adult", work)
@@ -164,7 +167,7 @@ def half_moons(work: Path) -> Task:
 
 
 def _config(train: dict[str, Any], epsilon: float = 1.0) -> Any:
-    from privflow.config import RunConfig
+    from privflow.core.config import RunConfig
 
     return RunConfig.build(
         data=Path("benchmark"), schema_path=Path("benchmark"), model=MODEL, train=train,
@@ -208,8 +211,8 @@ def _rates(y: np.ndarray, flagged: np.ndarray, score: np.ndarray) -> dict[str, f
 
 def run_task(task: Task, epsilons: tuple[float, ...], log: Any) -> dict[str, Any]:
     """Every method at every epsilon on one dataset."""
-    from privflow.codec import Codec
-    from privflow.privacy.events import PureDPEvent, RepeatedEvent
+    from privflow.data.codec import Codec
+    from privflow.privacy.accounting.events import PureDPEvent, RepeatedEvent
     from privflow.privacy.ledger import compose_epsilon
     from privflow.privacy.mechanisms.dp_ad import VoteAggregation, prob_anomalous, votes_out
     from privflow.privacy.mechanisms.dp_quantile import DPQuantile
@@ -424,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "privflow-benchmark")
     args = parser.parse_args(argv)
     os.environ.setdefault("PRIVFLOW_HOME", str(args.work / "home"))
-    from privflow import env
+    from privflow.core import env
 
     env.configure(args.work / "home", verbose=False)
     import torch
@@ -447,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     png = args.out / "anomaly.png"
     figure(results, png)
     given = list(argv) if argv is not None else sys.argv[1:]
-    command = " ".join([".venv/bin/python benchmarks/bench_anomaly.py", *given])
+    command = " ".join([".venv/bin/python -m benchmarks.bench_anomaly", *given])
     (args.out / "anomaly.md").write_text(markdown(results, command, wall, png))
     (args.out / "anomaly.json").write_text(json.dumps(results, indent=1, default=float))
     log(f"wrote {args.out / 'anomaly.md'}, {png} ({wall / 60:.1f} min)")

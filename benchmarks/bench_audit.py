@@ -1,7 +1,7 @@
 """The empirical privacy audit as a table, from one command (issue 14): the shipped default
 configuration and the two broken-on-purpose mutants, each audited by one canary run.
 
-    .venv/bin/python benchmarks/bench_audit.py [--canaries 1000] [--epsilon 1] [--repeats 1]
+    .venv/bin/python -m benchmarks.bench_audit [--canaries 1000] [--epsilon 1] [--repeats 1]
 
 Each row is one `privflow audit` (flows/audit.py, privacy/audit.py, unchanged): the
 configured flow trained once on the bundled Adult training table with m gradient canaries
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "privflow" / "demo"
+DEMO = REPO / "src" / "privflow" / "demo"
 OUT = REPO / "benchmarks" / "results" / "audit.md"
 MUTATIONS = ("none", "noise/10", "no-clip")  # privacy/audit.py's MUTATIONS, in the table's order
 
@@ -40,7 +40,7 @@ def audit_rows(
     config: dict[str, Any], data: Path, schema: Path, epsilon: float, canaries: int, repeats: int, seed: int | None
 ) -> list[dict[str, Any]]:
     """Run the audit `repeats` times per mutation; one record per audit."""
-    from privflow.config import RunConfig
+    from privflow.core.config import RunConfig
     from privflow.flows.audit import audit_pipeline
 
     rows = []
@@ -70,7 +70,7 @@ def _git_commit() -> str:
 
     try:
         head = git("rev-parse", "HEAD")
-        code = ("benchmarks/bench_audit.py", "flows/audit.py", "tasks", "privacy", "models", "privflow")
+        code = ("benchmarks/bench_audit.py", "src/privflow")
         dirty = git("status", "--porcelain", "--untracked-files=no", "--", *code)
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
@@ -134,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import yaml
 
-    from privflow import env
+    from privflow.core import env
 
     env.configure(verbose=False)  # offline, quiet settings before prefect is imported
     config = yaml.safe_load(args.config.read_text()) if args.config else {}
-    command = "python benchmarks/bench_audit.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python -m benchmarks.bench_audit " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     commit, started = _git_commit(), time.perf_counter()  # the code the run imports, read at its start
     rows = audit_rows(config, args.data, args.schema, args.epsilon, args.canaries, args.repeats, args.seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)

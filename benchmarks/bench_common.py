@@ -1,9 +1,9 @@
-"""What every speed benchmark of issue 15 writes above its table: commit, command, machine, load.
+"""What every benchmark of this folder writes above its results: commit, command, machine, load.
 
-Imported by the bench_*.py scripts of this folder when they run as scripts (``python
-benchmarks/bench_x.py`` puts this folder first on sys.path). The machine is shared by other
-work, so each results file records the load average before and after its run: its rates are
-comparable within one run only.
+Imported as ``benchmarks.bench_common`` by the bench_*.py scripts and by the sweep's results
+file (benchmarks/report.py). The machine is shared by other work, so each results file of a
+speed benchmark records the load average before and after its run: its rates are comparable
+within one run only.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CODE_PATHS = ("privflow", "models", "privacy", "tasks", "flows", "benchmarks", "pyproject.toml")
+CODE_PATHS = ("src", "benchmarks", "pyproject.toml")  # the code a figure depends on
 
 
 def git_commit() -> str:
@@ -72,13 +72,14 @@ def load_average() -> str:
 
 
 def command() -> str:
-    """The command line that reproduces the file, relative to the repository root."""
+    """The command line that reproduces the file, run from the repository root
+    (``.venv/bin/python -m benchmarks.bench_x ...``)."""
     script = Path(sys.argv[0]).resolve()
     try:
-        script = script.relative_to(ROOT)
+        module = ".".join(script.relative_to(ROOT).with_suffix("").parts)
     except ValueError:
-        pass
-    return shlex.join([".venv/bin/python", str(script), *sys.argv[1:]])
+        return shlex.join([".venv/bin/python", str(script), *sys.argv[1:]])
+    return shlex.join([".venv/bin/python", "-m", module, *sys.argv[1:]])
 
 
 def header(title: str, started: datetime, load_before: str, notes: list[str], commit: str) -> list[str]:

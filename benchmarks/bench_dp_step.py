@@ -10,7 +10,7 @@ the minimum over rounds are reported, on the clock and in CPU time of the timing
 on a busy machine). Prints a Markdown table and writes it, with the commit, command,
 machine and load (``bench_common``), to benchmarks/results/dp_step.md.
 
-    .venv/bin/python benchmarks/bench_dp_step.py [--device cuda] [--rounds 11] [--model maf] [--out FILE]
+    .venv/bin/python -m benchmarks.bench_dp_step [--device cuda] [--rounds 11] [--model maf] [--out FILE]
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "dp_step.md"
@@ -37,13 +38,13 @@ TARGETS = {"DP flat": 1.2, "DP per-layer": 1.2, "DP per-unit": 1.5, "DP sparsify
 
 
 def load_adult(device: torch.device) -> tuple[Tensor, list[int | None]]:
-    from privflow.codec import Codec
-    from privflow.io import read_table
-    from privflow.schema import Schema
+    from privflow.data.codec import Codec
+    from privflow.data.io import read_table
+    from privflow.data.schema import Schema
 
-    schema = Schema.from_yaml(ROOT / "privflow" / "demo" / "adult.yaml")
+    schema = Schema.from_yaml(ROOT / "src" / "privflow" / "demo" / "adult.yaml")
     codec = Codec.from_schema(schema)
-    x = torch.tensor(codec.encode(read_table(ROOT / "privflow" / "demo" / "adult_train.csv")))
+    x = torch.tensor(codec.encode(read_table(ROOT / "src" / "privflow" / "demo" / "adult_train.csv")))
     return x.to(device), codec.cardinalities
 
 
@@ -75,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from privflow.models import build_flow
-    from privflow.privacy.clipping import clipped_gradient_sum, model_layers
-    from privflow.privacy.dp_sgd import TrainSettings, noisy_gradients
+    from privflow.privacy.dpsgd.clipping import clipped_gradient_sum, model_layers
+    from privflow.privacy.dpsgd.dp_sgd import TrainSettings, noisy_gradients
 
     data, cards = load_adult(device)
     torch.manual_seed(0)

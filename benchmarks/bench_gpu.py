@@ -14,7 +14,7 @@ The other two GPU figures have their own commands, run with ``--device cuda``:
 ``bench_dp_step.py`` (DP step against the non-private step) and ``bench_sampling.py``
 (sampling rate).
 
-    python benchmarks/bench_gpu.py [--devices cuda cpu] [--out benchmarks/results/gpu.md]
+    python -m benchmarks.bench_gpu [--devices cuda cpu] [--out benchmarks/results/gpu.md]
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "privflow" / "demo"
+DEMO = ROOT / "src" / "privflow" / "demo"
 TARGET_TRAIN_S = 60.0
 
 

@@ -3,7 +3,7 @@ variants, under the same DP-SGD, and non-private references (issue 13: why AP st
 
 Each DP variant is trained by the project's trainer (``privacy.dp_sgd.train``: Poisson
 sampling, flat clipping C = 1, noise, Adam, EMA 0.95) on the training split's public features
-(``privflow.target_head.head_widths``: numerics through the 5-knot hat basis, one-hot
+(``privflow.data.target_head.head_widths``: numerics through the 5-knot hat basis, one-hot
 categoricals), at a noise multiplier calibrated for each epsilon of `--head-epsilon` (default 0.2:
 the head's default share of a run at epsilon 1; larger ones show how much of the gap to the
 non-private references is noise and how much the model's form or its training) and delta 1e-5 on
@@ -20,7 +20,7 @@ one-hidden-layer network of 16 units (scikit-learn's MLPClassifier: interactions
 smoothly) and histogram gradient boosting (interactions, non-private). Diagnostics on real rows:
 not DP.
 
-    .venv/bin/python benchmarks/bench_head.py [--dataset adult] [--seeds 0 1 2] [--head-epsilon 0.2 [1 ...]]
+    .venv/bin/python -m benchmarks.bench_head [--dataset adult] [--seeds 0 1 2] [--head-epsilon 0.2 [1 ...]]
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "head.md"
@@ -92,14 +93,15 @@ def run(dataset: str, seeds: list[int], head_epsilons: list[float]) -> dict[str,
     from sklearn.metrics import average_precision_score, roc_auc_score
     from sklearn.neural_network import MLPClassifier
 
-    from privflow.config import HeadConfig
-    from privflow.features import expand_features
+    from benchmarks import datasets
+    from privflow.core.config import HeadConfig
+    from privflow.data.features import expand_features
+    from privflow.data.target_head import head_widths
     from privflow.models.softmax_head import SoftmaxHead
-    from privflow.privacy.dp_sgd import train
+    from privflow.privacy.dpsgd.dp_sgd import train
     from privflow.privacy.mechanisms.dp_head import head_settings, head_shape, noise_for_epsilon
-    from privflow.target_head import head_widths
 
-    data = common_datasets().load(dataset)
+    data = datasets.load(dataset)
     schema, cfg = data.schema, HeadConfig()
     widths = head_widths(schema, cfg.numeric_knots)
     train_rows, test_rows = _rows(schema, data.train, cfg.numeric_knots), _rows(schema, data.test, cfg.numeric_knots)
@@ -131,19 +133,6 @@ def run(dataset: str, seeds: list[int], head_epsilons: list[float]) -> dict[str,
         p = clf.fit(f_train, train_rows[:, -1]).predict_proba(f_test)[:, 1]
         out[name] = [(roc_auc_score(y_test, p), average_precision_score(y_test, p))]
     return out
-
-
-def common_datasets() -> Any:
-    import importlib.util
-
-    name = "privflow_benchmarks_datasets"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "datasets.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def _cell(values: list[float]) -> str:

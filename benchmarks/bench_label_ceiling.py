@@ -2,7 +2,7 @@
 
 The default release samples the other columns from the flow and the target from the DP target
 head given them. For each seed this fits the default run at (epsilon, 1e-5) on the benchmark's
-split (flows/benchmark.py: same data, configuration and evaluation as the peers preset), then
+split (benchmarks/cells.py: same data, configuration and evaluation as the peers preset), then
 scores, with the nine classifiers of the DP-HFlow protocol tested on the real test table:
 
 - `released`: the synthetic table privflow releases (flow features, head labels);
@@ -22,7 +22,7 @@ scores, with the nine classifiers of the DP-HFlow protocol tested on the real te
 classifier, not the nine). All of these read real rows: curator diagnostics, NOT differentially
 private, never released.
 
-    .venv/bin/python benchmarks/bench_label_ceiling.py [--dataset adult] [--seeds 0 1 2] [--epsilon 1]
+    .venv/bin/python -m benchmarks.bench_label_ceiling [--dataset adult] [--seeds 0 1 2] [--epsilon 1]
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LR_ROW = "real features + logistic-regression labels (non-private)"
@@ -61,7 +62,7 @@ def run_seed(bench: Any, data: Any, epsilon: float, seed: int) -> dict[str, dict
     import polars as pl
     from sklearn.metrics import average_precision_score, roc_auc_score
 
-    from privflow.target_head import TargetCodec, calibration_shift, class_labels, draw_classes
+    from privflow.data.target_head import TargetCodec, calibration_shift, class_labels, draw_classes
 
     cell = bench.Cell(data.name, "dphflow", epsilon, seed)
     model, codec, _, facts = bench.fit_model(data, cell, bench.run_config(data, cell, False))
@@ -97,8 +98,8 @@ def reference_labels(data: Any, knots: int, seed: int) -> dict[str, dict[str, fl
     from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
 
-    from privflow.features import expand_features
-    from privflow.target_head import class_count, class_labels, draw_classes, head_widths
+    from privflow.data.features import expand_features
+    from privflow.data.target_head import class_count, class_labels, draw_classes, head_widths
     from privflow.tasks.dp_head import head_rows
 
     schema, target = data.schema, data.schema.target
@@ -130,7 +131,7 @@ def render(
     dataset: str, epsilon: float, seeds: list[int], runs: list[dict], started: datetime, load: str, commit: str
 ) -> str:
     notes = [
-        f"Dataset {dataset}, epsilon {epsilon:g}, delta 1e-05, the default configuration (flows/benchmark.py "
+        f"Dataset {dataset}, epsilon {epsilon:g}, delta 1e-05, the default configuration (benchmarks/cells.py "
         f"`run_config`), seeds {', '.join(map(str, seeds))}; cells: mean ± sample std over seeds (min: worst seed).",
         "Nine classifiers trained on the row set, tested on the real test table (mean over the nine); `head "
         "alone`: the released head's P(positive class | other columns) on the real test rows.",
@@ -179,16 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "label_ceiling.md")
     args = parser.parse_args(argv)
 
-    from privflow import env
+    from privflow.core import env
 
     env.configure(Path(tempfile.gettempdir()) / "privflow-bench-label-ceiling", verbose=False)
     import torch
 
-    from privflow.flows import benchmark as bench
+    from benchmarks import cells as bench
 
     torch.set_num_threads(1)
     started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
-    data = bench._dataset(args.dataset, False, str(Path.home() / ".cache" / "privflow-benchmark"))
+    data = bench.load_dataset(args.dataset, False, str(bench.WORK_DIR))
     runs = []
     for seed in args.seeds:
         runs.append(run_seed(bench, data, args.epsilon, seed))

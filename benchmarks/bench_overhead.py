@@ -6,7 +6,7 @@ The real CLI path: ``privflow run`` on the first ``--rows`` rows of the demo tab
 trained, fidelity diagnostics only, ``--promote always`` so that runs stay comparable), in a
 fresh subprocess per run. Each run's child is this script in ``--child`` mode: it puts timing
 wrappers around module attributes the CLI and the train flow look up at call time (the
-pre-flight function, ``privflow.env`` hooks the CLI calls just before and after it imports the
+pre-flight function, ``privflow.core.env`` hooks the CLI calls just before and after it imports the
 flow, the pipeline's steps in ``privflow.flows.pipeline``, each Prefect task and its ``.fn``, Great
 Expectations' ``get_context``), then calls ``privflow.cli.main()``. Nothing in the package is
 edited; the wrappers only read the clock (``time.monotonic``: one clock for parent and child,
@@ -27,7 +27,7 @@ the first in a new store (MLflow, and Prefect with a server, create their databa
 the wrappers (their own cost is the difference); last, ``--errors`` times the real console
 script ``privflow run`` with a missing data file (exit 2).
 
-    .venv/bin/python benchmarks/bench_overhead.py [--rows 2000] [--warm 2] [--errors 5] \
+    .venv/bin/python -m benchmarks.bench_overhead [--rows 2000] [--warm 2] [--errors 5] \
         [--modes server,standing-server,no-server] [--out benchmarks/results/overhead.md]
 """
 
@@ -52,11 +52,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "privflow" / "demo"
+DEMO = ROOT / "src" / "privflow" / "demo"
 PRIVFLOW = Path(sys.executable).parent / "privflow"
 TINY_CONFIG = """\
 # bench_overhead.py: a tiny public configuration, so that the work is small next to the overhead
@@ -142,7 +143,7 @@ def _instrument_flow(tl: Timeline) -> None:
     a Prefect server, privflow.flows.train, the flow that runs it)."""
     import mlflow
 
-    from privflow import validation
+    from privflow.data import validation
     from privflow.flows import pipeline
     from privflow.tasks import fit, mlflow_store
 
@@ -180,13 +181,13 @@ def child(timeline_path: str, cli_args: list[str]) -> int:
     tl = Timeline()
     t0, c0 = _now()
     import privflow.cli as cli
-    from privflow import env
+    from privflow.core import env
 
     tl.add("import privflow.cli", t0, c0)
     set_verbosity, quiet_imported = env.set_verbosity, env.quiet_imported
 
     def after_verbosity(verbose: bool) -> None:
-        # Registered once main() has armed its fast exit (privflow/cli.py, `_FastExit`, the
+        # Registered once main() has armed its fast exit (privflow/core/startup.py, `FastExit`, the
         # first handler, run last) and before Prefect or MLflow register theirs: this mark is
         # taken after every handler but that last one, which ends the process.
         if not tl.extra.get("exit_mark"):
@@ -215,7 +216,9 @@ def child(timeline_path: str, cli_args: list[str]) -> int:
         tl.mark("flow_called")
 
     env.set_verbosity, env.quiet_imported = after_verbosity, after_flow_import
-    cli._print_summary = tl.wrap("print_summary", cli._print_summary)
+    from privflow.cli import run as run_command  # the module whose `run` prints the summary
+
+    run_command._print_summary = tl.wrap("print_summary", run_command._print_summary)
     sys.argv = ["privflow", *cli_args]
     code = 0
     try:
@@ -355,7 +358,7 @@ def _env_for(store: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PRIVFLOW_", "MLFLOW_"))}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # Python's default: compiled modules cached (render's note)
     env["PRIVFLOW_HOME"] = str(store)
-    # the store's own accounting cache (privacy/composed_cache.py), empty before its first run
+    # the store's own accounting cache (privacy/accounting/composed_cache.py), empty before its first run
     env["PRIVFLOW_ACCOUNTING_CACHE"] = str(store.parent / f"{store.name}-composed-epsilons.sqlite")
     return env
 
@@ -526,7 +529,8 @@ def render(
         + "`.",
         "Modes: " + "; ".join(f"**{m}**: {MODES[m]}" for m in results) + ".",
         "In each mode run 1 uses a new store (MLflow, and Prefect with a server, create their databases) and an "
-        "empty accounting cache (privacy/composed_cache.py: its plan is composed, as a first run's is); later "
+        "empty accounting cache (privacy/accounting/composed_cache.py: its plan is composed, as a first run's is); "
+        "later "
         "runs reuse both (the same plan is looked up). Every run is a fresh process, as a CLI call is, with "
         "Python's default of caching "
         "compiled modules (this machine's shell sets PYTHONDONTWRITEBYTECODE=1, which the runs do not inherit: "
@@ -537,7 +541,7 @@ def render(
         "machine wall exceeds CPU by the time spent waiting for a core; CPU is the better guide to what an idle "
         "machine would show. Interpreter teardown is the wall time after the last atexit handler but the CLI's "
         "own (Prefect's server already stopped) until the process ends: the CLI ends the process there "
-        "(privflow/cli.py, `_FastExit`) instead of freeing the imported modules one by one.",
+        "(privflow/core/startup.py, `FastExit`) instead of freeing the imported modules one by one.",
         f"`python -c pass` takes {python_start:.2f} s wall here (median of 3).",
     ]
     lines = common.header("Fixed overhead of privflow run, and the time to an early error", *when[:2], notes, when[2])

@@ -6,7 +6,7 @@ trainer did before). At a fixed expected batch of 512 the coins cost O(n) per st
 O(batch). Both run on one thread, round-robin over rounds on a shared machine; the median per
 draw is reported, with the seconds each would add to one epoch (n / 512 steps).
 
-    .venv/bin/python benchmarks/bench_poisson.py [--sizes 32000 320000 3200000 32000000] [--rounds 11]
+    .venv/bin/python -m benchmarks.bench_poisson [--sizes 32000 320000 3200000 32000000] [--rounds 11]
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "poisson.md"
@@ -41,7 +42,7 @@ def per_draw_ms(draw, reps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from privflow.privacy.dp_sgd import poisson_sample
+    from privflow.privacy.dpsgd.dp_sgd import poisson_sample
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[32_000, 320_000, 3_200_000, 32_000_000])

@@ -6,10 +6,10 @@ schema with its target head (random weights: sampling speed does not depend on t
 copula codec of DP marginals (``--codec copula``: DP marginals are on by default, so a default
 release samples through ``CopulaCodec.uniformize`` and ``decode``). The marginals are one
 release of the default plan's DP-marginals stage at epsilon 1 on the bundled demo table, made
-once by the parent and loaded by each child with ``privflow.copula.release_codec``, as a
+once by the parent and loaded by each child with ``privflow.data.copula.release_codec``, as a
 registered model's loader does. ``--codec schema`` samples through the schema codec instead.
 
-Each size runs in a fresh subprocess streaming with ``privflow.sampler.write_samples``, so
+Each size runs in a fresh subprocess streaming with ``privflow.serving.sampler.write_samples``, so
 start-up (imports, model build) is the same for all and peak memory (VmHWM) is per size.
 Marginal rows/s = (n_large - n_small) / (t_large - t_small) on each child's write time (the
 difference removes any fixed cost); the same on CPU seconds (all threads) gives rows per
@@ -17,7 +17,7 @@ CPU-second, which depends less on other work sharing the machine. ``--profile`` 
 that times each stage of a batch on one thread, and the share of the flow inverse spent in
 matrix products (the incremental MADE) against everything else (mostly the spline inverse).
 
-    .venv/bin/python benchmarks/bench_sampling.py [--sizes 100000 1000000 10000000] [--workers 2] \
+    .venv/bin/python -m benchmarks.bench_sampling [--sizes 100000 1000000 10000000] [--workers 2] \
         [--threads 1] [--format csv|parquet] [--codec copula|schema] [--device cpu|cuda] [--profile] \
         [--out FILE]
 """
@@ -37,28 +37,29 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SCHEMA = ROOT / "privflow" / "demo" / "adult.yaml"
+SCHEMA = ROOT / "src" / "privflow" / "demo" / "adult.yaml"
 TARGET_RATE, TARGET_RSS_MB = 200_000, 2048
 
 
 def release_marginals(path: Path) -> None:
     """The DP marginals a default run on the demo table releases (epsilon 1, delta 1e-5), as
     `Marginals.to_dict()` JSON: the codec a default registered model samples through."""
-    from privflow import env
+    from privflow.core import env
 
     env.configure(Path(tempfile.gettempdir()) / "privflow-bench-sampling", verbose=False)
-    from privflow.config import RunConfig
-    from privflow.io import read_table
-    from privflow.privacy.run_plan import run_plan
-    from privflow.schema import Schema
+    from privflow.core.config import RunConfig
+    from privflow.data.io import read_table
+    from privflow.data.schema import Schema
+    from privflow.data.validation import validate
     from privflow.tasks.dp_marginals import dp_marginal_codec
-    from privflow.validation import validate
+    from privflow.tasks.run_plan import run_plan
 
-    data = ROOT / "privflow" / "demo" / "adult_train.csv"
+    data = ROOT / "src" / "privflow" / "demo" / "adult_train.csv"
     schema = Schema.from_yaml(SCHEMA)
     config = RunConfig.build(data=data, schema_path=SCHEMA)
     stage = run_plan(config, schema).stage("dp_marginals")
@@ -73,10 +74,10 @@ def model(marginals: str | None) -> tuple[Any, Any]:
     import numpy as np
     import torch
 
-    from privflow.config import HeadConfig
+    from privflow.core.config import HeadConfig
+    from privflow.data.schema import Schema
+    from privflow.data.target_head import TargetHead, class_count, feature_count, release_codec
     from privflow.models import build_flow
-    from privflow.schema import Schema
-    from privflow.target_head import TargetHead, class_count, feature_count, release_codec
 
     schema = Schema.from_yaml(SCHEMA)
     rng = np.random.default_rng(0)
@@ -98,7 +99,7 @@ def child(n: int, path: str, args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from privflow.sampler import write_samples
+    from privflow.serving.sampler import write_samples
 
     flow, codec = model(args.marginals)
     flow = flow.to(args.device)  # the flow's inverse on the device; draws and decode stay on the CPU
@@ -205,7 +206,7 @@ def render(
         f"Default DP-HFlow, Adult schema, random weights, {codec}, with a target head (random weights) for "
         f"the schema's target; {args.format}, batch {args.batch:,}, "
         f"{args.workers} worker threads x {args.threads} torch thread; one subprocess per size; "
-        "`privflow.sampler.write_samples` with seed 0.",
+        "`privflow.serving.sampler.write_samples` with seed 0.",
         f"Device: {common.device_name(args.device)} (the flow's inverse; base draws, decode and the writer on "
         "the CPU).",
         "Write s / CPU s: the child's `write_samples` call (start-up excluded); CPU counts every thread. Peak RSS: "

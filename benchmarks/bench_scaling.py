@@ -11,7 +11,7 @@ replicated to each size with a fixed-seed perturbation, so no two copies of a ro
 
 The seed (``SEED``) is public and the perturbation reads nothing but the schema's public
 bounds and categories. The schema's ``expected_rows`` is set to each size, so the privacy
-plan (``privflow.privacy.run_plan.run_plan``) turns a FIXED number of epochs (default 1)
+plan (``privflow.tasks.run_plan.run_plan``) turns a FIXED number of epochs (default 1)
 into a Poisson rate batch/rows and rows/batch steps. Each size runs in its own subprocess
 that reads the replicated table from Parquet, times the pipeline's ``privflow.tasks.fit.prepare``
 (DP marginals, encode, split) and ``privflow.tasks.fit.fit`` (DP statistics, DP-SGD, the
@@ -19,7 +19,7 @@ epsilon curve, Report-Noisy-Max selection) at the default configuration, and rep
 peak RSS, so memory is per size. Phase times come from wrappers this script puts around the
 module attributes ``tasks/fit.py`` calls; nothing in the package is changed.
 
-    .venv/bin/python benchmarks/bench_scaling.py [--sizes 32000 320000 3200000] [--epochs 1] \
+    .venv/bin/python -m benchmarks.bench_scaling [--sizes 32000 320000 3200000] [--epochs 1] \
         [--out benchmarks/results/scaling.md]
 
 The delta is 1e-8 at every size (the pre-flight rule delta < 1/expected_rows at 3.2M rows).
@@ -28,7 +28,6 @@ The delta is 1e-8 at every size (the pre-flight rule delta < 1/expected_rows at 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -37,14 +36,15 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 20261123  # public: the perturbation's only randomness
@@ -61,20 +61,6 @@ TASK_PHASES = {
     "train_flow_model": "train",
     "select_checkpoints": "select",
 }
-
-
-def datasets_module() -> ModuleType:
-    """benchmarks/datasets.py loaded by path, as flows/benchmark.py's ``datasets_module`` does
-    (opacus ships a top-level ``benchmarks`` package that shadows this folder on import)."""
-    name = "privflow_benchmarks_datasets"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "datasets.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def replicate(df: pl.DataFrame, schema: Any, rows: int, seed: int = SEED) -> pl.DataFrame:
@@ -112,7 +98,7 @@ def replicate(df: pl.DataFrame, schema: Any, rows: int, seed: int = SEED) -> pl.
 
 
 def _with_rows(schema: Any, rows: int) -> Any:
-    from privflow.schema import Schema
+    from privflow.data.schema import Schema
 
     doc = schema.model_dump(mode="json")
     doc["dataset"]["expected_rows"] = int(rows)
@@ -158,19 +144,19 @@ def child(rows: int, path: str, epochs: float) -> None:
     """One size: read the table, plan, time prepare + fit with phase wrappers, report peak RSS."""
     import torch
 
-    from privflow.config import RunConfig
-    from privflow.privacy.run_plan import run_plan
-    from privflow.schema import Schema
+    from privflow.core.config import RunConfig
+    from privflow.data.schema import Schema
     from privflow.tasks import fit as fit_module
+    from privflow.tasks.run_plan import run_plan
 
-    schema = _with_rows(Schema.from_yaml(ROOT / "privflow" / "demo" / "adult.yaml"), rows)
+    schema = _with_rows(Schema.from_yaml(ROOT / "src" / "privflow" / "demo" / "adult.yaml"), rows)
     df = pl.read_parquet(path)
     df = df.with_columns(
         [pl.col(c.name).cast(pl.Enum(list(c.categories or ()))) for c in schema.columns if c.is_categorical]
     )
     config = RunConfig.build(
         data=path,
-        schema_path=ROOT / "privflow" / "demo" / "adult.yaml",
+        schema_path=ROOT / "src" / "privflow" / "demo" / "adult.yaml",
         privacy={"epsilon": EPSILON, "delta": DELTA},
         train={"epochs": epochs},
     )
@@ -343,11 +329,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(int(args.child[0]), args.child[1], args.epochs)
         return 0
-    from privflow import env
+    from privflow.core import env
 
     env.configure(Path(tempfile.gettempdir()) / "privflow-bench-scaling", verbose=False)
     started, load_before, commit = datetime.now(UTC), common.load_average(), common.git_commit()
-    data = datasets_module().load("adult")
+    from benchmarks import datasets
+
+    data = datasets.load("adult")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for rows in sorted(args.sizes):

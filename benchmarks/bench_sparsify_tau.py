@@ -1,6 +1,6 @@
 """Stochastic sparsification with the exact threshold against the sampled one: same model quality?
 
-privacy/clipping/sparsify.py estimates tau on layers of more than ``EXACT_ROW`` free entries
+privacy/dpsgd/clipping/sparsify.py estimates tau on layers of more than ``EXACT_ROW`` free entries
 from ``THRESHOLD_SAMPLE`` of them instead of selecting the exact k-th largest. Both are valid
 (T is unbiased for any tau, the clip after it bounds the norm); this checks that the cheaper
 threshold trains as well. For each seed, the default DP-HFlow is trained on the same Adult
@@ -9,7 +9,7 @@ DP-SGD noise seed, once with each threshold, and scored by the mean validation l
 (nats per row, codec space, one fixed dequantization draw). Writes the table, with commit,
 command, machine and load, to benchmarks/results/sparsify_tau.md.
 
-    .venv/bin/python benchmarks/bench_sparsify_tau.py [--seeds 0 1 2] [--steps 400]
+    .venv/bin/python -m benchmarks.bench_sparsify_tau [--seeds 0 1 2] [--steps 400]
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
-from bench_dp_step import load_adult  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
+from benchmarks.bench_dp_step import load_adult  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "sparsify_tau.md"
@@ -35,8 +36,8 @@ TRAIN_ROWS = 28_000
 def run(mode: str, seed: int, steps: int, data: torch.Tensor, cards: list[int | None]) -> tuple[float, float]:
     """(validation log-likelihood, training seconds) of one DP run with the threshold `mode`."""
     from privflow.models import build_flow
-    from privflow.privacy.clipping import sparsify
-    from privflow.privacy.dp_sgd import TrainSettings, train
+    from privflow.privacy.dpsgd.clipping import sparsify
+    from privflow.privacy.dpsgd.dp_sgd import TrainSettings, train
     from privflow.tasks.select import row_loglik
 
     exact_row = sparsify.EXACT_ROW

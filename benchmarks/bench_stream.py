@@ -15,19 +15,18 @@ spend the same. A control cell runs the smallest table streamed once more with t
 head's expected batch at its cap (`head.batch_size`), which the larger tables reach on their
 own: the one per-step buffer that grows with expected_rows.
 
-    .venv/bin/python benchmarks/bench_stream.py [--sizes 32000 320000 3200000] [--out benchmarks/results/stream.md]
+    .venv/bin/python -m benchmarks.bench_stream [--sizes 32000 320000 3200000] [--out benchmarks/results/stream.md]
     # 32M rows streamed, as many DP-SGD steps as one epoch of 3.2M (what grows is the table, not the steps):
-    .venv/bin/python benchmarks/bench_stream.py --sizes 32000000 --epochs 0.1 --modes streamed \
+    .venv/bin/python -m benchmarks.bench_stream --sizes 32000000 --epochs 0.1 --modes streamed \
         --out benchmarks/results/stream_32m.md
     # 3.2M rows streamed once the selection split is capped (select.max_validation_rows):
-    .venv/bin/python benchmarks/bench_stream.py --sizes 3200000 --modes streamed \
+    .venv/bin/python -m benchmarks.bench_stream --sizes 3200000 --modes streamed \
         --out benchmarks/results/stream_select_cap.md
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
@@ -40,9 +39,11 @@ from typing import Any
 import polars as pl
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
-
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
+from benchmarks import bench_scaling as scaling  # noqa: E402
+from benchmarks import datasets  # noqa: E402
 from privflow.privacy.mechanisms.dp_head import BATCH_DIVISOR, head_shape  # noqa: E402
 from privflow.privacy.mechanisms.dp_head import MAX_BATCH as HEAD_CAP  # noqa: E402
 
@@ -53,23 +54,14 @@ SYNTHETIC_ROWS = 100_000
 CAPPED = "streamed, head batch at its cap"
 
 
-def _scaling() -> Any:
-    spec = importlib.util.spec_from_file_location("privflow_bench_scaling", ROOT / "benchmarks" / "bench_scaling.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def write_table(rows: int, folder: Path) -> tuple[Path, Path]:
     """The replicated table as Parquet and its schema with expected_rows = rows."""
-    scaling = _scaling()
-    data = scaling.datasets_module().load("adult", folder)
+    data = datasets.load("adult", folder)
     table = scaling.replicate(data.train, data.schema, rows)
     table = table.with_columns(pl.col(c.name).cast(pl.String) for c in data.schema.columns if c.is_categorical)
     path = folder / f"adult-{rows}.parquet"
     table.write_parquet(path, row_group_size=131_072)
-    doc = yaml.safe_load((ROOT / "privflow" / "demo" / "adult.yaml").read_text())
+    doc = yaml.safe_load((ROOT / "src" / "privflow" / "demo" / "adult.yaml").read_text())
     doc["dataset"]["expected_rows"] = rows
     schema = folder / f"adult-{rows}.yaml"
     schema.write_text(yaml.safe_dump(doc))
@@ -81,17 +73,16 @@ def write_table_apart(rows: int, folder: Path) -> tuple[Path, Path]:
     (os.wait4's ru_maxrss) starts from its parent's, which it shares until it execs (Linux
     carries the old memory's high-water mark over an exec). Replicating 3.2M rows here once
     added ~200 MB to every later cell's figure."""
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import bench_stream as b; from pathlib import Path; "
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from benchmarks import bench_stream as b; "
+    code += "from pathlib import Path; "
     code += "b.write_table(int(sys.argv[2]), Path(sys.argv[3]))"
-    subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).resolve().parent), str(rows), str(folder)], check=True
-    )
+    subprocess.run([sys.executable, "-c", code, str(ROOT), str(rows), str(folder)], check=True)
     return folder / f"adult-{rows}.parquet", folder / f"adult-{rows}.yaml"
 
 
 def head_batch(rows: int) -> float:
     """The target head's expected batch at `rows` expected rows (its `batch_size: auto`)."""
-    from privflow.config import HeadConfig
+    from privflow.core.config import HeadConfig
 
     return head_shape(rows, HeadConfig().steps).sample_rate * rows
 
@@ -238,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{rows:>9,} {CAPPED}: {r['peak_mb']:.0f} MB peak, exit {r['code']}", flush=True)
                 results.append(r)
             data.unlink()
-    from privflow.config import StreamConfig
+    from privflow.core.config import StreamConfig
 
     chunk = args.chunk_rows if args.chunk_rows is not None else StreamConfig().chunk_rows
     text = render(results, started, load, commit, chunk, args.epochs)

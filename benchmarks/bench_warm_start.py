@@ -1,7 +1,7 @@
 """The payoff of warm starts (issue 14) on Adult: public pretraining, then DP fine-tuning,
 against DP training from scratch at the same epsilon, seeds and settings.
 
-    .venv/bin/python benchmarks/bench_warm_start.py [--epsilons 0.5,1] [--seeds 0,1,2] [--workers 2]
+    .venv/bin/python -m benchmarks.bench_warm_start [--epsilons 0.5,1] [--seeds 0,1,2] [--workers 2]
 
 Protocol (every choice is fixed before any figure is seen):
 
@@ -30,7 +30,6 @@ torch thread per cell, `--workers` cells in parallel.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import platform
 import shlex
@@ -42,8 +41,10 @@ from datetime import UTC, datetime
 from functools import cache
 from multiprocessing import get_context
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "benchmarks" / "results" / "warm_start.md"
@@ -52,26 +53,15 @@ HOLDOUT_FRACTION = 0.2
 DELTA = 1e-5
 
 
-def _datasets() -> ModuleType:
-    """benchmarks/datasets.py by path (opacus installs a top-level `benchmarks` package)."""
-    name = "privflow_benchmarks_datasets"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "datasets.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @cache
 def tables(work: str) -> dict[str, Any]:
     """Public (test split), private and held-out parts of Adult, and the schema of the private part."""
     import numpy as np
 
+    from benchmarks import datasets
     from privflow.flows.pretrain import public_schema
 
-    data = _datasets().load("adult", Path(work))
+    data = datasets.load("adult", Path(work))
     order = np.random.default_rng(HOLDOUT_SEED).permutation(data.train.height)
     cut = int(round(HOLDOUT_FRACTION * data.train.height))
     held_out, private = data.train[order[:cut].tolist()], data.train[order[cut:].tolist()]
@@ -87,7 +77,7 @@ def run_config(
     seed: int, epsilon: float, config: dict[str, Any], init_from: str | None = None, lr_factor: float = 1.0
 ) -> Any:
     """The project's defaults (or --config's sections) with the cell's seed and epsilon."""
-    from privflow.config import RunConfig, TrainConfig
+    from privflow.core.config import RunConfig, TrainConfig
 
     sections = {k: dict(v) for k, v in config.items()}
     lr = lr_factor * float(sections.get("train", {}).get("lr", TrainConfig.model_fields["lr"].default))
@@ -145,10 +135,10 @@ def dp_cell(
     when selection falls back to the start) the last checkpoint, a DP output too."""
     import torch
 
-    from privflow.privacy.accountant import PLDAccountant
-    from privflow.privacy.run_plan import run_plan
-    from privflow.sampler import sample_rows
+    from privflow.privacy.accounting.accountant import PLDAccountant
+    from privflow.serving.sampler import sample_rows
     from privflow.tasks.fit import Spend, fit, model_factory, prepare
+    from privflow.tasks.run_plan import run_plan
 
     torch.set_num_threads(1)
     t = tables(work)
@@ -219,8 +209,8 @@ def _git_commit() -> str:
 
     try:
         head = git("rev-parse", "HEAD")
-        code = ("benchmarks/bench_warm_start.py", "benchmarks/datasets.py", "flows/pretrain.py", "tasks", "privacy")
-        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *code, "models", "privflow")
+        code = ("benchmarks/bench_warm_start.py", "benchmarks/datasets.py", "src/privflow")
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", *code)
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return head + (" (with uncommitted changes to the code it runs)" if dirty else "")
@@ -278,7 +268,7 @@ def report(
         "the starting weights: for a warm start, the public model itself); `last checkpoint` is the DP-SGD "
         "iterate average at the last step, also a DP output, shown to tell what DP training itself produced.",
         "- Budget: a warm start's plan is the from-scratch plan minus the DP statistics stage (the parent's "
-        "actnorm is kept; privacy/run_plan.py), so DP-SGD has exactly the same noise and the run spends a little "
+        "actnorm is kept; tasks/run_plan.py), so DP-SGD has exactly the same noise and the run spends a little "
         "less (`eps spent`). The public pretraining costs nothing.",
         "- Utility: the nine classifiers of the DP-HFlow protocol trained on a synthetic table of the private "
         "split's size and tested on the held-out real rows (mean over the nine). Marginal TVD: mean over columns "
@@ -342,14 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import yaml
 
-    from privflow import env
+    from privflow.core import env
 
     env.configure(verbose=False)  # offline, quiet settings before prefect and mlflow are imported (by the workers too)
     epsilons = [float(e) for e in args.epsilons.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     factors = [float(f) for f in args.warm_lr_factors.split(",")]
     config = yaml.safe_load(args.config.read_text()) if args.config else {}
-    command = "python benchmarks/bench_warm_start.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python -m benchmarks.bench_warm_start " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     commit, started = _git_commit(), time.perf_counter()  # the code the run imports, read at its start
     records: list[dict[str, Any]] = []
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:

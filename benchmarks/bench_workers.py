@@ -1,6 +1,6 @@
 """Data-parallel DP-SGD (`privflow run --workers N`) against one process on Adult (issue 15).
 
-Each run is one benchmark cell of ``flows/benchmark.py`` (Adult, DP-HFlow, epsilon 1, the
+Each run is one benchmark cell of ``benchmarks/cells.py`` (Adult, DP-HFlow, epsilon 1, the
 benchmark's configuration and its evaluation: the pipeline's ``prepare`` + ``fit``, the test
 NLL, and the nine classifiers trained on the synthetic table and scored on the real test
 split), with ``train.workers`` set to 1 or N; nothing else differs. The cells run in one
@@ -26,7 +26,7 @@ only; it reports the weights' largest difference and the held-out (selection spl
 log-likelihood of the last checkpoint of each. That pair is a diagnostic of this script,
 never a release.
 
-    .venv/bin/python benchmarks/bench_workers.py [--workers 2] [--seeds 0 1] [--quick] \
+    .venv/bin/python -m benchmarks.bench_workers [--workers 2] [--seeds 0 1] [--quick] \
         [--out benchmarks/results/workers.md]
 """
 
@@ -41,8 +41,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATASET, MODEL, EPSILON = "adult", "dphflow", 1.0
@@ -67,7 +68,7 @@ def run_cell(bench: Any, data: Any, seed: int, workers: int, quick: bool) -> dic
     train_task.train_data_parallel = timing.wrap(original[2], 3)
     try:
         t0 = time.perf_counter()
-        record = bench._cell_body(bench.Cell(DATASET, MODEL, EPSILON, seed), data, quick)
+        record = bench.cell_body(bench.Cell(DATASET, MODEL, EPSILON, seed), data, quick)
         record["cell_s"] = time.perf_counter() - t0
     finally:
         bench.run_config, train_task.train, train_task.train_data_parallel = original
@@ -84,10 +85,10 @@ def same_noise_pair(bench: Any, data: Any, seed: int, workers: int, quick: bool)
     import numpy as np
     import torch
 
-    from privflow.privacy.distributed import train_data_parallel
-    from privflow.privacy.dp_sgd import train
-    from privflow.privacy.run_plan import run_plan
+    from privflow.privacy.dpsgd.distributed import train_data_parallel
+    from privflow.privacy.dpsgd.dp_sgd import train
     from privflow.tasks.fit import Spend, initial_model, initialise, model_factory, prepare
+    from privflow.tasks.run_plan import run_plan
     from privflow.tasks.select import loglik_matrix
     from privflow.tasks.train import settings_for
 
@@ -134,7 +135,7 @@ def render(
     """The results file: provenance, one row per run, then N against 1."""
     notes = [
         f"Cells: {DATASET}, {MODEL}, epsilon {EPSILON:g} at delta {records[0].get('delta', '1e-5')}, the benchmark's "
-        "configuration (flows/benchmark.py `run_config`), torch 1 thread per process; only `train.workers` differs.",
+        "configuration (benchmarks/cells.py `run_config`), torch 1 thread per process; only `train.workers` differs.",
         "What the step rate means here: this machine has 2 CPU cores shared with other agents' tests and "
         "benchmarks (see the load), so the wall-clock ratio below mostly measures contention for the cores. "
         "N processes of 1 thread each can at best be N times one process when N cores are free, less the work "
@@ -220,16 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "workers.md")
     args = parser.parse_args(argv)
 
-    from privflow import env
+    from privflow.core import env
 
     env.configure(Path(tempfile.gettempdir()) / "privflow-bench-workers", verbose=False)
     import torch
 
-    from privflow.flows import benchmark as bench
+    from benchmarks import cells as bench
 
     torch.set_num_threads(1)
     started, load, commit = datetime.now(UTC), common.load_average(), common.git_commit()
-    data = bench._dataset(DATASET, args.quick, str(Path.home() / ".cache" / "privflow-benchmark"))
+    data = bench.load_dataset(DATASET, args.quick, str(bench.WORK_DIR))
     order = [(s, w) for i, s in enumerate(args.seeds) for w in ((1, args.workers) if i % 2 == 0 else (args.workers, 1))]
     records = []
     for seed, workers in order:

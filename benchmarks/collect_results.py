@@ -7,7 +7,7 @@ of the peers and stability presets, each benchmark's verdict or main table), so 
 shows where privflow stands and how to rerun each figure. It computes nothing itself:
 rerunning it after a benchmark refreshes the page; a figure here is only as new as its file.
 
-    .venv/bin/python benchmarks/collect_results.py
+    .venv/bin/python -m benchmarks.collect_results
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def collect(results: Path) -> str:
     lines = [
         "# privflow benchmark results",
         "",
-        "Written by `python benchmarks/collect_results.py` from the files under `benchmarks/results/`;",
+        "Written by `python -m benchmarks.collect_results` from the files under `benchmarks/results/`;",
         "each section names the command and commit that produced its figures (see `benchmarks/README.md`).",
         "Diagnostics are computed on real rows: NOT differentially private. Speed figures are ratios or",
         "rates measured within one run on a shared 2-core CPU machine, except the GPU sections (their",

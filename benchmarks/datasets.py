@@ -20,8 +20,7 @@ density truncated to the box and the codec never clips it. DP-NF reports test NL
 row), and `std_nll_offset` turns a model's nats per row in privflow's encoded space into
 nats per row in DP-NF's standardised coordinates.
 
-This module is loaded by file path (``flows.benchmark.datasets_module``): opacus installs a
-top-level package named ``benchmarks`` that would shadow this folder on import.
+Imported as ``benchmarks.datasets`` from the repository root (benchmarks/__init__.py).
 """
 
 from __future__ import annotations
@@ -35,12 +34,12 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import polars as pl
 
-from privflow.schema import Schema
+from privflow.data.schema import Schema
 
 if TYPE_CHECKING:
-    from privflow.codec import Codec
+    from privflow.data.codec import Codec
 
-DEMO = Path(__file__).resolve().parent.parent / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parent.parent / "src" / "privflow" / "demo"
 
 TWO_D: tuple[str, ...] = ("pinwheel", "half-moons", "8-gaussians")
 TABULAR: tuple[str, ...] = ("adult", "german")
@@ -178,8 +177,8 @@ class BenchmarkData:
 
     @cached_property
     def codec(self) -> Codec:
-        """The schema-only codec of this dataset (privflow/codec.py)."""
-        from privflow.codec import Codec
+        """The schema-only codec of this dataset (privflow/data/codec.py)."""
+        from privflow.data.codec import Codec
 
         return Codec.from_schema(self.schema)
 
@@ -192,8 +191,8 @@ def _with_rows(schema: Schema, rows: int) -> Schema:
 
 def _validated(path: Path, schema: Schema, work: Path) -> pl.DataFrame:
     """Read and validate a bundled table (rows failing the schema are set aside and counted)."""
-    from privflow.io import read_table
-    from privflow.validation import validate
+    from privflow.data.io import read_table
+    from privflow.data.validation import validate
 
     df, _ = validate(read_table(path), schema, "quarantine", work / f"{path.stem}-quarantine.csv")
     return df

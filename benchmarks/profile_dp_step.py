@@ -6,7 +6,7 @@ kernels launched, their self time on the device and on the CPU, and the operator
 the most device time (CPU time on a CPU run). On a GPU the default flow's step is bound by
 kernel launches, not arithmetic, so the counts matter as much as the times.
 
-    .venv/bin/python benchmarks/profile_dp_step.py [--device cuda] [--batch 512] [--out FILE]
+    .venv/bin/python -m benchmarks.profile_dp_step [--device cuda] [--batch 512] [--out FILE]
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common as common  # noqa: E402
-from bench_dp_step import load_adult  # noqa: E402
+if not __package__:  # run as a file (python benchmarks/x.py), not with -m: the repository root first
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import bench_common as common  # noqa: E402
+from benchmarks.bench_dp_step import load_adult  # noqa: E402
 
 STRATEGIES = ("flat", "per_layer", "per_unit", "sparsify")
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     from privflow.models import build_flow
-    from privflow.privacy.clipping import clipped_gradient_sum, model_layers
+    from privflow.privacy.dpsgd.clipping import clipped_gradient_sum, model_layers
 
     device = torch.device(args.device)
     data, cards = load_adult(device)

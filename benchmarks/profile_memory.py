@@ -7,7 +7,7 @@ the time it spanned and its lowest and highest RSS, then the largest samples wit
 stacks, and each rise of the high-water mark (VmHWM) with where the main thread was when it
 was seen: where a large run's peak memory comes from, including peaks too short to sample. Linux only (/proc).
 
-    .venv/bin/python benchmarks/profile_memory.py -- run --data T.parquet --schema T.yaml \\
+    .venv/bin/python -m benchmarks.profile_memory -- run --data T.parquet --schema T.yaml \\
         --epsilon 1 --no-server --stream --quiet
 
 Not a benchmark of record: the sampler thread adds a few MB and reads other threads' frames

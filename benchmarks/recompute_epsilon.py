@@ -1,6 +1,6 @@
 """Recompute a released run's epsilon with dp_accounting alone, from the events it recorded.
 
-    python benchmarks/recompute_epsilon.py --store .privflow [--run MLFLOW_RUN_ID]
+    python -m benchmarks.recompute_epsilon --store .privflow [--run MLFLOW_RUN_ID]
 
 Reads `privacy/events.json` from the MLflow run (the latest run of the store when --run is
 omitted), rebuilds each event as dp_accounting's own privacy-loss distribution (no privflow accountant

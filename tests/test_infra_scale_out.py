@@ -57,7 +57,8 @@ def test_training_job_requests_one_gpu_per_worker_and_a_private_scratch() -> Non
 
 
 def test_dask_sweep_reaches_the_scheduler_service_with_one_image() -> None:
-    from privflow.flows.benchmark import build_cells, parser, resolve
+    from benchmarks.cells import build_cells
+    from benchmarks.sweep import parser, resolve
 
     docs = _docs("dask-benchmark.yaml")
     service = docs["Service/privflow-dask-scheduler"]
@@ -68,7 +69,7 @@ def test_dask_sweep_reaches_the_scheduler_service_with_one_image() -> None:
     assert str(service["spec"]["ports"][0]["port"]) in scheduler["args"]
     assert worker["args"][:3] == ["dask", "worker", address]
     assert "--nthreads=1" in worker["args"]  # one cell per worker process at a time
-    assert sweep["args"][:3] == ["python", "-m", "privflow.flows.benchmark"]
+    assert sweep["args"][:3] == ["python", "-m", "benchmarks.sweep"]
     args = parser().parse_args(sweep["args"][3:])
     assert args.task_runner == "dask" and args.dask_address == address
     picked = resolve(args)
@@ -76,7 +77,8 @@ def test_dask_sweep_reaches_the_scheduler_service_with_one_image() -> None:
     assert len({c["image"] for c in (scheduler, worker, sweep)}) == 1
     assert docs["Job/privflow-benchmark-sweep"]["spec"]["backoffLimit"] == 0
     dockerfile = (INFRA / "Dockerfile.bench").read_text()
-    assert "pip install -e '.[bench]'" in dockerfile  # benchmarks/datasets.py is loaded from the checkout
+    assert "pip install -e '.[bench]'" in dockerfile
+    assert "PYTHONPATH=/opt/privflow" in dockerfile  # the workers import the checkout's `benchmarks` package
 
 
 def test_gpu_pool_template_keeps_job_fields_on_the_job_and_a_scratch_tmpdir() -> None:

@@ -2,7 +2,7 @@
 
 smartnoise-synth lives in its own venv (.venv-peers; benchmarks/peers/setup.sh) and runs as a
 subprocess (benchmarks/peers/run_peer.py): table in, synthetic table out. This module is the
-half that runs in the project's environment, so the benchmark (flows/benchmark.py) gets a
+half that runs in the project's environment, so the benchmark (benchmarks/cells.py) gets a
 synthetic table with the schema's types, evaluated exactly like privflow's.
 
 Discretisation, from the PUBLIC schema only (privacy rule 2; nothing is fitted on rows):
@@ -11,7 +11,7 @@ Discretisation, from the PUBLIC schema only (privacy rule 2; nothing is fitted o
 - integer whose bounds hold at most `bins` integers: one code per integer (exact);
 - other integer and numeric columns: `bins` (20) equal-width bins of [t(lo), t(hi)] on the
   schema's transform scale t (identity or log1p), values outside the bounds clipped into the
-  end bins: the bins of the benchmark's marginal TV (privflow/features.py);
+  end bins: the bins of the benchmark's marginal TV (privflow/data/features.py);
 - a nullable column has one more code, last, for null.
 
 Decoding (post-processing, explicit generator seeded by the public sampling seed): a
@@ -21,9 +21,6 @@ of the integers a..b the bin holds, then floored, so it is always one of the bin
 (a bin holding no integer, possible only on a log scale's first bins, decodes like a numeric
 bin and is floored). Types are those `validate` returns: Int64, Float64, Enum of the
 declared categories.
-
-This file is loaded by path (flows.benchmark.peers_module): opacus ships a top-level package
-named ``benchmarks`` that shadows this folder on a plain import.
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 
-from privflow.schema import Column, Schema
+from privflow.data.schema import Column, Schema
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

@@ -12,20 +12,12 @@ import torch
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal, norm
 
-from privflow.flows.benchmark import (
-    Cell,
-    build_cells,
-    datasets_module,
-    dpmog_plan,
-    exact_mog_prior,
-    exact_statistics,
-    parse_epsilon,
-    summarise,
-)
+from benchmarks import datasets as dm
+from benchmarks.cells import Cell, build_cells, dpmog_plan, parse_epsilon
+from benchmarks.report import summarise
 from privflow.models import build_flow
-from privflow.privacy.accountant import PLDAccountant, PRVAccountant
-
-dm = datasets_module()
+from privflow.privacy.accounting.accountant import PLDAccountant, PRVAccountant
+from privflow.tasks.fit import exact_mog_prior, exact_statistics
 
 
 @pytest.mark.parametrize("name", dm.TWO_D)
@@ -142,12 +134,12 @@ def test_summary_is_mean_and_sample_std_over_seeds() -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 def test_quick_sweep_on_a_local_dask_cluster(tmp_path) -> None:
-    from privflow.flows.benchmark import benchmark
+    from benchmarks.sweep import benchmark
 
     out = tmp_path / "RESULTS.md"
     records = benchmark(
         datasets=["pinwheel", "adult"],
-        models=["dphflow", "dpmog"],  # a maf cell runs in test_benchmark_dask.py's sweep
+        models=["dphflow", "dpmog"],  # a maf cell runs in test_sweep_dask.py's sweep
         epsilons=[1.0, None],
         seeds=[0],
         out=out,
@@ -177,5 +169,5 @@ def test_quick_sweep_on_a_local_dask_cluster(tmp_path) -> None:
             assert r["epsilon_spent"] <= r["epsilon"]
     text = out.read_text()
     assert "## pinwheel" in text and "## adult" in text and "quick mode" in text
-    assert "python -m privflow.flows.benchmark --datasets pinwheel,adult" in text
+    assert "python -m benchmarks.sweep --datasets pinwheel,adult" in text
     assert pl.Series([r["seconds"] for r in records]).min() > 0

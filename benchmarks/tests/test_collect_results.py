@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("collect_results", REPO / "benchmarks" / "collect_results.py")
-assert _spec is not None and _spec.loader is not None
-collect_results = importlib.util.module_from_spec(_spec)
-sys.modules["collect_results"] = collect_results  # dataclasses look their module up
-_spec.loader.exec_module(collect_results)
+from benchmarks import collect_results
 
 PEERS = """# privflow benchmark results
 
-- Command: `python -m privflow.flows.benchmark --preset peers`
+- Command: `python -m benchmarks.sweep --preset peers`
 - Commit: `abc123`
 - Seeds: 0, 1, 2
 
@@ -31,7 +24,7 @@ Mean ± sample std over seeds:
 |---|---|
 | dphflow | 0.859 |
 
-## Targets (issue 13), at epsilon = 1
+## Targets (peers), at epsilon = 1
 
 | dataset | metric | met |
 |---|---|---|
@@ -49,7 +42,7 @@ Mean ± sample std over seeds:
 STEP = """# DP step
 
 ```bash
-.venv/bin/python benchmarks/bench_dp_step.py --rounds 61
+.venv/bin/python -m benchmarks.bench_dp_step --rounds 61
 ```
 
 - Commit (when the run started): `def456`
@@ -66,13 +59,13 @@ def test_summary_copies_provenance_tables_and_targets(tmp_path: Path) -> None:
     (tmp_path / "dp_step.md").write_text(STEP)
     page = collect_results.collect(tmp_path)
     peers = page.split("## privflow beside MST and AIM")[1].split("\n## ")[0]
-    assert "- Command: `python -m privflow.flows.benchmark --preset peers`" in peers
+    assert "- Command: `python -m benchmarks.sweep --preset peers`" in peers
     assert "- Commit: `abc123`" in peers
     assert "Mean ± sample std over seeds:" in peers and "| dphflow | 0.859 |" in peers
-    assert "### Targets (issue 13), at epsilon = 1" in peers and "| adult | auroc | **met** |" in peers
+    assert "### Targets (peers), at epsilon = 1" in peers and "| adult | auroc | **met** |" in peers
     assert "prose that must not be copied" not in page and "secret-looking" not in page  # folded raw cells stay out
     step = page.split("## DP step against the non-private step")[1].split("\n## ")[0]
-    assert "- Command: `.venv/bin/python benchmarks/bench_dp_step.py --rounds 61`" in step
+    assert "- Command: `.venv/bin/python -m benchmarks.bench_dp_step --rounds 61`" in step
     assert "| DP flat | 1.18 |" in step and "def456" in step
 
 

@@ -15,7 +15,7 @@ import pytest
 from prefect.task_runners import ProcessPoolTaskRunner
 from prefect_dask import DaskTaskRunner
 
-from privflow.flows.benchmark import make_task_runner
+from benchmarks.sweep import make_task_runner
 
 
 def test_the_configured_cluster_wins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,7 +39,7 @@ def test_quick_sweep_runs_on_the_cluster_at_the_configured_address(
 ) -> None:
     from distributed import LocalCluster
 
-    from privflow.flows.benchmark import benchmark
+    from benchmarks.sweep import benchmark
 
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None

@@ -1,4 +1,4 @@
-"""The peers' comparison (issue 13): the main side's public spec, discretisation and decoding
+"""The peers' comparison: the main side's public spec, discretisation and decoding
 (ordinary unit tests), the new cells' bookkeeping and the results file's targets; and, when
 .venv-peers exists, MST/AIM end to end, the i.i.d. sampler against exact marginals, and a quick
 sweep with the peers beside privflow's ablations."""
@@ -14,28 +14,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-from privflow.features import binned_counts, numeric_bin_edges
-from privflow.flows.benchmark import (
-    PEERS,
-    PRESETS,
-    REPO,
-    TARGET_SETS,
-    Cell,
-    Target,
-    build_cells,
-    copula_cell,
-    default_out,
-    parser,
-    peers_module,
-    resolve,
-    run_config,
-    worst_seed,
-    write_results,
-)
-from privflow.privacy.accountant import PLDAccountant
-from privflow.schema import Schema
+from benchmarks.bench_common import ROOT as REPO
+from benchmarks.cells import PEERS, Cell, build_cells, copula_cell, run_config
+from benchmarks.peers import driver as peers
+from benchmarks.presets import PRESETS, TARGET_SETS, Target, default_out
+from benchmarks.report import worst_seed, write_results
+from benchmarks.sweep import parser, resolve
+from privflow.data.features import binned_counts, numeric_bin_edges
+from privflow.data.schema import Schema
+from privflow.privacy.accounting.accountant import PLDAccountant
 
-peers = peers_module()
 HAVE_PEERS = peers.peers_python() is not None
 NEEDS_PEERS = pytest.mark.skipif(
     not HAVE_PEERS,
@@ -215,7 +203,7 @@ def test_targets_are_judged_on_the_worst_seed_and_against_mst(tmp_path) -> None:
     recs += [_record("copula", s, "german", auroc=0.5, tv_mean=0.04) for s in range(3)]
     worst = worst_seed(recs)[("adult", "flow-nohead", 1.0)]
     assert worst["macro_f1"] == 0.69 and worst["tv_mean"] == 0.012 and worst["auroc"] == 0.85
-    out = write_results(recs, tmp_path / "results" / "peers.md", "cmd", 60.0, "process x2", False, "issue 13")
+    out = write_results(recs, tmp_path / "results" / "peers.md", "cmd", 60.0, "process x2", False, "peers")
     text = out.read_text()
     line = lambda *parts: next(x for x in text.splitlines() if all(p in x for p in parts))  # noqa: E731
     assert "**not met**" in line("| adult | macro_f1 |", "flow-nohead", "worst of 3 seeds", "0.690")
@@ -236,13 +224,13 @@ def test_command_line_resolves_presets_and_explicit_options() -> None:
         "models": ["dphflow", "flow-nomarg", "flow-nohead", "copula", "mst", "aim"],
         "epsilons": [1.0],
         "seeds": [0, 1, 2],
-        "targets": "issue 13",
+        "targets": "peers",
     }
     narrowed = resolve(parser().parse_args(["--preset", "peers", "--datasets", "german", "--seeds", "0"]))
     assert narrowed["datasets"] == ["german"] and narrowed["seeds"] == [0] and narrowed["models"] == peers_run["models"]
     plain = resolve(parser().parse_args([]))
     assert plain["models"] == ["dphflow", "maf", "dpmog"] and plain["epsilons"][-1] is None
-    assert plain["targets"] == "issue 5"
+    assert plain["targets"] == "papers"
 
 
 def test_ceiling_preset_sets_the_private_pipeline_beside_its_non_private_twin() -> None:
@@ -328,7 +316,7 @@ def test_iid_sampler_matches_the_model_even_on_a_cycle(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 def test_quick_peers_sweep(tmp_path) -> None:
-    from privflow.flows.benchmark import benchmark
+    from benchmarks.sweep import benchmark
 
     out = tmp_path / "peers.md"
     records = benchmark(
@@ -340,7 +328,7 @@ def test_quick_peers_sweep(tmp_path) -> None:
         quick=True,
         workers=2,
         work_dir=str(tmp_path / "data"),
-        target_set="issue 13",
+        target_set="peers",
     )
     bad = [(r["model"], r.get("error")) for r in records if r["status"] != "ok"]
     assert not bad, bad
@@ -352,18 +340,18 @@ def test_quick_peers_sweep(tmp_path) -> None:
         for k in keys:
             assert np.isfinite(r[k]), (r["model"], k)
     text = out.read_text()
-    assert "## Targets (issue 13)" in text and "quick mode" in text and "| german | auroc | > mst" in text
+    assert "## Targets (peers)" in text and "quick mode" in text and "| german | auroc | > mst" in text
 
 
 def test_spread_targets_need_their_seeds_and_judge_the_sample_std(tmp_path) -> None:
     aurocs = [0.850, 0.855, 0.860, 0.852, 0.858]
     recs = [_record("dphflow", s, auroc=a, macro_f1=0.72) for s, a in enumerate(aurocs)]
     recs += [{**_record("dphflow", s, "pinwheel", nll=2.0 + 0.1 * s)} for s in range(5)]
-    text = write_results(recs, tmp_path / "s.md", "cmd", 1.0, "process x2", False, "issue 13 stability").read_text()
+    text = write_results(recs, tmp_path / "s.md", "cmd", 1.0, "process x2", False, "stability").read_text()
     line = lambda *parts: next(x for x in text.splitlines() if all(p in x for p in parts))  # noqa: E731
     spread = line("| adult | auroc | <= 0.01 |", "sample std over 5 seeds")
     assert f"{np.std(aurocs, ddof=1):.3f}" in spread and "**met**" in spread
     assert "**met**" in line("| pinwheel | nll | < 2.65 |", "worst of 5 seeds", "2.400")
-    few = write_results(recs[:3], tmp_path / "f.md", "cmd", 1.0, "process x2", False, "issue 13 stability")
+    few = write_results(recs[:3], tmp_path / "f.md", "cmd", 1.0, "process x2", False, "stability")
     short = next(x for x in few.read_text().splitlines() if "sample std over 3 seeds" in x)
     assert "(needs 5)" in short and "**not met**" in short

@@ -1,0 +1,1 @@
+"""Tests of the benchmark harness: `python -m pytest benchmarks/tests` from the repository root."""
