@@ -9,10 +9,16 @@ import polars as pl
 import yaml
 
 
-def adult_slice(tmp: Path, demo_dir: Path, rows: int) -> tuple[Path, Path]:
-    """The first `rows` rows of the demo's Adult file and its schema with expected_rows = rows."""
+def adult_slice(tmp: Path, demo_dir: Path, rows: int, bad_age: int = 0) -> tuple[Path, Path]:
+    """The first `rows` rows of the demo's Adult file and its schema with expected_rows = rows;
+    the first `bad_age` rows get an age far outside the schema's public bounds."""
     data = tmp / "adult.csv"
-    pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=rows).write_csv(data)
+    frame = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=rows)
+    if bad_age:
+        frame = frame.with_columns(
+            pl.when(pl.int_range(pl.len()) < bad_age).then(pl.lit("999")).otherwise(pl.col("age")).alias("age")
+        )
+    frame.write_csv(data)
     doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
     doc["dataset"]["expected_rows"] = rows
     schema = tmp / "adult.yaml"

@@ -14,9 +14,6 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-import yaml
-
 SEED = 20261123  # the public sampling seed of the shared run's synthetic table
 ROWS = 2000
 
@@ -26,18 +23,10 @@ def build(root: Path, demo_dir: Path) -> dict[str, Any]:
     public bounds, so the gate has something to count), a one-block MAF, one epoch."""
     from privflow.core.config import RunConfig
     from privflow.flows.pipeline import train_in_process
+    from tests.data_slices import adult_slice
 
     root.mkdir(parents=True, exist_ok=True)
-    frame = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=ROWS)
-    frame = frame.with_columns(
-        pl.when(pl.int_range(pl.len()) < 1).then(pl.lit("999")).otherwise(pl.col("age")).alias("age")
-    )
-    data = root / "adult.csv"
-    frame.write_csv(data)
-    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
-    doc["dataset"]["expected_rows"] = ROWS
-    schema = root / "adult.yaml"
-    schema.write_text(yaml.safe_dump(doc))
+    data, schema = adult_slice(root, demo_dir, ROWS, bad_age=1)
     config = RunConfig.build(
         data=data,
         schema_path=schema,

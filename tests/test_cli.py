@@ -192,34 +192,25 @@ def test_promote_values_map_to_the_config() -> None:
     assert _promotion(None) is None
 
 
-def test_summary_prints_every_path_in_full(capsys) -> None:
+def _run_summary(**fields: object) -> object:
+    """A run summary as `_print_summary` reads it: a plain run's fields, with `fields` on top."""
     from types import SimpleNamespace
 
+    base = {
+        "epsilon": 0.99, "delta": 1e-5, "epsilon_rdp": 1.2, "stages": {"train": 0.9}, "dataset_epsilon": 2.0,
+        "dataset_delta": 1e-6, "metrics": {}, "rows_quarantined": 0, "wall_seconds": 1.0,
+        "model_name": "privflow-adult", "model_version": "3", "alias": "champion", "alias_version": "2",
+        "promotion": "the DP comparison kept v2", "curator_dir": "/curator/run", "synthetic_path": "/s.csv",
+        "report_path": None, "mlflow_run_id": "abc", "run_id": "r1",
+    }  # fmt: skip
+    return SimpleNamespace(**{**base, **fields})
+
+
+def test_summary_prints_every_path_in_full(capsys) -> None:
     from privflow.cli import _print_summary
 
     long = "/very/long/" + "x" * 150 + "/synthetic/adult-0123.csv"
-    summary = SimpleNamespace(
-        epsilon=0.99,
-        delta=1e-5,
-        epsilon_rdp=1.2,
-        stages={"train": 0.9},
-        dataset_epsilon=2.0,
-        dataset_delta=1e-6,
-        metrics={},
-        rows_quarantined=0,
-        wall_seconds=1.0,
-        model_name="privflow-adult",
-        model_version="3",
-        alias="champion",
-        alias_version="2",
-        promotion="the DP comparison kept v2",
-        curator_dir="/curator/run",
-        synthetic_path=long,
-        report_path=None,
-        mlflow_run_id="abc",
-        run_id="r1",
-    )
-    _print_summary(summary)
+    _print_summary(_run_summary(synthetic_path=long))
     out = capsys.readouterr().out
     assert long in out
     assert "registered model privflow-adult v3" in out
@@ -231,35 +222,12 @@ def test_summary_prints_every_path_in_full(capsys) -> None:
 
 def test_summary_of_a_private_warm_start_heads_with_the_lineages_epsilon(capsys) -> None:
     """Privacy rule 9: the version's epsilon is its private chain's; the run's own is labelled."""
-    from types import SimpleNamespace
-
     from privflow.cli import _print_summary
 
-    summary = SimpleNamespace(
-        epsilon=1.3432,
-        delta=1e-5,
-        epsilon_run=0.9929,
-        delta_run=1e-5,
-        lineage="m/1 -> m/2",
-        lineage_runs=("r1", "r2"),
-        init_from="m/1",
-        epsilon_rdp=1.1,
-        stages={"train": 0.9},
-        dataset_epsilon=1.5,
-        dataset_delta=1e-5,
-        metrics={},
-        wall_seconds=1.0,
-        model_name="m",
-        model_version="2",
-        alias="champion",
-        alias_version="1",
-        promotion="kept",
-        curator_dir="/c",
-        synthetic_path="/s.csv",
-        report_path=None,
-        mlflow_run_id="abc",
-        run_id="r2",
-    )
+    summary = _run_summary(
+        epsilon=1.3432, epsilon_run=0.9929, delta_run=1e-5, lineage="m/1 -> m/2", lineage_runs=("r1", "r2"),
+        init_from="m/1", epsilon_rdp=1.1, dataset_epsilon=1.5, dataset_delta=1e-5, model_name="m", model_version="2",
+    )  # fmt: skip
     _print_summary(summary)
     out = " ".join(capsys.readouterr().out.split())
     assert "epsilon (PLD, reported, lineage of 2 runs) │ 1.3432 at delta=1e-05" in out, out

@@ -55,24 +55,24 @@ class Synthesizer:
         events of the run that trained it and of every private release it was warm-started from
         (this run's own without a private parent), at `delta`. From the run's summary (`fit`) or
         the registered version's tag (`load`); None when neither is known."""
-        if self.summary is not None:
-            return self.summary.epsilon
-        return float(self.tags["epsilon"]) if "epsilon" in self.tags else None
+        return self._figure("epsilon", "epsilon")
 
     @property
     def delta(self) -> float | None:
         """The delta `epsilon` is stated at."""
-        if self.summary is not None:
-            return self.summary.delta
-        return float(self.tags["delta"]) if "delta" in self.tags else None
+        return self._figure("delta", "delta")
 
     @property
     def epsilon_run(self) -> float | None:
         """The epsilon of the run that trained this model alone (not a bound for the model when
         it was warm-started from a private parent: `epsilon` is)."""
+        return self._figure("epsilon_run", "epsilon_run_alone")
+
+    def _figure(self, field: str, tag: str) -> float | None:
+        """A privacy figure from the run's summary (`fit`), else from the version's tag (`load`)."""
         if self.summary is not None:
-            return self.summary.epsilon_run
-        return float(self.tags["epsilon_run_alone"]) if "epsilon_run_alone" in self.tags else None
+            return getattr(self.summary, field)
+        return float(self.tags[tag]) if tag in self.tags else None
 
     @property
     def lineage(self) -> str | None:

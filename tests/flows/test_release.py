@@ -22,10 +22,8 @@ import math
 import re
 from pathlib import Path
 
-import polars as pl
 import pytest
 import torch
-import yaml
 from mlflow import MlflowClient
 
 from privflow.core.config import RunConfig
@@ -35,6 +33,7 @@ from privflow.privacy.ledger import Ledger
 from privflow.serving.sampler import sample_rows
 from privflow.tasks import release
 from privflow.tasks.promote import load_version
+from tests.data_slices import adult_slice
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -42,18 +41,7 @@ SEED = 20261123
 
 
 def _slice(tmp: Path, demo_dir: Path, rows: int, bad_age: int = 0) -> tuple[Path, Path]:
-    frame = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=rows)
-    if bad_age:  # ages far outside the schema's public bounds
-        frame = frame.with_columns(
-            pl.when(pl.int_range(pl.len()) < bad_age).then(pl.lit("999")).otherwise(pl.col("age")).alias("age")
-        )
-    data = tmp / "adult.csv"
-    frame.write_csv(data)
-    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
-    doc["dataset"]["expected_rows"] = rows
-    schema = tmp / "adult.yaml"
-    schema.write_text(yaml.safe_dump(doc))
-    return data, schema
+    return adult_slice(tmp, demo_dir, rows, bad_age)
 
 
 def _config(data: Path, schema: Path, store: Path, **extra: object) -> RunConfig:
