@@ -29,31 +29,15 @@ from tests.data_slices import adult_slice, small_config
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, demo_dir: Path):
-    from privflow.flows.train import train_pipeline
+@pytest.fixture()
+def run(trained_store: dict):
+    """The session's shared trained store (tests/stores.py), read only."""
+    from types import SimpleNamespace
 
-    tmp = tmp_path_factory.mktemp("flow")
-    data, schema = adult_slice(tmp, demo_dir, 3000)
-    cfg = RunConfig.build(
-        data=data,
-        schema_path=schema,
-        store=tmp / "store",
-        model_name="privflow-adult-flowtest",  # the session shares one registry: no champion from other tests
-        privacy={"epsilon": 2.0, "delta": 1e-5},
-        model={"name": "maf", "blocks": 2, "hidden": 16},
-        train={"epochs": 2, "batch_size": 256, "checkpoint_every": 8},
-        select={"top_k": 2},
-        evaluate={
-            "synthetic_rows": 500,
-            "utility": False,
-            "privacy_risk": False,
-            "report": False,
-            "test_data": demo_dir / "adult_test.csv",
-        },
-    )
-    summary = train_pipeline(cfg, show_progress=False)
-    return cfg, summary
+    from privflow.tasks import mlflow_store
+
+    mlflow_store.tracking(trained_store["store"])
+    return trained_store["config"], SimpleNamespace(**trained_store["summary"])
 
 
 def test_reported_epsilon_is_the_composition_of_recorded_events(run) -> None:
@@ -90,16 +74,16 @@ def test_synthetic_table_is_valid_under_the_schema(run) -> None:
     synthetic = pl.read_csv(summary.synthetic_path, infer_schema=False)
     schema = Schema.from_yaml(cfg.schema_path)
     assert synthetic.columns == schema.names
-    assert synthetic.height == 500
+    assert synthetic.height == cfg.evaluate.synthetic_rows
     clean, report = validate(synthetic, schema, policy="strict", quarantine_path=None)
-    assert clean.height == 500
+    assert clean.height == cfg.evaluate.synthetic_rows
 
 
-def test_generate_samples_the_registered_model_by_alias(run, tmp_path: Path) -> None:
+def test_generate_samples_the_registered_model_by_alias(run, store_copy: Path, tmp_path: Path) -> None:
     cfg, summary = run
     out = tmp_path / "gen.parquet"
-    # the training data is gone: generate must not need it
-    Path(cfg.data).unlink()
+    # a store moved away from the training data: generate must not need it
+    cfg = cfg.model_copy(update={"store": store_copy})
     result = CliRunner().invoke(
         app,
         [
