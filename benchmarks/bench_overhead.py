@@ -521,7 +521,7 @@ def render(
 ) -> str:
     """The results file: wall and CPU seconds per item for every run of every mode, and the verdicts."""
     notes = [
-        f"`privflow run` on the first {args.rows:,} rows of privflow/demo/adult_train.csv (schema expected_rows "
+        f"`privflow run` on the first {args.rows:,} rows of src/privflow/demo/adult_train.csv (schema expected_rows "
         f"{args.rows:,}), epsilon 1, delta 1e-5, `--promote always`, `--quiet`, config `"
         + TINY_CONFIG.splitlines()[1]
         + "`, `"
@@ -576,7 +576,7 @@ def render(
     codes = sorted({c for _, _, c in errors})
     lines += [
         "",
-        f"Early error: `privflow run --data <missing file> --schema privflow/demo/adult.yaml` x{len(errors)} "
+        f"Early error: `privflow run --data <missing file> --schema src/privflow/demo/adult.yaml` x{len(errors)} "
         f"through the console script: exit status {', '.join(map(str, codes))}; wall {statistics.median(times):.2f} s "
         f"median ({min(times):.2f}-{max(times):.2f}), CPU {statistics.median(cpus):.2f} s median. "
         f'Message: "{messages[0] if messages else ""}"',

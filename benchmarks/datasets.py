@@ -212,8 +212,8 @@ def load(
 ) -> BenchmarkData:
     """Load `name` with its fixed split; `max_train`/`max_test` subsample it (seeded) for quick runs.
 
-    adult: the published train/test files (privflow/demo). german: a fixed seeded 70/30 split
-    of privflow/demo/german.csv. 2-D densities: 30,000 rows drawn with DATA_SEED, the first
+    adult: the published train/test files (src/privflow/demo). german: a fixed seeded 70/30 split
+    of src/privflow/demo/german.csv. 2-D densities: 30,000 rows drawn with DATA_SEED, the first
     90% for training and the last 10% for testing.
     """
     import tempfile
