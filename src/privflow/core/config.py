@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from privflow.core.errors import ConfigError
+from privflow.core.limits import MAX_NATS
 from privflow.core.yaml_file import read_mapping
 
 # Fewest data rows a run or a pretraining takes (the selection split sets the rest: SelectConfig.min_rows)
@@ -26,7 +27,6 @@ DPAD_MIN_PART_ROWS = 10
 MAX_LR = 10.0  # a step size over 10 diverges with Adam or SGD on these flows
 MAX_CLIP = 1e6  # a clipping norm past any gradient these flows give
 MAX_SEED = 2**63 - 1  # torch's and numpy's seeds, and polars' row-hash salts
-MAX_NATS = 1e6  # score clipping bounds: their span is a sensitivity, and 1e308 made the noise's scale inf
 
 
 def promotion_key(value: str) -> str:
@@ -130,13 +130,13 @@ class GateConfig(_Section):
 
     strict_max_failing: float = Field(0.01, ge=0, lt=1)
     quarantine_max_failing: float = Field(0.5, ge=0, lt=1)
-    false_stop: float = Field(
-        1e-3,
+    false_stop: float | None = Field(
+        None,
         gt=0,
         lt=0.5,
-        description="largest probability that a table with no failing row is stopped by the gate's noise; "
-        "sets the noise floor the limit is raised to (smaller: fewer chance stops, but more bad rows go unseen "
-        "on small tables)",
+        description="largest probability that a clean table of the expected size is stopped by the gate's noise "
+        "(unset: the gate's own FALSE_STOP, 1e-3); sets the noise floor its limits are moved to (smaller: fewer "
+        "chance stops, but more bad rows go unseen on small tables)",
     )
 
 

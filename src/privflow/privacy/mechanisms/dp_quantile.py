@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from privflow.core.config import MAX_NATS
+from privflow.core.limits import MAX_NATS
 from privflow.privacy.accounting.events import Event, PureDPEvent
 from privflow.privacy.noise import _calibrated, _dp
 
