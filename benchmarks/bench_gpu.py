@@ -3,7 +3,7 @@
 
 For each of ``--devices`` (default ``cuda cpu``), a fresh subprocess runs the real CLI
 (``privflow.cli.main``) on the bundled demo table, ``privflow run --data
-privflow/demo/adult_train.csv --schema src/privflow/demo/adult.yaml --epsilon 1 --delta 1e-5
+src/privflow/demo/adult_train.csv --schema src/privflow/demo/adult.yaml --epsilon 1 --delta 1e-5
 --test-data src/privflow/demo/adult_test.csv --device DEVICE`` with every other setting at its
 default, in a new store. The child wraps the DP-SGD trainer (``tasks/train.py``'s ``train``,
 looked up at call time) in ``bench_common.TrainTiming``, so besides the run's wall time it

@@ -641,6 +641,21 @@ def test_audit_refuses_more_canaries_than_the_model_holds_before_prefect(ws: dic
     assert time.perf_counter() - t0 < 15  # the corpus bound: the flow's refusal took ~18 s
 
 
+def test_audit_delta_advice_names_the_config_key_not_a_missing_flag(ws: dict) -> None:
+    """`privflow audit` has no --delta: a delta above the budget is advised by its --config key."""
+    config = ws["dir"] / "audit.yaml"
+    config.write_text("privacy:\n  delta: 1.0e-3\n")
+    result = runner.invoke(
+        app,
+        ["audit", "--data", str(ws["data"]), "--schema", str(ws["schema"]), "--store", str(ws["store"]),
+         "--epsilon", "1", "--config", str(config)],
+    )  # fmt: skip
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "privacy.delta" in text and "--config" in text, text
+    assert "--delta" not in text and "Traceback" not in text
+    assert "--delta" not in runner.invoke(app, ["audit", "--help"]).output  # the advice names no such option
+
+
 @pytest.mark.parametrize(
     ("sig", "status", "said"),
     [(signal.SIGINT, 130, "interrupted (Ctrl-C)"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],

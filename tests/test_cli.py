@@ -234,6 +234,39 @@ def test_summary_of_a_private_warm_start_heads_with_the_lineages_epsilon(capsys)
     assert "m/1 -> m/2" in out and "epsilon (this run alone, PLD) │ 0.9929 at delta=1e-05" in out, out
 
 
+def test_summary_labels_rdp_as_a_looser_bound_not_the_spend(capsys) -> None:
+    """RDP's figure may exceed the requested epsilon (1.2 above 0.99 here): it must not read as a spend."""
+    from privflow.cli import _print_summary
+
+    _print_summary(_run_summary())
+    out = " ".join(capsys.readouterr().out.split())
+    assert "RDP bound (this run alone) │ 1.2000 (looser cross-check; the PLD" in out, out  # the value folds
+    assert "figure is the spend)" in out
+    assert "RDP cross-check)" not in out
+
+
+def test_summary_says_where_to_see_the_prefect_flow_run(capsys, monkeypatch) -> None:
+    from privflow.cli import _print_summary
+    from privflow.cli.summary import prefect_ui_url
+
+    monkeypatch.delenv("PREFECT_UI_URL", raising=False)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    _print_summary(_run_summary())  # in process: no Prefect line
+    assert "Prefect" not in capsys.readouterr().out
+    monkeypatch.setenv("PREFECT_HOME", "/store/prefect")
+    _print_summary(_run_summary(), prefect=True)  # --prefect without an API: a temporary server
+    out = " ".join(capsys.readouterr().out.split())
+    assert "temporary local Prefect server that stops when this command exits" in out, out
+    assert "/store/prefect" in out and "`prefect server start`" in out
+    assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in out
+    monkeypatch.setenv("PREFECT_API_URL", "http://prefect-server:4200/api")
+    _print_summary(_run_summary(), prefect=True)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "see it in the UI at http://prefect-server:4200 (Runs)" in out and "temporary" not in out, out
+    cloud = "https://api.prefect.cloud/api/accounts/a1/workspaces/w2"
+    assert prefect_ui_url(cloud) == "https://app.prefect.cloud/account/a1/workspace/w2"
+
+
 def test_ledger_show_without_ledger(tmp_path: Path) -> None:
     result = runner.invoke(app, ["ledger", "show", "--store", str(tmp_path)])
     _assert_user_error(result, "No ledger")
@@ -447,3 +480,53 @@ def test_an_interrupted_command_mentions_the_ledger_only_when_it_can_spend(
     assert result.exit_code == 130, result.output
     assert "interrupted (Ctrl-C)" in result.output
     assert ("stays recorded in the ledger" in result.output) is spends
+
+
+def test_a_schema_can_turn_the_promotion_charge_off_for_its_dataset(tmp_path: Path) -> None:
+    """`dataset.promotion` (issue 36): the runs' default when neither --promote nor the config's
+    `promotion` says otherwise; pre-flight applies it, an explicit setting wins."""
+    from privflow.core.config import RunConfig
+    from privflow.core.errors import SchemaError
+    from privflow.data.schema import Schema
+    from privflow.preflight import preflight
+
+    spec = yaml.safe_load((DEMO / "adult.yaml").read_text())
+    assert Schema.from_yaml(DEMO / "adult.yaml").dataset.promotion == "if_better"  # the default
+    for value, expected in (("never", "never"), ("If-Better", "if_better"), ("always", "always")):
+        spec["dataset"]["promotion"] = value
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+        assert Schema.from_yaml(tmp_path / "s.yaml").dataset.promotion == expected
+    spec["dataset"]["promotion"] = "sometimes"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(SchemaError, match="promotion"):
+        Schema.from_yaml(tmp_path / "bad.yaml")
+
+    spec["dataset"]["promotion"] = "never"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    common = {"data": str(DEMO / "adult_train.csv"), "schema_path": str(tmp_path / "s.yaml")}
+    cfg = RunConfig.build(**common, store=str(tmp_path / "store"))
+    assert cfg.promotion == "if_better" and preflight(cfg).config.promotion == "never"
+    explicit = RunConfig.build(**common, store=str(tmp_path / "store"), promotion="if-better")  # --promote / config
+    assert preflight(explicit).config.promotion == "if_better"
+
+
+def test_preflight_line_states_the_promotion_comparisons_epsilon() -> None:
+    """The pre-flight line's total: the plan's, plus the DP comparison's own epsilon (the
+    mechanism's setting, not a copy) when `if-better` may run it."""
+    from types import SimpleNamespace
+
+    from privflow.cli.run import _plan_total
+    from privflow.core.config import RunConfig
+    from privflow.privacy.mechanisms.promotion import PromotionMechanism
+    from privflow.tasks.promote import PromotionSettings
+
+    plan = SimpleNamespace(epsilon=0.9931, delta=1e-5)
+    cfg = RunConfig.build(data="x.csv", schema_path="s.yaml")
+    text = _plan_total(plan, cfg)
+    eps = PromotionMechanism().epsilon
+    assert PromotionSettings(alias="champion").epsilon == eps  # what the pipeline's comparison spends
+    assert text.startswith("plan epsilon=0.9931 at delta=1e-05")
+    assert f"plus up to epsilon={eps:g} for the promotion comparison if a version already holds @champion" in text
+    assert "--promote never" in text
+    never = _plan_total(plan, RunConfig.build(data="x.csv", schema_path="s.yaml", promotion="never"))
+    assert "plus" not in never and "no DP comparison" in never

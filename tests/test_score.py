@@ -54,6 +54,7 @@ def test_public_threshold_scores_every_row_and_spends_nothing(trained) -> None:
     assert scored["loglik"].is_finite().all()
     assert (scored["anomaly"] == (scored["loglik"] < -12.0)).all()
     assert "epsilon spent 0" in res.output and "flagged" in res.output
+    assert "A public threshold spends no privacy" in " ".join(res.output.split())
     assert _runs(store, trained["dataset"]) == before
 
 
@@ -69,6 +70,9 @@ def test_fpr_threshold_is_dp_and_charged_exactly_epsilon(trained) -> None:
     assert len(new_runs) == 1
     assert new_runs[0].status == "settled" and list(new_runs[0].events) == [PureDPEvent(0.25)]
     assert "epsilon spent 0.25" in res.output
+    text = " ".join(res.output.split())  # the closing line names the charge, not "spends no privacy"
+    assert f"charged epsilon 0.25 to dataset '{trained['dataset']}'" in text and "post-processing" in text
+    assert "spends no privacy" not in text
     scored = pl.read_csv(out)
     threshold = float(res.output.split("DP threshold:")[1].split()[0])
     assert -20.0 <= threshold <= 10.0

@@ -70,11 +70,18 @@ class Preflight:
         return sum(self.timings.values())
 
 
-def check_privacy_parameters(config: RunConfig, schema: Schema | None = None) -> None:
-    """epsilon and delta finite, positive and in their sane ranges (ConfigError otherwise)."""
+def check_privacy_parameters(config: RunConfig, schema: Schema | None = None, delta_flag: bool = True) -> None:
+    """epsilon and delta finite, positive and in their sane ranges (ConfigError otherwise).
+    `delta_flag` False: the command has no --delta (audit), so the advice names the --config key."""
     from privflow.privacy.accounting.plan import MAX_EPSILON
 
     eps, delta = config.privacy.epsilon, config.privacy.delta
+    name = "--delta" if delta_flag else "privacy.delta (the --config YAML's; default 1e-5)"
+    given = f"--delta {delta:g}" if delta_flag else f"privacy.delta {delta:g} (the --config YAML's; default 1e-5)"
+
+    def use(value: float) -> str:
+        return f"--delta {value:g}" if delta_flag else f"privacy.delta: {value:g} in the --config YAML"
+
     if not (isinstance(eps, int | float) and math.isfinite(eps) and eps > 0):
         raise ConfigError(
             f"--epsilon must be a finite number above 0, got {eps}. It is the run's total privacy loss; "
@@ -88,7 +95,7 @@ def check_privacy_parameters(config: RunConfig, schema: Schema | None = None) ->
         )
     if not (isinstance(delta, int | float) and math.isfinite(delta) and 0 < delta < 1):
         raise ConfigError(
-            f"--delta must lie strictly between 0 and 1, got {delta}; use a value well below 1/(number of "
+            f"{name} must lie strictly between 0 and 1, got {delta}; use a value well below 1/(number of "
             "rows), e.g. 1e-5."
         )
     if schema is None:
@@ -96,15 +103,15 @@ def check_privacy_parameters(config: RunConfig, schema: Schema | None = None) ->
     rows = schema.dataset.expected_rows
     if rows is not None and delta >= 1.0 / rows:
         raise ConfigError(
-            f"--delta {delta:g} is not below 1/expected_rows = {1.0 / rows:.3g} (the schema says about {rows} "
+            f"{given} is not below 1/expected_rows = {1.0 / rows:.3g} (the schema says about {rows} "
             "rows): with such a delta a mechanism that publishes a random row outright would qualify, so the "
-            f"guarantee means little. Use a delta well below {1.0 / rows:.3g}, e.g. {_nice_delta(rows):g}."
+            f"guarantee means little. Use a delta well below {1.0 / rows:.3g}, e.g. {use(_nice_delta(rows))}."
         )
     budget = schema.dataset.budget
     if delta > budget.delta:
         raise ConfigError(
-            f"--delta {delta:g} is above the total delta budget of dataset '{schema.dataset.name}' "
-            f"({budget.delta:g}); one run cannot spend more than the whole budget. Use --delta {budget.delta:g} "
+            f"{given} is above the total delta budget of dataset '{schema.dataset.name}' "
+            f"({budget.delta:g}); one run cannot spend more than the whole budget. Use {use(budget.delta)} "
             "or less."
         )
 
@@ -479,6 +486,11 @@ def _check_budget(config: RunConfig, schema: Schema) -> object:
     return plan
 
 
+def _false_stop(config: RunConfig) -> tuple[float, ...]:
+    """The configured false-stop probability, or nothing: the gate's own FALSE_STOP applies."""
+    return () if config.gate.false_stop is None else (config.gate.false_stop,)
+
+
 def gate_limit(config: RunConfig, schema: Schema, plan: object) -> float:
     """The public limit on the validation gate's DP count of failing rows: the policy's fraction
     of expected_rows, at least the gate's noise floor (privacy/mechanisms/validation_gate.py)."""
@@ -488,7 +500,7 @@ def gate_limit(config: RunConfig, schema: Schema, plan: object) -> float:
     return validation_gate.threshold(
         fraction * float(schema.dataset.expected_rows or 0),
         plan.stage("validate").event,  # type: ignore[attr-defined]
-        config.gate.false_stop,
+        *_false_stop(config),
     )
 
 
@@ -503,7 +515,7 @@ def gate_floor(config: RunConfig, schema: Schema, plan: object) -> float:
         expected,
         config.select.min_rows(expected),
         plan.stage("validate").event,  # type: ignore[attr-defined]
-        config.gate.false_stop,
+        *_false_stop(config),
     )
 
 
@@ -628,6 +640,8 @@ def preflight(config: RunConfig) -> Preflight:
     timed("workers", check_workers, config.train.workers, device)
     if config.init_from is not None:
         config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
+    if "promotion" not in config.model_fields_set:  # neither --promote nor the config's `promotion`: the schema's
+        config = config.model_copy(update={"promotion": schema.dataset.promotion})
     plan = timed("plan and budget", _check_budget, config, schema)
     candidates = (gate_note(config, schema, plan), budget_delta_note(schema), atoms_note(config, schema))
     notes = tuple(n for n in candidates if n)
@@ -640,9 +654,9 @@ def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
     the schema, the data file's header and rows, the store (the audit charges no ledger), and
     that the model holds `canaries` gradient canaries (building it imports torch only; in the
     flow, behind a Prefect server, the refusal took ~18 s)."""
-    check_privacy_parameters(config)
+    check_privacy_parameters(config, delta_flag=False)  # audit has no --delta: its delta is the config's
     schema = _check_schema(config)
-    check_privacy_parameters(config, schema)
+    check_privacy_parameters(config, schema, delta_flag=False)
     check_table(Path(config.data), schema, "Data file")
     check_store(config.store)
     if canaries is not None:

@@ -499,3 +499,48 @@ def test_summary_states_the_fully_adaptive_bound_as_the_sum_of_run_epsilons(ledg
     text = ledger.describe("census")
     assert f"fully adaptive bound: epsilon={2 * alone:.4f} at delta={2 * DELTA:g}" in text
     assert 2 * alone >= compose_epsilon([G5, G5], DELTA)  # never below the PLD composition
+
+
+def test_ledger_show_prints_the_headroom_by_composition_not_subtraction(tmp_path: Path) -> None:
+    """The reviewer's example (issue 36): a budget of 1.5 with a run at epsilon 1 (delta 1e-5)
+    spent. Budget minus spent (0.5) is not what a next run can ask for: the printed headroom is
+    the largest Gaussian whose composition with the recorded events fits, and no more."""
+    import re
+
+    from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
+    from privflow.privacy.ledger import headroom_epsilon
+
+    led = Ledger(tmp_path / "ledger.db")
+    led.ensure_dataset("adult", 1.5, DELTA, None)
+    run = [GaussianEvent(gaussian_noise_for_epsilon(1.0, DELTA))]
+    led.reserve("adult", "run-1", run)
+    assert led.spent("adult")[0] == pytest.approx(1.0, abs=1e-4)
+    text = " ".join(led.describe("adult").split())
+    assert "remaining" not in text and "spent epsilon=1.0000" in text
+    found = re.search(r"a next run can ask for about epsilon=([0-9.]+) at delta=1e-05", text)
+    assert found is not None, text
+    headroom = float(found.group(1))
+    assert headroom > 0.5 + 0.4  # composition, not subtraction (about 1.047 here)
+
+    def total(e: float) -> float:
+        return compose_epsilon([*run, GaussianEvent(gaussian_noise_for_epsilon(e, DELTA))], DELTA)
+
+    assert total(headroom) <= 1.5
+    assert total(1.01 * headroom) > 1.5
+    assert headroom_epsilon(run, 1.5, DELTA) >= headroom  # printed rounded down
+    # a run at the printed headroom, planned as one Gaussian, is accepted by the ledger itself
+    led.check("adult", [GaussianEvent(gaussian_noise_for_epsilon(headroom, DELTA))])
+
+
+def test_headroom_edges() -> None:
+    from privflow.privacy.ledger import headroom_epsilon
+
+    assert headroom_epsilon([], 1.0, DELTA) == pytest.approx(1.0, rel=1e-4)  # a fresh budget: all of it
+    assert headroom_epsilon([G5, G5], 1.0, DELTA) == 0.0  # already past the budget (lowered)
+    assert headroom_epsilon([G5], 0.0, DELTA) == 0.0
+
+
+def test_describe_says_when_nothing_fits(ledger: Ledger) -> None:
+    ledger.reserve("adult", "run-1", [G5])
+    ledger.set_budget("adult", 0.7, DELTA)  # below what was spent
+    assert "no further run fits the budget" in " ".join(ledger.describe("adult").split())

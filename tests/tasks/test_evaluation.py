@@ -340,9 +340,13 @@ def test_evaluate_skips_absent_inputs_with_notes(
     cfg = EvaluateConfig(fidelity=False, utility=True, likelihood=True, privacy_risk=True, report=True)
     res = evaluate(schema, train.head(300), None, train.tail(300), cfg, tmp_path)
     assert res.metrics == {} and len(res.notes) == 4
-    # an empty test table (what a caller without test data may pass) is treated as absent
+    # no test table given: the notes say so (and name the option), never that it is empty
+    assert any("no real test table was given (--test-data)" in n for n in res.notes), res.notes
+    assert not any("empty" in n for n in res.notes), res.notes
+    # a given but empty test table is treated as absent, and the notes say it was empty
     res = evaluate(schema, train.head(300), train.head(0), train.tail(300), cfg, tmp_path)
     assert res.metrics == {} and len(res.notes) == 5 and "empty" in res.notes[0]
+    assert not any("was given" in n for n in res.notes), res.notes
     assert res.html_path is not None and BANNER in res.html_path.read_text(encoding="utf-8")
     assert set(res.figures) == {"marginals", "projection"}
 

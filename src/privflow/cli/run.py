@@ -53,8 +53,14 @@ def demo_paths() -> tuple[Path, Path, Path]:
 def run(
     data: Annotated[Path, typer.Option("--data", help="Input table (.csv or .parquet).")],
     schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML).")],
-    epsilon: Annotated[float | None, typer.Option("--epsilon", help="Total epsilon of this run.")] = None,
-    delta: Annotated[float | None, typer.Option("--delta", help="Total delta of this run.")] = None,
+    epsilon: Annotated[
+        float | None,
+        typer.Option("--epsilon", help="Total epsilon of this run (default 1, or --config's privacy.epsilon)."),
+    ] = None,
+    delta: Annotated[
+        float | None,
+        typer.Option("--delta", help="Total delta of this run (default 1e-5, or --config's privacy.delta)."),
+    ] = None,
     config: Annotated[
         Path | None, typer.Option("--config", help="Run configuration (YAML); flags override it.")
     ] = None,
@@ -119,8 +125,8 @@ def run(
 
 def demo(
     store: StoreOpt = Path(".privflow"),
-    epsilon: Annotated[float, typer.Option("--epsilon")] = 1.0,
-    delta: Annotated[float, typer.Option("--delta")] = 1e-5,
+    epsilon: Annotated[float, typer.Option("--epsilon", help="Total epsilon of this run.", show_default=True)] = 1.0,
+    delta: Annotated[float, typer.Option("--delta", help="Total delta of this run.", show_default=True)] = 1e-5,
     config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML).")] = None,
     promote: PromoteOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
@@ -164,7 +170,26 @@ def _run_body(
             with meanwhile(import_gx) if waits(ready) else nullcontext():
                 ready()
     summary = pipeline(cfg, show_progress=not quiet)
-    _print_summary(summary)
+    _print_summary(summary, prefect=server)
+
+
+def _plan_total(plan: Any, cfg: Any) -> str:
+    """The run's total as pre-flight knows it: the plan's epsilon at its delta and, when the
+    promotion setting may run the DP comparison (if-better, once a version holds the alias), that
+    comparison's own epsilon, charged as its own ledger entry. Whether a version holds the alias is
+    the registry's to say (MLflow), so the comparison is stated as "up to"."""
+    from privflow.privacy.mechanisms.promotion import PromotionMechanism
+
+    text = f"plan epsilon={plan.epsilon:.4g} at delta={plan.delta:g}"
+    if cfg.promotion != "if_better":
+        return text + f" (promotion: {cfg.promotion.replace('_', '-')}, no DP comparison)"
+    # the pipeline's PromotionSettings(alias=...) keeps the mechanism's defaults (flows/pipeline.py)
+    comparison = PromotionMechanism()
+    cost = f"{comparison.epsilon:g}" + ("" if comparison.mechanism == "laplace" else f" at delta={comparison.delta:g}")
+    return (
+        f"{text}, plus up to epsilon={cost} for the promotion comparison if a version already holds "
+        f"@{cfg.alias} (--promote never or always skips it)"
+    )
 
 
 def _start_run(
@@ -184,8 +209,9 @@ def _start_run(
         f"[bold]privflow[/] pre-flight passed in {checked.seconds:.1f} s ({checked.data_format}"
         + ("; streamed: read in chunks, rows encoded on disk" if checked.streamed else "")
         + f"; device "
-        f"{checked.device}). Training on [cyan]{cfg.data}[/] at epsilon={cfg.privacy.epsilon:g}, "
-        f"delta={cfg.privacy.delta:g}; store {cfg.store.resolve()}"
+        f"{checked.device}). Training on [cyan]{cfg.data}[/] at "
+        + _plan_total(checked.plan, cfg)
+        + f"; store {cfg.store.resolve()}"
         + (f"; warm start from {cfg.init_from} (no DP statistics stage)" if cfg.init_from else ""),
         highlight=False,
         soft_wrap=True,

@@ -27,7 +27,10 @@ def score(
         Path | None, typer.Option("--reference", help="Reference table for --fpr (charged to the schema's dataset).")
     ] = None,
     epsilon: Annotated[
-        float | None, typer.Option("--epsilon", help="Epsilon of the DP quantile (--fpr only), spent from the ledger.")
+        float | None,
+        typer.Option(
+            "--epsilon", help="Epsilon of the DP quantile, spent from the ledger (no default: required with --fpr)."
+        ),
     ] = None,
     score_low: Annotated[
         float | None, typer.Option("--score-low", help="Lower end of the public threshold grid (nats; default -20).")
@@ -119,7 +122,7 @@ def _score(
         check_table(reference, loaded.schema, "Reference file")  # header only, before the ledger reserves
     raw, loglik = scored_rows(loaded, data)  # the table read and checked before any budget is spent
     say = Console().print
-    spent = 0.0
+    spent, charged = 0.0, "A public threshold spends no privacy, and scoring is post-processing of the model (free)"
     if mechanism is not None:
         released = dp_threshold(loaded, reference, mechanism, store)  # type: ignore[arg-type]
         threshold, spent = released.threshold, released.epsilon
@@ -131,6 +134,10 @@ def _score(
             soft_wrap=True,
             markup=False,
         )
+        charged = (
+            f"The DP threshold charged epsilon {spent:g} to dataset '{released.dataset}'; the scoring itself is "
+            "post-processing of the model and the threshold (no further spend)"
+        )
     else:
         say(f"public threshold: {threshold:g} nats; epsilon spent 0", highlight=False, soft_wrap=True)
     from privflow.data.io import write_table
@@ -141,7 +148,7 @@ def _score(
     flagged = int(table["anomaly"].sum())
     say(
         f"scored {table.height} rows of {data} under {name} v{loaded.version}: {flagged} flagged as anomalies "
-        f"(loglik < {threshold:.4g}); wrote {out}{replaced}. Scoring spends no privacy; these counts are of the "
+        f"(loglik < {threshold:.4g}); wrote {out}{replaced}. {charged}; these counts are of the "
         "rows you brought (for the operator only if they are private).",
         highlight=False,
         soft_wrap=True,

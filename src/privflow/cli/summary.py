@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 
 from privflow.cli._common import _paragraph
 
 
-def _print_summary(summary: object) -> None:
-    """The run's figures as a table, then the registry decision and every path in full."""
+def _print_summary(summary: object, prefect: bool = False) -> None:
+    """The run's figures as a table, then the registry decision and every path in full; with
+    `prefect` (the run went through Prefect's engine), where to see its flow run."""
     from rich.table import Table
 
     s = summary  # RunSummary
@@ -25,7 +28,10 @@ def _print_summary(summary: object) -> None:
         table.add_row("  lineage", str(lineage))
     if get("epsilon_run") is not None and get("delta_run"):
         table.add_row("epsilon (this run alone, PLD)", f"{s.epsilon_run:.4f} at delta={s.delta_run:g}")
-    table.add_row("epsilon (this run alone, RDP cross-check)", f"{s.epsilon_rdp:.4f}")
+    # RDP is a looser upper bound on the same events (it can exceed the requested epsilon); PLD is the spend
+    table.add_row(
+        "RDP bound (this run alone)", f"{s.epsilon_rdp:.4f} (looser cross-check; the PLD figure is the spend)"
+    )
     for stage, eps in s.stages.items():
         table.add_row(f"  stage {stage}", f"{eps:.4f} alone")
     # the ledger composes every run of the dataset at its budget's delta, which may differ from this run's
@@ -75,5 +81,37 @@ def _print_summary(summary: object) -> None:
         lines.append(f"MLflow run: {s.mlflow_run_id}")
     if get("run_id"):
         lines.append(f"ledger run: {s.run_id}")
+    if prefect:
+        lines.append(prefect_note())
     for line in lines:
         out.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def prefect_ui_url(api_url: str) -> str:
+    """The Prefect UI address behind an API address: Prefect Cloud's app for its API, else the
+    API's URL without its trailing /api (how `prefect server start` serves both)."""
+    url = api_url.rstrip("/")
+    cloud = "https://api.prefect.cloud/api/accounts/"
+    if url.startswith(cloud):
+        account, _, workspace = url[len(cloud) :].partition("/workspaces/")
+        return f"https://app.prefect.cloud/account/{account}/workspace/{workspace.split('/')[0]}"
+    return url[: -len("/api")] if url.endswith("/api") else url
+
+
+def prefect_note() -> str:
+    """Where a run under Prefect's engine can be seen: a configured server's UI, or (with no
+    PREFECT_API_URL) that the server was temporary and how to keep the next runs."""
+    api = os.environ.get("PREFECT_API_URL", "").strip()
+    if api:
+        ui = os.environ.get("PREFECT_UI_URL", "").strip() or prefect_ui_url(api)
+        return (
+            f"Prefect flow run: recorded by the Prefect server at PREFECT_API_URL={api}; "
+            f"see it in the UI at {ui} (Runs)."
+        )
+    home = os.environ.get("PREFECT_HOME", "~/.prefect")
+    return (
+        "Prefect flow run: recorded by a temporary local Prefect server that stops when this command exits (its "
+        f"records stay in the Prefect database under {home}). To keep runs browsable, start a server "
+        "(`prefect server start`, its UI at http://127.0.0.1:4200) and set "
+        "PREFECT_API_URL=http://127.0.0.1:4200/api before the next run."
+    )

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from privflow.core.config import promotion_key
 from privflow.core.errors import SchemaError
 from privflow.core.yaml_file import read_mapping
 
@@ -167,11 +168,24 @@ class DatasetInfo(BaseModel):
         description="text that means a missing value besides an empty field (e.g. '?' or 'NA'), in any "
         "text column (every CSV column); where a column is not nullable such a value fails its check",
     )
+    promotion: Literal["if_better", "always", "never"] = Field(
+        "if_better",
+        description="the runs' default for when the registry alias moves to a new version (the run "
+        "config's `promotion`, `--promote`): if_better (default) spends a small epsilon on a DP "
+        "comparison once a version holds the alias; `never` turns that charge off for this dataset. "
+        "A run's --promote or its config's `promotion` takes precedence",
+    )
 
     @field_validator("missing_values", mode="before")
     @classmethod
     def _as_strings(cls, v: object) -> object:
         return yaml_strings(v, "missing_values")
+
+    @field_validator("promotion", mode="before")
+    @classmethod
+    def _promotion_spelling(cls, v: object) -> object:
+        """`if-better` (the CLI's spelling) or `If_Better` -> `if_better`, as the run config accepts."""
+        return promotion_key(v) if isinstance(v, str) else v
 
     @field_validator("missing_values")
     @classmethod

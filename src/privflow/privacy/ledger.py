@@ -23,7 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from privflow.core.errors import BudgetExceeded, PrivacyPlanError, StoreError
-from privflow.privacy.accounting.accountant import PLDAccountant
+from privflow.privacy.accounting.accountant import PLDAccountant, PLDTooLarge
+from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
+from privflow.privacy.accounting.plan import MAX_EPSILON
 from privflow.privacy.accounting.events import (
     Event,
     GaussianEvent,
@@ -72,13 +74,19 @@ PUBLISHABLE_RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ),
     ("stages", "the plan's standalone epsilon per stage, computed from public settings only"),
 )
-# Per dataset: name, budget (public settings of the schema), spent and remaining epsilon
-# (PLD composition of the published events) and the number of charged runs.
+# Per dataset: name, budget (public settings of the schema), spent epsilon (PLD composition
+# of the published events), the epsilon a next run can ask for (`headroom_epsilon`, found by
+# composing those events with one more mechanism, never budget minus spent) and the number of
+# charged runs.
 PUBLISHABLE_DATASET_FIELDS: tuple[tuple[str, str], ...] = (
     ("dataset", "the schema's public dataset name"),
     ("budget", "the schema's public total (epsilon, delta)"),
     ("spent", "PLD composition of every charged run's events"),
-    ("remaining", "budget minus spent"),
+    (
+        "next run",
+        "the largest epsilon of one more Gaussian mechanism (calibrated at the budget's delta) whose "
+        "composition with the published events stays within the budget: a function of public figures only",
+    ),
     ("runs", "the number of charged runs listed below"),
 )
 _HEX = re.compile(r"\b[0-9a-f]{12,}\b")
@@ -209,6 +217,8 @@ class DatasetRecord:
 
     @property
     def remaining_epsilon(self) -> float:
+        """Budget minus spent: NOT what a next run can ask for (composition is not subtraction,
+        a next run of epsilon e adds less than e to the total); see `headroom_epsilon`."""
         return max(0.0, self.budget_epsilon - self.spent_epsilon)
 
 
@@ -246,6 +256,46 @@ def compose_epsilon(events: Sequence[Event], delta: float) -> float:
     """The ledger's (and privflow's reported) epsilon: PLD composition at `delta`."""
     merged = merge_events(events)
     return PLDAccountant().epsilon(merged, delta) if merged else 0.0
+
+
+# Bisection on the next run's epsilon stops once the bracket is this narrow (relative to the budget).
+_HEADROOM_TOL = 1e-5
+
+
+def headroom_epsilon(events: Sequence[Event], budget: float, delta: float) -> float:
+    """The largest epsilon e (at `delta`) of ONE more mechanism whose privacy loss is a Gaussian
+    calibrated to (e, delta) (`gaussian_noise_for_epsilon`) such that `events` composed with it
+    stay within `budget` (the same test as the ledger's reservation). Composition is not
+    subtraction: this is usually well above budget minus spent.
+
+    A next run's events depend on its plan, which this module does not know; a run's stages
+    compose close to one Gaussian at the run's epsilon, so this is what a next run can ask
+    for, about; pre-flight checks the exact plan. Found by bisection on e; the lower end of
+    the final bracket is returned (the side that fits). 0 when nothing more fits.
+    """
+    budget = float(budget)
+    if not (math.isfinite(budget) and budget > 0):
+        return 0.0
+
+    def fits(e: float) -> bool:
+        try:
+            total = compose_epsilon([*events, GaussianEvent(gaussian_noise_for_epsilon(e, delta))], delta)
+        except PLDTooLarge:  # too little noise to account for: no run's plan could ask for it either
+            return False
+        return total <= budget * (1 + _REL_TOL)
+
+    # one Gaussian at e composes to at least e, so the answer never passes the budget; nor a
+    # single run's limit (privacy.accounting.plan.MAX_EPSILON)
+    lo, hi = 0.0, min(budget, MAX_EPSILON)
+    if fits(hi):
+        return hi
+    while hi - lo > _HEADROOM_TOL * min(budget, MAX_EPSILON):
+        mid = 0.5 * (lo + hi)
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def describe_event(event: Event) -> str:
@@ -747,10 +797,21 @@ class Ledger:
         lines: list[str] = [f"Privacy ledger: {self.path}"]
         for d in datasets:
             runs = [r for r in self.runs(d.name) if r.status in CHARGED_STATUSES]
+            events = [e for r in runs for e in r.events]
+            # printed rounded down, so that the printed figure itself fits the budget
+            headroom = math.floor(headroom_epsilon(events, d.budget_epsilon, d.budget_delta) * 1e4) / 1e4
+            if headroom > 0:
+                next_run = (
+                    f"a next run can ask for about epsilon={headroom:.4f} at delta={d.budget_delta:g} (found by "
+                    "composition, not budget minus spent: a run's stages compose close to one Gaussian at that "
+                    "epsilon; pre-flight checks the exact plan)"
+                )
+            else:
+                next_run = "no further run fits the budget (raise it with `privflow ledger set-budget`)"
             lines.append("")
             lines.append(
                 f"Dataset {d.name}: budget epsilon={d.budget_epsilon:.4g} delta={d.budget_delta:g}; "
-                f"spent epsilon={d.spent_epsilon:.4f}, remaining {d.remaining_epsilon:.4f}; {len(runs)} run(s); "
+                f"spent epsilon={d.spent_epsilon:.4f}; {next_run}; {len(runs)} run(s); "
                 f"every epsilon below at delta={d.budget_delta:g}, the budget's (a run that targeted a smaller "
                 "delta shows a smaller epsilon here than the one it was planned for)"
             )
@@ -818,5 +879,6 @@ __all__ = [
     "check_budget_at",
     "compose_epsilon",
     "describe_event",
+    "headroom_epsilon",
     "merge_events",
 ]

@@ -47,5 +47,5 @@ def evaluate_run(
         }
         if real_test is not None:
             loglik["test"] = row_loglik(model, codec.encode(real_test, rng))
-    test = real_test if real_test is not None else real_train.head(0)
-    return evaluate(schema, real_train, test, synthetic, cfg, out_dir, loglik=loglik)
+    # None, not an empty table, when no --test-data was given: the report says which it was
+    return evaluate(schema, real_train, real_test, synthetic, cfg, out_dir, loglik=loglik)

@@ -123,7 +123,8 @@ def evaluate(
     Fidelity compares `synthetic` with `real_train`; utility trains on each and tests on
     `real_test`; DCR uses `real_test` as the holdout; the MIA takes loglik['train'] as members
     and loglik['holdout'] (else loglik['test']) as non-members. Parts whose inputs are absent
-    (no or an empty test table, no target, no log-likelihoods) are skipped with a note, not an error.
+    (no test table: pass None, or an empty one; no target; no log-likelihoods) are skipped with
+    a note that says which, not an error.
     `config.synthetic_rows` and `config.test_data` are the caller's (sampling, loading).
     """
     with threadpool_limits(limits=1):  # one core: predictable on a shared worker (see utility.classify)
@@ -141,6 +142,7 @@ class _Diagnostics:
     util: UtilityResult | None = None
     dcr: DCRResult | None = None
     mia: MIAResult | None = None
+    no_test: str = "no real test table was given (--test-data)"  # why the parts needing one are skipped
 
 
 def _fidelity_and_utility(
@@ -162,7 +164,7 @@ def _fidelity_and_utility(
     if schema.target is None:
         d.notes.append("Utility skipped: the schema names no target column.")
     elif real_test is None:
-        d.notes.append("Utility skipped: no real test table was given.")
+        d.notes.append(f"Utility skipped: {d.no_test}.")
     else:
         # scikit-learn is imported here, not at module top: a run that skips utility never pays for it
         from privflow.tasks.evaluation.utility import utility
@@ -197,7 +199,7 @@ def _likelihood_and_risk(
         d.dcr = dcr(schema, synthetic, real_train, real_test, seed=seed)
         d.metrics.update(d.dcr.metrics())
     else:
-        d.notes.append("Distance to closest record skipped: no holdout (real test) table was given.")
+        d.notes.append(f"Distance to closest record skipped (it needs a real test table as holdout): {d.no_test}.")
     non_members = None if not loglik else loglik.get("holdout", loglik.get("test"))
     if loglik and "train" in loglik and non_members is not None:
         d.mia = likelihood_mia(np.asarray(loglik["train"]), np.asarray(non_members))
@@ -266,7 +268,8 @@ def _evaluate(
     d = _Diagnostics()
     if real_test is not None and real_test.height == 0:
         real_test = None
-        d.notes.append("The real test table is empty; it is treated as absent.")
+        d.no_test = "the real test table (--test-data) is empty"
+        d.notes.append("The real test table (--test-data) is empty; it is treated as absent.")
     check_columns(schema, real_train, "real training")
     check_columns(schema, synthetic, "synthetic")
     if real_test is not None:
