@@ -10,9 +10,9 @@ import math
 import posixpath
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from privflow.core.errors import ConfigError
 from privflow.core.limits import MAX_NATS
@@ -32,6 +32,14 @@ MAX_SEED = 2**63 - 1  # torch's and numpy's seeds, and polars' row-hash salts
 def promotion_key(value: str) -> str:
     """`--promote if-better` or `promotion: If_Better` -> the config's value, `if_better`."""
     return value.strip().lower().replace("-", "_")
+
+
+# When the registry alias moves to a new version; the CLI's spelling (`if-better`) is accepted
+# wherever it is written (the run config, a schema's dataset section, the API, YAML).
+Promotion = Annotated[
+    Literal["if_better", "always", "never"],
+    BeforeValidator(lambda v: promotion_key(v) if isinstance(v, str) else v),
+]
 
 
 class _Section(BaseModel):
@@ -332,7 +340,7 @@ class RunConfig(_Section):
     store: Path = Path(".privflow")
     model_name: str | None = Field(None, description="registered model name; default privflow-<dataset>")
     alias: str = "champion"
-    promotion: Literal["if_better", "always", "never"] = Field(
+    promotion: Promotion = Field(
         "if_better",
         description="when the alias moves to the new version: if_better (default) gives it to the first "
         "version at no cost and afterwards moves it only when a DP comparison with the holder says the new "
@@ -353,12 +361,6 @@ class RunConfig(_Section):
     select: SelectConfig = SelectConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     stream: StreamConfig = StreamConfig()
-
-    @field_validator("promotion", mode="before")
-    @classmethod
-    def _promotion_spelling(cls, v: object) -> object:
-        """The CLI's spelling (`if-better`) is accepted wherever the config is written (the API, YAML)."""
-        return promotion_key(v) if isinstance(v, str) else v
 
     @field_validator("model_name")
     @classmethod

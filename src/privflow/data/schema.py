@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from privflow.core.config import promotion_key
+from privflow.core.config import Promotion
 from privflow.core.errors import SchemaError
 from privflow.core.yaml_file import read_mapping
 
@@ -168,7 +168,7 @@ class DatasetInfo(BaseModel):
         description="text that means a missing value besides an empty field (e.g. '?' or 'NA'), in any "
         "text column (every CSV column); where a column is not nullable such a value fails its check",
     )
-    promotion: Literal["if_better", "always", "never"] = Field(
+    promotion: Promotion = Field(
         "if_better",
         description="the runs' default for when the registry alias moves to a new version (the run "
         "config's `promotion`, `--promote`): if_better (default) spends a small epsilon on a DP "
@@ -180,12 +180,6 @@ class DatasetInfo(BaseModel):
     @classmethod
     def _as_strings(cls, v: object) -> object:
         return yaml_strings(v, "missing_values")
-
-    @field_validator("promotion", mode="before")
-    @classmethod
-    def _promotion_spelling(cls, v: object) -> object:
-        """`if-better` (the CLI's spelling) or `If_Better` -> `if_better`, as the run config accepts."""
-        return promotion_key(v) if isinstance(v, str) else v
 
     @field_validator("missing_values")
     @classmethod

@@ -25,7 +25,6 @@ from pathlib import Path
 from privflow.core.errors import BudgetExceeded, PrivacyPlanError, StoreError
 from privflow.privacy.accounting.accountant import PLDAccountant, PLDTooLarge
 from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
-from privflow.privacy.accounting.plan import MAX_EPSILON
 from privflow.privacy.accounting.events import (
     Event,
     GaussianEvent,
@@ -38,6 +37,7 @@ from privflow.privacy.accounting.events import (
     events_to_json,
     flatten,
 )
+from privflow.privacy.accounting.plan import MAX_EPSILON
 
 log = logging.getLogger(__name__)
 
