@@ -365,7 +365,7 @@ def count_rows(path: str | Path, fmt: TableFormat | None = None) -> int:
                 return int(pl.scan_parquet(io.BytesIO(data)).select(pl.len()).collect().item())
             return int(pl.scan_parquet(p).select(pl.len()).collect().item())
         data, _ = _raw(p)
-        lines, _bad = _lines(data, fmt.encoding or "utf-8")
+        lines = _lines(data, fmt.encoding or "utf-8")[0]
         return max(0, sum(1 for line in lines if line.strip()) - 1)
     except DataError:
         raise
