@@ -18,25 +18,38 @@ def test_a_second_store_in_the_same_process_is_not_sent_to_the_first(tmp_path: P
     assert mlflow.get_tracking_uri() == second
 
 
-def _first_use(store: str) -> str:
-    """One process's first use of a store: MLflow's schema and the dataset's experiment."""
-    from privflow.core import env
-    from privflow.tasks.mlflow_store import experiment_for
+# One process's first use of a store: MLflow's schema and the dataset's experiment. A script,
+# not a function pickled to a process pool: the child needs only the installed package (a pool
+# child that cannot import the test module dies and its task is lost: a Pool then waits forever).
+FIRST_USE = """
+import sys
+from pathlib import Path
+from privflow.core import env
+from privflow.tasks.mlflow_store import experiment_for, tracking
+env.configure(Path(sys.argv[1]))
+tracking(Path(sys.argv[1]))
+print(experiment_for("adult", Path(sys.argv[1])))
+"""
 
-    env.configure(Path(store))
-    tracking(Path(store))
-    return experiment_for("adult", Path(store))
 
-
-def test_runs_started_together_on_a_new_store_all_set_it_up(tmp_path: Path, monkeypatch) -> None:
+def test_runs_started_together_on_a_new_store_all_set_it_up(tmp_path: Path) -> None:
     """Two runs started together on a new store raced in MLflow's schema creation: one failed
     ('table ... already exists', or an alembic migration error). The store's lock serialises it."""
-    import multiprocessing
+    import os
+    import subprocess
+    import sys
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # set by this process's own tracking(): not an operator's
     store = str(tmp_path / "store")
-    with multiprocessing.get_context("spawn").Pool(4) as pool:
-        names = pool.map(_first_use, [store] * 4)
-    assert names == ["privflow-adult"] * 4
+    # as a user starts them: this process's own tracking() set MLFLOW_TRACKING_URI, not an operator
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_USE, store], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(4)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
+    assert [out.strip().splitlines()[-1] for out, _ in outs] == ["privflow-adult"] * 4
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}")
     assert [e.name for e in client.search_experiments() if e.name == "privflow-adult"] == ["privflow-adult"]
