@@ -178,7 +178,7 @@ class TestBadDataBeforeTheFlow:
         doc["dataset"]["budget"]["epsilon"] = 0.5
         tight = small["dir"] / "tight.yaml"
         tight.write_text(yaml.safe_dump(doc))
-        _assert_user_error(_run(small, None, tight, "--epsilon", "1"), "budget", "spent", "leaving")
+        _assert_user_error(_run(small, None, tight, "--epsilon", "1"), "budget", "spent", "ledger show")
         _nothing_registered(small["store"])
 
 

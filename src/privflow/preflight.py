@@ -475,7 +475,8 @@ def _check_budget(config: RunConfig, schema: Schema) -> object:
         raise BudgetExceeded(
             f"This run was refused before reading any row: it asks for epsilon={config.privacy.epsilon:g}, more "
             f"than the whole budget of dataset '{schema.dataset.name}' (epsilon={total:g}; spent so far "
-            f"epsilon={spent:.4g}, leaving {max(0.0, total - spent):.4g}). Lower --epsilon, or raise the "
+            f"epsilon={spent:.4g}; `privflow ledger show` gives the largest epsilon a next run can ask for). "
+            "Lower --epsilon, or raise the "
             f"dataset's budget deliberately (`privflow ledger set-budget {schema.dataset.name} --epsilon E "
             "--delta D`) if the data owner agrees."
         )

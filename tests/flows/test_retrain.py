@@ -16,7 +16,6 @@ from privflow.tasks.promote import (
     PromotionDecision,
     PromotionSettings,
     difference_statistic,
-    ledger_id,
     margin_statistic,
     mixture_loglik,
     release_margin,
@@ -126,8 +125,10 @@ def test_release_margin_laplace_and_gaussian_scales() -> None:
 
 
 def test_ledger_id_changes_per_attempt_and_decision_tags() -> None:
-    assert ledger_id("run:promote", 1) == "run:promote"
-    assert ledger_id("run:promote", 2) == "run:promote#attempt2"
+    from privflow.privacy.ledger import attempt_run_id
+
+    assert attempt_run_id("run:promote", 1) == "run:promote"
+    assert attempt_run_id("run:promote", 2) == "run:promote#attempt2"
     d = PromotionDecision(False, "why", "m", "2", "1", "champion", noisy_margin=-3.5, epsilon=0.05, mechanism="laplace")
     tags = d.tags()
     assert tags["privflow.promotion.promoted"] == "no"
@@ -457,6 +458,28 @@ def test_retrain_flow_registers_promotes_and_refuses(tmp_path: Path, prefect_ser
     )
     assert len(refused) == 1 and "refused" in refused[0].data.tags["privflow.refusal"]
     assert math.isfinite(ledger.spent(dataset)[0])
+
+
+def test_retrain_keeps_the_datasets_promotion_never(tmp_path: Path, prefect_server) -> None:
+    """A schema's `dataset.promotion: never` holds for scheduled retraining too: no comparison is
+    planned or charged and the alias does not move (it ignored the setting and charged 0.05)."""
+    from mlflow import MlflowClient
+
+    from privflow.flows.retrain import retrain_on_new_data
+
+    schema_path = _schema(tmp_path, "adult-never", 2.6, 600)
+    raw = yaml.safe_load(schema_path.read_text())
+    raw["dataset"]["promotion"] = "never"
+    schema_path.write_text(yaml.safe_dump(raw))
+    store = tmp_path / "store"
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    out = retrain_on_new_data(
+        str(_slice(DEMO / "adult_train.csv", tmp_path / "a.csv", 0, 600)), str(schema_path), str(cfg), str(store)
+    )
+    assert not out["promoted"] and out["promotion_epsilon"] is None and "promotion: never" in out["reason"]
+    assert MlflowClient().get_registered_model(out["model_name"]).aliases.get("champion") is None
+    assert len(Ledger(store / "ledger.db").runs("adult-never")) == 1  # the training alone
 
 
 def test_new_file_with_wrong_columns_fails_before_anything_is_spent(tmp_path: Path, prefect_server) -> None:

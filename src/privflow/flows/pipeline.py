@@ -51,7 +51,7 @@ from privflow.preflight import gate_floor, gate_limit
 from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.accounting.plan import PrivacyPlan
 from privflow.privacy.fingerprint import keyed_fingerprint, store_key
-from privflow.privacy.ledger import Ledger, Lineage
+from privflow.privacy.ledger import Ledger, Lineage, attempt_run_id
 from privflow.privacy.mechanisms import validation_gate
 from privflow.tasks import mlflow_store as store_ml
 from privflow.tasks.evaluate import evaluate_run
@@ -461,7 +461,7 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
     # again and is counted again; an attempt that read nothing releases its reservation.
     # Without the engine no flow run exists: prefect.runtime is not asked (it may call the API).
     flow_id, attempt = _flow_run() if _ENGINE.get() else (None, 1)
-    run_id = f"{flow_id or uuid.uuid4()}-attempt{attempt or 1}"
+    run_id = attempt_run_id(str(flow_id or uuid.uuid4()), attempt)
     plan, ledger = _reserve(
         config,
         schema,

@@ -128,14 +128,18 @@ def retrain_on_new_data(
     # row count; no value), the privacy parameters against the schema's budget, the store, the
     # device, a warm start's parent and the plan against what is left of the budget
     data_path = str(Path(data_path).expanduser().resolve())
-    config = RunConfig.build(**{**config.model_dump(), "data": data_path})
+    # exclude_unset: a `promotion` the config did not set stays unset, so pre-flight applies the schema's
+    config = RunConfig.build(**{**config.model_dump(exclude_unset=True), "data": data_path})
     try:
         checked = preflight(config)
     except BudgetExceeded as exc:  # the run alone does not fit
         return _refused(config, schema, data_path, str(exc))
     for note in checked.notes:
         log.warning(note)
-    config = candidate_config(checked.config)
+    # the promotion setting as pre-flight resolved it (the config's, else the schema's
+    # dataset.promotion): only if_better compares here; always and never are the registry's
+    promotion = checked.config.promotion
+    config = candidate_config(checked.config) if promotion == "if_better" else checked.config
     store_dir = Path(config.store).resolve()
     ledger_path = str(store_dir / "ledger.db")
 
@@ -143,8 +147,9 @@ def retrain_on_new_data(
     # exists, fit what is left of the dataset's budget?
     mlflow_store.tracking(store_dir)
     model_name = config.model_name or f"privflow-{schema.dataset.name}"
-    has_champion = mlflow_store.alias_holder(MlflowClient(), model_name, champion_alias) is not None
-    events = [*checked.plan.events, *([settings.event()] if has_champion else [])]  # type: ignore[attr-defined]
+    holder = mlflow_store.alias_holder(MlflowClient(), model_name, champion_alias)
+    compare = promotion == "if_better" and holder is not None
+    events = [*checked.plan.events, *([settings.event()] if compare else [])]  # type: ignore[attr-defined]
     budget = check_budget(ledger_path, schema, events)
     if not budget.fits:
         return _refused(config, schema, data_path, budget.message)
@@ -155,18 +160,30 @@ def retrain_on_new_data(
         return _refused(config, schema, data_path, str(exc))
     log.info("registered %s version %s (epsilon=%.4f)", summary.model_name, summary.model_version, summary.epsilon)
 
-    promotion_id = f"{flow_run.id or uuid.uuid4()}:promote"
-    decision = promote_if_better(summary.model_name, summary.model_version, config, settings, ledger_path, promotion_id)
-    log.info("promotion of version %s: %s", summary.model_version, decision.reason)
+    if promotion != "if_better":  # the registry step applied it; nothing compared, nothing spent
+        promoted = promotion == "always"
+        reason = f"promotion: {promotion}: " + (
+            f"'{champion_alias}' moved without a comparison" if promoted else f"'{champion_alias}' not moved"
+        )
+        log.info("promotion of version %s: %s", summary.model_version, reason)
+        champion_before, promotion_epsilon = holder, None
+    else:
+        promotion_id = f"{flow_run.id or uuid.uuid4()}:promote"
+        decision = promote_if_better(
+            summary.model_name, summary.model_version, config, settings, ledger_path, promotion_id
+        )
+        log.info("promotion of version %s: %s", summary.model_version, decision.reason)
+        promoted, reason = decision.promoted, decision.reason
+        champion_before, promotion_epsilon = decision.champion_version, decision.epsilon
     return {
         "model_name": summary.model_name,
         "model_version": summary.model_version,
-        "promoted": decision.promoted,
-        "reason": decision.reason,
-        "champion_before": decision.champion_version,
+        "promoted": promoted,
+        "reason": reason,
+        "champion_before": champion_before,
         "epsilon": summary.epsilon,  # the version's: its private lineage composed
         "run_epsilon": summary.epsilon_run,  # this run alone
-        "promotion_epsilon": decision.epsilon,
+        "promotion_epsilon": promotion_epsilon,
         "mlflow_run_id": summary.mlflow_run_id,
         "data_path": data_path,
         "wall_seconds": time.monotonic() - started,

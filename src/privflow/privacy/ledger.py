@@ -222,6 +222,12 @@ class DatasetRecord:
         return max(0.0, self.budget_epsilon - self.spent_epsilon)
 
 
+def attempt_run_id(base: str, attempt: int | None) -> str:
+    """A ledger run id for one attempt of a run: the base id for the first (no `-attempt1` on
+    every run), `<base>#attempt<n>` for a retry, which reruns the mechanisms and is counted again."""
+    return base if (attempt or 1) <= 1 else f"{base}#attempt{attempt}"
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
@@ -555,8 +561,9 @@ class Ledger:
             raise BudgetExceeded(
                 f"{who} was refused before reading any row: dataset '{dataset}' has a total "
                 f"budget of epsilon={budget:.4g} (delta={delta:g}); {n_runs} earlier run(s) spent "
-                f"epsilon={spent:.4g}, leaving {max(0.0, budget - spent):.4g}, and this run requests "
-                f"epsilon={requested:.4g} on its own, which composes to a total of {total:.4g}. "
+                f"epsilon={spent:.4g}, and this run requests epsilon={requested:.4g} on its own, which "
+                f"composes to a total of {total:.4g}. A next run can ask for about epsilon="
+                f"{headroom_epsilon(earlier, budget, delta):.4g} (found by composition, not by subtraction). "
                 f"Lower the run's epsilon, or raise the dataset's budget deliberately (`privflow ledger "
                 f"set-budget {dataset} --epsilon E --delta D`) if the data owner agrees."
             )
@@ -867,6 +874,7 @@ def check_budget_at(
 
 
 __all__ = [
+    "attempt_run_id",
     "CHARGED_STATUSES",
     "PUBLISHABLE_DATASET_FIELDS",
     "PUBLISHABLE_RUN_COLUMNS",

@@ -357,7 +357,7 @@ def register_model(
         client.set_model_version_tag(name, version, "promoted", f"alias '{alias}' set: {why}")
         return Registered(version, version, f"@{alias} moved to v{version}: {why}")
     if promotion == "never":
-        return Registered(version, holder, f"@{alias} left on {_v(holder)} (--promote never)")
+        return Registered(version, holder, f"@{alias} left on {_v(holder)} (promotion: never)")
     return Registered(version, holder, f"@{alias} on {_v(holder)}: awaiting the DP comparison")
 
 

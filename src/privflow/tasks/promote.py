@@ -34,7 +34,7 @@ from privflow.data.io import read_table
 from privflow.data.schema import Schema
 from privflow.data.target_head import TargetCodec, conditional_loglik
 from privflow.data.validation import validate
-from privflow.privacy.ledger import Ledger
+from privflow.privacy.ledger import Ledger, attempt_run_id
 from privflow.privacy.mechanisms.promotion import (
     PromotionMechanism,
     difference_statistic,
@@ -120,11 +120,6 @@ def version_loglik(flows: list[torch.nn.Module], x: np.ndarray, batch: int = 409
             ]
             per[k] = torch.cat(parts).double().numpy() if parts else np.empty(0)
     return mixture_loglik(per) if len(data) else np.empty(0)
-
-
-def ledger_id(base: str, attempt: int) -> str:
-    """The promotion's ledger run id; a retried attempt reruns the mechanism, so it gets its own."""
-    return base if attempt <= 1 else f"{base}#attempt{attempt}"
 
 
 # -- the task --------------------------------------------------------------------------------
@@ -248,7 +243,7 @@ def _compare(
     client, alias, champion = MlflowClient(), settings.alias, base["champion_version"]
     ledger = Ledger(ledger_path)
     event = settings.event()
-    lid = ledger_id(promotion_id, task_run_count())
+    lid = attempt_run_id(promotion_id, task_run_count())
     try:
         ledger.reserve(
             schema.dataset.name, lid, [event], {"promote": f"{settings.mechanism} epsilon={settings.epsilon:g}"}
@@ -290,7 +285,6 @@ __all__ = [
     "PromotionSettings",
     "alias_holder",
     "comparable",
-    "ledger_id",
     "load_version",
     "margin_statistic",
     "mixture_loglik",
