@@ -27,6 +27,7 @@ from privflow.core import env
 from privflow.core.config import RunConfig
 from privflow.core.errors import ConfigError, DataError, PrivflowError, SchemaError
 from privflow.data.schema import Schema
+from privflow.data.surface import lower, to_surface
 from privflow.data.target_head import conditional_loglik, release_codec
 from privflow.privacy.mechanisms.promotion import mixture_loglik
 
@@ -81,18 +82,28 @@ class Synthesizer:
             return self.summary.lineage
         return self.tags.get("privflow.lineage")
 
-    def sample(self, n: int, seed: int | None = None) -> pl.DataFrame:
+    def sample(self, n: int, seed: int | None = None, where: dict[str, str] | None = None) -> pl.DataFrame:
         """`n` synthetic rows; `seed` makes the draw reproducible (else a CSPRNG seed). The table
         is built in memory: `n` it could not hold is refused before sampling (stream larger
-        tables to a file with `privflow generate`)."""
+        tables to a file with `privflow generate`). Rows come as the input is written
+        (privflow/data/surface.py): dates as text in their format, booleans as their labels,
+        numeric columns rounded to their `decimals`, no ignored column.
+
+        `where` ({column: label}, combined with AND): only rows with these values of categorical
+        columns, drawn from the model's conditional law (the target through its head, any other
+        column by rejection: privflow/serving/conditions.py). Checked against the public schema
+        before sampling; a condition too rare to reach `n` rows is refused (ConfigError)."""
         from privflow.preflight import check_memory, check_seed
+        from privflow.serving.conditions import conditions_for
         from privflow.serving.sampler import sample_rows  # imports mlflow: after env.configure
 
         _check_count(n, "n", 1)
         n, seed = int(n), check_seed(seed, "seed")
+        conditions = conditions_for(self.schema, where, "where")
         fewer = "sample fewer rows at a time, or stream them to a file with `privflow generate`"
         check_memory(n, len(self.schema.columns), f"sample({n:,})", fewer)
-        return sample_rows(self.flows, self.codec, n, seed=seed)
+        rows = sample_rows(self.flows, self.codec, n, seed=seed, where=conditions)
+        return to_surface(rows, self.schema)  # as the input is written
 
     def score(self, rows: pl.DataFrame | Any, seed: int | None = None) -> np.ndarray:
         """Per-row log-likelihood (nats, privflow's encoded space) of `rows` under the released
@@ -106,7 +117,7 @@ class Synthesizer:
 
         seed = check_seed(seed, "seed")
         df, _ = validate(_frame(rows, "rows"), self.schema, "strict", advice=SCORED_ADVICE)
-        x = self.codec.encode(df.select(self.schema.names), np.random.default_rng(seed))
+        x = self.codec.encode(df.select(lower(self.schema).names), np.random.default_rng(seed))
         if len(x) == 0:
             return np.empty(0)
         per = []
@@ -181,8 +192,9 @@ def _data_path(data: str | Path | pl.DataFrame | Any, tmp: Path) -> Path:
     if odd:
         listed = ", ".join(f"'{c}' ({t})" for c, t in odd.items())
         raise DataError(
-            f"data has columns privflow cannot read: {listed}. It reads numbers, whole numbers and category "
-            "labels; convert those columns (e.g. a date to a number of days) first."
+            f"data has columns privflow cannot read: {listed}. It reads numbers, whole numbers and text "
+            "(category and boolean labels, dates in their schema column's format); convert those columns "
+            "first (e.g. a date column to text with its schema `format`), or pass the table as a file."
         )
     path = tmp / "data.csv"
     try:

@@ -45,7 +45,7 @@ from numbers import Integral
 from pathlib import Path
 
 from privflow.core.config import RunConfig
-from privflow.core.errors import ConfigError, DataError, DeviceUnavailable, StoreError, byte_size
+from privflow.core.errors import ConfigError, DataError, DeviceUnavailable, SchemaError, StoreError, byte_size
 from privflow.data.schema import Column, Schema
 
 
@@ -130,9 +130,15 @@ def _type_fits(col: Column, dtype: object) -> bool:
 
     from privflow.data.validation import numeric_dtype  # the rule validation reads such a column by
 
-    if col.type in ("numeric", "integer") or dtype == pl.Null:
+    if col.type == "ignore" or dtype == pl.Null:  # an ignored column's values are never read
+        return True
+    if col.type in ("numeric", "integer"):
         return numeric_dtype(dtype)  # type: ignore[arg-type]
     if dtype in (pl.String, pl.Categorical) or isinstance(dtype, pl.Enum | pl.Categorical):
+        return True  # text: category labels, boolean labels, dates in the column's format
+    if col.type in ("date", "datetime"):  # or a Parquet date / timestamp
+        return dtype == pl.Date or isinstance(dtype, pl.Datetime)
+    if col.type == "boolean" and dtype == pl.Boolean:
         return True
     if numeric_dtype(dtype):  # type: ignore[arg-type]
         # integer-coded categories ("0", "1", ...) can be stored as numbers
@@ -143,7 +149,7 @@ def _type_fits(col: Column, dtype: object) -> bool:
                 return label.lower() in ("true", "false") and dtype == pl.Boolean
             return True
 
-        return all(numeric(c) for c in col.categories or ())
+        return all(numeric(c) for c in (col.true_false if col.type == "boolean" else col.categories or ()))
     return False
 
 
@@ -212,8 +218,9 @@ def check_table(path: Path, schema: Schema, what: str = "Data file") -> str:
         if wrong:
             raise DataError(
                 f"{what} '{path}' is Parquet with column types that cannot hold the schema's: {'; '.join(wrong)}. "
-                "Write those columns with a numeric type for numeric/integer fields and a string (or "
-                "categorical) type for categorical fields."
+                "Write those columns with a numeric type for numeric/integer fields, a string (or "
+                "categorical) type for categorical fields, a string, date or timestamp type for date/datetime "
+                "fields, and a boolean or string type for boolean fields."
             )
     return fmt.describe()
 
@@ -461,6 +468,25 @@ def _recorded_budget(config: RunConfig, schema: Schema) -> tuple[float, float]:
     return schema.dataset.budget.epsilon, 0.0
 
 
+def check_draft_run(config: RunConfig, schema: Schema) -> None:
+    """A schema drafted by DP names its ledger run (`dataset.draft_run`): the run's version composes
+    with it (privacy rule 9), so that run must be in this store's ledger, for this dataset."""
+    draft = schema.dataset.draft_run
+    if draft is None:
+        return
+    from privflow.privacy.ledger import Ledger
+
+    path = config.store / "ledger.db"
+    runs = {r.run_id: r for r in Ledger(path).runs(schema.dataset.name)} if path.exists() else {}
+    if draft not in runs:
+        raise SchemaError(
+            f"The schema was drafted by DP in ledger run '{draft}' (dataset.draft_run), which the ledger of store "
+            f"'{config.store}' does not hold for dataset '{schema.dataset.name}': a model trained on it could not "
+            "report its epsilon composed with the draft's. Run with the --store the draft was charged to, or "
+            "remove `draft_run` only if the data owner restated every value of the schema from public knowledge."
+        )
+
+
 def _check_budget(config: RunConfig, schema: Schema) -> object:
     from privflow.core.errors import BudgetExceeded
     from privflow.privacy.accounting.accountant import remember_on_disk
@@ -636,6 +662,7 @@ def preflight(config: RunConfig) -> Preflight:
     if config.evaluate.test_data is not None:
         test_fmt = timed("test data", check_table, Path(config.evaluate.test_data), schema, "Test data file")
     timed("store", check_store, config.store)
+    timed("schema draft", check_draft_run, config, schema)
     timed("synthetic table", check_synthetic, config, schema)
     device = timed("device", resolve_device, config.train.device)
     timed("workers", check_workers, config.train.workers, device)
@@ -662,10 +689,12 @@ def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
     check_store(config.store)
     if canaries is not None:
         from privflow.data.codec import Codec
+        from privflow.data.surface import lower
         from privflow.models import initial_flow
         from privflow.privacy.audit import canary_slots
 
-        model = initial_flow(config.model, Codec.from_schema(schema).cardinalities, config.train.seed)  # the audit's
+        cardinalities = Codec.from_schema(lower(schema)).cardinalities
+        model = initial_flow(config.model, cardinalities, config.train.seed)  # the audit's
         canary_slots(model, canaries)  # a ConfigError naming the most that fit
 
 

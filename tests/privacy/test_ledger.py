@@ -45,7 +45,11 @@ def test_reserve_then_refuse_with_numbers(ledger: Ledger) -> None:
         ledger.reserve("adult", "run-2", [G5])
     msg = str(info.value)
     total = compose_epsilon([G5, G5], DELTA)
-    for number in (f"{spent:.4g}", f"{1.0 - spent:.4g}", f"{EPS_G5:.4g}", f"{total:.4g}", "epsilon=1 "):
+    from privflow.privacy.ledger import headroom_epsilon
+
+    headroom = headroom_epsilon([G5], 1.0, DELTA)  # what a next run can ask for: composition, not 1 - spent
+    assert headroom > 1.0 - spent
+    for number in (f"{spent:.4g}", f"{headroom:.4g}", f"{EPS_G5:.4g}", f"{total:.4g}", "epsilon=1 "):
         assert number in msg, (number, msg)
     assert "run-2" in msg and "adult" in msg
     # Nothing was recorded by the refused run.

@@ -7,12 +7,12 @@ before Prefect, MLflow or Great Expectations is imported and before the ledger r
 Exit statuses: 0 success; 2 any PrivflowError (a user error, over budget, the validation
 gate stopping a run), printed once as one paragraph with no traceback; 1 an unexpected
 (internal) error, one paragraph, with the traceback under `--verbose`; 3 `privflow audit`'s verdict
-is not the healthy one; 130 Ctrl-C; 143 SIGTERM
+is not the healthy one, or `privflow check` found failing rows (or none at all); 130 Ctrl-C; 143 SIGTERM
 (a scheduler cancelling the job), unwound like Ctrl-C so that the ledger, the MLflow run and
 the working files are closed as they are then.
 
 One module per command group: `run` (run, demo; `summary` prints a run's result), `pretrain`,
-`generate`, `score`, `ledger`, `audit`, `dpad`; `_common` holds what they share (options, the
+`generate`, `score`, `ledger`, `audit`, `dpad`, `check`; `_common` holds what they share (options, the
 error-to-exit-status mapping, config loading). The console script's fast exit lives with the
 rest of start-up engineering, in `privflow.core.startup`.
 """
@@ -25,10 +25,11 @@ import typer
 
 # the command modules: `privflow.cli.run` is the module, `privflow.cli.run.run` its command (a test
 # that replaces a command's body patches it there, where the command looks it up)
-from privflow.cli import audit, generate, pretrain, run, score
+from privflow.cli import audit, check, generate, pretrain, run, score
 from privflow.cli._common import EXIT_INTERNAL, EXIT_OK, _promotion, _stopped, console
 from privflow.cli.dpad import dpad_app
 from privflow.cli.ledger import ledger_app
+from privflow.cli.schema import schema_app
 from privflow.cli.summary import _print_summary
 from privflow.core import interrupts
 from privflow.core.startup import FAST_EXIT
@@ -47,7 +48,9 @@ app.command()(pretrain.pretrain)
 app.command()(generate.generate)
 app.command()(score.score)
 app.command()(audit.audit)
+app.command()(check.check)
 app.add_typer(dpad_app, name="dpad")
+app.add_typer(schema_app, name="schema")
 
 
 def main() -> None:

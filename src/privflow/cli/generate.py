@@ -17,6 +17,14 @@ def generate(
     n: Annotated[int, typer.Option("-n", help="Number of rows to sample.", min=1)],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output file (.csv or .parquet).")],
     seed: Annotated[int | None, typer.Option("--seed", help="Seed for reproducible samples.")] = None,
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--where",
+            help="COLUMN=VALUE: only rows with this category of a categorical column, drawn from the model's "
+            "conditional law (repeat for several; they combine with AND). Free, like any sampling.",
+        ),
+    ] = None,
     device: Annotated[
         str,
         typer.Option(
@@ -29,17 +37,26 @@ def generate(
     verbose: VerboseOpt = False,
 ) -> None:
     """Sample synthetic rows from a registered model (never touches the training data)."""
-    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, device), spends=False)
+    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, device, where=where), spends=False)
 
 
 def _generate(
-    model: str, n: int, out: Path, seed: int | None, store: Path, verbose: bool, device: str = "auto"
+    model: str,
+    n: int,
+    out: Path,
+    seed: int | None,
+    store: Path,
+    verbose: bool,
+    device: str = "auto",
+    where: list[str] | None = None,
 ) -> None:
     from privflow.preflight import check_output, check_registry, check_room, check_seed, resolve_device
+    from privflow.serving.conditions import parse_where
 
     check_output(out)
     replaced = " (replacing the file that was there)" if out.exists() else ""
     seed = check_seed(seed)
+    wanted = parse_where(where)  # the conditions' form, before the store is opened
     device = resolve_device(device)  # before the store is opened: a missing GPU costs nothing
     check_registry(store, f"--model {model}", "Train and register one first (`privflow run`) with the same --store.")
     from privflow.core import env
@@ -55,6 +72,7 @@ def _generate(
         generator = load_generator(model, store)
     sampler = _generator_sampler(generator)
     schema = sampler.codec.schema if sampler is not None else _generator_schema(generator)
+    conditions = _conditions(sampler, wanted)  # against the public schema, before sampling
     check_room(out, n, len(schema.columns) if schema is not None else 1)
     if sampler is not None:
         # Stream: the released flows sample batch by batch straight into the file (bounded
@@ -62,8 +80,19 @@ def _generate(
         from privflow.serving.sampler import write_samples
 
         flows = [flow.to(device) for flow in sampler.flows]
-        write_samples(flows, sampler.codec, n, out, seed=seed, progress=not verbose and _is_tty())
-        Console().print(f"wrote {n} rows to {out}{replaced}", highlight=False, soft_wrap=True)
+        progress = not verbose and _is_tty()
+        write_samples(
+            flows,
+            sampler.codec,
+            n,
+            out,
+            seed=seed,
+            progress=progress,
+            schema=getattr(sampler, "schema", None),
+            where=conditions,
+        )
+        given = "" if conditions is None else f" where {conditions.describe()}"
+        Console().print(f"wrote {n} rows{given} to {out}{replaced}", highlight=False, soft_wrap=True)
         return
     import pandas as pd
     import polars as pl
@@ -78,6 +107,23 @@ def _generate(
 
     write_table(table, out)
     Console().print(f"wrote {table.height} rows to {out}{replaced}", highlight=False, soft_wrap=True)
+
+
+def _conditions(sampler: Any, wanted: dict[str, str]) -> Any:
+    """`--where`'s conditions checked against the released model's public schema (None without
+    any); a foreign model, sampled only through predict, cannot be conditioned."""
+    if not wanted:
+        return None
+    if sampler is None:
+        from privflow.core.errors import ConfigError
+
+        raise ConfigError(
+            "--where needs a privflow model (its flows and public schema); this one can only be asked for rows "
+            "through MLflow's predict. Sample without --where and filter the table."
+        )
+    from privflow.serving.conditions import conditions_for
+
+    return conditions_for(getattr(sampler, "schema", None) or sampler.codec.schema, wanted)
 
 
 def _is_tty() -> bool:

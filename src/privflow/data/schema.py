@@ -3,28 +3,58 @@
 Everything the pipeline may know about the data without spending privacy lives here:
 column names, types, numeric bounds, category lists, which columns may be missing, the
 dataset's identity and its total budget. Nothing in it is read off the private rows.
+
+Columns come in the types a table is written in (its surface): numeric, integer and
+categorical, which the model takes as they are, and date, datetime, boolean and ignore (alias
+`id`), which privflow/data/surface.py lowers to the first three before anything is modelled.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from privflow.core.config import Promotion
 from privflow.core.errors import SchemaError
 from privflow.core.yaml_file import read_mapping
 
-ColumnType = Literal["numeric", "integer", "categorical"]
+ColumnType = Literal["numeric", "integer", "categorical", "date", "datetime", "boolean", "ignore"]
 Transform = Literal["none", "log1p"]
+Granularity = Literal["second", "minute", "hour", "day"]
+
+COLUMN_TYPES: tuple[str, ...] = ColumnType.__args__  # type: ignore[attr-defined]
+TYPE_ALIASES = {"id": "ignore"}  # a spelling the schema accepts for a type, and the type it means
+MODELLED_TYPES = ("numeric", "integer", "categorical")  # what the codec takes; the rest is lowered to these
+TEMPORAL_TYPES = ("date", "datetime")
+DEFAULT_FORMATS = {"date": "%Y-%m-%d", "datetime": "%Y-%m-%dT%H:%M:%S"}
+DEFAULT_LABELS = ("true", "false")  # a boolean column's [true text, false text] unless declared
+GRANULARITY_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+MAX_DECIMALS = 15
+EPOCH = datetime(1970, 1, 1)
+_SECOND = timedelta(seconds=1)
+# which types each type-specific field applies to (the older fields keep their own checks)
+_APPLIES = {"labels": ("boolean",), "format": TEMPORAL_TYPES, "granularity": ("datetime",), "decimals": ("numeric",)}
 
 
 MAX_ATOMS = 64  # declared point masses per column
 SCORE_COLUMNS = ("loglik", "anomaly")  # the columns `privflow score` writes beside a table's own
+# what `privflow schema draft` writes where the data owner must fill a value in (Column refuses it)
+DRAFT_PLACEHOLDER = "<FILL>"
 
 
 def yaml_strings(v: object, field: str) -> object:
@@ -57,6 +87,49 @@ def _refuse_spaced(values: Sequence[str], what: str) -> None:
         )
 
 
+def time_number(value: date | datetime, kind: str) -> int:
+    """A date column's value as whole days, a datetime column's as whole seconds, since 1970-01-01
+    (naive time; the number a temporal column's bounds and atoms are held as)."""
+    if kind == "date":
+        day = value.date() if isinstance(value, datetime) else value
+        return (day - EPOCH.date()).days
+    moment = value if isinstance(value, datetime) else datetime(value.year, value.month, value.day)
+    return (moment - EPOCH) // _SECOND
+
+
+def time_value(number: int, kind: str) -> date | datetime:
+    """The inverse of `time_number`."""
+    if kind == "date":
+        return EPOCH.date() + timedelta(days=number)
+    return EPOCH + timedelta(seconds=number)
+
+
+def _iso_time(x: object, kind: str, name: str) -> int:
+    """One public bound or atom of a temporal column (ISO text, or the date / datetime YAML reads
+    an unquoted one as) as `time_number`."""
+    example = "'2015-01-01'" if kind == "date" else "'2020-01-01T00:00:00'"
+    value: date | datetime | None = None
+    if isinstance(x, datetime):
+        value = x
+    elif isinstance(x, date):
+        value = x
+    elif isinstance(x, str):
+        try:
+            value = datetime.fromisoformat(x.strip()) if kind == "datetime" else date.fromisoformat(x.strip())
+        except ValueError:
+            value = None
+    if value is None:
+        raise ValueError(
+            f"column '{name}' is {kind}; its bounds and atoms are {kind}s written as ISO text (e.g. {example}), "
+            f"got {x!r}"
+        )
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        raise ValueError(f"column '{name}': {x!r} has a time zone; write {kind}s without one (local or UTC time)")
+    if kind == "date" and isinstance(value, datetime) and value != datetime(value.year, value.month, value.day):
+        raise ValueError(f"column '{name}' is date; {x!r} has a time of day, write the date alone (e.g. {example})")
+    return time_number(value, kind)
+
+
 class Budget(BaseModel):
     """A dataset's total (epsilon, delta) across all runs, composed by the ledger."""
 
@@ -66,7 +139,12 @@ class Budget(BaseModel):
 
 
 class Column(BaseModel):
-    """One column: numeric/integer with public bounds, or categorical with a public list."""
+    """One column: numeric/integer with public bounds, categorical with a public list, or one of
+    the types lowered to those (privflow/data/surface.py): date and datetime with public bounds
+    and a text format, boolean with its two labels, ignore (alias `id`), which is not modelled.
+
+    A date column's bounds and atoms are held as whole days since 1970-01-01, a datetime column's
+    as whole seconds, and written back as ISO text (`model_dump`, `to_yaml`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: str = Field(min_length=1)
@@ -78,12 +156,52 @@ class Column(BaseModel):
     atoms: tuple[float, ...] = Field(
         (),
         max_length=MAX_ATOMS,
-        description="public point masses of a numeric or integer column (e.g. 0 for an amount that is often "
-        "exactly zero): each gets a cell of its own in the DP marginals, so it is kept exactly",
+        description="public point masses of a numeric, integer, date or datetime column (e.g. 0 for an amount "
+        "that is often exactly zero): each gets a cell of its own in the DP marginals, so it is kept exactly",
     )
+    labels: tuple[str, ...] | None = Field(
+        None,
+        description="a boolean column's [true text, false text] as written in the data (default ['true', 'false'])",
+    )
+    format: str | None = Field(
+        None,
+        description="a date or datetime column's strftime/strptime format of its text (default '%Y-%m-%d' and "
+        "'%Y-%m-%dT%H:%M:%S')",
+    )
+    granularity: Granularity | None = Field(
+        None, description="a datetime column's unit (default second): the values are modelled as whole units"
+    )
+    decimals: int | None = Field(
+        None, description="a numeric column's synthetic values are written rounded to this many decimals (0..15)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _draft_placeholder(cls, data: object) -> object:
+        """A value `privflow schema draft` left for the data owner (DRAFT_PLACEHOLDER) refuses the schema by
+        name: as a category it would otherwise load as a category of that text."""
+        if not isinstance(data, dict):
+            return data
+        left = [
+            f
+            for f in ("bounds", "categories", "labels")
+            if isinstance(data.get(f), list | tuple) and DRAFT_PLACEHOLDER in data[f]
+        ]
+        if left:
+            raise ValueError(
+                f"column '{data.get('name', '?')}': its {' and '.join(left)} are a draft placeholder to fill"
+                f" ({DRAFT_PLACEHOLDER!r}, written by `privflow schema draft` without "
+                "--epsilon): replace them with public values (the data's documentation, domain knowledge), or draft "
+                "again with --epsilon to fill them by DP"
+            )
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> Column:
+        stray = [f for f, types in _APPLIES.items() if getattr(self, f) is not None and self.type not in types]
+        if stray:
+            types = " and ".join(_APPLIES[stray[0]])
+            raise ValueError(f"column '{self.name}' is {self.type}; '{stray[0]}' applies to {types} columns only")
         if self.type in ("numeric", "integer"):
             if self.bounds is None:
                 raise ValueError(f"column '{self.name}' is {self.type} and needs public bounds [low, high]")
@@ -114,6 +232,28 @@ class Column(BaseModel):
                 raise ValueError(f"column '{self.name}' is integer; its atoms must be whole numbers")
             if len(set(self.atoms)) != len(self.atoms):
                 raise ValueError(f"column '{self.name}': atoms are not unique")
+            if self.decimals is not None:
+                self._check_decimals(low, high)
+        elif self.type in TEMPORAL_TYPES:
+            self._check_temporal()
+        elif self.type == "boolean":
+            self._only("labels", "nullable")
+            labels = self.true_false
+            if len(labels) != 2:
+                raise ValueError(
+                    f"column '{self.name}' is boolean; 'labels' must be two texts [true, false] as written in the "
+                    f"data, got {list(labels)}"
+                )
+            if any(not t.strip() for t in labels):
+                raise ValueError(f"column '{self.name}': a boolean label cannot be empty (an empty field is missing)")
+            _refuse_spaced(labels, f"column '{self.name}': labels")
+            if labels[0].casefold() == labels[1].casefold():
+                raise ValueError(
+                    f"column '{self.name}': labels {list(labels)} are the same text (they are matched without "
+                    "regard to letter case)"
+                )
+        elif self.type == "ignore":
+            self._only("nullable")
         else:
             if not self.categories:
                 raise ValueError(f"column '{self.name}' is categorical and needs a non-empty 'categories' list")
@@ -130,17 +270,145 @@ class Column(BaseModel):
                 raise ValueError(f"column '{self.name}' is categorical; 'bounds', 'transform' and 'atoms' do not apply")
         return self
 
+    def _only(self, *fields: str) -> None:
+        """Refuse the numeric and categorical fields on a column of a type that takes only `fields`."""
+        given = [
+            f
+            for f, unset in (("bounds", None), ("categories", None), ("transform", "none"), ("atoms", ()))
+            if f not in fields and getattr(self, f) != unset
+        ]
+        if given:
+            raise ValueError(f"column '{self.name}' is {self.type}; '{given[0]}' does not apply")
+
+    def _check_decimals(self, low: float, high: float) -> None:
+        d = int(self.decimals or 0)  # a whole number in 0..MAX_DECIMALS (`_whole`)
+        q = 10.0**d
+        if math.ceil(low * q) > math.floor(high * q):
+            raise ValueError(
+                f"column '{self.name}': no value with {d} decimal(s) lies within its bounds {list(self.bounds or ())}"
+            )
+
+    def _check_temporal(self) -> None:
+        self._only("bounds", "atoms", "nullable")
+        if self.bounds is None:
+            example = "['2015-01-01', '2024-12-31']" if self.type == "date" else "['2020-01-01T00:00:00', ...]"
+            raise ValueError(f"column '{self.name}' is {self.type} and needs public bounds [low, high], e.g. {example}")
+        fmt = self.time_format
+        if not fmt.strip() or "%" not in fmt:
+            raise ValueError(f"column '{self.name}': format {fmt!r} is not a strftime format such as '%Y-%m-%d'")
+        if any(z in fmt for z in ("%z", "%Z", "%:z")):
+            raise ValueError(
+                f"column '{self.name}': format {fmt!r} has a time zone; privflow reads {self.type}s without one, "
+                "so write them in one time zone without its offset"
+            )
+        low, high = (int(b) for b in self.bounds)
+        step = self.step
+        if low // step >= high // step:
+            unit = "day" if self.type == "date" else self.granularity or "second"
+            raise ValueError(
+                f"column '{self.name}': bounds must be [low, high] with more than one {unit} between them, "
+                f"got {self.bound_texts}"
+            )
+        for b in (low, high):
+            text = self._format_number(b)
+            if text is None or self.time_units(text) != b // step:
+                unit = "day" if self.type == "date" else self.granularity or "second"
+                raise ValueError(
+                    f"column '{self.name}': format {fmt!r} does not write and read back its bound "
+                    f"{self._iso(b)} to the {unit} (wrote {text!r}); use a format that holds the whole {self.type}"
+                )
+        outside = [self._iso(int(a)) for a in self.atoms if not low <= a <= high]
+        if outside:
+            raise ValueError(f"column '{self.name}': atoms {outside} lie outside its bounds {self.bound_texts}")
+        off = [self._iso(int(a)) for a in self.atoms if int(a) % step]
+        if off:
+            raise ValueError(
+                f"column '{self.name}': atoms {off} are not whole {self.granularity}s (its granularity); "
+                "give them to the granularity"
+            )
+        if len(set(self.atoms)) != len(self.atoms):
+            raise ValueError(f"column '{self.name}': atoms are not unique")
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _type(cls, v: object, info: ValidationInfo) -> object:
+        v = TYPE_ALIASES.get(v, v) if isinstance(v, str) else v
+        if isinstance(v, str) and v not in COLUMN_TYPES:
+            raise ValueError(
+                f"column '{info.data.get('name', '?')}': type '{v}' is not one of "
+                f"{', '.join(COLUMN_TYPES)} (or id, which means ignore)"
+            )
+        return v
+
+    @field_validator("bounds", "atoms", mode="before")
+    @classmethod
+    def _times(cls, v: object, info: ValidationInfo) -> object:
+        """A temporal column's bounds and atoms from ISO text (or YAML's dates) to `time_number`."""
+        kind, name = info.data.get("type"), info.data.get("name", "?")
+        if kind not in TEMPORAL_TYPES or not isinstance(v, list | tuple):
+            return v
+        if info.field_name == "bounds" and len(v) != 2:
+            raise ValueError(f"column '{name}': bounds must be two {kind}s [low, high], got {list(v)}")
+        return tuple(_iso_time(x, kind, name) for x in v)
+
+    @field_serializer("bounds", "atoms")
+    def _times_text(self, v: tuple[float, ...] | None) -> Any:
+        """A temporal column's bounds and atoms written back as ISO text."""
+        if v is None or self.type not in TEMPORAL_TYPES:
+            return v
+        return tuple(self._iso(int(x)) for x in v)
+
     @field_validator("categories", mode="before")
     @classmethod
     def _as_strings(cls, v: object) -> object:
         return yaml_strings(v, "categories")
 
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, v: object, info: ValidationInfo) -> object:
+        name = info.data.get("name", "?")
+        if v is not None and not isinstance(v, list | tuple):
+            raise ValueError(f"column '{name}': labels must be a list [true text, false text], got {v!r}")
+        try:
+            return yaml_strings(v, "labels")
+        except ValueError as exc:
+            raise ValueError(f"column '{name}': {exc}") from None
+
+    @field_validator("decimals", mode="before")
+    @classmethod
+    def _whole(cls, v: object, info: ValidationInfo) -> object:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_DECIMALS):
+            raise ValueError(
+                f"column '{info.data.get('name', '?')}': decimals must be a whole number from 0 to {MAX_DECIMALS}, "
+                f"got {v!r}"
+            )
+        return v
+
+    @field_validator("granularity", mode="before")
+    @classmethod
+    def _unit(cls, v: object, info: ValidationInfo) -> object:
+        if v is not None and v not in GRANULARITY_SECONDS:
+            raise ValueError(
+                f"column '{info.data.get('name', '?')}': granularity must be one of "
+                f"{', '.join(GRANULARITY_SECONDS)}, got {v!r}"
+            )
+        return v
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _text_format(cls, v: object, info: ValidationInfo) -> object:
+        if v is not None and not isinstance(v, str):
+            raise ValueError(
+                f"column '{info.data.get('name', '?')}': format must be a strftime text such as '%Y-%m-%d', got {v!r}"
+            )
+        return v
+
     @field_validator("atoms", mode="before")
     @classmethod
-    def _numbers(cls, v: object) -> object:
+    def _numbers(cls, v: object, info: ValidationInfo) -> object:
         """Atoms are numbers as YAML writes them: a boolean (unquoted yes/true) or text is refused,
-        not turned into 1.0 or parsed."""
-        if isinstance(v, list | tuple):
+        not turned into 1.0 or parsed (a temporal column's are converted by `_times` first)."""
+        if isinstance(v, list | tuple) and info.data.get("type") not in TEMPORAL_TYPES:
             odd = [x for x in v if isinstance(x, bool) or not isinstance(x, int | float)]
             if odd:
                 raise ValueError(f"atoms must be numbers, got {', '.join(repr(x) for x in odd)}")
@@ -149,6 +417,57 @@ class Column(BaseModel):
     @property
     def is_categorical(self) -> bool:
         return self.type == "categorical"
+
+    @property
+    def modelled(self) -> bool:
+        """Whether the model takes this column as it is (not lowered first, not ignored)."""
+        return self.type in MODELLED_TYPES
+
+    # -- the lowered types' public facts (privflow/data/surface.py) --------------------------------
+
+    @property
+    def true_false(self) -> tuple[str, ...]:
+        """A boolean column's (true text, false text)."""
+        return self.labels if self.labels is not None else DEFAULT_LABELS
+
+    @property
+    def time_format(self) -> str:
+        """A temporal column's strftime/strptime format."""
+        return self.format if self.format is not None else DEFAULT_FORMATS[self.type]
+
+    @property
+    def step(self) -> int:
+        """How many of a temporal column's held numbers (days, seconds) make one modelled unit:
+        1 for a date (a day), the granularity's seconds for a datetime."""
+        return 1 if self.type == "date" else GRANULARITY_SECONDS[self.granularity or "second"]
+
+    @property
+    def bound_texts(self) -> list[str]:
+        """A temporal column's bounds as ISO text."""
+        return [self._iso(int(b)) for b in self.bounds or ()]
+
+    def time_units(self, text: str) -> int | None:
+        """`text` read with the column's format, as modelled units since 1970-01-01 (days; a
+        datetime's granularity), or None when it does not parse (never raises)."""
+        try:
+            value = datetime.strptime(text, self.time_format)
+        except (ValueError, TypeError, OverflowError):
+            return None
+        return time_number(value, self.type) // self.step
+
+    def time_text(self, units: int) -> str:
+        """Modelled units back to text in the column's format (the inverse of `time_units`)."""
+        return time_value(int(units) * self.step, self.type).strftime(self.time_format)
+
+    def _format_number(self, number: int) -> str | None:
+        try:
+            return time_value(number, self.type).strftime(self.time_format)
+        except (ValueError, OverflowError):
+            return None
+
+    def _iso(self, number: int) -> str:
+        value = time_value(number, self.type)
+        return value.isoformat() if self.type == "date" else value.isoformat(timespec="seconds")
 
 
 class DatasetInfo(BaseModel):
@@ -174,6 +493,15 @@ class DatasetInfo(BaseModel):
         "config's `promotion`, `--promote`): if_better (default) spends a small epsilon on a DP "
         "comparison once a version holds the alias; `never` turns that charge off for this dataset. "
         "A run's --promote or its config's `promotion` takes precedence",
+    )
+
+    draft_run: str | None = Field(
+        None,
+        min_length=1,
+        description="the privacy ledger's run that drafted this schema by DP (`privflow schema draft "
+        "--epsilon`): a model trained on it reports its epsilon composed with that run's (privacy rule 9: "
+        "the schema's bounds and lists came from the rows). Set by the draft; remove it only for a schema "
+        "whose every value the data owner restated from public knowledge",
     )
 
     @field_validator("missing_values", mode="before")
@@ -209,6 +537,16 @@ class Schema(BaseModel):
                     f"{clash} of column '{col.name}' is both a declared category and a dataset.missing_values "
                     "token; a value cannot be both, so drop it from one of the two"
                 )
+            if col.type == "boolean":
+                tokens = {t.casefold() for t in self.dataset.missing_values}
+                both = [t for t in col.true_false if t.casefold() in tokens]
+                if both:
+                    raise ValueError(
+                        f"{both} of column '{col.name}' is both a boolean label and a dataset.missing_values token; "
+                        "a value cannot be both, so drop it from one of the two"
+                    )
+        if all(c.type == "ignore" for c in self.columns):
+            raise ValueError("every column is of type ignore; at least one column must be modelled")
         folded: dict[str, list[str]] = {}
         for n in names:
             folded.setdefault(n.casefold(), []).append(n)
@@ -233,10 +571,14 @@ class Schema(BaseModel):
         if self.target is not None:
             if self.target not in names:
                 raise ValueError(f"target '{self.target}' is not a declared column")
-            if not self.column(self.target).is_categorical:
-                raise ValueError(f"target '{self.target}' must be categorical")
             target = self.column(self.target)
-            if len(target.categories or ()) + (1 if target.nullable else 0) < 2:
+            if target.type == "ignore":
+                raise ValueError(
+                    f"target '{self.target}' is of type ignore: it is not modelled, so it cannot be the target"
+                )
+            if target.type not in ("categorical", "boolean"):
+                raise ValueError(f"target '{self.target}' must be categorical (or boolean)")
+            if target.is_categorical and len(target.categories or ()) + (1 if target.nullable else 0) < 2:
                 raise ValueError(
                     f"target '{self.target}' has a single class; a target needs at least two (two categories, "
                     "or one and `nullable: true`), so declare the other classes or drop `target`"

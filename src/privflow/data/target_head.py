@@ -49,6 +49,7 @@ from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec, Marginals
 from privflow.data.features import block_size, category_codes, compact_features, expand_features, feature_widths
 from privflow.data.schema import Column, Schema
+from privflow.data.surface import lower
 
 # Calibration stops when every class rate is within this of its target (or after the cap).
 _CALIBRATION_TOLERANCE = 1e-6
@@ -56,9 +57,9 @@ _CALIBRATION_ITERATIONS = 500
 
 
 def head_applies(schema: Schema) -> bool:
-    """A head needs a categorical target (the schema guarantees it is one) and at least one
-    other column to condition on."""
-    return schema.target is not None and len(schema.columns) > 1
+    """A head needs a categorical target (the schema guarantees it is one, or a boolean, which
+    is lowered to one) and at least one other modelled column to condition on."""
+    return schema.target is not None and len(lower(schema).columns) > 1
 
 
 def class_count(col: Column) -> int:
@@ -383,7 +384,9 @@ def release_parts(codec: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | N
 def release_codec(schema: Schema, marginals: Mapping[str, Any] | None, head: Mapping[str, Any] | None = None) -> Any:
     """The codec a released model was trained in, from what is stored beside its weights: the
     schema-only Codec, or the copula codec of its DP marginals (`Marginals.to_dict()`), joined
-    with its target head (`TargetHead.to_dict()`) when it has one."""
+    with its target head (`TargetHead.to_dict()`) when it has one. A release keeps the schema
+    as written (its surface); the codec is the modelled schema's (`privflow.data.surface.lower`)."""
+    schema = lower(schema)
     codec: Any = Codec.from_schema(schema) if marginals is None else CopulaCodec(schema, Marginals.from_dict(marginals))
     if head is None:
         return codec

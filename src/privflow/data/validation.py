@@ -1,7 +1,10 @@
 """Validate a table against its public schema with a Great Expectations suite built from it.
 
 Two steps. (1) polars coerces each numeric/integer column (per-column cast, strict=False) and
-counts the values that do not parse ("type") or are not whole numbers ("integer"). (2) A GX 1.x
+counts the values that do not parse ("type") or are not whole numbers ("integer"); a date,
+datetime or boolean column is first converted to its modelled values (privflow/data/surface.py:
+text that does not parse with its format is a "type" failure of its row) and an ignored column
+is not read at all. (2) A GX 1.x
 suite, built in code from the schema on an ephemeral context, checks the structure (every
 declared column present, no undeclared column, values present where not nullable) on the
 frame as given and the values (public bounds, declared categories) on the coerced frame.
@@ -25,7 +28,8 @@ import polars as pl
 
 from privflow.core.errors import ConfigError, ValidationFailed
 from privflow.data.io import UNREADABLE
-from privflow.data.schema import Column, Schema
+from privflow.data.schema import TEMPORAL_TYPES, Column, Schema
+from privflow.data.surface import CONVERTED, lower, read_values
 
 NOT_DP_LABEL = (
     "NOT differentially private: diagnostic for the data owner computed on the private rows; "
@@ -172,21 +176,36 @@ def _raw_missing(s: pl.Series) -> pl.Series:
 
 
 def _coerce(raw: pl.DataFrame, schema: Schema) -> _Coerced:
-    """Cast each declared column to its schema type (strict=False), counting what does not parse.
+    """Cast each declared column to its modelled type (strict=False), counting what does not parse.
 
     A value that is present but not a number ("abc", "nan") is a row-level "type" failure,
     however many rows hold one: a verdict on the whole column would let one row decide the
     fate of every other (privacy rule 8), so only a column's dtype (public for Parquet) fails
     at schema level. In integer columns a finite number with a fraction is an "integer" failure.
+    Date, datetime and boolean columns are converted first (`surface.read_values`: a date that
+    does not parse with the column's format is a "type" failure); ignored columns are left out.
     """
     n = raw.height
     out: dict[str, pl.Series] = {}
     masks: dict[tuple[str, str], pl.Series] = {}
     failures: list[Failure] = []
+    model = lower(schema)
     for col in schema.columns:
-        if col.name not in raw.columns:
+        if col.type == "ignore" or col.name not in raw.columns:
             continue
         s = raw.get_column(col.name)
+        if col.type in CONVERTED:
+            try:
+                s, unparsed = read_values(s, col)
+            except TypeError:
+                detail = f"holds {s.dtype} values, which cannot be read as {col.type} values"
+                failures.append(Failure(col.name, "type", n, SCHEMA_LEVEL, detail))
+                dtype = pl.String if col.type == "boolean" else pl.Float64
+                out[col.name] = pl.Series(col.name, [None] * n, dtype=dtype)
+                continue
+            if unparsed.any():
+                masks[(col.name, "type")] = unparsed
+            col = model.column(col.name)
         if col.is_categorical:
             try:
                 out[col.name] = _labels(s, col)
@@ -295,11 +314,11 @@ def _build_gx(schema: Schema, raw_columns: list[str], coerced_columns: list[str]
     )
     for col in schema.columns:
         structure.add_expectation(tagged(gxe.ExpectColumnToExist, col.name, "missing_column", column=col.name))
-        if not col.nullable and col.name in raw_columns:
+        if not col.nullable and col.type != "ignore" and col.name in raw_columns:
             structure.add_expectation(tagged(gxe.ExpectColumnValuesToNotBeNull, col.name, "not_null", column=col.name))
 
     values = gx.ExpectationSuite(name=f"{schema.dataset.name}-values")
-    for col in schema.columns:
+    for col in lower(schema).columns:  # on the coerced frame: date bounds as days, booleans as labels
         if col.name not in coerced_columns:
             continue
         if col.is_categorical:
@@ -405,8 +424,16 @@ def _value_masks(coerced: pl.DataFrame, raw: pl.DataFrame, schema: Schema) -> di
 def _detail(col: Column | None, check: str, n: int) -> str:
     if check == "unreadable":
         return f"{_rows(n)} that could not be read as a row of the header's columns (the quarantine file has each line)"
+    if check == "type" and col is not None and col.type in TEMPORAL_TYPES:
+        return f"{_rows(n)} with a value that is not a {col.type} in the format '{col.time_format}'"
     if check == "type":
         return f"{_rows(n)} with a value that is not a number"
+    if check == "bounds" and col is not None and col.type in TEMPORAL_TYPES:
+        lo, hi = col.bound_texts
+        return f"{_rows(n)} outside the public bounds [{lo}, {hi}]"
+    if check == "category" and col is not None and col.type == "boolean":
+        true, false = col.true_false
+        return f"{_rows(n)} with a value that is neither '{true}' nor '{false}'"
     if check == "integer":
         return f"{_rows(n)} with a number that is not a whole number"
     if check == "bounds":
@@ -419,8 +446,11 @@ def _detail(col: Column | None, check: str, n: int) -> str:
     raise ValueError(check)
 
 
-QUARANTINE_ADVICE = "Fix those rows, or use the quarantine policy to set them aside and train on the rest."
-_NOTHING_PASSES = "Fix the file or the schema: with every row set aside, there is nothing to use."
+CHECK_ADVICE = "Run `privflow check --data FILE --schema S` to see which rows and columns fail (curator-only, free)."
+QUARANTINE_ADVICE = (
+    f"Fix those rows, or use the quarantine policy to set them aside and train on the rest. {CHECK_ADVICE}"
+)
+_NOTHING_PASSES = f"Fix the file or the schema: with every row set aside, there is nothing to use. {CHECK_ADVICE}"
 SCORED_ADVICE = "Fix those rows: every row of this table is answered, so none can be set aside."
 
 
@@ -509,7 +539,9 @@ def validate(
     number of rows. If it says stop, ValidationFailed carries only the report, whose exact
     counts are for the curator; the caller words the message from the DP counts.
 
-    Typed: numeric -> Float64, integer -> Int64, categorical -> Enum of the declared list.
+    Typed: numeric -> Float64, integer -> Int64, categorical -> Enum of the declared list, in the
+    columns of the modelled schema (`surface.lower`): a date or datetime as Int64 units, a boolean
+    as the Enum of its labels, and no ignored column.
     strict: any failure raises ValidationFailed. quarantine: rows failing a row-level check are
     written to `quarantine_path` (CSV of the raw rows plus `_privflow_row`, their 0-based
     position, and `_privflow_failed_checks`; rewritten on every call, header only when no row
@@ -532,8 +564,13 @@ def validate(
     given = df  # as read: the quarantine file keeps the reader's reason for a line it could not read
     unreadable = df.get_column(UNREADABLE).is_not_null() if UNREADABLE in df.columns else None
     df = df.drop(UNREADABLE, strict=False)
+    # an ignored column's values are never read: only its name is checked (the quarantine file, for
+    # the data owner, keeps the rows as given)
+    ignored = [c.name for c in schema.columns if c.type == "ignore" and c.name in df.columns]
+    df = df.with_columns(pl.lit(None, dtype=pl.String).alias(c) for c in ignored) if ignored else df
     raw = _normalise(df, schema.dataset.missing_values)
     n = raw.height
+    model = lower(schema)
     co = _coerce(raw, schema)
     gx_out = _run_gx(raw, co.frame, schema)
 
@@ -542,7 +579,7 @@ def validate(
         raise RuntimeError("internal: Great Expectations and polars disagree about the table's columns")
 
     masks = dict(co.masks)
-    twins = _value_masks(co.frame, raw, schema)
+    twins = _value_masks(co.frame, raw, model)
     for column, check, gx_count in gx_out.counts:
         mask = twins[(column, check)]
         if int(mask.sum()) != gx_count:
@@ -612,7 +649,7 @@ def validate(
         raise _fail(
             rep, "no row passes, nothing is left to train on", _NOTHING_PASSES if policy == "quarantine" else advice
         )
-    return _typed(clean, schema), rep
+    return _typed(clean, model), rep
 
 
 def validate_chunks(

@@ -22,6 +22,7 @@ from privflow.core.config import RunConfig
 from privflow.data.codec import Codec
 from privflow.data.io import read_table
 from privflow.data.schema import Schema
+from privflow.data.surface import lower
 from privflow.data.validation import validate
 from privflow.privacy import audit
 from privflow.privacy.accounting.accountant import PLDAccountant
@@ -71,7 +72,7 @@ def audit_pipeline(
     r = guesses if guesses is not None else max(2, canaries // 5)
     k_pos, k_neg = (r + 1) // 2, r // 2
     schema = Schema.from_yaml(config.schema_path)
-    codec = Codec.from_schema(schema)
+    codec = Codec.from_schema(lower(schema))  # the modelled columns (privflow/data/surface.py)
     # The audit checks DP-SGD's configuration (clipping and noise of the grad samplers), in the
     # schema codec; the DP marginals' release has its own certificate test (OpenDP's maps), and
     # leaving them on would let a small table's plan train no flow at all.

@@ -45,8 +45,9 @@ from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec
 from privflow.data.io import read_table, write_table
 from privflow.data.schema import Schema
+from privflow.data.surface import to_surface
 from privflow.data.target_head import release_parts
-from privflow.data.validation import validate
+from privflow.data.validation import CHECK_ADVICE, validate
 from privflow.preflight import gate_floor, gate_limit
 from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.accounting.plan import PrivacyPlan
@@ -62,7 +63,7 @@ from privflow.tasks.promote import PromotionSettings, promote_if_better
 from privflow.tasks.stream import first_pass, stream_prepare
 from privflow.tasks.train import cpu_threads
 from privflow.tasks.validate import validate_data
-from privflow.tasks.warm_start import resolve_parent
+from privflow.tasks.warm_start import Parent, resolve_parent
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ def _read_and_gate(
                     else "(gate.quarantine_max_failing)."
                 )
             )
+            + f" {CHECK_ADVICE}"
         ) from None
     write_json(curator, "validation.json", report.to_dict())
     store_ml.log_gate(decisions[-1].noisy_failing)
@@ -262,6 +264,18 @@ def _reserve(
     return plan, ledger
 
 
+def _parent_link(parent: Parent | None, schema: Schema) -> tuple[str, str | None] | None:
+    """The ledger link for the version's lineage (privacy rule 9): a warm start's parent (and a
+    private parent's ledger run); a schema drafted by DP (`dataset.draft_run`) is a private
+    ancestor too, linked where no private parent carries the chain."""
+    draft = schema.dataset.draft_run
+    if parent is None:
+        return ("schema draft", draft) if draft else None
+    if parent.ledger_run is None and draft:
+        return (f"{parent.spec} (public) on a schema draft", draft)
+    return (parent.spec, parent.ledger_run)
+
+
 def _account(
     ledger: Ledger, run_id: str, dataset: str, plan: PrivacyPlan, fitted: FitResult, spend: Spend
 ) -> tuple[dict[str, float], Lineage]:
@@ -301,10 +315,12 @@ def _chain(lineage: Lineage, model_name: str, version: str) -> str:
 def _release_table(
     config: RunConfig, schema: Schema, fitted: FitResult, store: Path, run_id: str
 ) -> tuple[pl.DataFrame, Path]:
-    """The synthetic table from the chosen checkpoint(s): an explicit generator, a public size."""
+    """The synthetic table from the chosen checkpoint(s): an explicit generator, a public size.
+    Returned as sampled (modelled columns, for the diagnostics), written as the input is."""
     n_rows = config.evaluate.rows(schema.dataset.expected_rows)
     synthetic = fitted.sample(n_rows, seed=config.evaluate.sampling_seed)
-    path = write_table(synthetic, store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv")  # whole or none
+    table = to_surface(synthetic, schema)  # dates as text in their format, booleans as labels
+    path = write_table(table, store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv")  # whole or none
     store_ml.log_synthetic(path)
     return synthetic, path
 
@@ -468,7 +484,7 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
         store,
         run_id,
         parent.lineage() if parent is not None else None,
-        (parent.spec, parent.ledger_run) if parent is not None else None,
+        _parent_link(parent, schema),
         planned,
     )
     budget, spend = schema.dataset.budget, Spend()

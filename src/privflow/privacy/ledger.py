@@ -26,6 +26,7 @@ from privflow.core.errors import BudgetExceeded, PrivacyPlanError, StoreError
 from privflow.privacy.accounting.accountant import PLDAccountant, PLDTooLarge
 from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
 from privflow.privacy.accounting.events import (
+    ApproxDPEvent,
     Event,
     GaussianEvent,
     LaplaceEvent,
@@ -314,6 +315,8 @@ def describe_event(event: Event) -> str:
         return f"poisson_gaussian(q={event.sample_rate:.4g}, sigma={event.noise_multiplier:.4g}, steps={event.steps})"
     if isinstance(event, PureDPEvent):
         return f"pure_dp(eps={event.epsilon:.4g})"
+    if isinstance(event, ApproxDPEvent):
+        return f"approx_dp(eps={event.epsilon:.4g}, delta={event.delta:.3g})"
     if isinstance(event, NonPrivateEvent):
         return f"non_private({event.reason})"
     return repr(event)

@@ -44,8 +44,10 @@ class FlowSampler(mlflow.pyfunc.PythonModel):
         n = int(model_input["n"].iloc[0])
         seed = int(model_input["seed"].iloc[0]) if "seed" in model_input.columns else None
         from privflow.data.codec import to_pandas
+        from privflow.data.surface import to_surface
 
-        return to_pandas(sample_rows(self.flows, self.codec, n, seed), self.schema)  # integers stay integers
+        rows = to_surface(sample_rows(self.flows, self.codec, n, seed), self.schema)  # as the input is written
+        return to_pandas(rows, self.schema)  # integers stay integers
 
 
 def sampling_generator(seed: int | None) -> Any:
@@ -129,9 +131,14 @@ def iter_samples(
     seed: int | None = None,
     batch: int = 16384,
     workers: int | None = None,
+    where: Any = None,
 ) -> Any:
     """Decoded frames of at most `batch` rows, `n` rows in all, drawn in equal shares from
     `flows` by the one explicit generator of ``sampling_generator(seed)``.
+
+    `where` ({column: label}, COLUMN=VALUE texts or `Conditions`): only rows with these
+    categorical values, drawn from the model's conditional law in rounds until `n` match
+    (privflow/serving/conditions.py; ConfigError when they are too rare to reach `n`).
 
     Every random draw happens on the calling thread, in batch order; `workers` threads (default:
     the CPU count, at most 8) only map the draws through the flow and decode them, so the rows
@@ -153,27 +160,40 @@ def iter_samples(
     workers = max(1, workers if workers is not None else min(8, os.cpu_count() or 1))
     generator = sampling_generator(seed)
     shares = [n // len(flows) + (1 if i < n % len(flows) else 0) for i in range(len(flows))]
-    jobs = [
+    jobs: Any = [
         (flow, min(batch, share - start))
         for flow, share in zip(flows, shares, strict=True)
         for start in range(0, share, batch)
     ]
+    conditions = None
+    if where:
+        from privflow.serving import conditions as cond
+
+        conditions = cond.conditions_for(codec.schema, where, getattr(where, "option", "where"))
+        jobs, pick = cond.rounds(flows, n, batch), cond.subset_rng(generator)
     threads = torch.get_num_threads()
     if workers > 1:
         _load_cuda_libraries(flows)
         torch.set_num_threads(1)
     pool = ThreadPoolExecutor(workers, thread_name_prefix="privflow-sample")
     pending: deque[Any] = deque()
-    try:
+
+    def results() -> Any:
         for flow, m in jobs:
             with torch.inference_mode():
                 t, mapped = _draw(flow, m, generator)
             jitter, target_u = _jitter(codec, m, generator), _target_draws(codec, m, generator)
-            pending.append(pool.submit(_rows, flow, codec, t, mapped, jitter, target_u))
+            if conditions is None:
+                pending.append(pool.submit(_rows, flow, codec, t, mapped, jitter, target_u))
+            else:
+                pending.append(pool.submit(conditions.kept, _rows, flow, codec, t, mapped, jitter, target_u))
             if len(pending) > workers:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+
+    try:
+        yield from results() if conditions is None else conditions.collect(results(), n, len(flows), pick)
     finally:
         for f in pending:
             f.cancel()
@@ -189,12 +209,13 @@ def sample_rows(
     seed: int | None = None,
     batch: int = 16384,
     workers: int | None = None,
+    where: Any = None,
 ) -> Any:
     """Decode `n` rows drawn in equal shares from `flows` as one frame (``iter_samples``;
-    the same seed and batch give the same rows as ``write_samples``)."""
+    the same seed and batch give the same rows as ``write_samples``; `where`: conditions)."""
     import polars as pl
 
-    parts = list(iter_samples(flows, codec, n, seed, batch, workers))
+    parts = list(iter_samples(flows, codec, n, seed, batch, workers, where))
     return pl.concat(parts, rechunk=False) if parts else pl.DataFrame()
 
 
@@ -207,12 +228,17 @@ def write_samples(
     batch: int = 16384,
     progress: bool = False,
     workers: int | None = None,
+    schema: Any = None,
+    where: Any = None,
 ) -> Path:
     """Stream `n` sampled rows to `path` (.csv, or .parquet / .pq) batch by batch: CSV chunks
     are appended after one header, Parquet goes through one pyarrow ParquetWriter (a row
     group per batch). Memory stays bounded by `batch` whatever `n` is. `progress` shows a
-    rich progress bar. Integer columns are written as integers (nulls as empty fields)."""
+    rich progress bar. Integer columns are written as integers (nulls as empty fields). With the
+    release's `schema` (as written), rows are written as its input is (privflow/data/surface.py:
+    dates as text in their format, booleans as labels, rounded decimals, no ignored column)."""
     from privflow.data.io import TABLE_SUFFIXES
+    from privflow.data.surface import to_surface
 
     out = Path(path)
     suffix = out.suffix.lower()
@@ -230,7 +256,8 @@ def write_samples(
     writer = None
     try:
         with tmp.open("wb") as fh:
-            for k, frame in enumerate(iter_samples(flows, codec, n, seed, batch, workers)):
+            for k, decoded in enumerate(iter_samples(flows, codec, n, seed, batch, workers, where)):
+                frame = decoded if schema is None else to_surface(decoded, schema)
                 if suffix == ".csv":
                     frame.write_csv(fh, include_header=k == 0)
                 else:

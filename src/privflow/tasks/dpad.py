@@ -45,6 +45,7 @@ from privflow.core.errors import ModelNotFound, PrivacyPlanError
 from privflow.data.codec import Codec
 from privflow.data.io import read_table
 from privflow.data.schema import Schema
+from privflow.data.surface import lower
 from privflow.data.validation import SCORED_ADVICE, validate
 from privflow.models import build_flow
 from privflow.privacy.accounting.events import Event
@@ -123,7 +124,7 @@ def train_partitions(
     k = int(settings.partitions)
     part = partition_of(df, k, salts[0])
     held = holdout_coins(df, settings.holdout_fraction, salts[1])
-    codec = Codec.from_schema(schema)
+    codec = Codec.from_schema(lower(schema))
     pschema = partition_schema(schema, settings)
     out = PartitionModels([], np.full(k, -math.inf))
     for i in range(k):
@@ -189,7 +190,7 @@ class Ensemble:
 
     @property
     def codec(self) -> Codec:
-        return Codec.from_schema(self.schema)
+        return Codec.from_schema(lower(self.schema))
 
     def sparse_vector(self, max_flags: int, threshold: float | None = None) -> SparseVector:
         """SVT settings over this ensemble's votes: epsilon per flag = epsilon per query,
@@ -316,7 +317,7 @@ def load_ensemble(store: Path, ensemble_id: str) -> Ensemble:
     meta = json.loads(meta_path.read_text())
     schema = Schema.model_validate(meta["schema"])
     settings = EnsembleSettings(**meta["settings"])
-    codec = Codec.from_schema(schema)
+    codec = Codec.from_schema(lower(schema))
     model = dict(meta["model"])
     name = model.pop("name")
     flows: list[torch.nn.Module | None] = []

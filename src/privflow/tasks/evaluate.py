@@ -11,6 +11,7 @@ import torch
 from privflow.core.config import EvaluateConfig
 from privflow.data.codec import Codec
 from privflow.data.schema import Schema
+from privflow.data.surface import lower
 from privflow.tasks.evaluation.report import EvaluationResult, evaluate
 from privflow.tasks.lazy_task import task
 from privflow.tasks.select import row_loglik
@@ -37,7 +38,9 @@ def evaluate_run(
     cfg: EvaluateConfig,
     out_dir: Path,
 ) -> EvaluationResult:
-    """Fidelity, utility, likelihood and privacy-risk diagnostics, with an HTML report."""
+    """Fidelity, utility, likelihood and privacy-risk diagnostics, with an HTML report, on the
+    modelled columns (`privflow.data.surface.lower`: a date as its day number), as the validated
+    and the sampled frames hold them."""
     loglik = None
     if cfg.likelihood or cfg.privacy_risk:
         rng = np.random.default_rng(0)
@@ -48,4 +51,4 @@ def evaluate_run(
         if real_test is not None:
             loglik["test"] = row_loglik(model, codec.encode(real_test, rng))
     # None, not an empty table, when no --test-data was given: the report says which it was
-    return evaluate(schema, real_train, real_test, synthetic, cfg, out_dir, loglik=loglik)
+    return evaluate(lower(schema), real_train, real_test, synthetic, cfg, out_dir, loglik=loglik)

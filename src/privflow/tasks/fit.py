@@ -24,6 +24,7 @@ from privflow.core.config import RunConfig
 from privflow.data.codec import Codec
 from privflow.data.copula import DEFAULT_GRID_BINS, CopulaCodec, Marginals, marginal_of, schema_cells
 from privflow.data.schema import Schema
+from privflow.data.surface import lower
 from privflow.data.target_head import TargetCodec, calibration_shift
 from privflow.models import build_flow, initial_flow
 from privflow.privacy.accounting.accountant import PLDAccountant
@@ -247,8 +248,10 @@ def prepare(
     `spend`) and rows are encoded through the DP CDFs; otherwise the schema-only codec. With a
     target head planned, the head is trained next (its event goes to `spend`) and the codec is
     a `TargetCodec`: the flow's rows are every column but the target. `plan=None` is the
-    non-private reference (exact marginals, a head without noise).
+    non-private reference (exact marginals, a head without noise). `df` is validated (its
+    columns the modelled schema's, `privflow.data.surface.lower`), and so is what is built.
     """
+    schema = lower(schema)
     codec: Codec | CopulaCodec | TargetCodec = Codec.from_schema(schema)
     if plan is not None and plan.has("dp_marginals"):
         spend.start()

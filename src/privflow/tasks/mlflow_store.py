@@ -49,6 +49,7 @@ _SAMPLER_MODULES = (
     "data/codec.py",
     "data/copula.py",
     "data/schema.py",
+    "data/surface.py",
     "core/yaml_file.py",
     "serving/__init__.py",
     "serving/sampler.py",
@@ -255,10 +256,11 @@ class Registered:
 
 
 def signature_for(schema: Schema) -> Any:
-    """The pyfunc signature from the PUBLIC schema (never inferred from rows)."""
+    """The pyfunc signature from the PUBLIC schema (never inferred from rows): the columns of a
+    synthetic table (no ignored column; dates and booleans as their text)."""
     kinds = {"numeric": "double", "integer": "long"}
     inputs = MLSchema([ColSpec("long", "n"), ColSpec("long", "seed", required=False)])
-    outputs = MLSchema([ColSpec(kinds.get(c.type, "string"), c.name) for c in schema.columns])
+    outputs = MLSchema([ColSpec(kinds.get(c.type, "string"), c.name) for c in schema.columns if c.type != "ignore"])
     return ModelSignature(inputs=inputs, outputs=outputs)
 
 

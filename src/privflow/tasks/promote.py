@@ -32,6 +32,7 @@ from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec
 from privflow.data.io import read_table
 from privflow.data.schema import Schema
+from privflow.data.surface import lower
 from privflow.data.target_head import TargetCodec, conditional_loglik
 from privflow.data.validation import validate
 from privflow.privacy.ledger import Ledger, attempt_run_id
@@ -101,7 +102,7 @@ class PromotionDecision:
 
 def comparable(a: Schema, b: Schema) -> bool:
     """Two versions can be scored on the same encoded rows only if their codecs agree."""
-    ca, cb = Codec.from_schema(a), Codec.from_schema(b)
+    ca, cb = Codec.from_schema(lower(a)), Codec.from_schema(lower(b))
     return [(f.name, f.kind, f.cardinality) for f in ca.features] == [
         (f.name, f.kind, f.cardinality) for f in cb.features
     ]

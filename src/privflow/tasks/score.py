@@ -29,6 +29,7 @@ from privflow.core.curator import curator_dir
 from privflow.core.errors import DataError
 from privflow.data.io import read_header, read_table
 from privflow.data.schema import SCORE_COLUMNS, Schema
+from privflow.data.surface import lower
 from privflow.data.target_head import conditional_loglik
 from privflow.data.validation import SCORED_ADVICE, validate
 from privflow.privacy.ledger import Ledger
@@ -64,7 +65,7 @@ def score_rows(model: LoadedVersion, df: pl.DataFrame) -> np.ndarray:
     if df.height == 0:
         return np.empty(0)
     codec = model.codec
-    x = codec.encode(df.select(model.schema.names), np.random.default_rng())
+    x = codec.encode(df.select(lower(model.schema).names), np.random.default_rng())
     return version_loglik(model.flows, x) + conditional_loglik(codec, df)
 
 

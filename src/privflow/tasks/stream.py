@@ -42,6 +42,7 @@ from privflow.data.copula import CopulaCodec
 from privflow.data.rank_spill import SpilledRanks
 from privflow.data.row_hash import row_units
 from privflow.data.schema import Schema
+from privflow.data.surface import lower
 from privflow.data.target_head import TargetCodec, head_widths
 from privflow.data.validation import ValidationReport, validate, validate_chunks
 from privflow.privacy.accounting.plan import PrivacyPlan
@@ -88,22 +89,24 @@ def first_pass(
     show_progress: bool = False,
 ) -> tuple[FirstPass, ValidationReport]:
     """Validate the table chunk by chunk under the gate, keeping the statistics the planned
-    releases need (module docstring, step 1)."""
+    releases need (module docstring, step 1). The chunks are checked under the schema as written,
+    the statistics taken over its modelled columns (`privflow.data.surface.lower`)."""
+    model = lower(schema)
     grid = None
     if plan.has("dp_marginals"):
-        grid = planned_grid_bins(schema, plan.stage("dp_marginals"), config.marginals.grid_bins)
+        grid = planned_grid_bins(model, plan.stage("dp_marginals"), config.marginals.grid_bins)
     head = None
     if plan.has("dp_head"):
-        head = DiskRows(work / "head.f32", len(head_widths(schema, config.head.numeric_knots)) + 1)
+        head = DiskRows(work / "head.f32", len(head_widths(model, config.head.numeric_knots)) + 1)
     counts: list[np.ndarray] = []  # one vector of cell counts per chunk (their sum is the statistic)
     ranks = SpilledRanks(work / "ranks", parquet_rows(config.data))
 
     def consume(clean: pl.DataFrame) -> None:
         ranks.record(clean)
         if grid is not None:
-            counts.append(marginals_mechanism.marginal_counts(clean, schema, grid_bins=grid))
+            counts.append(marginals_mechanism.marginal_counts(clean, model, grid_bins=grid))
         if head is not None:
-            head.append(head_rows(schema, clean, config.head.numeric_knots))
+            head.append(head_rows(model, clean, config.head.numeric_knots))
 
     chunks = _chunks(config, "Validating (pass 1 of 2)", show_progress)
     report = validate_chunks(chunks, schema, config.policy, quarantine, gate, consume)
@@ -123,20 +126,22 @@ def stream_prepare(
 ) -> tuple[Codec | CopulaCodec | TargetCodec, DiskRows, DiskRows, pl.DataFrame]:
     """The releases and the encoding pass (module docstring, step 2): the codec, the training
     and selection rows on disk, and the diagnostics' sample of clean rows. `as_tasks` runs the
-    steps as Prefect tasks (inside a flow), as `tasks.fit.prepare` does."""
-    codec: Any = Codec.from_schema(schema)
+    steps as Prefect tasks (inside a flow), as `tasks.fit.prepare` does. The codec is the modelled
+    schema's; the encoding pass checks the chunks again under `schema` as written."""
+    model = lower(schema)
+    codec: Any = Codec.from_schema(model)
     if first.counts is not None:
         assert first.grid is not None
         spend.start()
         release = dp_marginals_from_counts if as_tasks else dp_marginals_from_counts.fn
-        codec = release(first.counts, schema, plan.stage("dp_marginals"), first.grid)
+        codec = release(first.counts, model, plan.stage("dp_marginals"), first.grid)
         spend.add(plan.stage("dp_marginals").event)
     if first.head is not None:
         spend.start()
         fit_head = dp_head_from_rows if as_tasks else dp_head_from_rows.fn
-        head = fit_head(first.head, schema, config.head, plan.stage("dp_head"))
+        head = fit_head(first.head, model, config.head, plan.stage("dp_head"))
         spend.add(plan.stage("dp_head").event)
-        codec = TargetCodec.around(schema, codec, head)
+        codec = TargetCodec.around(model, codec, head)
     encode = encode_chunks if as_tasks else encode_chunks.fn
     x_train, x_val, sample = encode(config, schema, codec, work, first.ranks, show_progress)
     return codec, x_train, x_val, sample

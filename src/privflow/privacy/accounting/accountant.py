@@ -22,6 +22,7 @@ import numpy as np
 
 from privflow.privacy.accounting.composed_cache import ComposedCache, cache_key, default_path
 from privflow.privacy.accounting.events import (
+    ApproxDPEvent,
     Event,
     GaussianEvent,
     LaplaceEvent,
@@ -167,6 +168,14 @@ def _small_pld(event: Event, h: float):  # noqa: ANN202
             )
         params = common.DifferentialPrivacyParameters(event.epsilon, 0.0)
         return pld.from_privacy_parameters(params, value_discretization_interval=h)
+    if isinstance(event, ApproxDPEvent):  # the worst (epsilon, delta) pair: delta as mass at infinite loss
+        if event.epsilon > _MAX_PURE_EPSILON:
+            raise PLDTooLarge(
+                f"An (epsilon, delta) event of epsilon={event.epsilon:g} is beyond what can be accounted for "
+                f"(limit {_MAX_PURE_EPSILON:g}); no run may spend that much on one release."
+            )
+        params = common.DifferentialPrivacyParameters(event.epsilon, event.delta)
+        return pld.from_privacy_parameters(params, value_discretization_interval=h)
     raise TypeError(f"PLD accountant cannot compose {event!r}")
 
 
@@ -242,7 +251,7 @@ class RDPAccountant(Accountant):
                 acc.compose(dpe.SelfComposedDpEvent(sampled, event.steps), count)
             elif isinstance(event, PureDPEvent):
                 extra += count * _rr_rdp(event.epsilon, np.asarray(_RDP_ORDERS, dtype=float))
-            else:
+            else:  # an ApproxDPEvent's delta has no Renyi bound: the PLD and PRV accountants compose it
                 raise TypeError(f"RDP accountant cannot compose {event!r}")
         total = np.asarray(acc._rdp, dtype=float) + extra  # noqa: SLF001 - the accountant keeps its curve here
         eps, _ = rdp.compute_epsilon(list(_RDP_ORDERS), total, delta)
@@ -280,6 +289,8 @@ class PRVAccountant(Accountant):
                 count *= event.steps
             elif isinstance(event, PureDPEvent):
                 prvs.append(prv.PureDPMechanism(eps=event.epsilon))
+            elif isinstance(event, ApproxDPEvent):
+                prvs.append(prv.ApproximateDPMechanism(epsilon=event.epsilon, delta=event.delta))
             else:
                 raise TypeError(f"PRV accountant cannot compose {event!r}")
             counts.append(count)

@@ -64,6 +64,21 @@ class PureDPEvent:
 
 
 @dataclass(frozen=True)
+class ApproxDPEvent:
+    """An (epsilon, delta)-DP mechanism stated by its guarantee alone: a thresholded histogram (the
+    threshold's delta), or a group of releases bounded by basic composition (privacy/mechanisms/dp_histogram.py)."""
+
+    kind: ClassVar[str] = "approx_dp"
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        _positive(self, "epsilon")
+        if not (isinstance(self.delta, int | float) and 0 <= self.delta < 1):
+            raise ValueError(f"ApproxDPEvent.delta must lie in [0, 1), got {self.delta!r}")
+
+
+@dataclass(frozen=True)
 class RepeatedEvent:
     """The same event applied `count` times in sequence (DP-EM iterations, top-k selection)."""
 
@@ -84,11 +99,21 @@ class NonPrivateEvent:
     reason: str
 
 
-Event = GaussianEvent | LaplaceEvent | PoissonGaussianEvent | PureDPEvent | RepeatedEvent | NonPrivateEvent
+Event = (
+    GaussianEvent | LaplaceEvent | PoissonGaussianEvent | PureDPEvent | ApproxDPEvent | RepeatedEvent | NonPrivateEvent
+)
 
 _KINDS: dict[str, type] = {
     cls.kind: cls
-    for cls in (GaussianEvent, LaplaceEvent, PoissonGaussianEvent, PureDPEvent, RepeatedEvent, NonPrivateEvent)
+    for cls in (
+        GaussianEvent,
+        LaplaceEvent,
+        PoissonGaussianEvent,
+        PureDPEvent,
+        ApproxDPEvent,
+        RepeatedEvent,
+        NonPrivateEvent,
+    )
 }
 
 
@@ -138,6 +163,7 @@ def flatten(events: list[Event]) -> list[tuple[Event, int]]:
 
 
 __all__ = [
+    "ApproxDPEvent",
     "Event",
     "GaussianEvent",
     "LaplaceEvent",

@@ -1,0 +1,212 @@
+"""`privflow schema draft`: placeholders without --epsilon (types from the header, Parquet dtypes or
+suggested from the values; a placeholder draft refuses to load), a DP draft charged to the ledger
+that loads and passes a run's pre-flight, and bad inputs refused with exit 2 and nothing charged."""
+
+from __future__ import annotations
+
+import csv
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from privflow.cli import app
+from privflow.core.errors import SchemaError
+from privflow.data.draft import SUGGESTED, suggest_text
+from privflow.data.schema import DRAFT_PLACEHOLDER, Schema
+from privflow.privacy.ledger import Ledger
+
+runner = CliRunner()
+ROWS = 2000
+
+
+def _table(path: Path, rows: int = ROWS, seed: int = 0) -> dict[str, np.ndarray]:
+    """id, an integer, a numeric point mass at 0, a categorical with missing values, a nullable numeric."""
+    rng = np.random.default_rng(seed)
+    age = rng.integers(18, 91, rows)
+    balance = np.where(rng.random(rows) < 0.4, 0.0, np.round(rng.lognormal(7, 1, rows), 2))
+    color = rng.choice(["red", "green", "blue"], rows)
+    color_missing = rng.random(rows) < 0.05
+    score = np.round(rng.normal(50, 10, rows), 1)
+    score_missing = rng.random(rows) < 0.1
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "age", "balance", "color", "score"])
+        for i in range(rows):
+            w.writerow(
+                [
+                    f"u{i:06d}",
+                    int(age[i]),
+                    "0" if balance[i] == 0 else f"{balance[i]:.2f}",
+                    "" if color_missing[i] else color[i],
+                    "" if score_missing[i] else f"{score[i]:.1f}",
+                ]
+            )
+    return {"age": age, "balance": balance, "score": score[~score_missing]}
+
+
+def _draft(*args: str) -> object:
+    return runner.invoke(app, ["schema", "draft", *args])
+
+
+def _columns(text: str) -> dict[str, list[str]]:
+    """Each column's lines, by name."""
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("- name: "):
+            name = line.split(": ", 1)[1]
+            out[name] = []
+        elif name is not None and line.startswith("  "):
+            out[name].append(line.strip())
+    return out
+
+
+def test_draft_without_epsilon_writes_placeholders_and_refuses_to_load(tmp_path: Path) -> None:
+    data = tmp_path / "bank.csv"
+    _table(data)
+    out = tmp_path / "schema.yaml"
+    result = _draft("--data", str(data), "-o", str(out), "--store", str(tmp_path / "store"))
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    cols = _columns(text)
+    assert list(cols) == ["id", "age", "balance", "color", "score"]
+    assert cols["id"][0].startswith("type: ignore  # " + SUGGESTED)
+    assert cols["age"][0] == f"type: integer  # {SUGGESTED}"
+    assert cols["balance"][0] == f"type: numeric  # {SUGGESTED}"
+    assert cols["color"][0] == f"type: categorical  # {SUGGESTED}"
+    assert any(line.startswith(f"bounds: [{DRAFT_PLACEHOLDER}, {DRAFT_PLACEHOLDER}]") for line in cols["age"])
+    assert any(line.startswith(f"categories: [{DRAFT_PLACEHOLDER}]") for line in cols["color"])
+    assert "decimals: 2" in "\n".join(cols["balance"]) and "decimals: 1" in "\n".join(cols["score"])
+    # nothing read from the rows but the suggested types: no number of the table appears
+    assert "expected_rows:" not in text.replace("# expected_rows:", "") and "atoms" not in text
+    assert not (tmp_path / "store").exists()  # no ledger, nothing charged
+    with pytest.raises(SchemaError, match="column 'age': its bounds are a draft placeholder to fill"):
+        Schema.from_yaml(out)
+
+
+def test_parquet_types_come_from_the_dtypes(tmp_path: Path) -> None:
+    data = tmp_path / "t.parquet"
+    pl.DataFrame(
+        {
+            "n": [1, 2, 3, 4],
+            "x": [0.5, 1.5, 2.5, 3.5],
+            "ok": [True, False, True, True],
+            "day": [date(2020, 1, d) for d in (1, 2, 3, 4)],
+            "kind": ["a", "b", "a", "b"],
+        }
+    ).write_parquet(data)
+    out = tmp_path / "s.yaml"
+    result = _draft("--data", str(data), "-o", str(out))
+    assert result.exit_code == 0, result.output
+    cols = _columns(out.read_text())
+    assert cols["n"][0] == "type: integer  # type from the Parquet column type (public)"
+    assert cols["x"][0].startswith("type: numeric  # type from the Parquet column type")
+    assert cols["ok"][0].startswith("type: boolean") and "labels: ['true', 'false']" in "\n".join(cols["ok"])
+    assert cols["day"][0].startswith("type: date") and "format: '%Y-%m-%d'" in "\n".join(cols["day"])
+    assert cols["kind"][0] == f"type: categorical  # {SUGGESTED}"  # a text column: from its values
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (["2015-01-31", "2024-12-01"], {"type": "date", "format": "%Y-%m-%d"}),
+        (["31/01/2015", "13/12/2024"], {"type": "date", "format": "%d/%m/%Y"}),
+        (["01/31/2015", "12/13/2024"], {"type": "date", "format": "%m/%d/%Y"}),
+        (["2020-01-01T10:00:00", "2021-06-01T00:00:01"], {"type": "datetime", "granularity": "second"}),
+        (["2020-01-01 10:00:00"], {"type": "datetime", "format": "%Y-%m-%d %H:%M:%S"}),
+        (["no", "yes", "yes"], {"type": "boolean", "labels": ("yes", "no")}),
+        (["F", "T"], {"type": "boolean", "labels": ("T", "F")}),
+        (["1.25", "3", "-0.5"], {"type": "numeric", "decimals": 2}),
+        (["1", "-3", "40"], {"type": "integer"}),
+        ([f"k{i}" for i in range(40)], {"type": "ignore"}),
+        (["a", "b", "a"], {"type": "categorical"}),
+    ],
+)
+def test_types_suggested_from_the_values(values: list[str], expected: dict[str, object]) -> None:
+    sug = suggest_text("c", pl.Series("c", values))
+    for key, value in expected.items():
+        assert getattr(sug, key) == value, (key, sug)
+    assert sug.origin == SUGGESTED
+
+
+def test_draft_with_epsilon_fills_by_dp_and_charges_the_ledger(tmp_path: Path) -> None:
+    data = tmp_path / "bank.csv"
+    truth = _table(data)
+    out, store = tmp_path / "schema.yaml", tmp_path / "store"
+    result = _draft("--data", str(data), "-o", str(out), "--epsilon", "3", "--store", str(store), "--name", "bank")
+    assert result.exit_code == 0, result.output
+    runs = Ledger(store / "ledger.db").runs("bank")
+    assert len(runs) == 1 and runs[0].status == "settled"
+    kinds = [e.kind for e in runs[0].events]
+    assert kinds == ["laplace", "repeated"] and runs[0].events[1].event.kind == "approx_dp"
+    assert 0 < runs[0].epsilon <= 3.0 + 1e-9
+
+    text = out.read_text()
+    schema = Schema.from_yaml(out)
+    assert schema.dataset.name == "bank" and abs(schema.dataset.expected_rows - ROWS) <= 0.1 * ROWS
+    age, balance, color, score = (schema.column(n) for n in ("age", "balance", "color", "score"))
+    assert schema.column("id").type == "ignore"
+    assert age.bounds[0] <= truth["age"].min() and age.bounds[1] >= truth["age"].max()
+    assert balance.bounds[0] == 0 and balance.bounds[1] >= np.quantile(truth["balance"], 0.99)
+    assert 0.0 in balance.atoms  # the point mass
+    assert color.categories == ("blue", "green", "red") and color.nullable
+    assert score.nullable and score.bounds[0] <= truth["score"].min() and score.bounds[1] >= truth["score"].max()
+    for line in text.splitlines():  # every filled value says where it came from
+        if line.strip().startswith(("bounds:", "categories:", "atoms:", "nullable:", "expected_rows:")):
+            assert "# DP " in line, line
+
+    # the draft is what `privflow run` takes: header, types and the plan against the same ledger
+    from privflow.core.config import RunConfig
+    from privflow.preflight import check_table
+    from privflow.tasks.run_plan import run_plan
+
+    check_table(data, schema)
+    config = RunConfig.build(schema_path=out, data=data, store=store, privacy={"epsilon": 1.0})
+    assert run_plan(config, schema).events
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--data", "{tmp}/missing.csv"], "missing.csv"),
+        (["--data", "{tmp}/empty.csv"], "empty"),
+        (["--data", "{tmp}/t.csv", "-o", "{tmp}/exists.yaml"], "already exists"),
+        (["--data", "{tmp}/t.csv", "-o", "{tmp}/s.txt"], ".yaml"),
+        (["--data", "{tmp}/t.csv", "--epsilon", "-1"], "--epsilon"),
+        (["--data", "{tmp}/t.csv", "--epsilon", "nan"], "--epsilon"),
+        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--delta", "0.5"], "--delta"),
+        (["--data", "{tmp}/t.csv", "--delta", "1e-7"], "--epsilon"),
+        (["--data", "{tmp}/t.csv", "--epsilon", "2", "--budget-epsilon", "1"], "refused before reading any row"),
+        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--name", "a b"], "Dataset name"),
+    ],
+)
+def test_bad_inputs_exit_2_and_charge_nothing(tmp_path: Path, args: list[str], needle: str) -> None:
+    _table(tmp_path / "t.csv", rows=50)
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "exists.yaml").write_text("keep: me\n")
+    store = tmp_path / "store"
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "-o" not in argv:
+        argv += ["-o", str(tmp_path / "new.yaml")]
+    result = _draft(*argv, "--store", str(store))
+    assert result.exit_code == 2, result.output
+    assert needle in " ".join(result.output.split())
+    assert result.output.count("error:") == 1
+    assert (tmp_path / "exists.yaml").read_text() == "keep: me\n" and not (tmp_path / "new.yaml").exists()
+    assert not (store / "ledger.db").exists() or not Ledger(store / "ledger.db").runs()
+
+
+def test_over_budget_after_an_earlier_charge_leaves_the_ledger_as_it_was(tmp_path: Path) -> None:
+    data, store = tmp_path / "t.csv", tmp_path / "store"
+    _table(data, rows=200)
+    first = _draft("--data", str(data), "-o", str(tmp_path / "a.yaml"), "--epsilon", "2", "--store", str(store))
+    assert first.exit_code == 0, first.output
+    before = [(r.run_id, r.status, r.epsilon) for r in Ledger(store / "ledger.db").runs()]
+    second = _draft("--data", str(data), "-o", str(tmp_path / "b.yaml"), "--epsilon", "9", "--store", str(store))
+    assert second.exit_code == 2 and "refused before reading any row" in " ".join(second.output.split())
+    assert [(r.run_id, r.status, r.epsilon) for r in Ledger(store / "ledger.db").runs()] == before
+    assert not (tmp_path / "b.yaml").exists()
