@@ -19,8 +19,9 @@ def test_a_second_store_in_the_same_process_is_not_sent_to_the_first(tmp_path: P
 
 
 # One process's first use of a store: MLflow's schema and the dataset's experiment. A script,
-# not a function pickled to a process pool: the child needs only the installed package (a pool
-# child that cannot import the test module dies and its task is lost: a Pool then waits forever).
+# not a function pickled to a spawn Pool: the children then need only the installed package,
+# whatever an earlier test in this worker did to sys.path (loading a registered model put its
+# bundled copy of privflow first, pool children died importing it, and the Pool waited forever).
 FIRST_USE = """
 import sys
 from pathlib import Path

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -28,7 +29,6 @@ from mlflow.types import ColSpec
 from mlflow.types import Schema as MLSchema
 
 import privflow
-from privflow import models
 from privflow.core import env
 from privflow.core.config import RunConfig
 from privflow.core.errors import ModelNotFound
@@ -41,20 +41,6 @@ from privflow.tasks.lazy_task import task
 
 _REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
 # The parts of privflow/ the sampler imports; bundled without the demo data or the CLI.
-_SAMPLER_MODULES = (
-    "__init__.py",
-    "core/__init__.py",
-    "core/errors.py",
-    "data/__init__.py",
-    "data/codec.py",
-    "data/copula.py",
-    "data/schema.py",
-    "data/surface.py",
-    "core/yaml_file.py",
-    "serving/__init__.py",
-    "serving/sampler.py",
-    "serving/sampler_model.py",
-)
 PROMOTION_TAG = "privflow.promotion"
 
 # -- tracking ---------------------------------------------------------------------------------
@@ -265,13 +251,12 @@ def signature_for(schema: Schema) -> Any:
 
 
 def _sampler_package(tmp: Path) -> str:
-    """A `privflow` package with just what the sampler imports: the table layer and models/."""
+    """The `privflow` package as the model's code, so that MLflow alone loads the sampler in a
+    fresh process (`mlflow.pyfunc.load_model`, `mlflow models serve`): the whole package but the
+    bundled demo tables, not a list of modules (a list fell behind the sampler's imports and the
+    registered models stopped loading outside privflow)."""
     pkg = tmp / "code" / "privflow"
-    pkg.mkdir(parents=True)
-    for module in _SAMPLER_MODULES:
-        (pkg / module).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(Path(privflow.__file__).parent / module, pkg / module)
-    shutil.copytree(Path(models.__file__).parent, pkg / "models", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(privflow.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "demo"))
     return str(pkg)
 
 
@@ -482,10 +467,17 @@ def load_generator(spec: str, store: Path) -> Any:
     model_uri(spec)  # raises ModelNotFound on a malformed reference, before the store is touched
     open_registry(store)
     name, version, _ = resolve_version(spec)  # a missing alias or version: what the model has
+    # MLflow puts the model's bundled code (a partial copy of privflow, `_sampler_package`) first
+    # on sys.path. This process already runs the installed privflow; left there, the copy is
+    # what a spawned child (a Dask worker, a process pool) imports, and it dies on the first
+    # module the copy lacks ("No module named 'privflow.cli'"), leaving its parent waiting.
+    path = list(sys.path)
     try:
         return mlflow.pyfunc.load_model(f"models:/{name}/{version}")
     except MlflowException as exc:
         raise ModelNotFound(f"Model '{spec}' could not be loaded ({exc.message.splitlines()[0]}).") from None
+    finally:
+        sys.path[:] = path
 
 
 __all__ = [
