@@ -3,6 +3,7 @@ process or under Prefect's engine."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from importlib import resources
@@ -12,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from privflow.cli._common import StoreOpt, VerboseOpt, _guarded, _load_config, console
-from privflow.cli.summary import _print_summary
+from privflow.cli.summary import _print_summary, print_stage_times
 from privflow.core.startup import use_prefect
 
 PromoteOpt = Annotated[
@@ -156,21 +157,30 @@ def _run(
 def _run_body(
     config_path: Path | None, overrides: dict, quiet: bool, verbose: bool, promote: str | None, server: bool = True
 ) -> None:
-    from privflow.core import env
+    from privflow.core import env, timing
     from privflow.core.startup import imports_without_gc, meanwhile
 
+    times = timing.StageTimes()  # each stage's wall time, printed under --verbose (never released)
+    age = timing.process_age()
+    if age is not None:
+        times.add("process start (interpreter, CLI imports)", age)
     env.set_verbosity(verbose)  # before anything logs (the accountant's absl warnings included)
-    with imports_without_gc():  # pre-flight and the flow stack's imports (privflow/core/startup.py)
+    with timing.collecting(times), imports_without_gc():  # pre-flight and the flow stack's imports
         pipeline, ready, cfg = _start_run(config_path, overrides, verbose, promote, server)
         if ready is not None:
             from privflow.core.startup import waits
             from privflow.data.validation import import_gx
 
             # while Prefect's temporary server starts, this process would wait idle: import GX meanwhile
-            with meanwhile(import_gx) if waits(ready) else nullcontext():
+            with times.stage("Prefect server start"), meanwhile(import_gx) if waits(ready) else nullcontext():
                 ready()
     summary = pipeline(cfg, show_progress=not quiet)
-    _print_summary(summary, prefect=server)
+    for stage, seconds in (getattr(summary, "stage_seconds", None) or {}).items():
+        times.add(stage, seconds)
+    with times.stage("summary print"):
+        _print_summary(summary, prefect=server)
+    if verbose:
+        print_stage_times(times.as_dict(), timing.process_age())
 
 
 def _plan_total(plan: Any, cfg: Any) -> str:
@@ -197,12 +207,16 @@ def _start_run(
 ) -> tuple[Callable[..., Any], Callable[[], None] | None, Any]:
     """Configuration, pre-flight, then (Prefect's temporary server spawned when `server`) the
     pipeline's import: (the pipeline to call, the wait for that server or None, the config)."""
-    from privflow.core import env
+    from privflow.core import env, timing
+
+    started = time.perf_counter()
     from privflow.preflight import preflight
 
     cfg = _load_config(config_path, overrides, promote)
     # Everything checkable up front, before any library starts a server or the ledger reserves.
     checked = preflight(cfg)
+    timing.record("pre-flight (config, checks, privacy plan)", time.perf_counter() - started)
+    started = time.perf_counter()
     cfg = checked.config  # a warm start's parent pinned to the version pre-flight checked
     env.configure(cfg.store, verbose=verbose)
     console.print(
@@ -236,4 +250,5 @@ def _start_run(
         pipeline = partial(train_in_process, plan=checked.plan)  # pre-flight's plan, computed once
 
     env.quiet_imported(verbose)
+    timing.record("imports, start-up (torch, MLflow, pipeline)", time.perf_counter() - started)
     return pipeline, ready, cfg

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import ExitStack, nullcontext
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from privflow.core import timing
 from privflow.core.config import RunConfig
 from privflow.core.curator import curator_dir, write_json
 from privflow.core.errors import ValidationFailed
@@ -45,17 +46,19 @@ from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec
 from privflow.data.io import read_table, write_table
 from privflow.data.schema import Schema
-from privflow.data.surface import to_surface
+from privflow.data.surface import lower, to_surface
 from privflow.data.target_head import release_parts
 from privflow.data.validation import CHECK_ADVICE, validate
 from privflow.preflight import gate_floor, gate_limit
 from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
+from privflow.privacy.accounting.events import Event, PoissonGaussianEvent
 from privflow.privacy.accounting.plan import PrivacyPlan
 from privflow.privacy.fingerprint import keyed_fingerprint, store_key
 from privflow.privacy.ledger import Ledger, Lineage, attempt_run_id
 from privflow.privacy.mechanisms import validation_gate
 from privflow.tasks import mlflow_store as store_ml
 from privflow.tasks.evaluate import evaluate_run
+from privflow.tasks.evaluation import worker as diagnostics_worker
 from privflow.tasks.fit import FitResult, Spend, fit, prepare
 from privflow.tasks.mlflow_store import Registered, register_model
 from privflow.tasks.plan import plan_privacy
@@ -96,9 +99,41 @@ class RunSummary:
     delta_run: float = 0.0  # this run's delta
     lineage: str | None = None  # the versions the weights descend from: NAME/V -> ... -> this version
     lineage_runs: tuple[str, ...] = ()  # the ledger runs whose events `epsilon` composes, oldest first
+    # wall-clock seconds per stage (core/timing.py), for the console under --verbose: never released
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class _TimedSpend(Spend):
+    """The run's `Spend`, which also times each mechanism from its start to its event (stage
+    times, core/timing.py), named by the plan's stage whose event it is. The validation gate's
+    count runs inside the read and is timed with it."""
+
+    def __init__(self, plan: PrivacyPlan) -> None:
+        super().__init__()
+        self._names = [(s.event, s.name) for s in plan.stages]
+        self._t0: float | None = None
+
+    def start(self) -> None:
+        super().start()
+        self._t0 = time.perf_counter()
+
+    def add(self, event: Event) -> None:
+        super().add(event)
+        if self._t0 is None:
+            return
+        seconds, self._t0 = time.perf_counter() - self._t0, None
+        name = next((n for e, n in self._names if e == event), None)
+        if name is None:  # the trainer's or selection's own event, when it differs from the plan's
+            name = "train" if isinstance(event, PoissonGaussianEvent) else "select"
+        if name != "validate":
+            timing.record(_MECHANISM_STAGES.get(name, name), seconds)
+
+
+# how the plan's stages show in the stage times (core/timing.py)
+_MECHANISM_STAGES = {"train": "train (DP-SGD)", "select": "select (Report-Noisy-Max)"}
 
 
 def _read_and_gate(
@@ -167,6 +202,7 @@ def _diagnose(
     synthetic: pl.DataFrame,
     curator: Path,
     extra: dict[str, Any],
+    test: _TestTable,
 ) -> tuple[dict[str, float], str | None, str | None]:
     """Evaluation on the real rows, written to the curator-only folder (never to MLflow):
     (metrics, report path, a note for the curator when part or all of it was skipped).
@@ -175,26 +211,69 @@ def _diagnose(
     its checks, or any other failure in them, is noted (curator-only) and never costs the
     run its registered model."""
     write_json(curator, "training.json", extra)
-    test_df, notes = None, []
+    test_df, notes = test.df, list(test.notes)
     try:
-        if config.evaluate.test_data is not None:
-            try:
-                test_df, _ = validate(
-                    read_table(config.evaluate.test_data), schema, "quarantine", curator / "test_quarantine.csv"
-                )
-            except ValidationFailed as exc:
-                notes.append(f"--test-data was not used: {exc}")
+        if test.error is not None:  # reading it failed (`_read_test`): the diagnostics fail as they did
+            raise test.error
         if df.height == 0:
             return {}, None, _note(curator, notes)
+        t0 = time.perf_counter()
         evaluation = _step(evaluate_run)(
             schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate, curator / "evaluation"
         )
+        parts = {k: v for k, v in evaluation.timings.items() if k != "total"}
+        for part, seconds in parts.items():  # the evaluation's own timings (tasks/evaluate.py, evaluation/report.py)
+            timing.record(f"evaluate/{part}", seconds)
+        timing.record("evaluate/other (HTML, checks)", max(0.0, time.perf_counter() - t0 - sum(parts.values())))
     except Exception as exc:  # noqa: BLE001 - the release stands; the curator is told what failed
         notes.append(f"diagnostics failed ({type(exc).__name__}: {exc})")
         return {}, None, _note(curator, notes)
     metrics = {k: float(v) for k, v in evaluation.metrics.items() if np.isfinite(v)}
     write_json(curator, "metrics.json", {"metrics": metrics})
     return metrics, str(evaluation.html_path) if evaluation.html_path is not None else None, _note(curator, notes)
+
+
+@dataclass
+class _TestTable:
+    """The real test table of the diagnostics (--test-data), read before training (`_read_test`)."""
+
+    df: pl.DataFrame | None = None
+    notes: tuple[str, ...] = ()
+    error: Exception | None = None  # raised again inside the diagnostics, which note it
+
+
+def _read_test(config: RunConfig, schema: Schema, curator: Path) -> _TestTable:
+    """The test table, validated as the diagnostics use it, read while training has not begun so
+    that the utility's reference can be computed meanwhile (tasks/evaluation/worker.py). Nothing
+    in it can stop the run: a failure is kept for the diagnostics to note (curator-only)."""
+    if config.evaluate.test_data is None:
+        return _TestTable()
+    try:
+        with timing.stage("read + validate test table (diagnostics)"):
+            df, _ = validate(
+                read_table(config.evaluate.test_data), schema, "quarantine", curator / "test_quarantine.csv"
+            )
+    except ValidationFailed as exc:
+        return _TestTable(notes=(f"--test-data was not used: {exc}",))
+    except Exception as exc:  # noqa: BLE001 - the diagnostics' failure, noted there
+        return _TestTable(error=exc)
+    return _TestTable(df=df)
+
+
+def _utility_ahead(config: RunConfig, schema: Schema, df: pl.DataFrame, test: _TestTable) -> None:
+    """Hand the utility's reference (classifiers trained on the real rows; no model needed) to
+    the diagnostics worker, to run while DP-SGD trains; `evaluate` takes its records later."""
+    if diagnostics_worker.current() is None or test.df is None or test.df.height == 0 or df.height == 0:
+        return
+    from privflow.tasks.evaluation.utility import classify_ahead  # scikit-learn: only for utility
+
+    # the arguments `evaluate` (tasks/evaluation/report.py) calls the reference with: its seed 0
+    classify_ahead(lower(schema), df, test.df, config.evaluate.repeats)
+
+
+def _wants_worker(config: RunConfig, schema: Schema) -> bool:
+    """Whether the diagnostics train classifiers, the work a second process shares."""
+    return config.evaluate.utility and schema.target is not None and config.evaluate.test_data is not None
 
 
 def _note(curator: Path, notes: list[str]) -> str | None:
@@ -406,7 +485,10 @@ def run_pipeline(
     privacy plan pre-flight made from the same configuration, used as it is."""
     token = _ENGINE.set(engine)
     try:
-        return _pipeline(config, show_progress, plan)
+        with timing.collecting() as times:  # the run's own stage times, handed back in the summary
+            summary = _pipeline(config, show_progress, plan)
+            times.add("pipeline total", summary.wall_seconds)
+        return replace(summary, stage_seconds=times.as_dict())
     finally:
         _ENGINE.reset(token)
 
@@ -461,7 +543,8 @@ def _flow_run() -> tuple[str | None, int | None]:
 
 
 def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | None = None) -> RunSummary:
-    """The chain itself (module docstring); steps through `_step`, so with or without Prefect."""
+    """The chain itself (module docstring); steps through `_step`, so with or without Prefect.
+    Each stage's wall time goes to the open stage-time collector (core/timing.py)."""
     started = time.monotonic()
     schema = Schema.from_yaml(config.schema_path)
     store = config.store.resolve()
@@ -487,14 +570,16 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
         _parent_link(parent, schema),
         planned,
     )
-    budget, spend = schema.dataset.budget, Spend()
+    budget, spend = schema.dataset.budget, _TimedSpend(plan)
     try:
         ledger.ensure_dataset(
             schema.dataset.name, budget.epsilon, budget.delta, keyed_fingerprint(config.data, store_key(store))
         )
         curator = curator_dir(store, run_id)
+        timing.record("run setup (schema, MLflow store, ledger reservation)", time.monotonic() - started)
         # fork_rng + a CSPRNG seed: whatever global draw happens after rows are read is
         # neither derivable from public values nor left behind in the caller's RNG.
+        opened = time.perf_counter()
         with (
             cpu_threads(config.train.threads),
             torch.random.fork_rng(devices=[]),
@@ -505,39 +590,65 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
         ):
             torch.manual_seed(secrets.randbits(63))
             store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
+            timing.record("MLflow run open + header", time.perf_counter() - opened)
             work = curator / "scratch" if streamed(config, schema) else None
             stack.enter_context(scratch(work) if work is not None else nullcontext())
-            df, decision = _read_and_gate(config, schema, plan, curator, spend, work, show_progress)
-            if work is None:
-                codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
-            else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
-                codec, x_train, x_val, df = stream_prepare(
-                    config, schema, plan, spend, df, work, _ENGINE.get(), show_progress
+            # a second process for the curator-only diagnostics, started before the rows are read
+            # (a fresh interpreter: nothing of this one) and ended with the block
+            stack.enter_context(diagnostics_worker.diagnostics_worker(_wants_worker(config, schema)))
+            with timing.stage("read + validate + gate"):
+                df, decision = _read_and_gate(config, schema, plan, curator, spend, work, show_progress)
+            with timing.remainder("encode rows"):
+                if work is None:
+                    codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
+                else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
+                    codec, x_train, x_val, df = stream_prepare(
+                        config, schema, plan, spend, df, work, _ENGINE.get(), show_progress
+                    )
+            test = _read_test(config, schema, curator)
+            _utility_ahead(config, schema, df, test)
+            with timing.remainder("model build + head calibration"):
+                fitted = fit(
+                    config,
+                    schema,
+                    codec,
+                    x_train,
+                    x_val,
+                    plan=plan,
+                    spend=spend,
+                    show_progress=show_progress,
+                    as_tasks=_ENGINE.get(),
+                    init_state=parent.state if parent is not None else None,
                 )
-            fitted = fit(
-                config,
-                schema,
-                codec,
-                x_train,
-                x_val,
-                plan=plan,
-                spend=spend,
-                show_progress=show_progress,
-                as_tasks=_ENGINE.get(),
-                init_state=parent.state if parent is not None else None,
-            )
-            figures, lineage = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
-            synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
-            metrics, report_path, diagnostics_note = _diagnose(
-                config, schema, codec, fitted.flows[0], df, x_train, x_val, synthetic, curator, fitted.diagnostics()
-            )
-            registered = _register(config, schema, model_name, fitted, figures, lineage, run_id)
+            with timing.stage("accounting (ledger settle, PLD, MLflow metrics)"):
+                figures, lineage = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
+            with timing.stage("synthetic table (sample, write, log)"):
+                synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
+            with timing.stage("evaluate (curator-only diagnostics)"):
+                metrics, report_path, diagnostics_note = _diagnose(
+                    config,
+                    schema,
+                    codec,
+                    fitted.flows[0],
+                    df,
+                    x_train,
+                    x_val,
+                    synthetic,
+                    curator,
+                    fitted.diagnostics(),
+                    test,
+                )
+            with timing.stage("register (MLflow model, registry version)"):
+                registered = _register(config, schema, model_name, fitted, figures, lineage, run_id)
+            closing = time.perf_counter()
+        timing.record("MLflow run close", time.perf_counter() - closing)
     except BaseException:
         _settle_failure(ledger, run_id, spend)
         raise
-    registered = _compare_with_holder(config, model_name, registered, store, run_id)
-    # the DP comparison with the alias's holder is charged to the same dataset: the summary's total counts it
-    figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(schema.dataset.name)
+    with timing.stage("promotion comparison"):
+        registered = _compare_with_holder(config, model_name, registered, store, run_id)
+        # the DP comparison with the alias's holder is charged to the same dataset: the summary's total counts it
+        figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(schema.dataset.name)
     outputs = {
         "synthetic_path": str(synthetic_path),
         "curator_dir": str(curator),

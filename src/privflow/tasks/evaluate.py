@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +43,7 @@ def evaluate_run(
     """Fidelity, utility, likelihood and privacy-risk diagnostics, with an HTML report, on the
     modelled columns (`privflow.data.surface.lower`: a date as its day number), as the validated
     and the sampled frames hold them."""
-    loglik = None
+    loglik, t0 = None, time.perf_counter()
     if cfg.likelihood or cfg.privacy_risk:
         rng = np.random.default_rng(0)
         loglik = {
@@ -50,5 +52,9 @@ def evaluate_run(
         }
         if real_test is not None:
             loglik["test"] = row_loglik(model, codec.encode(real_test, rng))
+    seconds = time.perf_counter() - t0
     # None, not an empty table, when no --test-data was given: the report says which it was
-    return evaluate(lower(schema), real_train, real_test, synthetic, cfg, out_dir, loglik=loglik)
+    result = evaluate(lower(schema), real_train, real_test, synthetic, cfg, out_dir, loglik=loglik)
+    if loglik is None:
+        return result
+    return replace(result, timings={"log-likelihoods": seconds, **result.timings})

@@ -4,6 +4,9 @@ Marginals: per-column total-variation distance over public bins (the quantitativ
 counterpart of DP-HFlow Figure 3). Dependencies: Kendall's tau matrices of the numeric
 columns and the RMSE / MAE of their difference over the upper triangle (DP-HFlow Table 1),
 and Cramer's V matrices of the categorical columns with the MAE of their difference.
+Range fidelity (`range_fidelity`): what the public-bounds bins cannot see when the real rows
+fill a small part of the bounds (synthetic values outside the real range, spread, fine-grained
+TV on the real range, Pearson and Spearman correlation errors).
 These are diagnostics on real rows: not differentially private (ARCHITECTURE rule 5).
 """
 
@@ -13,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from scipy.stats import kendalltau
+from scipy.stats import kendalltau, rankdata
 
 from privflow.data.features import N_BINS, binned_counts, category_codes, check_columns, numeric_values
-from privflow.data.schema import Schema
+from privflow.data.schema import Column, Schema
+from privflow.data.surface import lower
 
 
 def tv_distance(p_counts: np.ndarray, q_counts: np.ndarray) -> float:
@@ -163,3 +167,147 @@ def fidelity(schema: Schema, real: pl.DataFrame, synthetic: pl.DataFrame, n_bins
         cramer_real=cramers_matrix(schema, real),
         cramer_synthetic=cramers_matrix(schema, synthetic),
     )
+
+
+# ---------------------------------------------------------------- range fidelity
+
+RANGE_MAX_ROWS = 50_000  # rows per table for the correlation matrices (as `kendall_matrix`)
+
+
+def range_fidelity(schema: Schema, real: pl.DataFrame, synthetic: pl.DataFrame, n_bins: int = 100) -> dict[str, float]:
+    """Fidelity on the REAL rows' own range, per numeric and integer column of `lower(schema)`
+    (dates and datetimes as integers), where the 20 bins over the public bounds see nothing when
+    the real values fill a small part of the bounds. Non-null values only (`marginal_tv` counts
+    the missing share). Keys, for each such column `c`:
+
+    - `range/outside/c`: fraction of synthetic values outside [min, max] of the real values;
+    - `range/std_ratio/c`: synthetic std / real std (ddof=1; NaN if the real std is 0);
+    - `range/tv_fine/c`: TV of the histograms on `n_bins` equal bins over the real [min, max]
+      (of log1p(x) where the schema says so), plus one overflow bin each side for synthetic
+      values outside it;
+
+    and `range/outside_max`, `range/std_ratio_worst` (the ratio farthest from 1 in log terms),
+    `range/tv_fine_mean`, `corr/{pearson,spearman}_{max,mean}_error` (absolute differences over the
+    upper triangles of the real and synthetic correlation matrices; pairwise-complete rows, each
+    table subsampled to `RANGE_MAX_ROWS` rows with seed 0; an undefined correlation counts as 0, as
+    in `kendall_matrix`). NaN where a figure is undefined (no values, fewer than 2 columns)."""
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be at least 1, got {n_bins}")
+    modelled = lower(schema)
+    check_columns(modelled, real, "real")
+    check_columns(modelled, synthetic, "synthetic")
+    cols = [c for c in modelled.columns if not c.is_categorical]
+    out: dict[str, float] = {}
+    outside: list[float] = []
+    ratios: list[float] = []
+    tvs: list[float] = []
+    for col in cols:
+        r, s = _present(col, real), _present(col, synthetic)
+        o, ratio, tv = _range_figures(col, r, s, n_bins)
+        out[f"range/outside/{col.name}"] = o
+        out[f"range/std_ratio/{col.name}"] = ratio
+        out[f"range/tv_fine/{col.name}"] = tv
+        outside.append(o)
+        ratios.append(ratio)
+        tvs.append(tv)
+    out["range/outside_max"] = _nanmax(outside)
+    out["range/std_ratio_worst"] = _worst_ratio(ratios)
+    out["range/tv_fine_mean"] = _nanmean(tvs)
+    names = [c.name for c in cols]
+    for method in ("pearson", "spearman"):
+        a = correlation_matrix(modelled, real, names, method)
+        b = correlation_matrix(modelled, synthetic, names, method)
+        d = np.abs(a - b)[np.triu_indices(len(names), k=1)]
+        out[f"corr/{method}_max_error"] = float(d.max()) if d.size else float("nan")
+        out[f"corr/{method}_mean_error"] = float(d.mean()) if d.size else float("nan")
+    return out
+
+
+def _present(col: Column, df: pl.DataFrame) -> np.ndarray:
+    """The column's non-null (finite) values as float64."""
+    v, miss = numeric_values(col, df)
+    return v[~miss]
+
+
+def _range_figures(col: Column, r: np.ndarray, s: np.ndarray, n_bins: int) -> tuple[float, float, float]:
+    """(outside fraction, std ratio, fine TV) of one column's real values `r` and synthetic `s`."""
+    if r.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    lo, hi = float(r.min()), float(r.max())
+    below, above = s < lo, s > hi
+    outside = float((below | above).mean()) if s.size else float("nan")
+    ratio = float("nan")
+    if r.size >= 2 and s.size >= 2:
+        sd_r = float(np.std(r, ddof=1))
+        ratio = float(np.std(s, ddof=1)) / sd_r if sd_r > 0 else float("nan")
+    return outside, ratio, tv_distance(_fine_counts(col, r, lo, hi, n_bins), _fine_counts(col, s, lo, hi, n_bins))
+
+
+def _fine_counts(col: Column, x: np.ndarray, lo: float, hi: float, n_bins: int) -> np.ndarray:
+    """Counts in [below lo, n_bins equal bins over [t(lo), t(hi)] (one bin if lo == hi), above hi]."""
+    t = np.log1p if col.transform == "log1p" and lo > -1 else (lambda a: a)
+    below, above = x < lo, x > hi
+    inside = x[~(below | above)]
+    k = n_bins if hi > lo else 1
+    if hi > lo:  # as `binned_counts`: a value on an edge goes to the bin above it, hi to the last bin
+        edges = np.linspace(float(t(lo)), float(t(hi)), k + 1)
+        idx = np.clip(np.searchsorted(edges, t(inside), side="right") - 1, 0, k - 1)
+    else:
+        idx = np.zeros(inside.size, dtype=np.int64)
+    counts = np.bincount(idx, minlength=k).astype(np.float64)
+    return np.concatenate([[float(below.sum())], counts, [float(above.sum())]])
+
+
+def _worst_ratio(ratios: list[float]) -> float:
+    """The ratio farthest from 1 in log terms (0 counts as infinitely far); NaN if none is defined."""
+    a = np.asarray(ratios, dtype=np.float64)
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return float("nan")
+    with np.errstate(divide="ignore"):
+        dist = np.abs(np.log(a))
+    return float(a[int(np.argmax(dist))])
+
+
+def correlation_matrix(
+    schema: Schema,
+    df: pl.DataFrame,
+    names: list[str],
+    method: str = "pearson",
+    max_rows: int | None = RANGE_MAX_ROWS,
+    seed: int = 0,
+) -> np.ndarray:
+    """Pearson or Spearman (Pearson of average ranks) correlations of the columns `names`, each
+    pair on its pairwise-complete rows; a pair with fewer than 2 such rows or a constant column
+    counts as 0 (as `kendall_matrix`). Tables over `max_rows` rows are subsampled with `seed`."""
+    if method not in ("pearson", "spearman"):
+        raise ValueError(f"method must be 'pearson' or 'spearman', got {method!r}")
+    if max_rows is not None and df.height > max_rows:
+        df = df.sample(n=max_rows, seed=seed)
+    vals = [numeric_values(schema.column(n), df) for n in names]
+    spearman = method == "spearman"
+    # ranks of a column without nulls serve every pair it is complete in (no re-ranking)
+    full = [rankdata(v) if spearman and not miss.any() else None for v, miss in vals]
+    m = len(names)
+    corr = np.eye(m)
+    for i in range(m):
+        for j in range(i + 1, m):
+            ok = ~(vals[i][1] | vals[j][1])
+            x, y = vals[i][0][ok], vals[j][0][ok]
+            if spearman:
+                fi, fj = full[i], full[j]
+                complete = bool(ok.all())
+                x = fi if complete and fi is not None else rankdata(x)
+                y = fj if complete and fj is not None else rankdata(y)
+            c = _pearson(x, y)
+            corr[i, j] = corr[j, i] = c if np.isfinite(c) else 0.0
+    return corr
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson's r (NaN for fewer than 2 rows or a constant column)."""
+    if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    dx, dy = x - x.mean(), y - y.mean()
+    den = float(np.sqrt((dx * dx).sum() * (dy * dy).sum()))
+    return float(np.clip((dx * dy).sum() / den, -1.0, 1.0)) if den > 0 else float("nan")

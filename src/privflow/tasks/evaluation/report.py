@@ -26,11 +26,14 @@ from threadpoolctl import threadpool_limits
 from privflow.core.config import EvaluateConfig
 from privflow.data.features import check_columns
 from privflow.data.schema import Schema
-from privflow.tasks.evaluation.fidelity import FidelityResult, fidelity
+from privflow.tasks.evaluation.fidelity import FidelityResult, fidelity, range_fidelity
 
 if TYPE_CHECKING:
     from privflow.tasks.evaluation.risk import DCRResult, MIAResult
     from privflow.tasks.evaluation.utility import UtilityResult
+
+RANGE_PREFIX = "fidelity/"  # the prefix of `range_fidelity`'s figures among the metrics ('fidelity/range/...')
+_PER_COLUMN = tuple(f"{RANGE_PREFIX}range/{f}/" for f in ("outside", "std_ratio", "tv_fine"))  # in their own table
 
 BANNER = "Diagnostics for the data owner — NOT differentially private; never part of the released model or data"
 
@@ -44,6 +47,17 @@ HELP: dict[str, str] = {
     "fidelity/kendall_mae": "MAE between the Kendall's tau matrices (DP-HFlow Table 1).",
     "fidelity/cramers_v_rmse": "RMSE between real and synthetic Cramér's V matrices of the categorical columns.",
     "fidelity/cramers_v_mae": "MAE between the Cramér's V matrices.",
+    "fidelity/range/outside_max": "Worst numeric column's share of synthetic values outside the real rows' [min, max].",
+    "fidelity/range/std_ratio_worst": "Synthetic / real standard deviation of the column farthest from 1 "
+    "(in log terms).",
+    "fidelity/range/tv_fine_mean": "Mean TV over numeric columns on 100 bins over the real rows' own "
+    "[min, max], plus an overflow bin each side.",
+    "fidelity/corr/pearson_max_error": "Largest absolute difference between real and synthetic Pearson "
+    "correlations (numeric columns, pairwise-complete rows).",
+    "fidelity/corr/pearson_mean_error": "Mean absolute difference of the Pearson correlations, upper triangle.",
+    "fidelity/corr/spearman_max_error": "Largest absolute difference between real and synthetic Spearman "
+    "rank correlations.",
+    "fidelity/corr/spearman_mean_error": "Mean absolute difference of the Spearman correlations, upper triangle.",
     "utility/macro_f1_mean": "Macro-F1 on the real test set, classifiers trained on synthetic data "
     "(mean over classifiers and repeats).",
     "utility/auroc_mean": "AUROC on the real test set, trained on synthetic data.",
@@ -158,6 +172,8 @@ def _fidelity_and_utility(
         t = time.perf_counter()
         d.fid = fidelity(schema, real_train, synthetic)
         d.metrics.update(d.fid.metrics())
+        # on the real rows' own range: what 20 bins over wide public bounds cannot show (issue 37)
+        d.metrics.update({f"{RANGE_PREFIX}{k}": v for k, v in range_fidelity(schema, real_train, synthetic).items()})
         d.timings["fidelity"] = time.perf_counter() - t
     if not config.utility:
         return
@@ -365,12 +381,12 @@ def _help(key: str) -> str:
     return ""
 
 
-def _metrics_table(metrics: dict[str, float], prefix: str) -> str:
+def _metrics_table(metrics: dict[str, float], prefix: str, skip: tuple[str, ...] = ()) -> str:
     rows = [
         f'<tr><td class="l"><code>{html.escape(k)}</code></td><td>{_f(v, 4)}</td>'
         f'<td class="help">{html.escape(_help(k))}</td></tr>'
         for k, v in metrics.items()
-        if k.startswith(prefix)
+        if k.startswith(prefix) and not (skip and k.startswith(skip))
     ]
     if not rows:
         return ""
@@ -431,12 +447,55 @@ def _column_table(columns: pl.DataFrame) -> str:
     )
 
 
+def _range_table(metrics: dict[str, float]) -> str:
+    """Per numeric column: share outside the real range, std ratio, fine TV (worst share first)."""
+    outside, ratio, fine = _PER_COLUMN
+    names = [k.removeprefix(outside) for k in metrics if k.startswith(outside)]
+    if not names:
+        return ""
+    names.sort(key=lambda n: -metrics[outside + n] if math.isfinite(metrics[outside + n]) else math.inf)
+    rows = "".join(
+        f'<tr><td class="l">{html.escape(n)}</td><td>{_pct(metrics[outside + n])}</td>'
+        f"<td>{_f(metrics.get(ratio + n), 2)}</td><td>{_f(metrics.get(fine + n))}</td></tr>"
+        for n in names
+    )
+    err = {k: _f(metrics.get(f"{RANGE_PREFIX}corr/{k}_error")) for k in ("pearson_max", "pearson_mean")}
+    err |= {k: _f(metrics.get(f"{RANGE_PREFIX}corr/{k}_error")) for k in ("spearman_max", "spearman_mean")}
+    corr = (
+        "<p class='meta'>Correlation errors (|real − synthetic| over column pairs, pairwise-complete rows): "
+        f"Pearson max {err['pearson_max']}, mean {err['pearson_mean']}; "
+        f"Spearman max {err['spearman_max']}, mean {err['spearman_mean']}.</p>"
+    )
+    return (
+        "<h3>Synthetic values against the real range (numeric columns, worst first)</h3>"
+        "<p>Figures on the real training rows' own [min, max], which 20 bins over wide public bounds cannot "
+        "resolve: the share of synthetic values outside the real range, the ratio of standard deviations "
+        "(1 = same spread) and the TV distance on 100 equal bins over the real range (log1p scale where the "
+        "schema says so), with one overflow bin each side for synthetic values outside it. Missing values "
+        "are left out (the marginal TV above counts them).</p>"
+        '<table><tr><th class="l">column</th><th>outside the real range</th><th>std ratio (synthetic / real)</th>'
+        "<th>TV, 100 bins on the real range</th></tr>" + rows + "</table>" + corr
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
+
+
 def _summary_cards(metrics: dict[str, float]) -> list[str]:
     m = metrics.get
     cards: list[str] = []
     if "fidelity/tv_mean" in metrics:
         cards.append(_card(_f(m("fidelity/tv_mean")), "mean marginal TV distance (lower is better)"))
         cards.append(_card(_f(m("fidelity/kendall_rmse")), "Kendall's tau RMSE (lower is better)"))
+    if f"{RANGE_PREFIX}range/outside_max" in metrics:
+        cards.append(
+            _card(
+                _pct(m(f"{RANGE_PREFIX}range/outside_max")),
+                "synthetic values outside the real range (worst column)",
+                f"std ratio farthest from 1: {_f(m(f'{RANGE_PREFIX}range/std_ratio_worst'), 2)}",
+            )
+        )
     for key, label in (("auroc", "AUROC"), ("macro_f1", "macro-F1")):
         if f"utility/{key}_mean" in metrics:
             cards.append(
@@ -467,7 +526,7 @@ def _fidelity_section(metrics: dict[str, float], columns: pl.DataFrame | None, p
         return []
     parts: list[str] = []
     parts.append("<h2>1. Fidelity: does the synthetic data look like the training data?</h2>")
-    parts.append(_metrics_table(metrics, "fidelity/"))
+    parts.append(_metrics_table(metrics, "fidelity/", skip=_PER_COLUMN))
     if "marginals" in paths:
         parts.append(
             _img(
@@ -480,6 +539,7 @@ def _fidelity_section(metrics: dict[str, float], columns: pl.DataFrame | None, p
         )
     if columns is not None:
         parts.append("<h3>Marginal total-variation distance per column (worst first)</h3>" + _column_table(columns))
+    parts.append(_range_table(metrics))
     if "kendall" in paths:
         parts.append(
             _img(

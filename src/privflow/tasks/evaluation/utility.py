@@ -31,9 +31,11 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.tree import DecisionTreeClassifier
 from threadpoolctl import threadpool_limits
 
+from privflow.core import timing
 from privflow.core.errors import DataError
 from privflow.data.features import category_codes, check_columns, feature_matrix
 from privflow.data.schema import Schema
+from privflow.tasks.evaluation import worker as diagnostics_worker
 
 CLASSIFIERS: tuple[str, ...] = (
     "LogisticRegression",
@@ -47,6 +49,9 @@ CLASSIFIERS: tuple[str, ...] = (
     "AdaBoost",
 )
 METRICS: tuple[str, ...] = ("macro_f1", "auroc", "ap")
+# The classifiers a diagnostics worker trains while this process trains the others
+# (tasks/evaluation/worker.py): about half of the nine's time on Adult each way.
+WORKER_SHARE: tuple[str, ...] = ("HistGradientBoosting", "AdaBoost", "RandomForest", "DecisionTree", "BernoulliNB")
 
 
 def make_classifier(name: str, seed: int) -> Any:
@@ -125,7 +130,67 @@ def classify(
     every classifier instead of an error; an empty training table predicts the first category.
     BLAS/OpenMP run single-threaded here: on a shared worker, multi-threaded OpenMP (histogram
     boosting) and BLAS (MLP) oversubscribe the cores and run several times slower.
+
+    With a diagnostics worker open (tasks/evaluation/worker.py), the records it computed ahead
+    for the same arguments (`classify_ahead`) are taken, or it trains `WORKER_SHARE` while this
+    process trains the rest; the records are the same either way (same code, seeds and order).
     """
+    worker = diagnostics_worker.current()
+    if worker is None:
+        return classify_here(schema, train, test, repeats, seed, max_train_rows, classifiers)
+    args = (schema, train, test, repeats, seed, max_train_rows, classifiers)
+    early = worker.take(_key(*args))
+    if early is not None:
+        ok, records = early.result()
+        if ok:
+            timing.record("evaluate/utility, real reference (in a worker, during training)", early.seconds or 0.0)
+            return records
+    there = tuple(c for c in classifiers if c in WORKER_SHARE)
+    here = tuple(c for c in classifiers if c not in WORKER_SHARE)
+    if not (there and here):
+        return classify_here(*args)
+    job = worker.submit(classify_here, schema, train, test, repeats, seed, max_train_rows, there)
+    mine = classify_here(schema, train, test, repeats, seed, max_train_rows, here)
+    ok, theirs = job.result()
+    if not ok:
+        theirs = classify_here(schema, train, test, repeats, seed, max_train_rows, there)
+    order = {name: i for i, name in enumerate(classifiers)}
+    return sorted([*mine, *theirs], key=lambda r: (r["repeat"], order[r["classifier"]]))
+
+
+def classify_ahead(
+    schema: Schema,
+    train: pl.DataFrame,
+    test: pl.DataFrame,
+    repeats: int = 1,
+    seed: int = 0,
+    max_train_rows: int = 20_000,
+    classifiers: tuple[str, ...] = CLASSIFIERS,
+) -> bool:
+    """Hand `classify(...)` of these very frames to the open diagnostics worker now, for a later
+    `classify` call with the same arguments to take; False when no worker is open."""
+    worker = diagnostics_worker.current()
+    if worker is None:
+        return False
+    args = (schema, train, test, repeats, seed, max_train_rows, classifiers)
+    worker.submit(classify_here, *args, key=_key(*args))
+    return True
+
+
+def _key(*args: Any) -> tuple[Any, ...]:
+    return ("classify", *args)
+
+
+def classify_here(
+    schema: Schema,
+    train: pl.DataFrame,
+    test: pl.DataFrame,
+    repeats: int = 1,
+    seed: int = 0,
+    max_train_rows: int = 20_000,
+    classifiers: tuple[str, ...] = CLASSIFIERS,
+) -> list[dict[str, Any]]:
+    """`classify` in this process (single-threaded BLAS/OpenMP)."""
     with threadpool_limits(limits=1):
         return _classify(schema, train, test, repeats, seed, max_train_rows, classifiers)
 
