@@ -63,14 +63,15 @@ def _generate(
     from privflow.core.startup import imports_without_gc
 
     env.configure(store, verbose=verbose)
-    with imports_without_gc():  # MLflow's import and the model's load (privflow/core/startup.py)
-        import mlflow  # noqa: F401 - imported here so its event messages can be switched off
+    with imports_without_gc():  # torch's (and maybe MLflow's) import and the model's load (core/startup.py)
+        from privflow.serving.local_store import load_local
 
-        from privflow.cli.registry import load_generator
-
-        env.quiet_imported(verbose)
-        generator = load_generator(model, store)
-    sampler = _generator_sampler(generator)
+        # A privflow release in the store's own registry is read from its files, without MLflow
+        # (seconds of start-up); anything else loads through MLflow as before.
+        sampler = load_local(model, store)
+        generator = None if sampler is not None else _load_with_mlflow(model, store, verbose)
+    if sampler is None:
+        sampler = _generator_sampler(generator)
     schema = sampler.codec.schema if sampler is not None else _generator_schema(generator)
     conditions = _conditions(sampler, wanted)  # against the public schema, before sampling
     check_room(out, n, len(schema.columns) if schema is not None else 1)
@@ -107,6 +108,17 @@ def _generate(
 
     write_table(table, out)
     Console().print(f"wrote {table.height} rows to {out}{replaced}", highlight=False, soft_wrap=True)
+
+
+def _load_with_mlflow(model: str, store: Path, verbose: bool) -> Any:
+    """The registered pyfunc loaded by MLflow (`privflow.tasks.mlflow_store.load_generator`)."""
+    import mlflow  # noqa: F401 - imported here so its event messages can be switched off
+
+    from privflow.cli.registry import load_generator
+    from privflow.core import env
+
+    env.quiet_imported(verbose)
+    return load_generator(model, store)
 
 
 def _conditions(sampler: Any, wanted: dict[str, str]) -> Any:

@@ -57,7 +57,6 @@ from typing import Any, Literal
 
 import numpy as np
 import polars as pl
-from scipy import special
 
 from privflow.core.errors import DataError
 from privflow.data.schema import Column, Schema
@@ -72,6 +71,21 @@ DEFAULT_GRID_BINS = 512
 U_MARGIN = 1e-9
 
 Space = Literal["uniform", "gaussian"]
+
+
+def _ndtri(u: np.ndarray) -> np.ndarray:
+    """Phi^-1 (space="gaussian" only): scipy is imported on first use, not by every sampler's
+    start-up (the default uniform space never needs it)."""
+    from scipy import special
+
+    return special.ndtri(u)
+
+
+def _ndtr(x: np.ndarray) -> np.ndarray:
+    """Phi (space="gaussian" only; see `_ndtri`)."""
+    from scipy import special
+
+    return special.ndtr(x)
 
 
 def _t(x: Any, transform: str) -> Any:
@@ -349,7 +363,7 @@ class CopulaCodec:
         out += np.asarray(jitter, dtype=np.float64)
         out /= u.shape[0]
         np.clip(out, U_MARGIN, 1 - U_MARGIN, out=out)
-        return special.ndtri(out) if self.space == "gaussian" else out
+        return _ndtri(out) if self.space == "gaussian" else out
 
     @staticmethod
     def _ranks(u: np.ndarray) -> np.ndarray:
@@ -435,7 +449,7 @@ class CopulaCodec:
             # rounding must not carry u into the next cell (a tiny cell late in the CDF)
             out[:, j] = np.where(p[idx] > 0, np.minimum(u, np.nextafter(cdf[idx + 1], 0.0)), cdf[idx])
         np.clip(out, U_MARGIN, 1.0 - U_MARGIN, out=out)
-        return special.ndtri(out) if self.space == "gaussian" else out
+        return _ndtri(out) if self.space == "gaussian" else out
 
     # ------------------------------------------------------------------ decode
 
@@ -448,7 +462,7 @@ class CopulaCodec:
             raise ValueError(f"decode expects an array of shape [n, {self.dim}], got {list(a.shape)}")
         if np.isnan(a).any():
             raise ValueError("decode got NaN values; the sampler must return finite numbers")
-        u = special.ndtr(a) if self.space == "gaussian" else a
+        u = _ndtr(a) if self.space == "gaussian" else a
         ut = np.array(u.T, dtype=np.float64, order="C")  # a copy, one contiguous row per column
         np.clip(ut, 0.0, np.nextafter(1.0, 0.0), out=ut)
         cols: dict[str, pl.Series] = {}

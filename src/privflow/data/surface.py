@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable
 
 import polars as pl
 
-from privflow.data.schema import TEMPORAL_TYPES, Column, Schema
+from privflow.data.schema import TEMPORAL_TYPES, Column, Schema, time_value
 
 CONVERTED = (*TEMPORAL_TYPES, "boolean")  # the types whose values `read_values` converts
 
@@ -126,7 +127,7 @@ def to_surface(frame: pl.DataFrame, schema: Schema) -> pl.DataFrame:
             continue
         s = frame.get_column(col.name)
         if col.type in TEMPORAL_TYPES:
-            s = _map_unique(s.cast(pl.Int64), _writer(col), pl.String)
+            s = _time_texts(s.cast(pl.Int64), col)
         elif col.type == "boolean":
             s = s.cast(pl.String)
         elif col.type == "numeric" and col.decimals is not None:
@@ -139,6 +140,38 @@ def _writer(col: Column) -> Callable[[object], object]:
     return lambda units: col.time_text(int(units))  # type: ignore[call-overload]
 
 
+# strftime directives that Python (the C library's strftime) and polars (chrono) write alike for
+# years 1000..9999, whatever the locale: numbers only, zero-padded (no names, no %-d flags)
+_SAME_DIRECTIVES = frozenset("YmdHMSjy%")
+_DIRECTIVE = re.compile(r"%(.?)", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=256)
+def _vector_format(col: Column) -> bool:
+    """Whether `_time_texts` may write the column with polars' strftime: a format of
+    `_SAME_DIRECTIVES` only, and bounds within years 1000..9999 (four-digit years either way)."""
+    if col.bounds is None or any(d not in _SAME_DIRECTIVES for d in _DIRECTIVE.findall(col.time_format)):
+        return False
+    try:
+        years = [time_value(int(b), col.type).year for b in col.bounds]
+    except (OverflowError, ValueError):
+        return False
+    return all(1000 <= y <= 9999 for y in years)
+
+
+def _time_texts(units: pl.Series, col: Column) -> pl.Series:
+    """Modelled units (Int64, nulls kept) -> text in the column's format, as `Column.time_text`
+    writes each one: vectorised (polars' strftime) for the formats `_vector_format` admits, one
+    Python call per distinct value otherwise."""
+    if not _vector_format(col):
+        return _map_unique(units, _writer(col), pl.String)
+    if col.type == "date":
+        moments = (units * col.step).cast(pl.Int32).cast(pl.Date)
+    else:
+        moments = (units * (col.step * 1_000_000)).cast(pl.Datetime("us"))
+    return moments.dt.strftime(col.time_format).alias(units.name)
+
+
 def _rounded(s: pl.Series, col: Column) -> pl.Series:
     """Values rounded to the column's decimals and kept inside its bounds on that grid (a bound
     that is not a multiple of the last decimal rounds inward, so the value still passes its check)."""
@@ -149,4 +182,36 @@ def _rounded(s: pl.Series, col: Column) -> pl.Series:
     return s.cast(pl.Float64).round(d).clip(low, high).alias(s.name)
 
 
-__all__ = ["CONVERTED", "lower", "lower_column", "output_names", "read_values", "to_surface"]
+def csv_text(frame: pl.DataFrame, schema: Schema) -> pl.DataFrame:
+    """A `to_surface` frame ready for a CSV file: each numeric column that declares `decimals`
+    as text with exactly that many decimals (3.10, not 3.1; 4, not 4.0 for 0 decimals), the
+    precision the schema declares; the other columns as they are (a float64 without `decimals`
+    keeps polars' shortest round-trip text, so the file reads back to the very same numbers).
+    The text reads back as the same rounded number. A column whose bounds reach 2^53 at that
+    precision keeps the number (the fixed text would need more than an integer's exact range)."""
+    texts = [
+        _fixed_text(frame.get_column(col.name), col)
+        for col in schema.columns
+        if col.type == "numeric" and col.decimals is not None and col.name in frame.columns and _fixed_fits(col)
+    ]
+    return frame.with_columns(texts) if texts else frame
+
+
+def _fixed_fits(col: Column) -> bool:
+    reach = max((abs(float(b)) for b in col.bounds or ()), default=math.inf)
+    return reach * 10.0 ** int(col.decimals or 0) < 2.0**53
+
+
+def _fixed_text(s: pl.Series, col: Column) -> pl.Series:
+    """Values already rounded to the column's decimals (`_rounded`) -> their fixed-point text."""
+    d = int(col.decimals or 0)
+    scaled = (s.cast(pl.Float64) * 10.0**d).round(0).cast(pl.Int64)  # exact: |value| x 10^d < 2^53
+    if d == 0:
+        return scaled.cast(pl.String).alias(s.name)
+    whole, frac = scaled.abs() // 10**d, scaled.abs() % 10**d
+    sign = pl.when(scaled < 0).then(pl.lit("-")).otherwise(pl.lit(""))
+    text = pl.concat_str([sign, whole.cast(pl.String), pl.lit("."), frac.cast(pl.String).str.zfill(d)])
+    return pl.select(text).to_series().alias(s.name)
+
+
+__all__ = ["CONVERTED", "csv_text", "lower", "lower_column", "output_names", "read_values", "to_surface"]

@@ -1,53 +1,62 @@
-"""The released generator as an MLflow pyfunc: sample synthetic rows by model alias.
+"""Sampling a released generator: synthetic rows by batch, streamed to a file.
 
-Everything it holds went through a mechanism: the flow weights of the checkpoint(s) that
-Report-Noisy-Max chose, and the public schema. Loading it needs no training data and no
-Prefect; MLflow bundles `models/` and `privflow/` with it (code_paths).
+Everything a release holds went through a mechanism: the flow weights of the checkpoint(s)
+that Report-Noisy-Max chose, and the public schema. Loading it needs no training data, no
+Prefect and no MLflow (`load_release`); the MLflow pyfunc that a registered version runs,
+``FlowSampler``, lives in privflow/serving/pyfunc.py and is imported from here on first use
+(MLflow bundles `privflow/` with it: code_paths).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mlflow.pyfunc
-import pandas as pd
+
+def __getattr__(name: str) -> Any:
+    """``FlowSampler`` (the MLflow pyfunc, privflow/serving/pyfunc.py) on first use: sampling
+    itself imports neither MLflow nor pandas (`privflow generate`'s start-up)."""
+    if name == "FlowSampler":
+        from privflow.serving.pyfunc import FlowSampler
+
+        return FlowSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class FlowSampler(mlflow.pyfunc.PythonModel):
-    """predict(DataFrame with column `n` and optional `seed`) -> synthetic rows (pandas).
+@dataclass
+class Release:
+    """A released generator as sampled: its public schema (as written), its codec and its flows
+    (eval mode, CPU)."""
 
-    With several selected checkpoints (top-k Report-Noisy-Max, DP-GAN note section 4) the
-    table is the union of equal shares sampled from each.
-    """
+    schema: Any
+    codec: Any
+    flows: list[Any]
 
-    def load_context(self, context: Any) -> None:
-        import torch
 
-        from privflow.data.schema import Schema
-        from privflow.data.target_head import release_codec
-        from privflow.models import build_flow
+def load_release(artifacts: Mapping[str, str | Path]) -> Release:
+    """The release from its artifact files (``{"meta": meta.json, "checkpoint_0": ..., ...}``, as a
+    registered version stores them): the one loader of MLflow's pyfunc (`FlowSampler`) and of
+    `privflow generate`'s direct read of a local store (privflow/serving/local_store.py)."""
+    import torch
 
-        meta = json.loads(Path(context.artifacts["meta"]).read_text())
-        self.schema = Schema.model_validate(meta["schema"])
-        self.codec = release_codec(self.schema, meta.get("marginals"), meta.get("head"))
-        self.flows = []
-        for key in meta["checkpoints"]:
-            flow = build_flow(meta["model"]["name"], self.codec.cardinalities, **meta["model"]["config"])
-            flow.load_state_dict(torch.load(context.artifacts[key], map_location="cpu", weights_only=True))
-            flow.eval()
-            self.flows.append(flow)
+    from privflow.data.schema import Schema
+    from privflow.data.target_head import release_codec
+    from privflow.models import build_flow
 
-    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        n = int(model_input["n"].iloc[0])
-        seed = int(model_input["seed"].iloc[0]) if "seed" in model_input.columns else None
-        from privflow.data.codec import to_pandas
-        from privflow.data.surface import to_surface
-
-        rows = to_surface(sample_rows(self.flows, self.codec, n, seed), self.schema)  # as the input is written
-        return to_pandas(rows, self.schema)  # integers stay integers
+    meta = json.loads(Path(artifacts["meta"]).read_text())
+    schema = Schema.model_validate(meta["schema"])
+    codec = release_codec(schema, meta.get("marginals"), meta.get("head"))
+    flows = []
+    for key in meta["checkpoints"]:
+        flow = build_flow(meta["model"]["name"], codec.cardinalities, **meta["model"]["config"])
+        flow.load_state_dict(torch.load(artifacts[key], map_location="cpu", weights_only=True))
+        flow.eval()
+        flows.append(flow)
+    return Release(schema, codec, flows)
 
 
 def sampling_generator(seed: int | None) -> Any:
@@ -236,9 +245,12 @@ def write_samples(
     group per batch). Memory stays bounded by `batch` whatever `n` is. `progress` shows a
     rich progress bar. Integer columns are written as integers (nulls as empty fields). With the
     release's `schema` (as written), rows are written as its input is (privflow/data/surface.py:
-    dates as text in their format, booleans as labels, rounded decimals, no ignored column)."""
+    dates as text in their format, booleans as labels, rounded decimals, no ignored column); in a
+    CSV a numeric column that declares `decimals` is written with exactly that many (`csv_text`),
+    one without keeps float64's shortest round-trip text. The file holds the same rows whatever
+    the batches are written as (one CSV chunk or Parquet row group per batch)."""
     from privflow.data.io import TABLE_SUFFIXES
-    from privflow.data.surface import to_surface
+    from privflow.data.surface import csv_text, to_surface
 
     out = Path(path)
     suffix = out.suffix.lower()
@@ -254,19 +266,21 @@ def write_samples(
         task = bar.add_task("rows", total=n)
         bar.start()
     writer = None
+    if suffix != ".csv":
+        import pyarrow.parquet as pq
     try:
         with tmp.open("wb") as fh:
             for k, decoded in enumerate(iter_samples(flows, codec, n, seed, batch, workers, where)):
                 frame = decoded if schema is None else to_surface(decoded, schema)
                 if suffix == ".csv":
+                    if schema is not None:
+                        frame = csv_text(frame, schema)  # numbers at the precision the schema declares
                     frame.write_csv(fh, include_header=k == 0)
                 else:
-                    import pyarrow.parquet as pq
-
                     table = frame.to_arrow()
                     if writer is None:
                         writer = pq.ParquetWriter(fh, table.schema)
-                    writer.write_table(table.cast(writer.schema))
+                    writer.write_table(table if table.schema.equals(writer.schema) else table.cast(writer.schema))
                 if bar is not None:
                     bar.advance(task, frame.height)
             if writer is not None:

@@ -2,6 +2,6 @@
 
 import mlflow
 
-from privflow.serving.sampler import FlowSampler
+from privflow.serving.pyfunc import FlowSampler
 
 mlflow.models.set_model(FlowSampler())
