@@ -6,7 +6,7 @@ the synthetic table), target < 60 s on this machine when idle.
 Each run is the real console script, ``privflow demo --verbose --store <fresh folder>``, in its
 own process; the parent times it end to end (exit included) and reads the stage table the CLI
 prints under --verbose (privflow/core/timing.py). ``--modes`` runs each one with the curator-only
-diagnostics' worker process (``worker``: the default) and without it (``no-worker``:
+diagnostics' worker process (``worker``: PRIVFLOW_DIAGNOSTICS_WORKER=1) and without it (``no-worker``:
 PRIVFLOW_DIAGNOSTICS_WORKER=0, everything in one process), alternating, so that both meet the
 same load; the load average is recorded before each run.
 
@@ -35,7 +35,7 @@ from benchmarks import bench_common as common  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 PRIVFLOW = ROOT / ".venv" / "bin" / "privflow"
 TARGET_S = 60.0
-MODES = {"worker": {}, "no-worker": {"PRIVFLOW_DIAGNOSTICS_WORKER": "0"}}
+MODES = {"worker": {"PRIVFLOW_DIAGNOSTICS_WORKER": "1"}, "no-worker": {"PRIVFLOW_DIAGNOSTICS_WORKER": "0"}}
 
 _ROW = re.compile(r"^[│|]\s(.+?)\s+[│|]\s+([0-9.]+)\s[│|]$")
 
@@ -76,7 +76,8 @@ def report(runs: list[dict], modes: list[str], started: datetime, load_before: s
     notes = [
         f"Target: the whole demo in under {TARGET_S:.0f} s on this machine when idle (1-minute load average "
         "below 1 before a run; each run is one process at a time, so its own load is about 1).",
-        "`worker`: the default (the curator-only diagnostics share the utility classifiers with a second process, "
+        "`worker`: PRIVFLOW_DIAGNOSTICS_WORKER=1 (the curator-only diagnostics share the utility classifiers "
+        "with a second process, "
         "which trains the real-data reference while DP-SGD trains); `no-worker`: PRIVFLOW_DIAGNOSTICS_WORKER=0, "
         "everything in one process. The modes alternate, so both meet the same load.",
         "Stage times are the table `privflow demo --verbose` prints (privflow/core/timing.py); an indented row is "
