@@ -32,6 +32,7 @@ class Source:
 
 SOURCES = (
     Source("peers.md", "privflow beside MST and AIM, with its ablations", "13", ("adult", "german", "Targets")),
+    Source("tables.md", "privflow beside MST and AIM over six public tables", "37", ("", "Targets per table")),
     Source("split_check.md", "The default run after the selection split by occurrence rank", "13", ("adult", "german")),
     Source(
         "label_ceiling.md", "Classifier utility: the flow's features against the head's labels", "13", ("", "Reading")
