@@ -98,9 +98,12 @@ def test_verbose_prints_the_stage_times_and_quiet_does_not(monkeypatch, capsys, 
     assert "stage times" not in capsys.readouterr().out
 
 
-def test_the_worker_gives_the_same_utility_records(demo_dir: Path, tmp_path: Path) -> None:
+def test_the_worker_gives_the_same_utility_records(
+    demo_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Classifiers trained ahead (the real reference) and shared with the worker (the synthetic
     side) give the records of one process, in the same order."""
+    monkeypatch.setenv("PRIVFLOW_DIAGNOSTICS_WORKER", "1")  # opt-in (tasks/evaluation/worker.py)
     from privflow.data.schema import Schema
     from privflow.data.surface import lower
     from privflow.data.validation import validate

@@ -149,11 +149,12 @@ def classify(
     here = tuple(c for c in classifiers if c not in WORKER_SHARE)
     if not (there and here):
         return classify_here(*args)
-    job = worker.submit(classify_here, schema, train, test, repeats, seed, max_train_rows, there)
-    mine = classify_here(schema, train, test, repeats, seed, max_train_rows, here)
+    common = args[:-1]  # everything but the classifiers
+    job = worker.submit(classify_here, *common, there)
+    mine = classify_here(*common, here)
     ok, theirs = job.result()
     if not ok:
-        theirs = classify_here(schema, train, test, repeats, seed, max_train_rows, there)
+        theirs = classify_here(*common, there)
     order = {name: i for i, name in enumerate(classifiers)}
     return sorted([*mine, *theirs], key=lambda r: (r["repeat"], order[r["classifier"]]))
 

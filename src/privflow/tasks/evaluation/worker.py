@@ -38,9 +38,9 @@ _POLL_S = 0.2  # how often a wait checks that the worker is still alive
 
 def enabled() -> bool:
     """Whether runs may use a worker (opt-in: `PRIVFLOW_DIAGNOSTICS_WORKER=1`), and there are two
-    cores to share. Opt-in while an intermittent failure is open: under load, a run with the
-    worker was twice seen to end its MLflow run FAILED right after the validation gate
-    (tests/test_bad_inputs.py's signal test), never without it."""
+    cores to share. Opt-in while an intermittent failure is open: under load, a run was seen to
+    end its MLflow run FAILED right after the validation gate, first with the worker and later
+    without it too, so the worker is probably not its cause; it stays off until that is known."""
     if os.environ.get("PRIVFLOW_DIAGNOSTICS_WORKER", "0").strip().lower() not in {"1", "true", "yes", "on"}:
         return False
     return (os.cpu_count() or 1) >= 2
