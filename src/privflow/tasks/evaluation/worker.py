@@ -14,8 +14,8 @@ written anywhere. It computes diagnostics only (ARCHITECTURE rule 5), and any fa
 is answered by computing the same records here (a failure there also fails here and becomes
 the diagnostics' curator-only note). A run that stops ends the worker at once.
 
-`PRIVFLOW_DIAGNOSTICS_WORKER=1` turns the worker on (opt-in; by default everything runs in this process);
-benchmarks/bench_demo.py uses it to measure both in one sitting.
+On by default where there are two cores; `PRIVFLOW_DIAGNOSTICS_WORKER=0` keeps everything in this
+process (benchmarks/bench_demo.py measures both in one sitting).
 """
 
 from __future__ import annotations
@@ -37,11 +37,9 @@ _POLL_S = 0.2  # how often a wait checks that the worker is still alive
 
 
 def enabled() -> bool:
-    """Whether runs may use a worker (opt-in: `PRIVFLOW_DIAGNOSTICS_WORKER=1`), and there are two
-    cores to share. Opt-in while an intermittent failure is open: under load, a run was seen to
-    end its MLflow run FAILED right after the validation gate, first with the worker and later
-    without it too, so the worker is probably not its cause; it stays off until that is known."""
-    if os.environ.get("PRIVFLOW_DIAGNOSTICS_WORKER", "0").strip().lower() not in {"1", "true", "yes", "on"}:
+    """Whether runs may use a worker: there are two cores to share, and
+    `PRIVFLOW_DIAGNOSTICS_WORKER` does not turn it off (0, false, no, off)."""
+    if os.environ.get("PRIVFLOW_DIAGNOSTICS_WORKER", "1").strip().lower() in {"0", "false", "no", "off"}:
         return False
     return (os.cpu_count() or 1) >= 2
 
