@@ -76,8 +76,8 @@ def report(runs: list[dict], modes: list[str], started: datetime, load_before: s
     notes = [
         f"Target: the whole demo in under {TARGET_S:.0f} s on this machine when idle (1-minute load average "
         "below 1 before a run; each run is one process at a time, so its own load is about 1).",
-        "`worker` (the default): PRIVFLOW_DIAGNOSTICS_WORKER=1 (the curator-only diagnostics share the utility classifiers "
-        "with a second process, "
+        "`worker` (the default): PRIVFLOW_DIAGNOSTICS_WORKER=1 (the curator-only diagnostics share the "
+        "utility classifiers with a second process, "
         "which trains the real-data reference while DP-SGD trains); `no-worker`: PRIVFLOW_DIAGNOSTICS_WORKER=0, "
         "everything in one process. The modes alternate, so both meet the same load.",
         "Stage times are the table `privflow demo --verbose` prints (privflow/core/timing.py); an indented row is "

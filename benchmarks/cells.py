@@ -40,7 +40,7 @@ from threadpoolctl import threadpool_limits
 from benchmarks import datasets as dm
 from benchmarks.peers import driver as peers
 from privflow.core.config import RunConfig
-from privflow.data.copula import CopulaCodec, cell_positions
+from privflow.data.copula import DEFAULT_GRID_BINS, CopulaCodec, cell_positions
 from privflow.data.target_head import TargetCodec, conditional_loglik
 from privflow.privacy.accounting.accountant import PLDAccountant
 from privflow.privacy.accounting.plan import Remainder, make_plan
@@ -327,9 +327,8 @@ def copula_cell(data: Any, cell: Cell, cfg: Any, rows: int) -> tuple[Any, list[A
         codec, events, facts = exact_marginal_codec(data.schema, data.train, grid), [], {}
     else:
         sigma = dp_marginals.noise_for_epsilon(cell.epsilon, DELTA)
-        if grid == "auto":  # the pipeline's rule (tasks/dp_marginals.planned_grid_bins), from public inputs
-            noise_std = sigma * dp_marginals.marginals_sensitivity(len(data.schema.columns))
-            grid = dp_marginals.auto_grid_bins(data.schema.dataset.expected_rows, noise_std)
+        if grid == "auto":  # the pipeline's rule (tasks/dp_marginals.planned_grid_bins)
+            grid = DEFAULT_GRID_BINS
         released = dp_marginals.dp_marginals(data.train, data.schema, sigma, grid_bins=int(grid))
         codec = CopulaCodec.from_marginals(data.schema, released)
         events, facts = [dp_marginals.dp_marginals_event(sigma)], {"noise_multiplier": sigma, "grid_bins": int(grid)}

@@ -168,8 +168,8 @@ class MarginalsConfig(_Section):
     share: float = Field(0.5, gt=0, lt=1)
     grid_bins: int | Literal["auto"] = Field(
         "auto",
-        description="cells of a numeric column's grid; auto: from expected_rows and the planned noise "
-        "(privacy/mechanisms/dp_marginals.py: auto_grid_bins)",
+        description="cells of a numeric column's grid (the leaves of its tree of block counts); auto: "
+        "the default grid, 512 (privacy/mechanisms/dp_marginals.py)",
     )
 
     @field_validator("grid_bins")

@@ -34,7 +34,7 @@ from privflow.privacy.dpsgd.dp_sgd import TrainResult, TrainSettings
 from privflow.privacy.mechanisms import dp_mog, dp_stats, report_noisy_max
 from privflow.serving.sampler import iter_samples, sample_rows
 from privflow.tasks.dp_head import dp_target_head, fit_head, head_rows
-from privflow.tasks.dp_marginals import dp_marginal_codec
+from privflow.tasks.dp_marginals import dp_marginal_codec, planned_grid_bins
 from privflow.tasks.dp_prior import PRIOR_CLIP, dp_prior
 from privflow.tasks.dp_stats import STATS_CLIP, dp_statistics, preprocessed_statistics
 from privflow.tasks.encode import encode_rows
@@ -225,9 +225,9 @@ def initialise(
 
 
 def exact_marginal_codec(schema: Schema, df: pl.DataFrame, grid_bins: int | str = DEFAULT_GRID_BINS) -> CopulaCodec:
-    """Non-private only (the benchmark's reference): the copula codec of the rows' own marginals
-    ("auto" has no noise to size the grid by, so it takes the default grid)."""
-    grid_bins = DEFAULT_GRID_BINS if grid_bins == "auto" else int(grid_bins)
+    """Non-private only (the benchmark's reference): the copula codec of the rows' own marginals,
+    on the grid a private run uses."""
+    grid_bins = planned_grid_bins(grid_bins)  # type: ignore[arg-type]
     cells = schema_cells(schema, grid_bins=grid_bins)
     return CopulaCodec.from_marginals(
         schema, Marginals({c.column: marginal_of(df, c) for c in cells}, grid_bins=grid_bins)
