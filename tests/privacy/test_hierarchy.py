@@ -126,6 +126,18 @@ def test_siblings_each_below_the_threshold_keep_their_share_together() -> None:
     assert quiet[[1, 2, 3, 4, 6, 7]].sum() == 0.0 and quiet.sum() == pytest.approx(505.0)
 
 
+def test_what_the_units_leave_of_the_parent_goes_to_the_others() -> None:
+    """One child clearly above the noise (300) in a parent of 1,000: the other seven, noisy and
+    below the threshold even together, still receive the 700 the parent holds beyond it (they
+    used to lose it to the one child: a column collapsed onto one value)."""
+    est = np.array([300.0, 150.0, -50.0, 120.0, 90.0, 60.0, 40.0, 20.0])
+    out = split(1000.0, est, np.full(8, 60.0), np.ones(8), threshold(100), mass_sd=30.0)
+    assert out[0] == pytest.approx(300.0) and out[1:].sum() == pytest.approx(700.0)
+    assert out[2] < out[1]
+    alone = split(310.0, est, np.full(8, 60.0), np.ones(8), threshold(100), mass_sd=30.0)
+    assert alone[0] == pytest.approx(310.0)  # nothing left beyond the noise: the others hold none
+
+
 def test_threshold_controls_the_chance_of_a_false_block() -> None:
     """P(N(0, 1) > threshold(n)) = FALSE_BLOCK / n, so over n empty blocks at most FALSE_BLOCK."""
     from statistics import NormalDist

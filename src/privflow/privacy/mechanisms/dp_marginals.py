@@ -154,8 +154,12 @@ def _column_parts(noisy: np.ndarray, cells: Sequence[Cells]) -> list[tuple[np.nd
 
 
 def estimated_total(noisy: np.ndarray, cells: Sequence[Cells]) -> float:
-    """Inverse-variance weighted mean of the d columns' noisy totals, >= 1 (variances in units
-    of the common noise variance)."""
+    """Inverse-variance weighted mean of the d columns' noisy totals, >= 1."""
+    return _total(noisy, cells)[0]
+
+
+def _total(noisy: np.ndarray, cells: Sequence[Cells]) -> tuple[float, float]:
+    """`estimated_total` and its standard deviation in units of the common noise std."""
     sums, variances = [], []
     for c, (own, upper) in zip(cells, _column_parts(np.asarray(noisy, dtype=np.float64), cells), strict=True):
         tree = tree_of(c)
@@ -167,7 +171,7 @@ def estimated_total(noisy: np.ndarray, cells: Sequence[Cells]) -> float:
             sums.append(float(z[0].sum() + own[c.n_values :].sum()))
             variances.append(float(v[0].sum()) + c.n_cells - c.n_values)
     w = 1.0 / np.array(variances)
-    return max(float(np.sum(np.array(sums) * w) / np.sum(w)), 1.0)
+    return max(float(np.sum(np.array(sums) * w) / np.sum(w)), 1.0), math.sqrt(1.0 / float(np.sum(w)))
 
 
 def marginals_from_counts(
@@ -183,7 +187,7 @@ def marginals_from_counts(
     cells = schema_cells(schema, max_atoms, grid_bins)
     noisy = np.asarray(noisy, dtype=np.float64)
     parts = _column_parts(noisy, cells)
-    total = estimated_total(noisy, cells)
+    total, total_sd = _total(noisy, cells)
     sigma = noise_multiplier * marginals_sensitivity(cells)
     probs = {}
     for c, (own, upper) in zip(cells, parts, strict=True):
@@ -192,7 +196,7 @@ def marginals_from_counts(
         if tree is None:
             p = project_to_total(own, total) / total
         else:
-            values, rest = tree.estimate(own[: c.n_values], upper, sigma, total, own[c.n_values :])
+            values, rest = tree.estimate(own[: c.n_values], upper, sigma, total, own[c.n_values :], sigma * total_sd)
             p = np.concatenate([values, rest]) / total
             support = tree.occupied_top(values)
         probs[c.column] = with_density_floor(p, c, support) if c.kind == "numeric" else p

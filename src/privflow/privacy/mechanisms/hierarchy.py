@@ -26,11 +26,12 @@ has the same variance sigma^2):
 2. Top down, a node's mass m is split among its children. The children whose estimate
    exceeds `threshold` standard deviations (chosen so that noise alone lifts any empty block
    of the tree there with chance at most `FALSE_BLOCK`) are units; the other children are one
-   more unit when their summed estimate exceeds it (rows spread thin over many blocks: a
-   tail, or the cells of a dense part that noise hides one by one). The units share m by the
-   Euclidean projection onto {c >= 0, sum c = m} (Norm-Sub), the group's share again by Norm-Sub
-   among its members; the other children get 0. With no child above the threshold, m is
-   spread over the node's cells evenly: the data say where the block is, not where inside it.
+   more unit when they hold rows: their summed estimate, or what the units leave of m, exceeds
+   the threshold (rows spread thin over many blocks: a tail, or a dense part that noise hides
+   cell by cell). The units share m by the Euclidean projection onto {c >= 0, sum c = m}
+   (Norm-Sub), the group's share again by Norm-Sub among its members; the other children get
+   0. With no child above the threshold, m is spread over the node's cells evenly: the data
+   say where the block is, not where inside it.
 """
 
 from __future__ import annotations
@@ -67,12 +68,15 @@ def threshold(nodes: int) -> float:
     return NormalDist().inv_cdf(1.0 - FALSE_BLOCK / max(nodes, 1))
 
 
-def split(mass: float, estimate: np.ndarray, sd: np.ndarray, cells: np.ndarray, z: float) -> np.ndarray:
-    """`mass` shared among siblings with these estimates, standard deviations and cell counts
-    (step 2 of the module docstring): the siblings above `z` standard deviations, and the others
-    as one group when their summed estimate is above it, share `mass` by Norm-Sub, the group's
-    share again by Norm-Sub among its members; with no sibling above, `mass` is spread over the
-    cells evenly."""
+def split(
+    mass: float, estimate: np.ndarray, sd: np.ndarray, cells: np.ndarray, z: float, mass_sd: float = 0.0
+) -> np.ndarray:
+    """`mass` (known to `mass_sd`) shared among siblings with these estimates, standard
+    deviations and cell counts (step 2 of the module docstring): the siblings above `z` standard
+    deviations, and the others as one group when they hold rows (their summed estimate, or what
+    the others leave of `mass`, above `z` standard deviations), share `mass` by Norm-Sub, the
+    group's share again by Norm-Sub among its members; with no sibling above, `mass` is spread
+    over the cells evenly."""
     out = np.zeros(estimate.size)
     if not mass > 0:
         return out
@@ -80,8 +84,13 @@ def split(mass: float, estimate: np.ndarray, sd: np.ndarray, cells: np.ndarray, 
     if not keep.any():
         return mass * cells / cells.sum()
     rest = ~keep
-    grouped = bool(rest.any()) and estimate[rest].sum() > z * math.sqrt(float(np.sum(sd[rest] ** 2)))
-    share = project_to_total(np.append(estimate[keep], estimate[rest].sum() if grouped else []), mass)
+    group = float(estimate[rest].sum())
+    left = mass - float(estimate[keep].sum())
+    grouped = bool(rest.any()) and (
+        group > z * math.sqrt(float(np.sum(sd[rest] ** 2)))
+        or left > z * math.sqrt(float(np.sum(sd[keep] ** 2)) + mass_sd**2)
+    )
+    share = project_to_total(np.append(estimate[keep], max(group, left) if grouped else []), mass)
     out[keep] = share[: int(keep.sum())]
     if grouped and share[-1] > 0:
         out[rest] = project_to_total(estimate[rest], float(share[-1]))
@@ -170,10 +179,12 @@ class Tree:
         sigma: float,
         total: float,
         others: Sequence[float] = (),
+        total_sd: float = 0.0,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The leaves' masses, summing with `others`' to `total`: `others` are cells released
-        beside the tree at the same noise (a null cell), competing with the top level
-        (module docstring, "Estimate"). Returns (leaf masses, the others' masses)."""
+        """The leaves' masses, summing with `others`' to `total` (an estimate with standard
+        deviation `total_sd`): `others` are cells released beside the tree at the same noise (a
+        null cell), competing with the top level (module docstring, "Estimate"). Returns (leaf
+        masses, the others' masses)."""
         z, v = self.bottom_up(noisy_leaves, noisy_upper, sigma)
         w = self.cells_under()
         cut = threshold(self.inner + self.leaves + len(others))
@@ -184,13 +195,16 @@ class Tree:
             np.sqrt(np.concatenate([v[0], np.full(extra.size, sigma**2)])),
             np.concatenate([w[0], np.ones(extra.size)]),
             cut,
+            total_sd,
         )
         mass = top[: z[0].size]
         for k in range(1, self.depth):
             below = np.zeros(z[k].size)
             for i in np.nonzero(mass)[0]:
                 lo, hi = i * self.branching, min((i + 1) * self.branching, z[k].size)
-                below[lo:hi] = split(float(mass[i]), z[k][lo:hi], np.sqrt(v[k][lo:hi]), w[k][lo:hi], cut)
+                below[lo:hi] = split(
+                    float(mass[i]), z[k][lo:hi], np.sqrt(v[k][lo:hi]), w[k][lo:hi], cut, math.sqrt(v[k - 1][i])
+                )
             mass = below
         return mass, top[z[0].size :]
 
