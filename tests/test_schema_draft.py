@@ -23,6 +23,17 @@ runner = CliRunner()
 ROWS = 2000
 
 
+@pytest.fixture(autouse=True)
+def _no_empty_cell_passes_by_chance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DP bound passes an empty cell with probability `dp_bounds.FALSE_CELL` (1%, per column; a
+    draft's bound far out, e.g. -2e8 for an amount, failed CI once): these tests are about the
+    draft, so here at 1e-4 (the threshold 1.5 times higher, the bounds still past the 99th percentile);
+    tests/privacy/test_dp_histogram.py tests the rate."""
+    from privflow.privacy.mechanisms import dp_bounds
+
+    monkeypatch.setattr(dp_bounds, "FALSE_CELL", 1e-4)
+
+
 def _table(path: Path, rows: int = ROWS, seed: int = 0) -> dict[str, np.ndarray]:
     """id, an integer, a numeric point mass at 0, a categorical with missing values, a nullable numeric."""
     rng = np.random.default_rng(seed)
