@@ -19,7 +19,9 @@ def _gauss(eps: float) -> GaussianEvent:
 SMALL = {"dp_stats": (0.05, _gauss), "select": (0.05, PureDPEvent)}
 
 
-@pytest.mark.parametrize("epsilon", [0.5, 1.0, 4.0])
+@pytest.mark.parametrize(
+    "epsilon", [pytest.param(0.5, marks=pytest.mark.slow), 1.0, pytest.param(4.0, marks=pytest.mark.slow)]
+)
 def test_plan_lands_within_one_percent_under_target(epsilon: float) -> None:
     plan = make_plan(epsilon, 1e-5, SMALL, SGDShape(0.02, 300))
     assert 0.99 * epsilon <= plan.epsilon <= epsilon

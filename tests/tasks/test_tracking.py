@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlflow
+import pytest
 
 from privflow.tasks.mlflow_store import tracking
 
@@ -33,6 +34,7 @@ print(experiment_for("adult", Path(sys.argv[1])))
 """
 
 
+@pytest.mark.slow  # four processes that each import MLflow cold: about 20 s
 def test_runs_started_together_on_a_new_store_all_set_it_up(tmp_path: Path) -> None:
     """Two runs started together on a new store raced in MLflow's schema creation: one failed
     ('table ... already exists', or an alembic migration error). The store's lock serialises it."""
