@@ -160,11 +160,10 @@ class Tree:
         return z, v
 
     def cells_under(self) -> list[np.ndarray]:
-        """How many leaves each node covers, level by level, top first."""
-        w = [np.ones(self.leaves)]
-        for _ in range(self.depth - 1):
-            w.insert(0, np.add.reduceat(w[0], self._starts(w[0].size)))
-        return w
+        """How many leaves each node covers, level by level, top first: the tree's counts of one
+        row per leaf."""
+        ones = np.ones(self.leaves)
+        return self._levels(ones, self.upper_counts(ones))
 
     def occupied_top(self, leaf_mass: np.ndarray) -> np.ndarray:
         """Which leaves lie under a top-level block holding mass (bool per leaf)."""
