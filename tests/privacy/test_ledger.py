@@ -544,6 +544,22 @@ def test_headroom_edges() -> None:
     assert headroom_epsilon([G5], 0.0, DELTA) == 0.0
 
 
+@pytest.mark.parametrize("budget", [1.0, 3.0])
+def test_headroom_is_the_largest_fit_within_its_tolerance(budget: float) -> None:
+    """The search's answer fits, and one tolerance step above it (1e-5 of the budget, twice)
+    does not: checked by composing directly."""
+    from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
+    from privflow.privacy.ledger import headroom_epsilon
+
+    def total(e: float) -> float:
+        return compose_epsilon([G5, GaussianEvent(gaussian_noise_for_epsilon(e, DELTA))], DELTA)
+
+    headroom = headroom_epsilon([G5], budget, DELTA)
+    assert 0 < headroom < budget
+    assert total(headroom) <= budget * (1 + 1e-9)
+    assert total(headroom + 2e-5 * budget) > budget
+
+
 def test_describe_says_when_nothing_fits(ledger: Ledger) -> None:
     ledger.reserve("adult", "run-1", [G5])
     ledger.set_budget("adult", 0.7, DELTA)  # below what was spent
