@@ -69,7 +69,7 @@ def demo_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def trained_store(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict:
+def trained_store(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The session's one small trained store (tests/stores.py), READ-ONLY: `store`, `data`,
     `schema`, the run's `config` (a RunConfig) and `summary` (its dict). Built once across xdist
     workers; a test that changes a store takes `store_copy` instead."""
@@ -81,7 +81,8 @@ def trained_store(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> d
     from tests import stores
 
     base = tmp_path_factory.getbasetemp()
-    root = (base if worker_id == "master" else base.parent) / "trained-store"  # xdist: the session's folder
+    # under xdist each worker's base is a folder of the session's: the store goes beside them
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "trained-store"
     done = root / "trained.json"
     with FileLock(str(root) + ".lock"):
         if not done.exists():

@@ -665,7 +665,12 @@ def test_audit_delta_advice_names_the_config_key_not_a_missing_flag(ws: dict) ->
 
 @pytest.mark.parametrize(
     ("sig", "status", "said"),
-    [(signal.SIGINT, 130, "interrupted (Ctrl-C)"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    [
+        # Ctrl-C's handler and exit status are tested in process (tests/test_interrupts.py,
+        # tests/test_cli_exit.py); a real process for each signal is the slow tier's
+        pytest.param(signal.SIGINT, 130, "interrupted (Ctrl-C)", marks=pytest.mark.slow),
+        (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+    ],
     ids=["ctrl-c", "sigterm"],
 )
 def test_a_signal_during_training_unwinds_the_run_and_keeps_the_spend(ws: dict, sig, status: int, said: str) -> None:
@@ -692,10 +697,8 @@ def test_a_signal_during_training_unwinds_the_run_and_keeps_the_spend(ws: dict, 
     assert state in {"failed", "settled"} and eps > 0, (state, eps)
     statuses = _mlflow_statuses(store)
     assert statuses and "RUNNING" not in statuses, statuses
-    shown = subprocess.run(
-        [str(PRIVFLOW), "ledger", "show", "--store", str(store)], capture_output=True, text=True, timeout=60
-    )
-    assert "released" not in shown.stdout
+    shown = runner.invoke(app, ["ledger", "show", "--store", str(store)])
+    assert shown.exit_code == 0 and "released" not in shown.output, shown.output
 
 
 def _mlflow_statuses(store: Path) -> set[str]:
