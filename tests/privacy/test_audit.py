@@ -30,6 +30,26 @@ def test_matches_direct_binomial_computation_without_delta() -> None:
     assert stats.binom.sf(89, 100, qe) == pytest.approx(0.05, rel=1e-4)
 
 
+def _reference_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
+    """Steinke, Nasr & Jagielski's ``p_value_DP_audit`` (their Appendix D), term by term."""
+    q = math.exp(epsilon) / (1 + math.exp(epsilon))
+    beta = stats.binom.sf(v - 1, r, q)
+    alpha, total = 0.0, 0.0
+    for i in range(1, v + 1):
+        total += stats.binom.pmf(v - i, r, q)
+        if total > i * alpha:
+            alpha = total / i
+    return min(beta + alpha * delta * 2 * m, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("m", "r", "v", "epsilon", "delta"),
+    [(1000, 200, 150, 0.8, 1e-5), (1000, 200, 190, 2.0, 1e-3), (50, 50, 0, 1.0, 1e-5), (300, 40, 40, 0.1, 0.2)],
+)
+def test_p_value_is_the_papers_term_by_term(m: int, r: int, v: int, epsilon: float, delta: float) -> None:
+    assert p_value(m, r, v, epsilon, delta) == pytest.approx(_reference_p_value(m, r, v, epsilon, delta), rel=1e-12)
+
+
 def test_monotone_in_correct_guesses_and_delta_only_lowers() -> None:
     bounds = [epsilon_lower_bound(1000, 200, v, 1e-5) for v in range(100, 201, 10)]
     assert all(a <= b for a, b in zip(bounds, bounds[1:], strict=False)) and bounds[-1] > bounds[0]

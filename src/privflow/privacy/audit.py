@@ -68,11 +68,12 @@ def p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
         raise ValueError(f"need epsilon >= 0 and delta in [0, 1], got {epsilon}, {delta}")
     q = 1.0 / (1.0 + math.exp(-epsilon))
     beta = float(stats.binom.sf(v - 1, r, q))
-    alpha, total = 0.0, 0.0
-    for i in range(1, v + 1):
-        total += float(stats.binom.pmf(v - i, r, q))
-        if total > i * alpha:
-            alpha = total / i
+    if v == 0:
+        return min(beta, 1.0)
+    i = np.arange(1, v + 1)
+    # P[v > Binomial(r, q) >= v - i] for i = 1..v, summed in the reference's order
+    totals = np.cumsum(stats.binom.pmf(v - i, r, q))
+    alpha = float(np.max(totals / i))
     return min(beta + alpha * delta * 2 * m, 1.0)
 
 
