@@ -443,7 +443,10 @@ def test_too_few_rows_stop_at_the_gate_charging_its_share_alone(ws: dict, name: 
     assert out.count("error:") == 1 and "Traceback" not in out, out
     text = " ".join(out.split())
     assert "validation gate stopped the run" in text and "public minimum" in text and "expected_rows" in text, text
-    assert not re.search(r"\b(3|400) (data )?row", text), text  # no exact count
+    # no exact count: the DP counts ("about N rows fail / pass") are printed rounded, so one equals
+    # the exact count about 1% of the time; they are stripped before looking for one
+    rest = re.sub(r"about \d+ rows", "", text)
+    assert re.search(r"about \d+ rows pass", text) and not re.search(r"\b(3|400) (data )?row", rest), text
     [run] = Ledger(ws["store"] / "ledger.db").runs("adult")
     assert run.status == "settled" and [e.kind for e in run.events] == ["laplace"], run
     assert not (ws["store"] / "synthetic").exists() or not any((ws["store"] / "synthetic").iterdir())
