@@ -41,7 +41,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def prefect_server():
-    """A temporary Prefect server for the whole session (startup costs ~15-25 s here)."""
+    """A temporary Prefect server for the whole session, for the tests that run a Prefect flow
+    (its start costs seconds per xdist worker)."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=180):

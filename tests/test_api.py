@@ -13,8 +13,6 @@ from privflow.api import Synthesizer, fit
 from privflow.data.schema import Schema
 from privflow.data.validation import validate
 
-pytestmark = pytest.mark.usefixtures("prefect_server")
-
 
 def _no_prefect(*args: object, **kwargs: object) -> None:
     raise AssertionError("fit reached Prefect's engine or server")
@@ -61,6 +59,7 @@ def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monk
     assert np.allclose(again.score(valid, seed=0), ll, atol=1e-4)
 
 
+@pytest.mark.usefixtures("prefect_server")
 def test_score_adds_the_target_heads_log_probability(tmp_path: Path, demo_dir: Path) -> None:
     """With a target head, a row's log-likelihood is the flow's density of the other columns plus
     log p(target | them): changing only the target moves the score by exactly the head's difference."""

@@ -1,4 +1,4 @@
-"""What a run releases, and only that (issue: "close every leak").
+"""What a run releases, and only that: nothing leaks.
 
 One small run on a slice of real data (Adult) with one bad row, then:
 - the release inventory: every param, metric and tag of the MLflow run behind the
@@ -34,8 +34,6 @@ from privflow.serving.sampler import sample_rows
 from privflow.tasks import release
 from privflow.tasks.promote import load_version
 from tests.data_slices import adult_slice
-
-pytestmark = pytest.mark.usefixtures("prefect_server")
 
 SEED = 20261123
 
@@ -182,12 +180,12 @@ def test_gate_limit_is_raised_to_the_configured_false_stop_floor(tmp_path: Path,
 
 @pytest.mark.gate_odds
 def test_gate_stop_is_charged_and_speaks_in_dp_counts(tmp_path: Path, demo_dir: Path) -> None:
-    from privflow.flows.train import train_pipeline
+    from privflow.flows.pipeline import train_in_process
 
     data, schema = _slice(tmp_path, demo_dir, 2000, bad_age=600)  # 30% of the rows: far above 1%
     cfg = _config(data, schema, tmp_path / "store")
     with pytest.raises(ValidationFailed) as info:
-        train_pipeline(cfg, show_progress=False)
+        train_in_process(cfg, show_progress=False)
     message = str(info.value)
     # the DP count is printed rounded, so it equals the exact 600 about 2% of the time: strip it
     assert re.search(r"about \d+ rows fail", message)

@@ -4,6 +4,8 @@ Checks what a data owner relies on: the reported epsilon is the composition of t
 recorded events (recomputed by an independent accountant), the per-step cumulative
 epsilon ends at or under the target, the ledger holds the run, the synthetic table is
 valid under the schema, and the registered model samples by alias without the data.
+The runs are in process, as `privflow run` makes them by default (tests/flows/test_train_in_process.py
+shows the Prefect flow records the same).
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from privflow.privacy.accounting.events import events_from_json
 from privflow.privacy.ledger import Ledger
 from tests.data_slices import adult_slice, small_config
 
-pytestmark = pytest.mark.usefixtures("prefect_server")
-
 
 @pytest.fixture()
 def run(trained_store: dict):
@@ -47,7 +47,9 @@ def test_reported_epsilon_is_the_composition_of_recorded_events(run) -> None:
     path = client.download_artifacts(summary.mlflow_run_id, "privacy/events.json")
     events = events_from_json(Path(path).read_text())
     assert PLDAccountant().epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=1e-9)
-    assert PRVAccountant().epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=0.01)
+    # an independent accountant agrees within 1% (PRV at an absolute error of 0.005: a tenth of the
+    # time of its default 0.001)
+    assert PRVAccountant(eps_error=0.005).epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=0.01)
     plan = json.loads(Path(client.download_artifacts(summary.mlflow_run_id, "privacy/plan.json")).read_text())
     assert {s["name"] for s in plan["stages"]} == {"validate", "dp_marginals", "dp_head", "dp_stats", "train", "select"}
 
@@ -128,7 +130,7 @@ def test_generate_unknown_alias_is_a_clear_error(run, tmp_path: Path) -> None:
 
 
 def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, demo_dir: Path) -> None:
-    from privflow.flows.train import train_pipeline
+    from privflow.flows.pipeline import train_in_process
 
     data, schema = adult_slice(tmp_path, demo_dir, 2000)
     cfg = RunConfig.build(
@@ -140,7 +142,7 @@ def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, dem
         train={"epochs": 1, "batch_size": 256, "checkpoint_every": 4},
         evaluate={"synthetic_rows": 200, "utility": False, "privacy_risk": False, "report": False, "fidelity": False},
     )
-    summary = train_pipeline(cfg, show_progress=False)
+    summary = train_in_process(cfg, show_progress=False)
     assert set(summary.stages) == {"validate", "dp_marginals", "dp_head", "dp_stats", "dp_prior", "train", "select"}
     assert summary.epsilon <= 3.0
     events = events_from_json(
@@ -156,7 +158,7 @@ def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, dem
 def test_dp_marginals_are_planned_spent_released_and_decoded_through(tmp_path: Path, demo_dir: Path) -> None:
     """marginals.enabled: one Gaussian release of all column histograms, in the plan and the
     recorded events; the registered model carries the marginals and decodes through them."""
-    from privflow.flows.train import train_pipeline
+    from privflow.flows.pipeline import train_in_process
     from privflow.privacy.accounting.events import GaussianEvent
     from privflow.tasks.mlflow_store import load_version
 
@@ -171,7 +173,7 @@ def test_dp_marginals_are_planned_spent_released_and_decoded_through(tmp_path: P
         train={"checkpoint_every": 4},
         evaluate={"synthetic_rows": 400},
     )
-    summary = train_pipeline(cfg, show_progress=False)
+    summary = train_in_process(cfg, show_progress=False)
     assert "dp_marginals" in summary.stages and summary.epsilon <= 3.0
     events = events_from_json(
         Path(MlflowClient().download_artifacts(summary.mlflow_run_id, "privacy/events.json")).read_text()
@@ -193,7 +195,7 @@ def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: 
     """With DP marginals, a plan whose DP-SGD would get too small an effective batch trains no
     flow: the marginals take its budget, the release is the independent copula, and the summary,
     the CLI and the registered version say so."""
-    from privflow.flows.train import train_pipeline
+    from privflow.flows.pipeline import train_in_process
     from privflow.privacy.accounting.events import GaussianEvent, LaplaceEvent, PoissonGaussianEvent
 
     data, schema = adult_slice(tmp_path, demo_dir, 1500)
@@ -208,7 +210,7 @@ def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: 
         train={"batch_size": 64, "min_effective_batch": 1e6},
         evaluate={"synthetic_rows": 600, "utility": False, "privacy_risk": False, "report": False},
     )
-    summary = train_pipeline(cfg, show_progress=False)
+    summary = train_in_process(cfg, show_progress=False)
     assert list(summary.stages) == ["validate", "dp_head", "dp_marginals"]
     assert 0.98 <= summary.epsilon <= 1.0  # the marginals took what the gate and the head left
     events = events_from_json(

@@ -20,8 +20,6 @@ from privflow.data.validation import validate
 from privflow.privacy.ledger import Ledger
 from tests.data_slices import adult_slice
 
-pytestmark = pytest.mark.usefixtures("prefect_server")
-
 ROWS = 2500
 BAD = [5, 1234, 2400]  # rows given an age outside the public bounds
 

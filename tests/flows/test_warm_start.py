@@ -1,5 +1,6 @@
-"""Warm starts end to end (issue 14), on slices of real data (Adult) with a tiny flow:
-`pretrain` on public rows (the published test split), then `run --init-from` on training rows.
+"""Warm starts end to end, on slices of real data (Adult) with a tiny flow: `pretrain` on public
+rows (the published test split), then `run --init-from` on training rows (in process, as the CLI
+runs it).
 
 - DP training starts from exactly the registered parent's weights (also with DP marginals,
   where the flow is fine-tuned in the run's own copula space);
@@ -64,8 +65,8 @@ def _config(files: dict[str, Path], data: Path, **extra: object) -> RunConfig:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
+    from privflow.flows.pipeline import train_in_process
     from privflow.flows.pretrain import pretrain_pipeline
-    from privflow.flows.train import train_pipeline
     from privflow.tasks import train as train_task
 
     files = _files(tmp_path_factory.mktemp("warm"), demo_dir)
@@ -93,17 +94,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(train_task, "train", recording_train)
-        out["warm"] = train_pipeline(
+        out["warm"] = train_in_process(
             _config(files, files["private"], model_name="warmtest", init_from="warmtest-public@pretrained"),
             show_progress=False,
         )
         out["scratch_config"] = _config(files, files["private"], model_name="warmtest")
-        out["scratch"] = train_pipeline(out["scratch_config"], show_progress=False)
+        out["scratch"] = train_in_process(out["scratch_config"], show_progress=False)
         child_of = f"{out['warm'].model_name}/{out['warm'].model_version}"
-        out["child"] = train_pipeline(
+        out["child"] = train_in_process(
             _config(files, files["private"], model_name="warmtest", init_from=child_of), show_progress=False
         )
-        out["warm_marg"] = train_pipeline(
+        out["warm_marg"] = train_in_process(
             _config(
                 files, files["private"], model_name="warmtest-marg", init_from="warmtest-public-marg/1", **marginals
             ),

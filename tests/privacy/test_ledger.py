@@ -506,7 +506,7 @@ def test_summary_states_the_fully_adaptive_bound_as_the_sum_of_run_epsilons(ledg
 
 
 def test_ledger_show_prints_the_headroom_by_composition_not_subtraction(tmp_path: Path) -> None:
-    """The reviewer's example (issue 36): a budget of 1.5 with a run at epsilon 1 (delta 1e-5)
+    """A budget of 1.5 with a run at epsilon 1 (delta 1e-5)
     spent. Budget minus spent (0.5) is not what a next run can ask for: the printed headroom is
     the largest Gaussian whose composition with the recorded events fits, and no more."""
     import re

@@ -27,8 +27,8 @@ def test_plan_lands_within_one_percent_under_target(epsilon: float) -> None:
     assert 0.99 * epsilon <= plan.epsilon <= epsilon
     # the figure is the composition of the recorded events, recomputed from them alone
     assert PLDAccountant().epsilon(plan.events, 1e-5) == pytest.approx(plan.epsilon, rel=1e-9)
-    # an independent accountant (PRV) agrees within 1%
-    assert PRVAccountant().epsilon(plan.events, 1e-5) == pytest.approx(plan.epsilon, rel=0.01)
+    # an independent accountant (PRV, at an absolute error of 0.005) agrees within 1%
+    assert PRVAccountant(eps_error=0.005).epsilon(plan.events, 1e-5) == pytest.approx(plan.epsilon, rel=0.01)
     assert plan.epsilon_rdp >= plan.epsilon
 
 
@@ -118,5 +118,7 @@ def test_adult_and_runs_without_marginals_keep_the_flow() -> None:
     assert adult.has("train") and adult.has("dp_marginals")  # type: ignore[attr-defined]
     _, _, german_plain = _demo_plan("german", 1.0, marginals={"enabled": False})
     assert german_plain.has("train") and not german_plain.has("dp_marginals")  # type: ignore[attr-defined]
-    _, _, german_big_eps = _demo_plan("german", 50.0, marginals={"enabled": True})
+    # a budget ten times the demo's is enough for German's 1,000 rows to learn a flow (the plan
+    # at 50 says the same, in four times the calibration time)
+    _, _, german_big_eps = _demo_plan("german", 10.0, marginals={"enabled": True})
     assert german_big_eps.has("train")  # type: ignore[attr-defined]
