@@ -37,7 +37,7 @@ def step_times(trace: str, end: float) -> list[tuple[str, float]]:
     epoch time; the last command runs until `end`."""
     starts = [(float(m.group(1)), m.group(2)) for m in map(_TRACE.match, trace.splitlines()) if m]
     bounds = [t for t, _ in starts[1:]] + [end]
-    return [(cmd, stop - t) for (t, cmd), stop in zip(starts, bounds, strict=True)]
+    return [(cmd, stop - t) for (t, cmd), stop in zip(starts, bounds, strict=False)]
 
 
 def pytest_summary(output: str) -> tuple[str, float] | None:
@@ -74,7 +74,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="privflow-ci-") as tmp:
         clone = Path(tmp) / "privflow"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-        env = {**os.environ, "PS4": "+ $EPOCHREALTIME "}
+        # bash takes no PS4 from the environment when run as root: it is set by a startup file
+        startup = Path(tmp) / "trace-prompt.sh"
+        startup.write_text("PS4='+ $EPOCHREALTIME '\n")
+        env = {**os.environ, "BASH_ENV": str(startup)}
         env.pop("VIRTUAL_ENV", None)
         print("running .ci/run on a fresh clone ...", flush=True)
         code, out, trace, total = _run(["bash", "-x", ".ci/run"], clone, env)

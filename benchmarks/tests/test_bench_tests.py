@@ -23,6 +23,7 @@ def test_each_top_level_command_lasts_until_the_next() -> None:
         ".venv/bin/ruff check .",
     ]  # a subshell's line (++) is not a step
     assert [s for _, s in steps] == pytest.approx([0.5, 3.0, 56.0, 1.5])
+    assert step_times("no trace at all\n", end=1.0) == []
 
 
 OUTPUT = """........ [100%]
