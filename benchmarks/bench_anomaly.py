@@ -1,6 +1,6 @@
-"""Anomaly detection against epsilon (issue 14): DP-NF's section 5 protocol, one command.
+"""Anomaly detection against epsilon: DP-NF's section 5 protocol, one command.
 
-    .venv/bin/python -m benchmarks.bench_anomaly      # 4-8 min on 2 CPU cores; writes
+    .venv/bin/python -m benchmarks.bench_anomaly      # minutes on 2 CPU cores; writes
                                                        # benchmarks/results/anomaly.md and anomaly.png
 
 Data (Waites & Cummings 2021, section 5 and Appendix C):
@@ -345,7 +345,7 @@ def figure(results: list[dict[str, Any]], path: Path) -> None:
 
 def markdown(results: list[dict[str, Any]], command: str, wall: float, png: Path) -> str:
     lines = [
-        "# Anomaly detection against epsilon (issue 14)",
+        "# Anomaly detection against epsilon",
         "",
         "DP-NF's section 5 protocol (Waites & Cummings 2021): likelihood thresholding under a DP flow against",
         "DP-AD (Algorithm 2: non-private flows on disjoint parts, a noisy vote per query) and the non-private",

@@ -32,7 +32,7 @@ from benchmarks import bench_common as common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "dp_step.md"
-# issue 15: DP step / non-private step, medians over interleaved rounds
+# targets: DP step / non-private step, medians over interleaved rounds
 NAIVE = "DP flat, naive per-example loop"
 TARGETS = {"DP flat": 1.2, "DP per-layer": 1.2, "DP per-unit": 1.5, "DP sparsify": 1.5}
 
@@ -180,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "A step: zero the gradients, the (clipped) gradient of -log_prob, the noise (DP rows), one Adam update.",
         "Wall: ms on the clock. CPU: ms of CPU time of the timing thread (the step runs on one thread); on a "
         "busy machine wall exceeds CPU by the time spent waiting for a core.",
-        "Targets (issue 15, DP step / non-private step, ratio of medians; this run only): "
-        + "; ".join(verdicts(wall, cpu)),
+        "Targets (DP step / non-private step, ratio of medians; this run only): " + "; ".join(verdicts(wall, cpu)),
     ]
     text = "\n".join(common.header("DP step against the non-private step", started, load, notes, commit) + lines)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""`privflow run` on Adult at (1, 1e-5) on a GPU against the CPU of the same machine (issue 15:
+"""`privflow run` on Adult at (1, 1e-5) on a GPU against the CPU of the same machine (target:
 "On a GPU (H100 class): Adult at (1, 1e-5) trained in under a minute").
 
 For each of ``--devices`` (default ``cuda cpu``), a fresh subprocess runs the real CLI

@@ -1,5 +1,5 @@
 """The target head on its own: the shipped softmax regression against richer or longer-trained
-variants, under the same DP-SGD, and non-private references (issue 13: why AP stays below AIM's).
+variants, under the same DP-SGD, and non-private references (why AP stays below AIM's).
 
 Each DP variant is trained by the project's trainer (``privacy.dp_sgd.train``: Poisson
 sampling, flat clipping C = 1, noise, Adam, EMA 0.95) on the training split's public features

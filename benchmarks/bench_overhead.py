@@ -1,5 +1,5 @@
 """Fixed overhead of `privflow run` against its work, and the time to an error caught up front
-(issue 15, "Fast at every size": targets fixed overhead < 10 s, early error < 5 s).
+("Fast at every size": targets fixed overhead < 10 s, early error < 5 s).
 
 The real CLI path: ``privflow run`` on the first ``--rows`` rows of the demo table (schema
 ``expected_rows`` set to that number) with a tiny public configuration (1 epoch, DP-SGD always
@@ -534,7 +534,7 @@ def render(
         "runs reuse both (the same plan is looked up). Every run is a fresh process, as a CLI call is, with "
         "Python's default of caching "
         "compiled modules (this machine's shell sets PYTHONDONTWRITEBYTECODE=1, which the runs do not inherit: "
-        "compiling privflow's own modules costs about 0.25 s a run, paid by the first run only).",
+        "compiling privflow's own modules has a cost per run, paid by the first run only).",
         "Wall: seconds on the clock. CPU: seconds of CPU used by the run's process (all threads); the last row's "
         "CPU adds Prefect's temporary server process over the whole run (it runs beside the CLI; a standing "
         "server's CPU is not counted). On a busy "

@@ -1,4 +1,4 @@
-"""Time one DP-SGD Poisson sample: the batch-sized draw against n coins (issue 15).
+"""Time one DP-SGD Poisson sample: the batch-sized draw against n coins.
 
 ``privacy.dp_sgd.poisson_sample`` draws a Binomial(n, q) batch size and that many distinct
 rows; the reference draws n uniform coins and keeps those below q (the same law; what the

@@ -1,5 +1,5 @@
 """Sampling throughput and memory: rows/s (marginal) and peak RSS writing N rows to a file, and
-where the time of one batch goes (issue 15: >= 200k rows/s, 10M rows under 2 GB, 2 cores).
+where the time of one batch goes (targets: >= 200k rows/s, 10M rows under 2 GB, 2 cores).
 
 The default released model: DP-HFlow with ``build_flow("dphflow", ...)`` defaults on the Adult
 schema with its target head (random weights: sampling speed does not depend on training), and, by default, the
@@ -21,7 +21,7 @@ matrix products (the incremental MADE) against everything else (mostly the splin
         [--threads 1] [--format csv|parquet] [--codec copula|schema] [--device cpu|cuda] [--profile] \
         [--out FILE]
 
-``--cli`` measures the command end to end instead (issue 37): the installed ``privflow generate``
+``--cli`` measures the command end to end instead: the installed ``privflow generate``
 as a subprocess, from process start to exit (interpreter, imports, the model's load from the
 registry, sampling, writing), for each size (default 1k, 100k, 1M) to CSV and to Parquet, on a
 registered model of ``--store`` (``privflow demo --store /tmp/sampling-store`` makes one). Wall

@@ -1,4 +1,4 @@
-"""Training time and memory against the number of rows (issue 15, "Fast at every size").
+"""Training time and memory against the number of rows ("Fast at every size").
 
 The bundled Adult training table (validated as ``benchmarks/datasets.py`` loads it) is
 replicated to each size with a fixed-seed perturbation, so no two copies of a row are equal:

@@ -1,4 +1,4 @@
-"""Peak memory and time of `privflow run`, the table read whole against streamed (issue 15).
+"""Peak memory and time of `privflow run`, the table read whole against streamed.
 
 For each size the bundled Adult training table is replicated with the fixed-seed perturbation
 of ``bench_scaling.py`` (public seed, public bounds and categories only) and written as Parquet
@@ -71,8 +71,8 @@ def write_table(rows: int, folder: Path) -> tuple[Path, Path]:
 def write_table_apart(rows: int, folder: Path) -> tuple[Path, Path]:
     """`write_table` in a child process, so that this one stays small: a child's high-water mark
     (os.wait4's ru_maxrss) starts from its parent's, which it shares until it execs (Linux
-    carries the old memory's high-water mark over an exec). Replicating 3.2M rows here once
-    added ~200 MB to every later cell's figure."""
+    carries the old memory's high-water mark over an exec). Replicating 3.2M rows here would
+    add that replication's memory to every later cell's figure."""
     code = "import sys; sys.path.insert(0, sys.argv[1]); from benchmarks import bench_stream as b; "
     code += "from pathlib import Path; "
     code += "b.write_table(int(sys.argv[2]), Path(sys.argv[3]))"

@@ -1,4 +1,4 @@
-"""Data-parallel DP-SGD (`privflow run --workers N`) against one process on Adult (issue 15).
+"""Data-parallel DP-SGD (`privflow run --workers N`) against one process on Adult.
 
 Each run is one benchmark cell of ``benchmarks/cells.py`` (Adult, DP-HFlow, epsilon 1, the
 benchmark's configuration and its evaluation: the pipeline's ``prepare`` + ``fit``, the test

@@ -26,45 +26,41 @@ class Source:
 
     file: str
     title: str
-    issue: str
     sections: tuple[str, ...]  # "## " headings copied whole; "" = the tables before the first heading
 
 
 SOURCES = (
-    Source("peers.md", "privflow beside MST and AIM, with its ablations", "13", ("adult", "german", "Targets")),
-    Source("tables.md", "privflow beside MST and AIM over six public tables", "37", ("", "Targets per table")),
-    Source("split_check.md", "The default run after the selection split by occurrence rank", "13", ("adult", "german")),
-    Source(
-        "label_ceiling.md", "Classifier utility: the flow's features against the head's labels", "13", ("", "Reading")
-    ),
-    Source("head.md", "The target head on its own: DP variants and non-private references", "13", ("",)),
-    Source("stability.md", "Spread of the default run over 5 seeds", "13", ("adult", "pinwheel", "Targets")),
-    Source("ceiling.md", "The default pipeline with and without DP: what the noise costs", "13", ("adult", "Targets")),
-    Source("sampling.md", "Sampling rate and memory", "15", ("", "Verdict")),
-    Source("overhead.md", "Fixed overhead of a run, time to an early error", "15", ("Verdict",)),
-    Source("dp_step.md", "DP step against the non-private step", "15", ("",)),
-    Source("sparsify_tau.md", "Sparsification: the exact threshold against the sampled one", "15", ("",)),
-    Source("scaling.md", "Training time and memory against rows", "15", ("", "Verdict")),
-    Source("stream.md", "privflow run on tables up to 3.2M rows: read whole against streamed", "15", ("", "Verdict")),
-    Source("stream_32m.md", "privflow run streamed on 32M rows", "15", ("", "Verdict")),
-    Source("stream_select_cap.md", "privflow run streamed on 3.2M rows, selection split capped", "15", ("", "Verdict")),
+    Source("peers.md", "privflow beside MST and AIM, with its ablations", ("adult", "german", "Targets")),
+    Source("tables.md", "privflow beside MST and AIM over six public tables", ("", "Targets per table")),
+    Source("split_check.md", "The default run after the selection split by occurrence rank", ("adult", "german")),
+    Source("label_ceiling.md", "Classifier utility: the flow's features against the head's labels", ("", "Reading")),
+    Source("head.md", "The target head on its own: DP variants and non-private references", ("",)),
+    Source("stability.md", "Spread of the default run over 5 seeds", ("adult", "pinwheel", "Targets")),
+    Source("ceiling.md", "The default pipeline with and without DP: what the noise costs", ("adult", "Targets")),
+    Source("sampling.md", "Sampling rate and memory", ("", "Verdict")),
+    Source("overhead.md", "Fixed overhead of a run, time to an early error", ("Verdict",)),
+    Source("dp_step.md", "DP step against the non-private step", ("",)),
+    Source("sparsify_tau.md", "Sparsification: the exact threshold against the sampled one", ("",)),
+    Source("scaling.md", "Training time and memory against rows", ("", "Verdict")),
+    Source("stream.md", "privflow run on tables up to 3.2M rows: read whole against streamed", ("", "Verdict")),
+    Source("stream_32m.md", "privflow run streamed on 32M rows", ("", "Verdict")),
+    Source("stream_select_cap.md", "privflow run streamed on 3.2M rows, selection split capped", ("", "Verdict")),
     Source(
         "stream_current.md",
         "privflow run streamed at 32k, 320k and 3.2M rows, selection split capped",
-        "15",
         ("", "Verdict"),
     ),
-    Source("poisson.md", "DP-SGD's Poisson sample: batch-sized draw against n coins", "15", ("",)),
-    Source("gpu.md", "privflow run on Adult on a GPU", "15", ("", "Verdict")),
-    Source("dp_step_cuda.md", "DP step against the non-private step on a GPU, batch 512", "15", ("",)),
-    Source("dp_step_cuda_4096.md", "DP step against the non-private step on a GPU, batch 4096", "15", ("",)),
-    Source("profile_dp_step_cuda.md", "Where the DP step's time goes on a GPU", "15", ("",)),
-    Source("sampling_cuda.md", "Sampling with the flow on a GPU", "15", ("", "Verdict")),
-    Source("workers.md", "Two data-parallel workers against one", "15", ("2 processes against 1",)),
-    Source("warm_start.md", "Warm starts from public pretraining", "14", ("",)),
-    Source("audit.md", "Empirical privacy audit", "14", ("",)),
-    Source("anomaly.md", "DP anomaly detection", "14", ("adult-numeric", "half-moons")),
-    Source("sweep.md", "Flows against the DP-NF and DP-HFlow papers", "5", ("adult", "german", "pinwheel", "Targets")),
+    Source("poisson.md", "DP-SGD's Poisson sample: batch-sized draw against n coins", ("",)),
+    Source("gpu.md", "privflow run on Adult on a GPU", ("", "Verdict")),
+    Source("dp_step_cuda.md", "DP step against the non-private step on a GPU, batch 512", ("",)),
+    Source("dp_step_cuda_4096.md", "DP step against the non-private step on a GPU, batch 4096", ("",)),
+    Source("profile_dp_step_cuda.md", "Where the DP step's time goes on a GPU", ("",)),
+    Source("sampling_cuda.md", "Sampling with the flow on a GPU", ("", "Verdict")),
+    Source("workers.md", "Two data-parallel workers against one", ("2 processes against 1",)),
+    Source("warm_start.md", "Warm starts from public pretraining", ("",)),
+    Source("audit.md", "Empirical privacy audit", ("",)),
+    Source("anomaly.md", "DP anomaly detection", ("adult-numeric", "half-moons")),
+    Source("sweep.md", "Flows against the DP-NF and DP-HFlow papers", ("adult", "german", "pinwheel", "Targets")),
 )
 
 _PROVENANCE = re.compile(r"^- (command|commit|date|machine)\b", re.IGNORECASE)
@@ -72,7 +68,7 @@ _PROVENANCE = re.compile(r"^- (command|commit|date|machine)\b", re.IGNORECASE)
 
 def split_sections(text: str) -> tuple[list[str], dict[str, list[str]]]:
     """The lines before the first '## ' heading, and each '## ' section's lines by heading text
-    (a heading is matched by its start, so 'Targets' finds 'Targets (issue 13), ...')."""
+    (a heading is matched by its start, so 'Targets' finds 'Targets (peers), at epsilon = 1')."""
     head: list[str] = []
     sections: dict[str, list[str]] = {}
     current: list[str] = head
@@ -122,7 +118,7 @@ def tables(lines: list[str]) -> list[str]:
 
 def section(source: Source, results: Path) -> list[str]:
     path = results / source.file
-    out = [f"## {source.title} (issue {source.issue})", ""]
+    out = [f"## {source.title}", ""]
     if not path.exists():
         return out + [f"Not measured yet: `{source.file}` is missing.", ""]
     head, sections = split_sections(path.read_text())

@@ -33,7 +33,7 @@ from privflow.privacy.mechanisms import dp_marginals as mech
 from privflow.privacy.mechanisms.gaussian import gaussian_mechanism
 from privflow.privacy.mechanisms.hierarchy import project_to_total
 
-COLUMNS = 7  # like the measurements table of issue 37 (carat, depth, table, price, x, y, z)
+COLUMNS = 7  # like a table of measurements (carat, depth, table, price, x, y, z)
 DELTA = 1e-7  # the marginals' share of a run's delta, about
 SAMPLES = 100_000
 CASES = ((2_000, 160.0, 1.0), (2_000, 160.0, 0.3), (20_000, 100.0, 1.0), (54_000, 60.0, 1.0), (30_000, 100.0, 0.3))

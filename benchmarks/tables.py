@@ -1,4 +1,4 @@
-"""privflow beside MST and AIM over many public tables (issue 37).
+"""privflow beside MST and AIM over many public tables.
 
     python -m benchmarks.tables --out benchmarks/results/tables.md [--epsilon 1] [--tables ...] [--quick]
                                 [--methods mst,aim,privflow]
@@ -55,12 +55,12 @@ SPLIT_SEED = 0
 TEST_SHARE = 0.2
 SAMPLE_SEED = 0
 QUICK_ROWS = 2_000  # --quick: each table subsampled to this many rows (fixed seed)
-AIM_CAP_S = 1800.0  # AIM's time cap per (table, epsilon), the issue's 30 minutes; over it: skipped with a note
+AIM_CAP_S = 1800.0  # AIM's time cap per (table, epsilon), 30 minutes; over it: skipped with a note
 PRIVFLOW_CAP_S = 1_200.0  # privflow's time cap per (table, epsilon)
 UTILITY_MAX_TRAIN = 20_000  # rows of a synthetic table the classifier trains on (fixed subsample)
 METHODS = ("mst", "aim", "privflow")
 
-# targets privflow is judged on (issue 37)
+# targets privflow is judged on
 OUTSIDE_MAX = 0.003
 STD_RATIO = (0.8, 1.25)
 
@@ -537,7 +537,7 @@ def std_ratios(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def judge(table: Table, rows: dict[str, dict[str, Any]]) -> str:
-    """A short paragraph: which of issue 37's targets privflow meets on this table, with numbers."""
+    """A short paragraph: which of the targets (OUTSIDE_MAX, STD_RATIO) privflow meets on this table, with numbers."""
     pf = rows.get("privflow")
     if pf is None or pf.get("status") != "ok":
         why = pf.get("note", pf.get("status")) if pf else "not run"
@@ -659,7 +659,7 @@ def results_file(
         *(["Not finished / skipped: " + "; ".join(notes_skipped)] if notes_skipped else []),
     ]
     head = bench_common.header(
-        "privflow beside MST and AIM over many public tables (issue 37)", started, load_before, notes, commit
+        "privflow beside MST and AIM over many public tables", started, load_before, notes, commit
     )
     summary = ["", "## Targets per table", "", *[f"- {j}" for j in judged], ""]
     return "\n".join(head + lines + summary)

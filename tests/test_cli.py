@@ -483,7 +483,7 @@ def test_an_interrupted_command_mentions_the_ledger_only_when_it_can_spend(
 
 
 def test_a_schema_can_turn_the_promotion_charge_off_for_its_dataset(tmp_path: Path) -> None:
-    """`dataset.promotion` (issue 36): the runs' default when neither --promote nor the config's
+    """`dataset.promotion`: the runs' default when neither --promote nor the config's
     `promotion` says otherwise; pre-flight applies it, an explicit setting wins."""
     from privflow.core.config import RunConfig
     from privflow.core.errors import SchemaError

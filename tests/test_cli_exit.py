@@ -1,4 +1,4 @@
-"""How `privflow` starts and ends a run (issue 15, "Fast at every size"):
+"""How `privflow` starts and ends a run ("Fast at every size"):
 
 - without a configured Prefect API the pipeline runs in process unless `--prefect`; with one
   (PREFECT_API_URL) under Prefect unless `--no-server` (or PRIVFLOW_NO_SERVER=1);

@@ -1,4 +1,4 @@
-"""Conditional sampling (issue 36): `privflow generate --where COL=VALUE` and
+"""Conditional sampling: `privflow generate --where COL=VALUE` and
 `Synthesizer.sample(n, where=...)`. Exactly n rows, every one meeting every condition (AND), drawn
 from the model's conditional law (the target through its head, other columns by rejection); the
 seed reproduces them; bad conditions and conditions too rare to reach n are one paragraph, exit 2."""

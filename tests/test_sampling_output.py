@@ -1,4 +1,4 @@
-"""`privflow generate`'s output path (issue 37): batches streamed to one file read back as the whole
+"""`privflow generate`'s output path: batches streamed to one file read back as the whole
 table, the schema's decimals in CSV text, dates written without a Python call per value, and a
 local store's release loaded without MLflow (the same rows as MLflow's load)."""
 

@@ -1,7 +1,7 @@
-"""Warm starts refused up front (issue 14): `privflow run --init-from` with a missing model, a
+"""Warm starts refused up front: `privflow run --init-from` with a missing model, a
 parent under another schema, another flow or codec space, a private release of another
 dataset, a private parent the ledger does not hold, or a version tagged public in the registry
-that `privflow pretrain` never declared in the ledger (issue 34) exits 2 with one paragraph,
+that `privflow pretrain` never declared in the ledger exits 2 with one paragraph,
 before any reservation, and leaves the ledger as it was. Plus the plan of a warm start: the
 from-scratch plan minus its initialisation stages, DP-SGD unchanged; and the ledger's lineage
 composition (privacy rule 9).
@@ -302,7 +302,7 @@ def test_help_names_the_warm_start_commands() -> None:
 @pytest.mark.usefixtures("cli_process_state")
 def test_pretrain_reports_the_commands_wall_time_not_the_flows(tmp_path: Path, monkeypatch) -> None:
     """The time printed covers the whole command (Prefect's start-up included), not the flow's own
-    `wall_seconds` (about a quarter of it): measured from the command's start."""
+    `wall_seconds` (only part of it): measured from the command's start."""
     import time
     from types import SimpleNamespace
 

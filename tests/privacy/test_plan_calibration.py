@@ -1,6 +1,6 @@
 """The fast calibration (secant search, remembered compositions) gives the plan the former
-bisection gave, within tolerance, and never a looser one (issue 15: pre-flight's plan and budget
-check took 6.7 s of a run's fixed overhead)."""
+bisection gave, within tolerance, and never a looser one (why: the bisection made pre-flight's plan
+and budget check a large share of a run's fixed overhead)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ SMALL: dict[str, tuple[float, Callable[[float], Event]]] = {
 
 
 def _bisection_sigma(epsilon: float, fixed: list[Event], shape: SGDShape, tolerance: float = 0.01) -> float:
-    """The former calibration (privacy/accounting/plan.py before issue 15), kept here as the reference:
+    """The former calibration (privacy/accounting/plan.py before the secant search), kept here as the reference:
     bisection on log(sigma) over [0.3, 1000] on the coarse grid (1e-3) down to a width of 1e-4,
     aiming at epsilon * (1 - tolerance / 2), then sigma nudged up by 0.2% until the fine grid's
     figure is under the target."""

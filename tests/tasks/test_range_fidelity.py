@@ -1,7 +1,7 @@
 """Tests of `range_fidelity` (tasks/evaluation/fidelity.py) against references computed by hand
 with numpy and scipy (np.histogram, np.std, np.corrcoef, scipy.stats.spearmanr), and of where
 its figures go: the curator-only evaluation metrics, the HTML report and the run summary
-(issue 37: a table that fills 3..11 of bounds 0..60 hides wide synthetic tails from 20 bins)."""
+(why: a table that fills 3..11 of bounds 0..60 hides wide synthetic tails from 20 bins)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_range_fidelity_matches_an_independent_reference(n_bins: int) -> None:
     assert not any(k.endswith("/c") for k in got)  # categoricals have no range
 
 
-def test_the_issue_table_is_caught_where_twenty_public_bins_are_not() -> None:
+def test_a_narrow_table_is_caught_where_twenty_public_bins_are_not() -> None:
     """Real rows in 3..11 of the public 0..60; 3% of the synthetic rows in a thin tail over the
     bounds: the 20 public bins barely move, the figures on the real range show it."""
     schema = Schema.model_validate(

@@ -48,7 +48,7 @@ def _print_summary(summary: object, prefect: bool = False) -> None:
         if key in metrics:
             table.add_row(f"{key} (not DP)", f"{metrics[key]:.4f}")
     worst = _most_outside(metrics)
-    if worst is not None:  # on the real rows' range, which 20 bins over the public bounds hide (issue 37)
+    if worst is not None:  # on the real rows' range, which 20 bins over the public bounds hide
         table.add_row("synthetic outside the real range (not DP)", f"max {worst[1]:.1%} ({worst[0]})")
     # The gate's released DP count; exact counts are in the curator-only validation report.
     table.add_row("rows failing validation (DP count)", f"about {get('failing_rows_dp', 0.0):.0f}")

@@ -172,7 +172,7 @@ def _fidelity_and_utility(
         t = time.perf_counter()
         d.fid = fidelity(schema, real_train, synthetic)
         d.metrics.update(d.fid.metrics())
-        # on the real rows' own range: what 20 bins over wide public bounds cannot show (issue 37)
+        # on the real rows' own range: what 20 bins over wide public bounds cannot show
         d.metrics.update({f"{RANGE_PREFIX}{k}": v for k, v in range_fidelity(schema, real_train, synthetic).items()})
         d.timings["fidelity"] = time.perf_counter() - t
     if not config.utility:
