@@ -59,6 +59,11 @@ def slowest(output: str) -> list[str]:
     return [line for line in lines[first + 1 :] if re.match(r"^[0-9.]+s ", line)]
 
 
+def failures(output: str) -> list[str]:
+    """pytest's FAILED and ERROR lines of its short summary (-ra)."""
+    return [line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+
+
 def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, str, float]:
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
@@ -111,6 +116,9 @@ def main() -> None:
         slow_summary = pytest_summary(slow[1])
         said = f"{slow_summary[0]} in {slow_summary[1]:.1f} s" if slow_summary else "no summary line"
         lines += [f"Slow tier (`pytest -n 2 -m slow`): exit {slow[0]}, {said}.", ""]
+        failed = failures(slow[1])
+        if failed:
+            lines += ["Its failures:", "", "```", *failed, "```", ""]
     common.publish("\n".join(lines) + "\n", args.out)
 
 

@@ -39,6 +39,7 @@ SOURCES = (
     Source("ceiling.md", "The default pipeline with and without DP: what the noise costs", ("adult", "Targets")),
     Source("sampling.md", "Sampling rate and memory", ("", "Verdict")),
     Source("overhead.md", "Fixed overhead of a run, time to an early error", ("Verdict",)),
+    Source("test_tiers.md", "CI and the test tiers on a fresh clone", ("",)),
     Source("dp_step.md", "DP step against the non-private step", ("",)),
     Source("sparsify_tau.md", "Sparsification: the exact threshold against the sampled one", ("",)),
     Source("scaling.md", "Training time and memory against rows", ("", "Verdict")),

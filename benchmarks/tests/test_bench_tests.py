@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_tests import pytest_summary, slowest, step_times
+from benchmarks.bench_tests import failures, pytest_summary, slowest, step_times
 
 TRACE = """++ 100.0 dirname .ci/run
 + 100.5 cd .ci/..
@@ -40,6 +40,10 @@ def test_the_summary_line_and_the_slowest_tests_are_read() -> None:
     assert pytest_summary(OUTPUT) == ("1515 passed, 12 skipped, 37 warnings", 273.45)
     assert pytest_summary("= 1 failed, 3 passed in 2.00s =") == ("1 failed, 3 passed", 2.0)
     assert pytest_summary("no summary here") is None
+    assert failures(OUTPUT + "FAILED tests/a.py::test_x - AssertionError\n") == [
+        "FAILED tests/a.py::test_x - AssertionError"
+    ]
+    assert failures(OUTPUT) == []
     assert slowest(OUTPUT) == [
         "17.78s setup    tests/flows/test_warm_start.py::test_a",
         "9.61s call     tests/test_api.py::test_b",
