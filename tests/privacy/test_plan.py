@@ -27,8 +27,10 @@ def test_plan_lands_within_one_percent_under_target(epsilon: float) -> None:
     assert 0.99 * epsilon <= plan.epsilon <= epsilon
     # the figure is the composition of the recorded events, recomputed from them alone
     assert PLDAccountant().epsilon(plan.events, 1e-5) == pytest.approx(plan.epsilon, rel=1e-9)
-    # an independent accountant (PRV, at an absolute error of 0.005) agrees within 1%
-    assert PRVAccountant(eps_error=0.005).epsilon(plan.events, 1e-5) == pytest.approx(plan.epsilon, rel=0.01)
+    # an independent accountant (PRV) agrees within 1%: its upper bound may lie up to its absolute
+    # error above, so that error stays well under 1% of epsilon (0.4%, at most 0.005)
+    prv = PRVAccountant(eps_error=min(0.005, 0.004 * epsilon))
+    assert prv.epsilon(plan.events, 1e-5) == pytest.approx(plan.epsilon, rel=0.01)
     assert plan.epsilon_rdp >= plan.epsilon
 
 
