@@ -37,7 +37,7 @@ def step_times(trace: str, end: float) -> list[tuple[str, float]]:
     epoch time; the last command runs until `end`."""
     starts = [(float(m.group(1)), m.group(2)) for m in map(_TRACE.match, trace.splitlines()) if m]
     bounds = [t for t, _ in starts[1:]] + [end]
-    return [(cmd, stop - t) for (t, cmd), stop in zip(starts, bounds, strict=False)]
+    return [(cmd, stop - t) for (t, cmd), stop in zip(starts, bounds[: len(starts)], strict=True)]
 
 
 def pytest_summary(output: str) -> tuple[str, float] | None:

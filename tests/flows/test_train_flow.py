@@ -47,9 +47,10 @@ def test_reported_epsilon_is_the_composition_of_recorded_events(run) -> None:
     path = client.download_artifacts(summary.mlflow_run_id, "privacy/events.json")
     events = events_from_json(Path(path).read_text())
     assert PLDAccountant().epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=1e-9)
-    # an independent accountant agrees within 1% (PRV at an absolute error of 0.005: a tenth of the
-    # time of its default 0.001)
-    assert PRVAccountant(eps_error=0.005).epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=0.01)
+    # an independent accountant (PRV) agrees within 1%; its absolute error stays well under 1% of
+    # epsilon (as in tests/privacy/test_plan.py)
+    prv = PRVAccountant(eps_error=min(0.005, 0.004 * summary.epsilon))
+    assert prv.epsilon(events, summary.delta) == pytest.approx(summary.epsilon, rel=0.01)
     plan = json.loads(Path(client.download_artifacts(summary.mlflow_run_id, "privacy/plan.json")).read_text())
     assert {s["name"] for s in plan["stages"]} == {"validate", "dp_marginals", "dp_head", "dp_stats", "train", "select"}
 

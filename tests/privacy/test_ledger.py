@@ -506,9 +506,9 @@ def test_summary_states_the_fully_adaptive_bound_as_the_sum_of_run_epsilons(ledg
 
 
 def test_ledger_show_prints_the_headroom_by_composition_not_subtraction(tmp_path: Path) -> None:
-    """A budget of 1.5 with a run at epsilon 1 (delta 1e-5)
-    spent. Budget minus spent (0.5) is not what a next run can ask for: the printed headroom is
-    the largest Gaussian whose composition with the recorded events fits, and no more."""
+    """A budget of 1.5 with a run at epsilon 1 (delta 1e-5) spent. Budget minus spent (0.5) is not
+    what a next run can ask for: the printed headroom is the largest Gaussian whose composition
+    with the recorded events fits, and no more."""
     import re
 
     from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon

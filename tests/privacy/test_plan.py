@@ -120,7 +120,6 @@ def test_adult_and_runs_without_marginals_keep_the_flow() -> None:
     assert adult.has("train") and adult.has("dp_marginals")  # type: ignore[attr-defined]
     _, _, german_plain = _demo_plan("german", 1.0, marginals={"enabled": False})
     assert german_plain.has("train") and not german_plain.has("dp_marginals")  # type: ignore[attr-defined]
-    # a budget ten times the demo's is enough for German's 1,000 rows to learn a flow (the plan
-    # at 50 says the same, in four times the calibration time)
+    # a budget ten times the demo's is enough for German's 1,000 rows to learn a flow
     _, _, german_big_eps = _demo_plan("german", 10.0, marginals={"enabled": True})
     assert german_big_eps.has("train")  # type: ignore[attr-defined]

@@ -279,8 +279,8 @@ def headroom_epsilon(events: Sequence[Event], budget: float, delta: float) -> fl
     compose close to one Gaussian at the run's epsilon, so this is what a next run can ask
     for, about; pre-flight checks the exact plan. The composed total grows with e, so e is
     found in a bracket [fits, does not fit] narrowed by the Illinois rule (regula falsi that
-    halves a stale end's value): each probe builds a new Gaussian PLD, and this takes about a
-    third of bisection's probes. The lower end of the final bracket is returned (the side that
+    halves a stale end's value): each probe builds a new Gaussian PLD, and this needs fewer
+    probes than bisection. The lower end of the final bracket is returned (the side that
     fits). 0 when nothing more fits.
     """
     budget = float(budget)
@@ -291,7 +291,7 @@ def headroom_epsilon(events: Sequence[Event], budget: float, delta: float) -> fl
     def excess(e: float) -> float:
         """The composition with a Gaussian at e, minus the limit: <= 0 where it fits."""
         if e <= 0:
-            return (compose_epsilon(events, delta) if events else 0.0) - limit
+            return compose_epsilon(events, delta) - limit
         try:
             return compose_epsilon([*events, GaussianEvent(gaussian_noise_for_epsilon(e, delta))], delta) - limit
         except PLDTooLarge:  # too little noise to account for: no run's plan could ask for it either
