@@ -434,8 +434,9 @@ def test_sigkill_after_reserving_leaves_spend_counted(tmp_path: Path) -> None:
 KILL_IN_TX = textwrap.dedent(
     """
     import sys, time
-    import privflow.privacy.ledger as L
+    import privflow.privacy.ledger.compose as L
     from privflow.privacy.accounting.events import GaussianEvent
+    from privflow.privacy.ledger import Ledger
 
     real = L.compose_epsilon
     def slow(events, delta):
@@ -444,7 +445,7 @@ KILL_IN_TX = textwrap.dedent(
         time.sleep(600)
         return value
     L.compose_epsilon = slow
-    L.Ledger(sys.argv[1]).reserve("d", "half-done", [GaussianEvent(5.0)])
+    Ledger(sys.argv[1]).reserve("d", "half-done", [GaussianEvent(5.0)])
     """
 )
 

@@ -6,7 +6,8 @@ runs with their events as JSON. A run reserves its events before it reads a row
 lock, so concurrent reservers are serialised across processes) the ledger composes every
 event already recorded for the dataset (reserved, settled or failed: any of them may have
 read data) with the new ones using the PLD accountant at the dataset's delta, and refuses
-the run if the total would pass the budget. The reported epsilon comes only from here.
+the run if the total would pass the budget (`compose.budget_verdict`). The reported epsilon comes
+only from here.
 """
 
 from __future__ import annotations
@@ -22,75 +23,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from privflow.core.errors import BudgetExceeded, PrivacyPlanError, StoreError
-from privflow.privacy.accounting.accountant import PLDAccountant, PLDTooLarge
-from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
-from privflow.privacy.accounting.events import (
-    ApproxDPEvent,
-    Event,
-    GaussianEvent,
-    LaplaceEvent,
-    NonPrivateEvent,
-    PoissonGaussianEvent,
-    PureDPEvent,
-    RepeatedEvent,
-    events_from_json,
-    events_to_json,
-    flatten,
-)
-from privflow.privacy.accounting.plan import MAX_EPSILON
+from privflow.core.errors import PrivacyPlanError, StoreError
+from privflow.privacy.accounting.events import Event, events_from_json, events_to_json
+from privflow.privacy.ledger.compose import REL_TOL, budget_verdict, check_budget, compose_epsilon
 
 log = logging.getLogger(__name__)
 
-# Relative slack for floating-point noise only: a plan calibrated to land exactly on the
-# budget may compose to budget * (1 + 1e-12) in the PLD's arithmetic.
-_REL_TOL = 1e-9
 
 # Statuses whose events count against the budget and show in the publishable summary:
 # 'reserved' (an open reservation), 'settled' (the run finished and spent its events) and
 # 'failed' (abandoned after a mechanism ran: its reservation stays counted). A 'released'
 # reservation read no row and spent nothing; a refused run is never recorded at all.
 CHARGED_STATUSES = ("reserved", "settled", "failed")
-_STATUS_LABEL = {"reserved": "reserved (open)", "settled": "settled", "failed": "abandoned"}
 
-# What the publishable ledger summary (`describe`, `privflow ledger show`) prints, per run,
-# and why each is public. `describe` builds its table from this tuple only, and a test fails
-# if it prints anything else. Data fingerprints are deliberately absent: they are keyed
-# HMACs of private files, kept in the database for the curator and out of published output.
-PUBLISHABLE_RUN_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("run", "the run's id: a random identifier (Prefect flow-run UUID and attempt), not derived from rows"),
-    (
-        "status",
-        "settled / abandoned / reserved (open): whether the run finished, a fact the released "
-        "model already shows, and never data-dependent beyond the validation gate's DP decision",
-    ),
-    ("created", "wall-clock time of the reservation, made before any row is read"),
-    ("eps (run)", "the run's own epsilon: PLD composition of its events, which are mechanism parameters"),
-    ("eps (cumulative)", "PLD composition of this run's and all earlier runs' events on the dataset"),
-    (
-        "events",
-        "the mechanisms' parameters (noise multipliers, sample rates, steps), set by the public "
-        "plan before any row is read: Gaussian (DP statistics, DP prior), Poisson-sampled Gaussian "
-        "(DP-SGD), pure DP (Report-Noisy-Max, the validation gate)",
-    ),
-    ("stages", "the plan's standalone epsilon per stage, computed from public settings only"),
-)
-# Per dataset: name, budget (public settings of the schema), spent epsilon (PLD composition
-# of the published events), the epsilon a next run can ask for (`headroom_epsilon`, found by
-# composing those events with one more mechanism, never budget minus spent) and the number of
-# charged runs.
-PUBLISHABLE_DATASET_FIELDS: tuple[tuple[str, str], ...] = (
-    ("dataset", "the schema's public dataset name"),
-    ("budget", "the schema's public total (epsilon, delta)"),
-    ("spent", "PLD composition of every charged run's events"),
-    (
-        "next run",
-        "the largest epsilon of one more Gaussian mechanism (calibrated at the budget's delta) whose "
-        "composition with the published events stays within the budget: a function of public figures only",
-    ),
-    ("runs", "the number of charged runs listed below"),
-)
-_HEX = re.compile(r"\b[0-9a-f]{12,}\b")
 # public_sources: the data owner's declarations, one per version `privflow pretrain` registered
 # (tasks/warm_start.py): the exact version (its weights' digest) and the keyed fingerprint of the
 # table declared public. Only a version declared here warm-starts for free; a registry tag does not.
@@ -231,116 +176,6 @@ def attempt_run_id(base: str, attempt: int | None) -> str:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-def merge_events(events: Sequence[Event]) -> list[Event]:
-    """An equivalent, shorter list for the accountant: identical events merged into one repetition.
-
-    DP-SGD runs with the same (q, sigma) add their steps. Composition is commutative, so
-    the composed epsilon is unchanged; self-composition by repeated squaring is far cheaper
-    than composing run after run.
-    """
-    counts: dict[Event, int] = {}
-    for event, n in flatten(list(events)):
-        if isinstance(event, PoissonGaussianEvent):
-            key: Event = PoissonGaussianEvent(event.sample_rate, event.noise_multiplier, 1)
-            n *= event.steps
-        else:
-            key = event
-        counts[key] = counts.get(key, 0) + n
-    out: list[Event] = []
-    for event, n in counts.items():
-        if n == 0:
-            continue
-        if isinstance(event, PoissonGaussianEvent):
-            out.append(PoissonGaussianEvent(event.sample_rate, event.noise_multiplier, n))
-        else:
-            out.append(event if n == 1 else RepeatedEvent(event, n))
-    return out
-
-
-def compose_epsilon(events: Sequence[Event], delta: float) -> float:
-    """The ledger's (and privflow's reported) epsilon: PLD composition at `delta`."""
-    merged = merge_events(events)
-    return PLDAccountant().epsilon(merged, delta) if merged else 0.0
-
-
-# Bisection on the next run's epsilon stops once the bracket is this narrow (relative to the budget).
-_HEADROOM_TOL = 1e-5
-
-
-def headroom_epsilon(events: Sequence[Event], budget: float, delta: float) -> float:
-    """The largest epsilon e (at `delta`) of ONE more mechanism whose privacy loss is a Gaussian
-    calibrated to (e, delta) (`gaussian_noise_for_epsilon`) such that `events` composed with it
-    stay within `budget` (the same test as the ledger's reservation). Composition is not
-    subtraction: this is usually well above budget minus spent.
-
-    A next run's events depend on its plan, which this module does not know; a run's stages
-    compose close to one Gaussian at the run's epsilon, so this is what a next run can ask
-    for, about; pre-flight checks the exact plan. The composed total grows with e, so e is
-    found in a bracket [fits, does not fit] narrowed by the Illinois rule (regula falsi that
-    halves a stale end's value): each probe builds a new Gaussian PLD, and this needs fewer
-    probes than bisection. The lower end of the final bracket is returned (the side that
-    fits). 0 when nothing more fits.
-    """
-    budget = float(budget)
-    if not (math.isfinite(budget) and budget > 0):
-        return 0.0
-    limit = budget * (1 + _REL_TOL)
-
-    def excess(e: float) -> float:
-        """The composition with a Gaussian at e, minus the limit: <= 0 where it fits."""
-        if e <= 0:
-            return compose_epsilon(events, delta) - limit
-        try:
-            return compose_epsilon([*events, GaussianEvent(gaussian_noise_for_epsilon(e, delta))], delta) - limit
-        except PLDTooLarge:  # too little noise to account for: no run's plan could ask for it either
-            return math.inf
-
-    # one Gaussian at e composes to at least e, so the answer never passes the budget; nor a
-    # single run's limit (privacy.accounting.plan.MAX_EPSILON)
-    lo, hi = 0.0, min(budget, MAX_EPSILON)
-    f_hi = excess(hi)
-    if f_hi <= 0:
-        return hi
-    f_lo = excess(lo)
-    if f_lo > 0:
-        return 0.0
-    tol = _HEADROOM_TOL * hi
-    kept = 0  # +1: the last probe moved lo (hi kept), -1: it moved hi
-    while hi - lo > tol:
-        guess = 0.5 * (lo + hi) if math.isinf(f_hi) else (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
-        # at least half the tolerance inside: near the root the next probe straddles it
-        x = min(max(guess, lo + 0.5 * tol), hi - 0.5 * tol)
-        f_x = excess(x)
-        if f_x <= 0:
-            lo, f_lo = x, f_x
-            if kept == 1:
-                f_hi *= 0.5
-            kept = 1
-        else:
-            hi, f_hi = x, f_x
-            if kept == -1:
-                f_lo *= 0.5
-            kept = -1
-    return lo
-
-
-def describe_event(event: Event) -> str:
-    """A short human label, e.g. 'poisson_gaussian(q=0.01, sigma=1.1, steps=1000)'."""
-    if isinstance(event, RepeatedEvent):
-        return f"{describe_event(event.event)} x{event.count}"
-    if isinstance(event, GaussianEvent | LaplaceEvent):
-        return f"{event.kind}(sigma={event.noise_multiplier:.4g})"
-    if isinstance(event, PoissonGaussianEvent):
-        return f"poisson_gaussian(q={event.sample_rate:.4g}, sigma={event.noise_multiplier:.4g}, steps={event.steps})"
-    if isinstance(event, PureDPEvent):
-        return f"pure_dp(eps={event.epsilon:.4g})"
-    if isinstance(event, ApproxDPEvent):
-        return f"approx_dp(eps={event.epsilon:.4g}, delta={event.delta:.3g})"
-    if isinstance(event, NonPrivateEvent):
-        return f"non_private({event.reason})"
-    return repr(event)
 
 
 _LEDGER_TABLES = {"datasets", "runs"}  # a database holding tables but neither of these is someone else's
@@ -558,40 +393,21 @@ class Ledger:
             )
             con.execute("UPDATE datasets SET spent_epsilon = ? WHERE name = ?", (total, dataset))
 
-    @classmethod
+    @staticmethod
     def _verdict(
-        cls,
-        con: sqlite3.Connection | None,
+        con: sqlite3.Connection,
         dataset: str,
         budget: float,
         delta: float,
         events: Sequence[Event],
         who: str,
     ) -> tuple[float, float]:
-        """The one budget check (reserve and check both use it): (requested, total) epsilon, or
-        BudgetExceeded naming every number. `con` None: a dataset with no recorded run."""
-        earlier = cls._dataset_events(con, dataset) if con is not None else []
-        n_runs = (
-            con.execute(
-                f"SELECT COUNT(*) FROM runs WHERE dataset = ? AND status IN {CHARGED_STATUSES}", (dataset,)
-            ).fetchone()[0]
-            if con is not None
-            else 0
-        )
-        spent = compose_epsilon(earlier, delta)
-        requested = compose_epsilon(events, delta)
-        total = compose_epsilon(earlier + list(events), delta) if earlier else requested
-        if not total <= budget * (1 + _REL_TOL):
-            raise BudgetExceeded(
-                f"{who} was refused before reading any row: dataset '{dataset}' has a total "
-                f"budget of epsilon={budget:.4g} (delta={delta:g}); {n_runs} earlier run(s) spent "
-                f"epsilon={spent:.4g}, and this run requests epsilon={requested:.4g} on its own, which "
-                f"composes to a total of {total:.4g}. A next run can ask for about epsilon="
-                f"{headroom_epsilon(earlier, budget, delta):.4g} (found by composition, not by subtraction). "
-                f"Lower the run's epsilon, or raise the dataset's budget deliberately (`privflow ledger "
-                f"set-budget {dataset} --epsilon E --delta D`) if the data owner agrees."
-            )
-        return requested, total
+        """The budget verdict (`compose.budget_verdict`) on what the dataset's runs recorded."""
+        earlier = Ledger._dataset_events(con, dataset)
+        n_runs = con.execute(
+            f"SELECT COUNT(*) FROM runs WHERE dataset = ? AND status IN {CHARGED_STATUSES}", (dataset,)
+        ).fetchone()[0]
+        return budget_verdict(dataset, budget, delta, earlier, n_runs, events, who)
 
     def check(
         self, dataset: str, events: list[Event], budget: tuple[float, float] | None = None, who: str = "This run"
@@ -636,7 +452,7 @@ class Ledger:
             actual = compose_epsilon(events, delta)
             reserved = float(run["reserved_epsilon"])
             status = "settled"
-            if not actual <= reserved * (1 + _REL_TOL):
+            if not actual <= reserved * (1 + REL_TOL):
                 status = "failed"
                 overspent = (
                     f"Run '{run_id}' spent epsilon={actual:.4g} but reserved only {reserved:.4g}; "
@@ -813,76 +629,10 @@ class Ledger:
             return [tuple(r) for r in con.execute(q, (dataset,) if dataset else ())]
 
     def describe(self, dataset: str | None = None) -> str:
-        """The publishable summary: per dataset its budget and spend, and its charged runs
-        (settled, abandoned, open reservations) with the columns of PUBLISHABLE_RUN_COLUMNS only.
+        """The publishable summary (`summary.describe`)."""
+        from privflow.privacy.ledger.summary import describe  # the summary reads the store
 
-        Released reservations (they spent nothing) are left out, and so are data fingerprints
-        and the curator-only notes about them (`curator_notes`).
-        """
-        datasets = [d for d in self.datasets() if dataset is None or d.name == dataset]
-        if dataset is not None and not datasets:
-            return f"Dataset '{dataset}' is not in the privacy ledger ({self.path})."
-        if not datasets:
-            return f"The privacy ledger ({self.path}) is empty."
-        columns = [name for name, _ in PUBLISHABLE_RUN_COLUMNS]
-        lines: list[str] = [f"Privacy ledger: {self.path}"]
-        for d in datasets:
-            runs = [r for r in self.runs(d.name) if r.status in CHARGED_STATUSES]
-            events = [e for r in runs for e in r.events]
-            # printed rounded down, so that the printed figure itself fits the budget
-            headroom = math.floor(headroom_epsilon(events, d.budget_epsilon, d.budget_delta) * 1e4) / 1e4
-            if headroom > 0:
-                next_run = (
-                    f"a next run can ask for about epsilon={headroom:.4f} at delta={d.budget_delta:g} (found by "
-                    "composition, not budget minus spent: a run's stages compose close to one Gaussian at that "
-                    "epsilon; pre-flight checks the exact plan)"
-                )
-            else:
-                next_run = "no further run fits the budget (raise it with `privflow ledger set-budget`)"
-            lines.append("")
-            lines.append(
-                f"Dataset {d.name}: budget epsilon={d.budget_epsilon:.4g} delta={d.budget_delta:g}; "
-                f"spent epsilon={d.spent_epsilon:.4f}; {next_run}; {len(runs)} run(s); "
-                f"every epsilon below at delta={d.budget_delta:g}, the budget's (a run that targeted a smaller "
-                "delta shows a smaller epsilon here than the one it was planned for)"
-            )
-            if runs:
-                lines.append(
-                    f"  fully adaptive bound: epsilon={sum(r.epsilon for r in runs):.4f} at "
-                    f"delta={len(runs) * d.budget_delta:g} (each run's epsilon at the budget's delta, summed: basic "
-                    "composition, which holds as a privacy filter even where whether and how a run ran depended on "
-                    "earlier releases; Rogers et al. 2016)"
-                )
-                table = [tuple(c for c in columns if c != "stages")]
-                so_far: list[Event] = []
-                for r in runs:
-                    so_far.extend(r.events)
-                    cells = {
-                        "run": r.run_id,
-                        "status": _STATUS_LABEL.get(r.status, r.status),
-                        "created": r.created[:19],
-                        "eps (run)": f"{r.epsilon:.4f}",
-                        "eps (cumulative)": f"{compose_epsilon(so_far, d.budget_delta):.4f}",
-                        "events": "; ".join(describe_event(e) for e in r.events) or "-",
-                    }
-                    table.append(tuple(cells[c] for c in table[0]))
-                widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
-                for row in table:
-                    cells = [row[i].ljust(widths[i]) for i in range(len(widths))]
-                    lines.append("  " + "  ".join(cells) + "  " + row[-1])
-                for r in runs:
-                    if r.stages:  # the plan's: a run that stopped early (the gate) spent only its events
-                        label = "stages" if tuple(r.events) == tuple(r.reserved_events) else "planned stages"
-                        lines.append(f"  {r.run_id} {label}: " + ", ".join(f"{k}={v}" for k, v in r.stages))
-            for _, at, message in self.notes(d.name):
-                lines.append(f"  note {at[:19]}: {_HEX.sub('<redacted>', message)}")
-        return "\n".join(lines)
-
-
-def check_budget(dataset: str, events: Sequence[Event], budget: tuple[float, float], who: str = "This run") -> None:
-    """The budget check for a dataset with no recorded run (or no ledger file yet): the same
-    code path as `Ledger.reserve`, against the budget that would be recorded."""
-    Ledger._verdict(None, dataset, float(budget[0]), float(budget[1]), events, who)  # noqa: SLF001
+        return describe(self, dataset)
 
 
 def check_budget_at(
@@ -895,22 +645,3 @@ def check_budget_at(
         check_budget(dataset, events, budget, who)
         return
     Ledger(p).check(dataset, list(events), budget, who)
-
-
-__all__ = [
-    "attempt_run_id",
-    "CHARGED_STATUSES",
-    "PUBLISHABLE_DATASET_FIELDS",
-    "PUBLISHABLE_RUN_COLUMNS",
-    "DatasetRecord",
-    "Ledger",
-    "Lineage",
-    "PublicSource",
-    "RunRecord",
-    "check_budget",
-    "check_budget_at",
-    "compose_epsilon",
-    "describe_event",
-    "headroom_epsilon",
-    "merge_events",
-]
