@@ -141,12 +141,18 @@ def describe_event(event: Event) -> str:
 
 
 def budget_verdict(
-    dataset: str, budget: float, delta: float, earlier: Sequence[Event], n_runs: int, events: Sequence[Event], who: str
+    dataset: str,
+    budget: float,
+    delta: float,
+    earlier_runs: Sequence[Sequence[Event]],
+    events: Sequence[Event],
+    who: str,
 ) -> tuple[float, float]:
     """The one budget check (the ledger's reservation and every dry run use it): (requested,
-    total) epsilon of `events` composed after the dataset's `earlier` events, or BudgetExceeded
-    naming every number."""
-    earlier = list(earlier)
+    total) epsilon of `events` composed after the events of the dataset's charged runs
+    (`earlier_runs`, one list per run, oldest first), or BudgetExceeded naming every number."""
+    earlier = [e for run in earlier_runs for e in run]
+    n_runs = len(earlier_runs)
     spent = compose_epsilon(earlier, delta)
     requested = compose_epsilon(events, delta)
     total = compose_epsilon(earlier + list(events), delta) if earlier else requested
@@ -166,7 +172,7 @@ def budget_verdict(
 def check_budget(dataset: str, events: Sequence[Event], budget: tuple[float, float], who: str = "This run") -> None:
     """The budget check for a dataset with no recorded run (or no ledger file yet): the same
     verdict as a reservation, against the budget that would be recorded."""
-    budget_verdict(dataset, float(budget[0]), float(budget[1]), [], 0, events, who)
+    budget_verdict(dataset, float(budget[0]), float(budget[1]), [], events, who)
 
 
 __all__ = [

@@ -403,11 +403,14 @@ class Ledger:
         who: str,
     ) -> tuple[float, float]:
         """The budget verdict (`compose.budget_verdict`) on what the dataset's runs recorded."""
-        earlier = Ledger._dataset_events(con, dataset)
-        n_runs = con.execute(
-            f"SELECT COUNT(*) FROM runs WHERE dataset = ? AND status IN {CHARGED_STATUSES}", (dataset,)
-        ).fetchone()[0]
-        return budget_verdict(dataset, budget, delta, earlier, n_runs, events, who)
+        earlier = [
+            events_from_json(r["events"])
+            for r in con.execute(
+                f"SELECT events FROM runs WHERE dataset = ? AND status IN {CHARGED_STATUSES} ORDER BY rowid",
+                (dataset,),
+            )
+        ]
+        return budget_verdict(dataset, budget, delta, earlier, events, who)
 
     def check(
         self, dataset: str, events: list[Event], budget: tuple[float, float] | None = None, who: str = "This run"
