@@ -6,18 +6,25 @@ caches (bytecode, numba's kernels, mypy's cache) helps. `.ci/run` runs under ``b
 timestamp in the trace prompt; each top-level command's time is the gap to the next one. The
 targets: the default tier's pytest under 5 minutes and `.ci/run` under 8 minutes in all.
 
+With `--repeat K --load N`, `.ci/run` runs K times in a row, each on its own fresh clone, while N
+CPU-bound processes (`while 1: pass`) compete for the cores: the default tier must pass every
+time on a loaded machine (no test may depend on speed).
+
     .venv/bin/python -m benchmarks.bench_tests [--slow] [--out benchmarks/results/test_tiers.md]
+    .venv/bin/python -m benchmarks.bench_tests --repeat 3 --load 2 --out benchmarks/results/ci_under_load.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -70,11 +77,70 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, str,
     return done.returncode, done.stdout, done.stderr, time.monotonic() - started
 
 
+@contextlib.contextmanager
+def cpu_load(processes: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`processes` busy loops on this machine for the block, ended with it however it ends."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(processes)]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def ci_once(env: dict[str, str]) -> tuple[int, str, str, float, float]:
+    """`.ci/run` under `bash -x` on a fresh clone of HEAD: (exit, stdout, trace, seconds, end time)."""
+    with tempfile.TemporaryDirectory(prefix="privflow-ci-") as tmp:
+        clone = Path(tmp) / "privflow"
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+        code, out, trace, total = _run(["bash", "-x", ".ci/run"], clone, env)
+        return code, out, trace, total, time.time()
+
+
+def repeated(args: argparse.Namespace, env: dict[str, str]) -> None:
+    """`.ci/run` `args.repeat` times in a row under `args.load` busy loops, into one results file."""
+    commit, load_before, started_at = common.git_commit(), common.load_average(), datetime.now(UTC)
+    rows = []
+    failed: list[str] = []
+    with cpu_load(args.load):
+        for i in range(args.repeat):
+            print(f"running .ci/run {i + 1}/{args.repeat} under {args.load} busy loops ...", flush=True)
+            code, out, _, total, _ = ci_once(env)
+            summary = pytest_summary(out)
+            said = f"{summary[0]} in {summary[1]:.1f} s" if summary else "no pytest summary line"
+            rows.append(f"| {i + 1} | {code} | {total:.0f} | {said} |")
+            failed += [f"run {i + 1}: {line}" for line in failures(out)]
+            if code != 0 and not failures(out):
+                failed += [f"run {i + 1}: " + line for line in out.splitlines()[-5:]]
+    notes = [
+        f"`.ci/run` {args.repeat} times in a row, each on a fresh `git clone` of HEAD, while {args.load} "
+        "CPU-bound processes (`python -c 'while 1: pass'`) ran on the same machine."
+    ]
+    lines = [
+        *common.header("CI on a loaded machine, several times in a row", started_at, load_before, notes, commit),
+        "| run | exit | seconds | default tier |",
+        "| ---: | ---: | ---: | --- |",
+        *rows,
+        "",
+    ]
+    if failed:
+        lines += ["Failures:", "", "```", *failed, "```", ""]
+    common.publish("\n".join(lines) + "\n", args.out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slow", action="store_true", help="also run the slow tier (pytest -n 2 -m slow)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "test_tiers.md")
+    parser.add_argument("--repeat", type=int, default=0, help="run .ci/run this many times in a row (fresh clones)")
+    parser.add_argument("--load", type=int, default=0, help="busy loops competing for the cores meanwhile")
     args = parser.parse_args()
+    if args.repeat:
+        env = {**os.environ}
+        env.pop("VIRTUAL_ENV", None)
+        repeated(args, env)
+        return
     commit, load_before, started_at = common.git_commit(), common.load_average(), datetime.now(UTC)
     with tempfile.TemporaryDirectory(prefix="privflow-ci-") as tmp:
         clone = Path(tmp) / "privflow"
