@@ -225,3 +225,121 @@ def test_a_failed_write_leaves_no_partial_table_and_keeps_the_old_one(tmp_path: 
     with pytest.raises(OSError, match="No space"):
         write_table(pl.DataFrame({"a": [2, 3]}), target)
     assert target.read_text() == "a\n1\n" and list(tmp_path.iterdir()) == [target]
+
+
+# ----------------------------------------------------------------------------- streamed lines
+
+
+def _reference_lines(data: bytes, newline: bytes, cr: bytes, cap: int) -> list[bytes | None]:
+    """What `_split` must give: the whole stream split at once (no final empty line), None past the cap."""
+    parts = data.split(newline)
+    if parts and parts[-1] == b"":
+        parts.pop()
+    return [None if len(p) - (len(cr) if p.endswith(cr) else 0) > cap else p for p in parts]
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\n\x00", b"\x00\n"])
+def test_split_streams_lines_as_the_whole_file_split_at_once(newline: bytes) -> None:
+    """However the stream is cut into chunks (a newline or CRLF straddling two), the lines are the
+    file's lines, and one past the cap is None."""
+    import random
+
+    from privflow.data.io import _split
+
+    cr = b"\r" if len(newline) == 1 else (b"\r\x00" if newline[0] else b"\x00\r")
+    rng = random.Random(7)
+    alphabet = [b"a", b"\x00", b"\n", b"\r", b"\xff", b"\x0a\x00", b"\x00\x0a", b"xyz"]
+    for _ in range(200):
+        data = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+        cap = rng.choice([1, 3, 8, 100])
+        cuts = sorted(rng.sample(range(len(data) + 1), min(len(data) + 1, rng.randrange(0, 8))))
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        assert list(_split(chunks, newline, cr, cap)) == _reference_lines(data, newline, cr, cap), (data, cap)
+
+
+def test_reading_in_tiny_chunks_gives_the_same_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import privflow.data.io as io_module
+
+    text = "a;b\r\nPrivé,1;\ufffd\r\n\r\n  \r\n3;x\ry\r\n" + "5;" + "z" * 40 + "\r\n7;8"
+    files = {
+        "u8.csv": text.encode(),
+        "bom.csv": b"\xef\xbb\xbf" + text.encode() + b"\n1;\xff\n",
+        "u16le.csv": text.encode("utf-16"),
+        "u16be.csv": b"\xfe\xff" + text.encode("utf-16-be") + b"\x00\n\x001\x00;\x00",
+        "gz.csv.gz": gzip.compress(text.encode("utf-16")),
+    }
+    for name, data in files.items():
+        _write(tmp_path / name, data)
+    whole = {name: read_table(tmp_path / name, max_line_bytes=30) for name in files}
+    reasons = whole["u8.csv"].get_column(UNREADABLE).to_list()
+    assert reasons[0] is None and reasons[1].startswith("line 5 is not valid CSV") and reasons[3] is None
+    assert reasons[2] == "line 6 is longer than the cap of 30 bytes (dataset.max_line_bytes)"
+    assert whole["bom.csv"].get_column(UNREADABLE).to_list()[-1].startswith("line 8 holds bytes that are not valid")
+    for size in (1, 2, 3, 5):
+        monkeypatch.setattr(io_module, "_CHUNK_BYTES", size)
+        for name in files:
+            assert read_table(tmp_path / name, max_line_bytes=30).equals(whole[name]), (name, size)
+
+
+def test_each_line_is_decoded_on_its_own(tmp_path: Path) -> None:
+    """A valid U+FFFD is text like any other; only a line's own undecodable bytes fail it, with a reason."""
+    df = read_table(_write(tmp_path / "t.csv", "a,b\n\ufffd,1\n".encode() + b"x,\xe9t\xe9\n" + "\ufffd,2\n".encode()))
+    assert df.get_column("a").to_list() == ["\ufffd", None, "\ufffd"]
+    assert df.get_column(UNREADABLE).to_list() == [
+        None,
+        "line 3 holds bytes that are not valid UTF-8 text (invalid continuation byte at byte 3)",
+        None,
+    ]
+    u16 = read_table(_write(tmp_path / "u.csv", "a,b\n\ufffd,1\nx,y\n".encode("utf-16")))
+    assert u16.rows() == [("\ufffd", "1"), ("x", "y")]
+
+
+def test_utf16_row_counts_and_an_odd_last_line(tmp_path: Path) -> None:
+    p = _write(tmp_path / "u.csv", codecs_bom_le() + "a,b\r\n1,2\r\n\r\n3,4".encode("utf-16-le") + b"\x00")
+    assert count_rows(p) == 2  # the last line has an odd byte count: a failing row, still a row
+    df = read_table(p)
+    assert df.get_column(UNREADABLE).to_list() == [
+        None,
+        "line 4 has an odd number of bytes (7), so it is not UTF-16 text",
+    ]
+
+
+def codecs_bom_le() -> bytes:
+    import codecs
+
+    return codecs.BOM_UTF16_LE
+
+
+def test_a_gzip_archive_cut_short_is_refused_as_damaged(tmp_path: Path) -> None:
+    data = gzip.compress(("a,b\n" + "1,2\n" * 50_000).encode())
+    with pytest.raises(DataError, match="damaged gzip"):
+        read_table(_write(tmp_path / "t.csv.gz", data[: len(data) // 2]))
+
+
+def test_parquet_reads_as_polars_reads_it_with_row_groups_and_nulls(tmp_path: Path) -> None:
+    """Parquet is read through pyarrow (which leaves text unchecked, so that a bad value fails its
+    own row): every valid file reads exactly as polars reads it."""
+    import datetime as dt
+
+    from privflow.data.io import empty_strings_to_null
+
+    n = 1000
+    df = pl.DataFrame(
+        {
+            "i": [None if k % 11 == 0 else k for k in range(n)],
+            "x": [k / 3 if k % 13 else None for k in range(n)],
+            "e": pl.Series([["a", "b", None][k % 3] for k in range(n)], dtype=pl.Enum(["a", "b"])),
+            "c": pl.Series([["p", "q"][k % 2] for k in range(n)], dtype=pl.Categorical),
+            "s": [["u", "", None, "\ufffd"][k % 4] for k in range(n)],
+            "d": [dt.date(2020, 1, 1) + dt.timedelta(days=k) for k in range(n)],
+            "l": [[str(k)] if k % 5 else None for k in range(n)],
+            "b": [bytes([k % 256]) for k in range(n)],
+        }
+    )
+    p = tmp_path / "t.parquet"
+    df.write_parquet(p, row_group_size=128)
+    _write(tmp_path / "t.parquet.gz", gzip.compress(p.read_bytes()))
+    want = empty_strings_to_null(pl.read_parquet(p))
+    for path in (p, tmp_path / "t.parquet.gz"):
+        got = read_table(path)
+        assert got.schema == want.schema and got.equals(want)

@@ -93,7 +93,7 @@ def _check(data: Path, schema_path: Path, examples: int, verbose: bool) -> int:
     env.set_verbosity(verbose)
     schema = Schema.from_yaml(schema_path)  # the checks `privflow run` does before reading a row
     fmt = check_table(data, schema, "Data file")
-    df = read_table(data)
+    df = read_table(data, max_line_bytes=schema.dataset.max_line_bytes)
     out = Console(highlight=False, soft_wrap=True)
 
     def say(text: str = "") -> None:
@@ -178,8 +178,9 @@ def _finding(
 
 
 _UNREADABLE_ADVICE = (
-    "fix those lines in the file (a field too many or too few, broken quoting, a NUL or bytes that are not "
-    "text in the file's encoding)"
+    "fix those lines in the file (a field too many or too few, broken quoting, a NUL, bytes that are not text "
+    "in the file's encoding; in Parquet, a text value that is not UTF-8); a line or row longer than the cap is "
+    "left unread: shorten it, or raise the schema's `dataset.max_line_bytes` if such rows are expected"
 )
 
 

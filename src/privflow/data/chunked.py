@@ -31,19 +31,53 @@ from privflow.data.schema import Schema
 CHUNK_ROWS = 65_536  # rows per chunk read from the input (bounded memory per pass)
 
 
-def parquet_chunks(path: Path, rows: int = CHUNK_ROWS) -> Iterator[pl.DataFrame]:
+def parquet_chunks(path: Path, rows: int = CHUNK_ROWS, max_line_bytes: int | None = None) -> Iterator[pl.DataFrame]:
     """The table's rows `rows` at a time, in file order, as `privflow.data.io.read_table` gives them
-    (empty strings as nulls), without ever reading the whole file: polars reads only the row
-    groups a slice needs (pyarrow's batch reader was much slower, and held more memory in its
-    pool)."""
-    from privflow.data.io import empty_strings_to_null
+    (empty strings as nulls; a row with a text value that is not UTF-8, or with more text than the
+    public line cap `max_line_bytes`, a failing row with its reason in `UNREADABLE`), without ever
+    reading the whole file: polars reads only the row groups a slice needs (pyarrow's batch reader
+    was much slower, and held more memory in its pool)."""
+    from privflow.data.io import MAX_LINE_BYTES, empty_strings_to_null
 
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
+    cap = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     total = parquet_rows(path)
     scan = pl.scan_parquet(path)
     for offset in range(0, total, rows):
-        yield empty_strings_to_null(_parquet(path, lambda start=offset: scan.slice(start, rows).collect()))
+        yield empty_strings_to_null(_chunk(path, scan, offset, rows, cap))
+
+
+def _chunk(path: Path, scan: pl.LazyFrame, offset: int, rows: int, cap: int) -> pl.DataFrame:
+    """Rows [offset, offset + rows) checked as `read_table` checks them. polars refuses a row group
+    that holds text that is not UTF-8: those rows are then read with pyarrow (which leaves text
+    unchecked) so that such a value fails its own row only; both ways give every other row alike."""
+    from privflow.data.io import capped_rows, parquet_frame
+
+    try:
+        frame = scan.slice(offset, rows).collect()
+    except Exception as exc:  # polars raises several types for a bad file
+        text = str(exc).lower()
+        if "utf-8" not in text and "utf8" not in text:
+            raise _refusal(path, exc) from None
+        return _parquet(path, lambda: parquet_frame(_arrow_rows(path, offset, rows), cap, offset))
+    return capped_rows(frame, cap, offset)
+
+
+def _arrow_rows(path: Path, offset: int, rows: int) -> Any:
+    """Rows [offset, offset + rows) as a pyarrow table, reading only the row groups that hold them."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path)
+    groups: list[int] = []
+    first = start = 0
+    for g in range(meta.metadata.num_row_groups):
+        n = meta.metadata.row_group(g).num_rows
+        if start + n > offset and start < offset + rows:
+            first = start if not groups else first
+            groups.append(g)
+        start += n
+    return meta.read_row_groups(groups).slice(offset - first, rows)
 
 
 def parquet_rows(path: Path) -> int:
@@ -57,8 +91,12 @@ def _parquet(path: Path, read: Any) -> Any:
     try:
         return read()
     except Exception as exc:  # polars raises several types for a bad file
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"Data file '{path}' does not parse as Parquet ({first}); write it again.") from None
+        raise _refusal(path, exc) from None
+
+
+def _refusal(path: Path, exc: Exception) -> DataError:
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return DataError(f"Data file '{path}' does not parse as Parquet ({first}); write it again.")
 
 
 class DiskRows:

@@ -4,7 +4,11 @@
 `privflow.data.validation.validate`). CSV columns are all read as strings so a value of the wrong
 type reaches validation, where it is counted. The reader is total over rows (privacy rule 8):
 a row is a line, and a line that cannot be read as a row of the header's columns becomes a
-failing row, never a refusal of the file. Only what is public may refuse a file before a row
+failing row, never a refusal of the file. Each line is decoded on its own (a line fails only for
+its own bytes), and a line longer than the public cap (`MAX_LINE_BYTES`, the schema's
+`dataset.max_line_bytes`) is a failing row read in bounded memory: a CSV file is streamed, never
+held whole. In Parquet, a row holding a text value that is not UTF-8, or more text than that cap,
+is a failing row in the same way. Only what is public may refuse a file before a row
 is read, each as a `DataError` with one paragraph that names the file: the format (decided
 by the content, not the suffix: Parquet by its magic bytes, gzip by its own, CSV text in
 UTF-8 with or without a byte-order mark, or UTF-16 with one) and the header line (which
@@ -18,10 +22,12 @@ import codecs
 import csv
 import gzip
 import io
-import re
+import itertools
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import polars as pl
 
@@ -205,26 +211,107 @@ def sniff(path: str | Path) -> TableFormat:
 
 
 UNREADABLE = "_privflow_unreadable"  # read_table: why a row could not be read (null on rows that were)
-_UNDECODABLE = re.compile("[\udc80-\udcff\ufffd]")
+MAX_LINE_BYTES = 1_048_576  # the default public cap on one line's bytes (the schema's dataset.max_line_bytes)
+_CAP_NAME = "dataset.max_line_bytes"
+_CHUNK_BYTES = 1 << 20  # bytes read from the file at a time: a CSV file is never held whole
 
 
-def _lines(data: bytes, enc: str) -> tuple[list[str], list[bool]]:
-    """The file's physical lines (LF or CRLF), decoded, and for each whether it held bytes that
-    do not decode. A row is a line: a bad byte, quote or field count stays in its own line."""
-    if enc == "utf-16":
-        text = data[: len(data) - len(data) % 2].decode("utf-16", errors="replace")
-        lines = text.split("\n")
-        return lines, [_UNDECODABLE.search(line) is not None for line in lines]
-    text = data.decode("utf-8", errors="surrogateescape")
-    if enc == "utf-8-sig" and text.startswith("\ufeff"):
-        text = text[1:]
-    lines = text.split("\n")
+def _byte_chunks(p: Path, size: int | None = None) -> Iterator[bytes]:
+    """The file's bytes, decompressed if gzip, `size` (default `_CHUNK_BYTES`) at a time: a stream,
+    memory stays one chunk."""
+    size = size or _CHUNK_BYTES
+    _check_file(p)
     try:
-        text.encode("utf-8")
-        bad = [False] * len(lines)
-    except UnicodeEncodeError:  # some byte did not decode: find its lines
-        bad = [_UNDECODABLE.search(line) is not None for line in lines]
-    return lines, bad
+        fh = p.open("rb")
+    except PermissionError:
+        raise DataError(
+            f"Data file '{p}' cannot be read: permission denied. Give the user running privflow read access "
+            f"(e.g. chmod u+r '{p}')."
+        ) from None
+    except OSError as exc:
+        raise DataError(f"Data file '{p}' cannot be read: {exc.strerror or exc}.") from None
+    with fh:
+        gz = False
+        try:
+            gz = fh.read(2) == b"\x1f\x8b"
+            fh.seek(0)
+            source: IO[bytes] = gzip.GzipFile(fileobj=fh) if gz else fh
+            while chunk := source.read(size):
+                yield chunk
+        except (OSError, EOFError, zlib.error) as exc:
+            if gz:
+                raise DataError(f"Data file '{p}' is a damaged gzip archive ({exc}); compress it again.") from None
+            raise DataError(f"Data file '{p}' cannot be read: {getattr(exc, 'strerror', None) or exc}.") from None
+
+
+def _longer(line: bytes, cr: bytes, cap: int) -> bool:
+    """Whether a line's bytes, less a final carriage return, pass the cap."""
+    return len(line) - (len(cr) if line.endswith(cr) else 0) > cap
+
+
+def _split(chunks: Iterable[bytes], newline: bytes, cr: bytes, cap: int) -> Iterator[bytes | None]:
+    """The physical lines of a byte stream, without their newline; None for a line longer than `cap`
+    bytes (its CRLF's carriage return not counted). A line ends at the first `newline` after its
+    start, at any byte offset. The bytes of an over-long line are dropped as they stream by (only its
+    last len(newline) - 1 bytes are kept, in case the newline straddles two chunks), so at most
+    cap + one chunk is held, whatever a line's size."""
+    keep = len(newline) - 1
+    tail, over = b"", False
+    for chunk in chunks:
+        parts = (tail + chunk).split(newline)
+        tail = parts.pop()
+        for part in parts:
+            yield None if over or _longer(part, cr, cap) else part
+            over = False
+        if over or len(tail) > cap + len(cr) + keep:  # (its end may be a newline's first bytes)
+            over, tail = True, tail[len(tail) - keep :]
+    if tail or over:
+        yield None if over or _longer(tail, cr, cap) else tail
+
+
+def _text_lines(p: Path, fmt: TableFormat, cap: int) -> Iterator[tuple[int, str | None, str | None]]:
+    """Each physical line of a CSV file: (its number, from 1; its text without the line ending, or
+    None; why it is None). Each line is decoded on its own and strictly, so a line fails only for
+    its own bytes: one that does not decode, or is longer than `cap` bytes, is None with its reason;
+    a valid U+FFFD is a character like any other. The file is read as a stream (gzip too), never
+    whole, and an over-long line is never held.
+
+    UTF-16 (byte-order mark): a line ends at the first newline code unit (LE b"\\n\\x00", BE
+    b"\\x00\\n") after its start, at ANY byte offset, not only at an even one. A line with an odd
+    number of bytes (which fails: it is not UTF-16) thus ends at its own newline, and the next line
+    starts right after it, so it spoils no other line; at even offsets only, every line after it
+    would be read shifted by a byte. The price: a line holding those two bytes at an odd offset (LE:
+    a character U+0A00-U+0AFF followed by one U+xx00; BE: U+xx00 followed by U+0A00-U+0AFF) is split
+    there into two lines of an odd byte count each, two failing rows, each decided by its own bytes."""
+    enc = fmt.encoding or "utf-8"
+    chunks = _byte_chunks(p)
+    head = b""
+    for chunk in chunks:  # enough bytes for the byte-order mark
+        head += chunk
+        if len(head) >= 3:
+            break
+    if enc == "utf-16":
+        codec, name = ("utf-16-be" if head.startswith(codecs.BOM_UTF16_BE) else "utf-16-le"), "UTF-16"
+        bom = 2
+    else:
+        codec, name = "utf-8", "UTF-8"
+        bom = 3 if enc == "utf-8-sig" and head.startswith(codecs.BOM_UTF8) else 0
+    newline, cr = "\n".encode(codec), "\r".encode(codec)
+    too_long = f"is longer than the cap of {cap:,} bytes ({_CAP_NAME})"
+    for number, line in enumerate(_split(itertools.chain([head[bom:]], chunks), newline, cr, cap), start=1):
+        if line is None:
+            yield number, None, too_long
+            continue
+        try:
+            text = line.decode(codec)
+        except UnicodeDecodeError as exc:
+            if name == "UTF-16" and len(line) % 2:
+                why = f"has an odd number of bytes ({len(line):,}), so it is not {name} text"
+            else:
+                why = f"holds bytes that are not valid {name} text ({exc.reason} at byte {exc.start + 1})"
+            yield number, None, why
+            continue
+        yield number, text[:-1] if text.endswith("\r") else text, None
 
 
 def _row(line: str, delimiter: str, width: int) -> tuple[list[str] | None, str | None]:
@@ -244,26 +331,30 @@ def _row(line: str, delimiter: str, width: int) -> tuple[list[str] | None, str |
     return fields, None
 
 
-def _parse_csv(path: Path, data: bytes, fmt: TableFormat) -> pl.DataFrame:
-    """Parse CSV bytes into all-string columns, one row per line, totally: the header decides the
+def _parse_csv(path: Path, fmt: TableFormat, cap: int) -> pl.DataFrame:
+    """Parse a CSV file into all-string columns, one row per line, totally: the header decides the
     columns, and a line that is not a row of them (a field too many or too few, broken quoting, a
-    NUL, bytes that do not decode) becomes a row of nulls whose `UNREADABLE` field says why, so
-    that validation counts it as a failing row instead of refusing the file. Whatever one line
-    holds, it changes no other row (privacy rule 8). Blank lines are not rows.
+    NUL, bytes that do not decode, more than `cap` bytes) becomes a row of nulls whose `UNREADABLE`
+    field says why, so that validation counts it as a failing row instead of refusing the file.
+    Whatever one line holds, it changes no other row (privacy rule 8). Blank lines are not rows.
 
     A consequence: a quoted field may not hold a line break (each part would be a failing row).
     polars' reader is not used: it pads short rows, renames duplicate headers and reads invalid
     UTF-8 lossily, each of which would make a broken row look like plausible data.
     """
     delimiter = fmt.delimiter or ","
-    lines, undecodable = _lines(data, fmt.encoding or "utf-8")
-    first = next((i for i, line in enumerate(lines) if line.strip()), None)
+    lines = _text_lines(path, fmt, cap)
+    first: str | None = None
+    for _, text, why in lines:
+        if text is None:
+            raise DataError(f"Data file '{path}' has a header line that {why}.")
+        if text.strip():
+            first = text
+            break
     if first is None:
         raise DataError(f"Data file '{path}' is empty; it needs a header row naming the columns.")
-    if undecodable[first]:
-        raise DataError(f"Data file '{path}' has a header line that is not valid {fmt.encoding} text.")
     try:
-        header = next(csv.reader([lines[first].rstrip("\r")], delimiter=delimiter, strict=True), None)
+        header = next(csv.reader([first], delimiter=delimiter, strict=True), None)
     except csv.Error as exc:
         raise DataError(f"Data file '{path}' has a header line that is not valid CSV: {exc}.") from None
     header = _check_header(path, header)
@@ -271,19 +362,13 @@ def _parse_csv(path: Path, data: bytes, fmt: TableFormat) -> pl.DataFrame:
     rows: list[list[str | None]] = []
     reasons: list[str | None] = []
     empty: list[str | None] = [None] * width
-    for number in range(first + 1, len(lines)):
-        line = lines[number]
-        if line.endswith("\r"):
-            line = line[:-1]
-        if not line.strip():
+    for number, text, why in lines:
+        if text is not None and not text.strip():
             continue
-        if undecodable[number]:
-            fields, why = None, f"holds bytes that are not valid {fmt.encoding} text"
-        else:
-            fields, why = _row(line, delimiter, width)
+        fields, why = (None, why) if text is None else _row(text, delimiter, width)
         if fields is None:
             rows.append(empty)
-            reasons.append(f"line {number + 1} {why}")
+            reasons.append(f"line {number} {why}")
         else:
             rows.append(fields)  # type: ignore[arg-type]
             reasons.append(None)
@@ -352,10 +437,11 @@ def read_header(path: str | Path) -> tuple[TableFormat, list[str], dict[str, pl.
     return fmt, _check_header(p, header), None
 
 
-def count_rows(path: str | Path, fmt: TableFormat | None = None) -> int:
+def count_rows(path: str | Path, fmt: TableFormat | None = None, max_line_bytes: int | None = None) -> int:
     """Data rows in the file without parsing values: Parquet metadata, or the CSV's non-blank
-    lines after the header (a row is a line, as `read_table` reads it). For PUBLIC files only
-    (pretraining): a private file's row count is never a public fact (privacy rule 8)."""
+    lines after the header (a row is a line, as `read_table` reads it, read as a stream). For
+    PUBLIC files only (pretraining): a private file's row count is never a public fact (privacy
+    rule 8)."""
     p = Path(path)
     fmt = fmt or sniff(p)
     try:
@@ -364,9 +450,8 @@ def count_rows(path: str | Path, fmt: TableFormat | None = None) -> int:
                 data, _ = _raw(p)
                 return int(pl.scan_parquet(io.BytesIO(data)).select(pl.len()).collect().item())
             return int(pl.scan_parquet(p).select(pl.len()).collect().item())
-        data, _ = _raw(p)
-        lines = _lines(data, fmt.encoding or "utf-8")[0]
-        return max(0, sum(1 for line in lines if line.strip()) - 1)
+        lines = _text_lines(p, fmt, _cap(max_line_bytes))
+        return max(0, sum(1 for _, text, _ in lines if text is None or text.strip()) - 1)
     except DataError:
         raise
     except (pl.exceptions.PolarsError, OSError) as exc:
@@ -384,32 +469,188 @@ def empty_strings_to_null(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_columns(exprs) if exprs else df
 
 
-def read_table(path: str | Path) -> pl.DataFrame:
+def _cap(max_line_bytes: int | None) -> int:
+    if max_line_bytes is None:
+        return MAX_LINE_BYTES
+    if max_line_bytes < 1:
+        raise ValueError(f"max_line_bytes must be >= 1, got {max_line_bytes}")
+    return int(max_line_bytes)
+
+
+# ----------------------------------------------------------------------------- Parquet rows
+
+
+def _valid(arr: Any) -> bool:
+    import pyarrow as pa
+
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _invalid_values(arr: Any) -> tuple[list[int], bool]:
+    """Positions of the values of a pyarrow array that are not valid (text that is not UTF-8: the
+    Parquet reader does not check it), and whether a dictionary's entries were among them. A clean
+    array costs one validation; otherwise halves are validated down to the bad values (bisection)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if _valid(arr):
+        return [], False
+    if pa.types.is_dictionary(arr.type):
+        entries, _ = _invalid_values(arr.dictionary)
+        if entries:
+            hit = pc.is_in(arr.indices, value_set=pa.array(entries, type=arr.indices.type)).fill_null(False)
+            return np.flatnonzero(hit.to_numpy(zero_copy_only=False)).tolist(), True
+    nested = pa.types.is_nested(arr.type)  # a slice of a list still validates all its child values: copy
+
+    def piece(lo: int, hi: int) -> Any:
+        return arr.take(pa.array(np.arange(lo, hi))) if nested else arr.slice(lo, hi - lo)
+
+    out: list[int] = []
+
+    def walk(lo: int, hi: int) -> None:
+        if _valid(piece(lo, hi)):
+            return
+        if hi - lo == 1:
+            out.append(lo)
+            return
+        mid = (lo + hi) // 2
+        walk(lo, mid)
+        walk(mid, hi)
+
+    if len(arr):
+        walk(0, len(arr))
+    return out, False
+
+
+def _text_bytes(df: pl.DataFrame) -> pl.Series | None:
+    """Each row's bytes of text and binary values (nulls count 0), or None without such columns."""
+    sizes = []
+    for name, dtype in df.schema.items():
+        if dtype == pl.String:
+            sizes.append(pl.col(name).str.len_bytes())
+        elif isinstance(dtype, (pl.Categorical, pl.Enum)):
+            sizes.append(pl.col(name).cat.len_bytes())
+        elif dtype == pl.Binary:
+            sizes.append(pl.col(name).bin.size())
+    if not sizes:
+        return None
+    return df.select(pl.sum_horizontal([s.cast(pl.UInt64).fill_null(0) for s in sizes])).to_series()
+
+
+def capped_rows(
+    df: pl.DataFrame, cap: int = MAX_LINE_BYTES, first_row: int = 0, reasons: dict[int, str] | None = None
+) -> pl.DataFrame:
+    """Rows of a Parquet table as `read_table` gives them: a row whose text and binary values hold
+    more than `cap` bytes together (the public line cap), or that has a reason in `reasons` (by
+    position), becomes a row of nulls with its reason in `UNREADABLE` (added only when some row has
+    one). `first_row` is the position of `df`'s first row in the file (rows are numbered from 1)."""
+    reasons = dict(reasons or {})
+    sizes = _text_bytes(df)
+    if sizes is not None:
+        over = sizes > cap
+        if over.any():
+            for r in over.arg_true().to_list():
+                reasons.setdefault(
+                    r,
+                    f"row {first_row + r + 1:,} holds {sizes[r]:,} bytes of text, more than the cap of {cap:,} "
+                    f"bytes ({_CAP_NAME})",
+                )
+    if not reasons:
+        return df
+    why: list[str | None] = [None] * df.height
+    for r, text in reasons.items():
+        why[r] = text
+    keep = pl.Series([w is None for w in why], dtype=pl.Boolean)
+    df = df.with_columns(pl.when(keep).then(pl.col(name)).alias(name) for name in df.columns)
+    return df.with_columns(pl.Series(UNREADABLE, why, dtype=pl.String))
+
+
+def parquet_frame(table: Any, cap: int = MAX_LINE_BYTES, first_row: int = 0) -> pl.DataFrame:
+    """A pyarrow table read from Parquet as polars rows, totally: a row holding a text value that is
+    not valid UTF-8 (in any column, an ignored one too) or more than `cap` bytes of text becomes a
+    row of nulls with its reason in `UNREADABLE`, as a CSV line that cannot be read does; every
+    other row is as polars reads it. `first_row`: the table's first row's position in the file."""
+    import numpy as np
+    import pyarrow as pa
+
+    target = pl.from_arrow(table.schema.empty_table()).schema  # polars' types for the file's columns
+    bad: dict[int, str] = {}
+    decode: list[str] = []
+    for name in table.column_names:
+        start = 0
+        for chunk in table.column(name).chunks:
+            rows, in_dictionary = _invalid_values(chunk)
+            for r in rows:
+                bad.setdefault(
+                    start + r,
+                    f"row {first_row + start + r + 1:,} holds a value in column '{name}' that is not valid UTF-8 text",
+                )
+            if in_dictionary and name not in decode:
+                decode.append(name)
+            start += len(chunk)
+    for name in decode:  # polars never sees a bad dictionary entry, used by a row or not
+        i = table.column_names.index(name)
+        column = pa.chunked_array([c.dictionary_decode() for c in table.column(name).chunks])
+        table = table.set_column(i, name, column)
+    if bad:  # nor a bad value: those rows are nulls
+        mask = np.zeros(table.num_rows, dtype=bool)
+        mask[list(bad)] = True
+        table = table.take(pa.array(np.arange(table.num_rows), mask=mask))
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)
+    if decode:
+        df = df.with_columns(pl.col(name).cast(target[name]) for name in decode)
+    return capped_rows(df, cap, first_row, bad)
+
+
+def _read_parquet(p: Path, fmt: TableFormat, cap: int) -> pl.DataFrame:
+    """The whole Parquet file (row groups in order), read with pyarrow, whose reader leaves text
+    unchecked, so that a value that is not UTF-8 fails its own row only (`parquet_frame`); polars'
+    reader refuses the whole file for it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if fmt.compression:
+            data, _ = _raw(p)
+            table = pq.ParquetFile(pa.BufferReader(data)).read()
+        else:
+            table = pq.ParquetFile(p).read()
+    except DataError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(
+            f"Data file '{p}' does not parse as Parquet ({first}); write it again, or export it as CSV."
+        ) from None
+    if UNREADABLE in table.column_names:
+        raise DataError(f"Data file '{p}' has a column named '{UNREADABLE}', a name privflow reserves.")
+    return parquet_frame(table, cap)
+
+
+def read_table(path: str | Path, max_line_bytes: int | None = None) -> pl.DataFrame:
     """Read a CSV (every column as a string, empty field -> null) or Parquet file, gzipped or not.
 
     Total over rows (privacy rule 8): it raises DataError only for what the file's format and
     header decide (missing, not a table privflow reads, a header that does not parse, Parquet
     that does not parse); a CSV line that is not a row of the header's columns is kept as a row
     of nulls with the reason in the `UNREADABLE` column (present only when some row has one),
-    which validation counts as a failing row. A file with a header and no rows gives an empty
-    frame: whether that stops a run is the validation gate's DP decision. The schema is not
-    consulted here.
+    which validation counts as a failing row. Each line is decoded on its own, and one longer
+    than `max_line_bytes` (the schema's public `dataset.max_line_bytes`; default MAX_LINE_BYTES,
+    1 MiB) is such a row, read in bounded memory: the CSV file is streamed, never held whole. In
+    Parquet, a row with a text value that is not UTF-8, or with more text than the cap, is such a
+    row too. A file with a header and no rows gives an empty frame: whether that stops a run is
+    the validation gate's DP decision. The schema is not consulted here.
     """
+    cap = _cap(max_line_bytes)
     p = Path(path)
     fmt = sniff(p)
-    data, _ = _raw(p)
-    if fmt.kind == "csv":
-        df = _parse_csv(p, data, fmt)
-    else:
-        try:
-            df = pl.read_parquet(io.BytesIO(data))
-        except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise DataError(
-                f"Data file '{p}' does not parse as Parquet ({first}); write it again, or export it as CSV."
-            ) from None
-        if UNREADABLE in df.columns:
-            raise DataError(f"Data file '{p}' has a column named '{UNREADABLE}', a name privflow reserves.")
+    df = _parse_csv(p, fmt, cap) if fmt.kind == "csv" else _read_parquet(p, fmt, cap)
     if df.width == 0:
         raise DataError(f"Data file '{p}' has no columns.")
     return empty_strings_to_null(df)

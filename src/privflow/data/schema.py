@@ -482,6 +482,13 @@ class DatasetInfo(BaseModel):
         description="public, approximate row count; turns batch size and epochs into a Poisson "
         "sample rate and a step count without reading the data",
     )
+    max_line_bytes: int = Field(
+        1_048_576,
+        ge=1,
+        description="public cap on one row's size in bytes (a CSV line without its line ending; a Parquet "
+        "row's text values together): a longer row is a failing row, read without holding it, whatever the "
+        "rest of the file holds. Default 1 MiB",
+    )
     missing_values: tuple[str, ...] = Field(
         (),
         description="text that means a missing value besides an empty field (e.g. '?' or 'NA'), in any "

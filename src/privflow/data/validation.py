@@ -423,7 +423,10 @@ def _value_masks(coerced: pl.DataFrame, raw: pl.DataFrame, schema: Schema) -> di
 
 def _detail(col: Column | None, check: str, n: int) -> str:
     if check == "unreadable":
-        return f"{_rows(n)} that could not be read as a row of the header's columns (the quarantine file has each line)"
+        return (
+            f"{_rows(n)} that could not be read as a row (a line that is not a row of the header's columns, "
+            "holds bytes that are not text or is longer than the line cap; the quarantine file has each one's reason)"
+        )
     if check == "type" and col is not None and col.type in TEMPORAL_TYPES:
         return f"{_rows(n)} with a value that is not a {col.type} in the format '{col.time_format}'"
     if check == "type":

@@ -86,7 +86,9 @@ def audit_pipeline(
         model = initial_model(config, codec)
         slots = audit.canary_slots(model, canaries)  # from the architecture alone: before any row is read
         quarantine = folder / f"{audit_id}-quarantine.csv"  # curator-only, like the train flow's
-        df, _ = validate(read_table(config.data), schema, config.policy, quarantine)
+        df, _ = validate(
+            read_table(config.data, max_line_bytes=schema.dataset.max_line_bytes), schema, config.policy, quarantine
+        )
         x_train, _ = encode_rows.fn(df, codec, config.select.fraction(schema.dataset.expected_rows), config.train.seed)
         initialise(model, config, plan, x_train, Spend())  # in memory only: no ledger, no MLflow
         shipped = settings_for(config.train, plan.stage("train"))

@@ -276,7 +276,7 @@ def fit_ensemble(
     )
     try:
         folder = curator_dir(store, ens_id)
-        df = raw if isinstance(raw, pl.DataFrame) else read_table(raw)
+        df = raw if isinstance(raw, pl.DataFrame) else read_table(raw, max_line_bytes=schema.dataset.max_line_bytes)
         typed, report = validate(
             df, schema, "quarantine", folder / "quarantine.csv", gate=lambda _failing, _passing: False
         )
@@ -383,7 +383,9 @@ class DPADScore:
 def read_queries(ens: Ensemble, path: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(raw, typed) query rows; every row must pass the schema's checks (strict). These are the
     analyst's rows, not the private table: reading them spends nothing."""
-    raw = read_table(path)  # no column can clash with `anomaly`: the schema reserves the name
+    raw = read_table(
+        path, max_line_bytes=ens.schema.dataset.max_line_bytes
+    )  # no column can clash with `anomaly`: the schema reserves the name
     typed, _ = validate(raw, ens.schema, "strict", advice=SCORED_ADVICE)
     return raw, typed
 

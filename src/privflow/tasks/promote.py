@@ -139,7 +139,7 @@ def _noisy_margin(
     # Rows failing the schema's checks are dropped (a per-row filter, so the margin's
     # sensitivity holds); the comparison never stops on them, so no count is released.
     df, _ = validate(
-        read_table(config.data),
+        read_table(config.data, max_line_bytes=schema.dataset.max_line_bytes),
         schema,
         config.policy,
         run_dir / "promote_quarantine.csv",

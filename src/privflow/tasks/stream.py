@@ -68,12 +68,13 @@ class FirstPass:
     ranks: SpilledRanks
 
 
-def _chunks(config: RunConfig, what: str, show_progress: bool) -> Iterator[pl.DataFrame]:
-    """The input's chunks, with a progress bar over the rows (a pass over a large table takes a while)."""
+def _chunks(config: RunConfig, schema: Schema, what: str, show_progress: bool) -> Iterator[pl.DataFrame]:
+    """The input's chunks (a row over the schema's public line cap fails), with a progress bar
+    over the rows (a pass over a large table takes a while)."""
     columns = [TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, disable=not show_progress, transient=False) as progress:
         bar = progress.add_task(what, total=parquet_rows(config.data))
-        for chunk in parquet_chunks(config.data, config.stream.chunk_rows):
+        for chunk in parquet_chunks(config.data, config.stream.chunk_rows, schema.dataset.max_line_bytes):
             yield chunk
             progress.advance(bar, chunk.height)
 
@@ -108,7 +109,7 @@ def first_pass(
         if head is not None:
             head.append(head_rows(model, clean, config.head.numeric_knots))
 
-    chunks = _chunks(config, "Validating (pass 1 of 2)", show_progress)
+    chunks = _chunks(config, schema, "Validating (pass 1 of 2)", show_progress)
     report = validate_chunks(chunks, schema, config.policy, quarantine, gate, consume)
     # validate_chunks hands consume every chunk it checks (clean rows or none) or raises: counts is set
     return FirstPass(np.sum(counts, axis=0) if grid is not None else None, grid, head, ranks), report
@@ -164,7 +165,7 @@ def encode_chunks(
     rng = np.random.default_rng()
     sample: list[pl.DataFrame] = []
     try:
-        for chunk in _chunks(config, "Encoding (pass 2 of 2)", show_progress):
+        for chunk in _chunks(config, schema, "Encoding (pass 2 of 2)", show_progress):
             if not chunk.height:
                 continue
             clean = validate(chunk, schema, "strict", None, lambda _f, _p: False)[0]  # the first pass's checks

@@ -22,4 +22,10 @@ def validate_data(
     gate: Callable[[int], bool] | None = None,
 ) -> tuple[pl.DataFrame, ValidationReport]:
     """Read and validate; `gate` (the DP validation gate) decides whether failing rows stop the run."""
-    return validate(read_table(data_path), schema, policy=policy, quarantine_path=quarantine_path, gate=gate)
+    return validate(
+        read_table(data_path, max_line_bytes=schema.dataset.max_line_bytes),
+        schema,
+        policy=policy,
+        quarantine_path=quarantine_path,
+        gate=gate,
+    )
