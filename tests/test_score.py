@@ -39,6 +39,21 @@ def _runs(store: Path, dataset: str) -> list:
     return Ledger(store / "ledger.db").runs(dataset)
 
 
+def _without_paths(text: str, tmp: Path) -> str:
+    """`text` with the test's folder and every random id (a ledger run's, a curator folder's)
+    taken out, so that a count searched for cannot match a digit of a path or an id by chance."""
+    import re
+
+    return re.sub(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", "<id>", text.replace(str(tmp), "<tmp>"))
+
+
+def _curator_report(text: str) -> dict:
+    """The curator-only scoring report that the closing line points to."""
+    import json
+
+    return json.loads(Path(text.split("curator-only ")[1].split()[0].rstrip(".")).read_text())
+
+
 def test_public_threshold_scores_every_row_and_spends_nothing(trained) -> None:
     store, out = trained["store"], trained["tmp"] / "scored.csv"
     before = _runs(store, trained["dataset"])
@@ -53,8 +68,13 @@ def test_public_threshold_scores_every_row_and_spends_nothing(trained) -> None:
     assert scored.height == source.height
     assert scored["loglik"].is_finite().all()
     assert (scored["anomaly"] == (scored["loglik"] < -12.0)).all()
-    assert "epsilon spent 0" in res.output and "flagged" in res.output
-    assert "A public threshold spends no privacy" in " ".join(res.output.split())
+    text = " ".join(res.output.split())
+    assert "epsilon spent 0" in text and "A public threshold spends no privacy" in text
+    # exact counts are the curator's, in the report the closing line names
+    assert str(source.height) not in _without_paths(text, trained["tmp"])
+    report = _curator_report(text)
+    assert report["rows_scored"] == source.height and report["rows_unscored"] == 0
+    assert report["rows_flagged"] == int(scored["anomaly"].sum())
     assert _runs(store, trained["dataset"]) == before
 
 
@@ -116,34 +136,57 @@ def test_bad_inputs_exit_2_without_traceback(trained, case: str) -> None:
         assert "'Age' for 'age'" in res.output
 
 
-def test_a_data_table_that_fails_its_checks_is_refused_before_the_dp_threshold_spends(trained) -> None:
-    """--data is read and checked first: a table score refuses costs the reference's dataset nothing."""
+def test_a_data_table_whose_rows_all_fail_is_scored_empty_after_the_dp_threshold(trained) -> None:
+    """--data is read with the total reader after the DP threshold is released: rows that fail
+    the schema's checks get an empty score and stay in the output; what they hold never decides
+    whether the threshold is charged, the exit status or the message (privacy rule 8)."""
     store, tmp = trained["store"], trained["tmp"]
     bad = tmp / "words.csv"
     pl.read_csv(trained["new"], infer_schema=False).with_columns(pl.lit("abc").alias("age")).write_csv(bad)
-    before = _runs(store, trained["dataset"])
+    before = {r.run_id for r in _runs(store, trained["dataset"])}
+    out = tmp / "words_scored.csv"
     res = _invoke(
-        "score", "--model", f"{MODEL}@champion", "--data", str(bad), "-o", str(tmp / "never2.csv"),
+        "score", "--model", f"{MODEL}@champion", "--data", str(bad), "-o", str(out),
         "--fpr", "0.05", "--reference", str(trained["ref"]), "--epsilon", "0.25", "--store", str(store),
     )  # fmt: skip
-    assert res.exit_code == 2 and "'age'" in res.output and "Traceback" not in res.output, res.output
-    assert "DP threshold" not in res.output
-    assert _runs(store, trained["dataset"]) == before
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "DP threshold" in text and "Traceback" not in text, text
+    assert "300" not in _without_paths(text, tmp) and "'age'" not in text  # no exact count or column verdict
+    new_runs = [r for r in _runs(store, trained["dataset"]) if r.run_id not in before]
+    assert [(r.status, list(r.events)) for r in new_runs] == [("settled", [PureDPEvent(0.25)])]
+    scored = pl.read_csv(out, infer_schema=False)
+    assert scored.height == 300 and scored["loglik"].null_count() == 300 and scored["anomaly"].null_count() == 300
+    report = _curator_report(text)
+    assert report["rows_unscored"] == 300 and report["rows_scored"] == 0 and report["label"].startswith("CURATOR")
+    assert report["validation"]["columns"]["age"][0]["check"] == "type"
 
 
-def test_a_row_that_fails_its_checks_is_refused_without_advising_a_quarantine(trained) -> None:
-    """score answers every row, so it offers no quarantine policy and its message does not
-    suggest one (it did: 'use the quarantine policy ... and train on the rest')."""
+def test_a_row_that_fails_its_checks_keeps_its_place_with_an_empty_score(trained) -> None:
+    """score answers every row: one that fails the schema's checks (an age past the public
+    bounds) is kept with an empty loglik and anomaly, the others are scored; the message
+    carries no count (they are in the curator-only report) and advises no quarantine."""
     store, tmp = trained["store"], trained["tmp"]
     bad = tmp / "one_old.csv"
     rows = pl.read_csv(trained["new"], infer_schema=False)
     rows.with_columns(pl.when(pl.int_range(pl.len()) == 3).then(pl.lit("999")).otherwise("age").alias("age")).write_csv(
         bad
     )
-    res = _invoke("score", "--model", f"{MODEL}@champion", "--data", str(bad), "-o", str(tmp / "n3.csv"),
+    out = tmp / "n3.csv"
+    before = _runs(store, trained["dataset"])
+    res = _invoke("score", "--model", f"{MODEL}@champion", "--data", str(bad), "-o", str(out),
                   "--threshold", "-30", "--store", str(store))  # fmt: skip
-    assert res.exit_code == 2 and "1 row outside the public bounds" in res.output, res.output
-    assert "every row of this table is answered" in res.output and "quarantine" not in res.output
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "epsilon spent 0" in text, text
+    assert "1 row" not in text and "quarantine" not in _without_paths(text, tmp) and "empty loglik" in text
+    scored = pl.read_csv(out)
+    assert scored.height == rows.height and scored["age"][3] == 999
+    assert scored["loglik"].is_null().arg_true().to_list() == [3] and scored["anomaly"][3] is None
+    report = _curator_report(text)
+    assert report["rows_unscored"] == 1 and report["rows_scored"] == rows.height - 1
+    assert report["rows_flagged"] == int(scored["anomaly"].sum())
+    quarantine = Path(text.split("curator-only ")[1].split()[0].rstrip(".")).parent / "scored_quarantine.csv"
+    assert pl.read_csv(quarantine)["_privflow_row"].to_list() == [3]
+    assert _runs(store, trained["dataset"]) == before  # a public threshold: no ledger run
 
 
 def test_generate_refuses_a_table_the_disk_cannot_hold(trained, monkeypatch) -> None:

@@ -82,6 +82,42 @@ def test_a_new_file_is_scored_beside_itself_and_counted_for_the_operator_only(
     assert not (store / "ledger.db").exists()  # public threshold: nothing charged
 
 
+def test_failing_rows_are_kept_with_an_empty_score_and_counted_for_the_operator_only(
+    tmp_path: Path, demo_dir: Path, released: LoadedVersion, caplog
+) -> None:
+    """Scoring is total: a line the reader cannot read and a row past a public bound stay in
+    their places with an empty score; their count and the rows go to the curator store, never
+    to the flow's log or MLflow, and the run does not stop on them."""
+    import logging
+
+    from mlflow import MlflowClient
+
+    caplog.set_level(logging.INFO, logger=score_flow.__name__)
+    store = tmp_path / "store"
+    path = _drop(tmp_path / "incoming", demo_dir, rows=20)
+    lines = path.read_bytes().split(b"\n")
+    lines[3] += b",extra"  # data row 2: a field too many
+    lines[6] = b"999" + lines[6][lines[6].index(b",") :]  # data row 5: an age past the public bounds
+    path.write_bytes(b"\n".join(lines))
+    result = score_flow.score_new_file.fn(str(path), "privflow-adult@champion", -25.0, str(store))
+    scored = pl.read_csv(result["output_path"], infer_schema=False)
+    assert scored.height == 20 and scored["loglik"].is_null().arg_true().to_list() == [2, 5]
+    assert scored["anomaly"].is_null().arg_true().to_list() == [2, 5]
+    assert "_privflow_unreadable" not in scored.columns and scored["age"][5] == "999"
+    assert result["rows"] == 18 and result["unscored"] == 2
+    report = Path(result["curator_report"])
+    counts = json.loads(report.read_text())
+    assert counts["rows_scored"] == 18 and counts["rows_unscored"] == 2 and counts["validation"]["failing_rows"] == 2
+    quarantine = report.parent / score_flow.QUARANTINE
+    assert pl.read_csv(quarantine)["_privflow_row"].to_list() == [2, 5]
+    run = MlflowClient().get_run(result["mlflow_run_id"])
+    assert run.data.metrics == {}  # public settings only: no count of any kind
+    assert set(run.data.params) == {"model", "model_version", "threshold", "data_file", "output_path", "curator_report"}
+    (said,) = [r.getMessage() for r in caplog.records if r.name == score_flow.__name__]
+    said = said.replace(str(report), "<report>").replace(str(tmp_path), "<tmp>")  # paths and ids hold digits
+    assert "18" not in said and "unscored" not in said
+
+
 def test_parquet_input_and_an_output_folder(tmp_path: Path, demo_dir: Path, released: LoadedVersion) -> None:
     folder = tmp_path / "in"
     folder.mkdir()

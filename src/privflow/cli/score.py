@@ -1,5 +1,12 @@
 """`privflow score`: rows scored by log-likelihood under a registered model, anomalies flagged
-below a public or a DP threshold."""
+below a public or a DP threshold.
+
+Order (privacy rules 7 and 8): the arguments and the files' public structure (format, header
+against the model's schema) are checked first, so a user's mistake exits 2 with nothing
+reserved; then a DP threshold is reserved, released on the reference's passing rows and
+settled; then the table is scored with the total reader. No row decides whether anything is
+charged, the exit status or what is printed: a failing row is kept with an empty score, and
+the exact counts go to the run's curator-only folder."""
 
 from __future__ import annotations
 
@@ -10,6 +17,8 @@ import typer
 from rich.console import Console
 
 from privflow.cli._common import StoreOpt, VerboseOpt, _guarded
+
+SCORING_REPORT = "scoring.json"  # in the run's curator-only folder: the exact counts, for the operator only
 
 
 def score(
@@ -44,7 +53,8 @@ def score(
     """Score a table's rows by log-likelihood under a registered model and flag anomalies.
 
     Scoring is post-processing of the released model (free); a DP threshold from --fpr spends
-    --epsilon of the reference dataset's budget."""
+    --epsilon of the reference dataset's budget. A row that fails the schema's checks is kept
+    with an empty score; the exact counts go to the curator-only folder."""
     _guarded(
         verbose,
         lambda: _score(model, data, out, threshold, fpr, reference, epsilon, score_low, score_high, store, verbose),
@@ -65,8 +75,10 @@ def _score(
     verbose: bool,
 ) -> None:
     import math
+    import uuid
 
     from privflow.core.config import SelectConfig
+    from privflow.core.curator import curator_dir, write_json
     from privflow.core.errors import ConfigError
     from privflow.preflight import check_output, check_registry
 
@@ -113,23 +125,25 @@ def _score(
         import mlflow  # noqa: F401 - imported here so its event messages can be switched off
 
         from privflow.preflight import check_table
-        from privflow.tasks.score import dp_threshold, flag, load_model, scored_rows
+        from privflow.tasks.score import SCORED_QUARANTINE, dp_threshold, load_model, score_table
 
         env.quiet_imported(verbose)
         name, loaded = load_model(model, store)
-    check_table(data, loaded.schema, "Data file")  # header against the model's public schema
+    # public structure only (format, header against the model's schema), before the ledger reserves
+    check_table(data, loaded.schema, "Data file")
     if reference is not None:
-        check_table(reference, loaded.schema, "Reference file")  # header only, before the ledger reserves
-    raw, loglik = scored_rows(loaded, data)  # the table read and checked before any budget is spent
+        check_table(reference, loaded.schema, "Reference file")
     say = Console().print
     spent, charged = 0.0, "A public threshold spends no privacy, and scoring is post-processing of the model (free)"
     if mechanism is not None:
         released = dp_threshold(loaded, reference, mechanism, store)  # type: ignore[arg-type]
         threshold, spent = released.threshold, released.epsilon
+        folder = released.curator or curator_dir(store.resolve(), released.ledger_run_id)
         say(
             f"DP threshold: {threshold:.4g} nats (the {mechanism.q:g}-quantile of the reference log-likelihoods, "
             f"grid step {mechanism.step:.3g} over [{mechanism.low:g}, {mechanism.high:g}]); epsilon spent "
-            f"{spent:g} on dataset '{released.dataset}' (ledger run {released.ledger_run_id})",
+            f"{spent:g} on dataset '{released.dataset}' (ledger run {released.ledger_run_id}). Reference rows "
+            "that fail the schema's checks are left out of the quantile (a per-row filter: its sensitivity holds)",
             highlight=False,
             soft_wrap=True,
             markup=False,
@@ -139,17 +153,34 @@ def _score(
             "post-processing of the model and the threshold (no further spend)"
         )
     else:
+        folder = curator_dir(store.resolve(), f"score-{uuid.uuid4()}")
         say(f"public threshold: {threshold:g} nats; epsilon spent 0", highlight=False, soft_wrap=True)
     from privflow.data.io import write_table
 
-    table = flag(raw, loglik, float(threshold))  # type: ignore[arg-type]
+    # read after the DP release, with the total reader: a row that fails gets an empty score, never a refusal
+    scored = score_table(loaded, data, float(threshold), folder / SCORED_QUARANTINE)  # type: ignore[arg-type]
     replaced = " (replacing the file that was there)" if out.exists() else ""
-    write_table(table, out)
-    flagged = int(table["anomaly"].sum())
+    write_table(scored.table, out)
+    write_json(
+        folder,
+        SCORING_REPORT,
+        {
+            "data_path": str(data),
+            "output_path": str(out),
+            "model": name,
+            "model_version": str(loaded.version),
+            "threshold": threshold,
+            "rows_scored": scored.table.height - scored.unscored,
+            "rows_unscored": scored.unscored,
+            "rows_flagged": scored.flagged,
+            "validation": scored.report.to_dict(),
+        },
+    )
     say(
-        f"scored {table.height} rows of {data} under {name} v{loaded.version}: {flagged} flagged as anomalies "
-        f"(loglik < {threshold:.4g}); wrote {out}{replaced}. {charged}; these counts are of the "
-        "rows you brought (for the operator only if they are private).",
+        f"scored {data} under {name} v{loaded.version} (anomaly: loglik < {threshold:.4g}); wrote {out}{replaced}. "
+        "Every row is kept in its place; a row that fails the schema's checks has an empty loglik and anomaly. "
+        f"{charged}. How many rows were scored, flagged and left unscored (exact counts, not differentially "
+        f"private) is in the curator-only {folder / SCORING_REPORT}.",
         highlight=False,
         soft_wrap=True,
         markup=False,

@@ -2,8 +2,9 @@
 `privflow-score/score-new-file`), the likelihood thresholding of DP-NF section 5.
 
     header check (no row read) -> log-likelihood of every row under the released model
+    (total: a row that fails the schema's checks is kept with an empty score)
     -> anomaly = loglik < a PUBLIC threshold -> <folder>/scored/<name>.scored.<ext>
-    -> the run's public settings to MLflow, its counts to the curator-only store
+    -> the run's public settings to MLflow, its counts (and failing rows) to the curator-only store
 
 Privacy: scoring under a registered (released) model is post-processing of that release, and a
 public threshold is public: the flow spends nothing and writes nothing to the ledger (the
@@ -18,12 +19,15 @@ a dataset's experiment and never behind a registered model) holds public setting
 model version, the threshold, the file's name and where its outputs went. The rows scored and
 flagged are exact counts of the operator's file, not differentially private: they are
 operator-only, written to `<store>/curator/scoring-<MLflow run id>/scoring.json` (privacy rules
-5 and 8) and to neither MLflow nor the flow run's log, which a deployment shares.
+5 and 8) and to neither MLflow nor the flow run's log, which a deployment shares; so are the
+rows that failed the schema's checks (`quarantine.csv` there), which never stop the run.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +42,7 @@ from privflow.core.errors import ConfigError
 from privflow.data.io import write_table
 from privflow.preflight import check_table
 from privflow.tasks import mlflow_store
-from privflow.tasks.score import ANOMALY, load_model, score_table
+from privflow.tasks.score import load_model, score_table
 
 EXPERIMENT = "privflow-scoring"
 SCORED_FOLDER = "scored"
@@ -47,6 +51,7 @@ NOT_DP = (
     "in the curator store: see the curator_report parameter"
 )
 REPORT = "scoring.json"  # in <store>/curator/scoring-<run id>/: the counts, for the operator only
+QUARANTINE = "quarantine.csv"  # beside it: the rows that failed the schema's checks (empty scores)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class ScoredFile:
     flagged: int  # operator-only, likewise
     mlflow_run_id: str
     curator_report: str = ""
+    unscored: int = 0  # operator-only: rows that failed the schema's checks (kept, with an empty score)
 
 
 def scored_path(data_path: Path, out_dir: Path | None = None) -> Path:
@@ -78,10 +84,13 @@ def _log() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger(__name__)
 
 
-def log_scoring_run(store: Path, result: ScoredFile, dataset: str) -> tuple[str, Path]:
+def log_scoring_run(
+    store: Path, result: ScoredFile, dataset: str, quarantine: Path | None = None, validation: dict | None = None
+) -> tuple[str, Path]:
     """One MLflow run in `privflow-scoring` with the run's public parameters (no metric, no
     artifact: the scored rows stay in the operator's folder), and the curator-only report of
-    its counts: (MLflow run id, report path)."""
+    its counts (with the `quarantine` file of failing rows moved beside it, and the exact
+    `validation` report): (MLflow run id, report path)."""
     mlflow_store.tracking(store)
     client = MlflowClient()
     exp = client.get_experiment_by_name(EXPERIMENT)
@@ -97,16 +106,21 @@ def log_scoring_run(store: Path, result: ScoredFile, dataset: str) -> tuple[str,
         tags={"privflow.kind": "scoring", "privflow.dataset": dataset, "privflow.not_dp": NOT_DP},
     )
     rid = run.info.run_id
+    folder = curator_dir(store.resolve(), f"scoring-{rid}")
+    if quarantine is not None and quarantine.exists():
+        shutil.move(str(quarantine), folder / QUARANTINE)
     report = write_json(
-        curator_dir(store.resolve(), f"scoring-{rid}"),
+        folder,
         REPORT,
         {
             "mlflow_run_id": rid,
             "data_path": result.data_path,
             "output_path": result.output_path,
             "rows_scored": result.rows,
+            "rows_unscored": result.unscored,
             "rows_flagged": result.flagged,
             "flagged_share": result.flagged / result.rows if result.rows else 0.0,
+            "validation": validation or {},
         },
     )
     params = {
@@ -128,7 +142,8 @@ def score_new_file(
 ) -> dict[str, Any]:
     """Score one new file under a released model with a public threshold; write it beside the
     input (`scored/`), its counts to the curator-only store. Spends no privacy (DP-NF section 5: likelihood
-    thresholding is post-processing of the DP model)."""
+    thresholding is post-processing of the DP model). Total over rows: a row that fails the
+    schema's checks is kept with an empty score and counted for the operator only."""
     log = _log()
     try:
         t = float(threshold)
@@ -140,12 +155,17 @@ def score_new_file(
     name, loaded = load_model(model, root)
     path = Path(data_path).expanduser().resolve()
     check_table(path, loaded.schema, "New data file")  # format and header only: a wrong file reads no row
-    table = score_table(loaded, path, t)
     out = scored_path(path, Path(out_dir).expanduser().resolve() if out_dir else None)
-    write_table(table, out)
-    flagged = int(table[ANOMALY].sum())
-    result = ScoredFile(str(path), str(out), name, str(loaded.version), t, table.height, flagged, "")
-    rid, report = log_scoring_run(root, result, loaded.schema.dataset.name)
+    with tempfile.TemporaryDirectory(prefix="privflow-score-") as tmp:  # owner-only until moved to the curator
+        quarantine = Path(tmp) / QUARANTINE
+        scored = score_table(loaded, path, t, quarantine)
+        write_table(scored.table, out)
+        rows = scored.table.height
+        result = ScoredFile(
+            str(path), str(out), name, str(loaded.version), t, rows - scored.unscored, scored.flagged, "",
+            unscored=scored.unscored,
+        )  # fmt: skip
+        rid, report = log_scoring_run(root, result, loaded.schema.dataset.name, quarantine, scored.report.to_dict())
     result = ScoredFile(**{**asdict(result), "mlflow_run_id": rid, "curator_report": str(report)})
     log.info(  # no count: the flow run's log is shared with whoever sees the deployment
         "scored %s under %s v%s (anomaly: loglik < %g); wrote %s; counts (operator-only) in %s; no privacy spent",
@@ -159,4 +179,13 @@ def score_new_file(
     return asdict(result)
 
 
-__all__ = ["EXPERIMENT", "REPORT", "SCORED_FOLDER", "ScoredFile", "log_scoring_run", "score_new_file", "scored_path"]
+__all__ = [
+    "EXPERIMENT",
+    "QUARANTINE",
+    "REPORT",
+    "SCORED_FOLDER",
+    "ScoredFile",
+    "log_scoring_run",
+    "score_new_file",
+    "scored_path",
+]
