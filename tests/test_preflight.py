@@ -1,5 +1,6 @@
-"""Pre-flight: imports no Prefect/MLflow/Great Expectations (nor torch without a GPU driver), is
-fast on the demo, checks without reserving, and resolves the device."""
+"""Pre-flight: imports no Prefect/MLflow/Great Expectations (nor torch without a GPU driver), checks
+without reserving, and resolves the device. Its time on the demo is a benchmark
+(benchmarks/bench_test_bounds.py, benchmarks/bench_overhead.py)."""
 
 from __future__ import annotations
 
@@ -19,22 +20,19 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "src" / "privflow" / "demo"
 
 CHILD = """
-import json, sys, time
-t0 = time.perf_counter()
+import json, sys
 from privflow.core.config import RunConfig
 from privflow.preflight import preflight
 cfg = RunConfig.build(data=sys.argv[1], schema_path=sys.argv[2], store=sys.argv[3],
                       evaluate={"test_data": sys.argv[4]})
 checked = preflight(cfg)
-print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": time.process_time(), "rows": checked.rows,
-                  "device": checked.device,
-                  "timings": checked.timings,
+print(json.dumps({"rows": checked.rows, "device": checked.device,
                   "heavy": [m for m in ("prefect", "mlflow", "great_expectations") if m in sys.modules],
                   "torch": "torch" in sys.modules}))
 """
 
 
-def test_demo_preflight_is_fast_and_imports_no_server_library(tmp_path: Path) -> None:
+def test_demo_preflight_imports_no_server_library(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
@@ -56,9 +54,6 @@ def test_demo_preflight_is_fast_and_imports_no_server_library(tmp_path: Path) ->
     # nor torch (a second of import), unless an NVIDIA driver makes `auto` ask torch about CUDA
     assert not out["torch"] or nvidia_driver()
     assert out["rows"] is None and out["device"] in ("cpu", "cuda")  # the private file's rows are never counted
-    # CPU seconds of the whole process, imports included: 2.1 s measured here (3.6 s while it imported torch;
-    # wall on this shared machine varies threefold with the load, so it is not what is asserted)
-    assert out["cpu"] < 8, out
     assert not (tmp_path / "store").exists()  # nothing created, nothing reserved
 
 

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,22 +13,53 @@ import pytest
 from privflow.core import timing
 
 
-def test_stages_nest_in_the_order_they_start_and_a_remainder_excludes_its_parts() -> None:
+class FakeClock:
+    """Stands for `time` in core/timing.py: `perf_counter` reads a time the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_stages_nest_in_the_order_they_start_and_a_remainder_excludes_its_parts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
     with timing.collecting() as times:
         with timing.stage("outer"):
             timing.record("outer/part", 0.5)
+            clock.advance(0.75)
         with timing.remainder("rest"):
             with timing.stage("inner"):
-                time.sleep(0.2)
-            time.sleep(0.02)
+                clock.advance(0.2)
+            clock.advance(0.02)
         timing.record("inner", 0.25)  # a stage met twice adds up
     assert list(times.seconds) == ["outer", "outer/part", "inner", "rest"]
+    assert times.seconds["outer"] == pytest.approx(0.75)
     assert times.seconds["outer/part"] == 0.5
-    assert 0.45 <= times.seconds["inner"] < 1.0
-    assert 0.015 < times.seconds["rest"] < 0.15  # the block's own time, not the 0.2 s of the stage inside
+    assert times.seconds["inner"] == pytest.approx(0.45)
+    assert times.seconds["rest"] == pytest.approx(0.02)  # the block's own time, not the 0.2 s of the stage inside
     with timing.stage("nobody collects"):  # outside a collector: nothing, no error
         timing.record("nothing", 1.0)
     assert timing.current() is None
+
+
+def test_a_remainder_is_never_negative(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts recorded inside a block (a worker's seconds, say) may add up to more than the block's
+    own clock time: the remainder is then 0, not a negative figure."""
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    with timing.collecting() as times:
+        with timing.remainder("rest"):
+            timing.record("part done elsewhere", 3.0)
+            clock.advance(1.0)
+    assert times.seconds == {"part done elsewhere": 3.0, "rest": 0.0}
 
 
 def test_process_age_is_the_time_since_this_process_started() -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
+from types import SimpleNamespace
 
 import pytest
 
+from privflow.core import startup
 from privflow.core.startup import imports_without_gc, meanwhile
+
+GUARD_S = 120
 
 
 @pytest.fixture(autouse=True)
@@ -37,16 +40,27 @@ def test_a_disabled_collector_stays_disabled_even_when_the_block_fails() -> None
     assert not gc.isenabled()
 
 
-def test_meanwhile_works_during_the_wait_and_is_finished_after() -> None:
-    started, done = threading.Event(), []
+def test_meanwhile_works_during_the_wait_and_is_finished_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The work runs while the block runs, and the block's end waits for it: the work here can
+    only finish once `meanwhile` waits for its thread (the join lets it go on), so it is
+    finished after the block on any machine, and unfinished if nothing waited for it."""
+    started, release, done = threading.Event(), threading.Event(), []
+
+    class Waited(threading.Thread):
+        def join(self, timeout: float | None = None) -> None:
+            release.set()  # the block has ended and waits for the work: let the work finish
+            super().join(timeout)
+
+    monkeypatch.setattr(startup, "threading", SimpleNamespace(Thread=Waited))
 
     def work() -> None:
         started.set()
-        time.sleep(0.05)
+        release.wait(GUARD_S)  # the bound is a guard only
         done.append(True)
 
     with meanwhile(work):
-        assert started.wait(5)  # running while the block waits
+        assert started.wait(GUARD_S)  # running while the block waits (the bound is a guard only)
+        assert done == []
     assert done == [True]  # and finished when the block ends
 
 

@@ -2,9 +2,10 @@
 parent under another schema, another flow or codec space, a private release of another
 dataset, a private parent the ledger does not hold, or a version tagged public in the registry
 that `privflow pretrain` never declared in the ledger exits 2 with one paragraph,
-before any reservation, and leaves the ledger as it was. Plus the plan of a warm start: the
-from-scratch plan minus its initialisation stages, DP-SGD unchanged; and the ledger's lineage
-composition (privacy rule 9).
+before any reservation, and leaves the ledger as it was; a private parent's ledger run is the
+ledger's record of the version (`Ledger.record_version`), never its registry tags. Plus the plan
+of a warm start: the from-scratch plan minus its initialisation stages, DP-SGD unchanged; and the
+ledger's lineage composition (privacy rule 9).
 
 Parents are registered directly (`register_model.fn`, as the pipeline logs them), so no
 Prefect server is needed; the end-to-end runs are in tests/flows/test_warm_start.py.
@@ -74,11 +75,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
     schema = _schema_file(tmp / "adult.yaml", demo_dir)
     other_bounds = _schema_file(tmp / "adult-age.yaml", demo_dir, age_high=120)
     other_name = _schema_file(tmp / "census.yaml", demo_dir, name="census")
-    # one charged run of 'adult', the private parent's
+    # one charged run of 'adult', the private parent's, and one of 'census'
     ledger = Ledger(store / "ledger.db")
     ledger.ensure_dataset("adult", 10.0, 1e-5)
     ledger.reserve("adult", PARENT_RUN, [GaussianEvent(5.0)])
     ledger.settle(PARENT_RUN, [GaussianEvent(5.0)])
+    ledger.ensure_dataset("census", 10.0, 1e-5)
+    ledger.reserve("census", "c-1", [GaussianEvent(5.0)])
+    ledger.settle("c-1", [GaussianEvent(5.0)])
     public = {"privflow.pretrained": "public", "privflow.data": "public"}
     versions = {
         "public": _register(store, "parents", schema, public),
@@ -87,17 +91,23 @@ def setup(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
         "other-dataset": _register(store, "parents", other_name, {"dataset": "census", "privflow_run_id": "c-1"}),
         "not-in-ledger": _register(store, "parents", schema, {"dataset": "adult", "privflow_run_id": "elsewhere"}),
         "same-dataset": _register(store, "parents", schema, {"dataset": "adult", "privflow_run_id": PARENT_RUN}),
+        # its tag names another run; the ledger's record decides
+        "tag-elsewhere": _register(store, "parents", schema, {"dataset": "adult", "privflow_run_id": "cheap"}),
+        "re-registered": _register(store, "parents", schema, {"dataset": "adult", "privflow_run_id": PARENT_RUN}),
         "untagged": _register(store, "parents", schema, {}),
         "tag-only": _register(store, "parents", schema, {}),
         "replaced": _register(store, "parents", schema, public),
     }
-    from privflow.tasks.warm_start import declare_public_version
+    from privflow.tasks.warm_start import declare_public_version, record_registered_version
 
     # what `privflow pretrain` does once it has registered a version (flows/pretrain.py)
-    public_table = tmp / "public.csv"
-    pl.read_csv(demo_dir / "adult_test.csv", infer_schema=False, n_rows=50).write_csv(public_table)
     for kind in ("public", "other-bounds", "other-flow"):
-        declare_public_version(store, "parents", versions[kind], public_table, "adult")
+        declare_public_version(store, "parents", versions[kind], "blake2b-rows:" + "1" * 32, "adult")
+    # what `privflow run` does once it has registered a version (flows/pipeline.py)
+    for kind, run in (("same-dataset", PARENT_RUN), ("tag-elsewhere", PARENT_RUN), ("other-dataset", "c-1")):
+        record_registered_version(ledger, "parents", versions[kind], run)
+    # a record whose weights are not those registered under the number now
+    ledger.record_version("parents", versions["re-registered"], PARENT_RUN, "sha256:" + "0" * 64)
     # someone with registry write access tags a version public by hand: no declaration
     MlflowClient().set_model_version_tag("parents", versions["tag-only"], "privflow.pretrained", "public")
     # a declaration whose weights are not those registered under the number now
@@ -200,8 +210,31 @@ def test_private_release_of_another_dataset_is_refused(setup: dict) -> None:
 
 
 def test_private_parent_missing_from_the_ledger_or_untagged_is_refused(setup: dict) -> None:
-    _refused(setup, f"parents/{setup['v']['not-in-ledger']}", "ledger run elsewhere", "does not hold")
-    _refused(setup, f"parents/{setup['v']['untagged']}", "neither a public pretraining")
+    """Tags naming a dataset and a ledger run decide nothing: the ledger must record the version."""
+    version = setup["v"]["not-in-ledger"]
+    message = _refused(
+        setup, f"parents/{version}", f"does not record version {version}", "ledger run elsewhere", "decide nothing"
+    )
+    assert "nothing was reserved" in message
+    _refused(setup, f"parents/{setup['v']['untagged']}", "does not record version", "neither as a public pretraining")
+
+
+def test_a_recorded_version_whose_weights_were_replaced_is_refused(setup: dict) -> None:
+    _refused(setup, f"parents/{setup['v']['re-registered']}", "not the ones recorded", "replaced")
+
+
+def test_a_private_parents_run_comes_from_the_ledger_not_its_tags(setup: dict) -> None:
+    from privflow.tasks import mlflow_store
+    from privflow.tasks.warm_start import find_parent
+
+    mlflow_store.tracking(setup["store"])
+    ledger_path = setup["store"] / "ledger.db"
+    for kind in ("same-dataset", "tag-elsewhere"):
+        parent = find_parent(f"parents/{setup['v'][kind]}", ledger_path)
+        assert parent.kind == "private" and parent.ledger_run == PARENT_RUN and parent.dataset == "adult"
+    # a tag pointed at another run afterwards changes nothing either
+    MlflowClient().set_model_version_tag("parents", setup["v"]["same-dataset"], "privflow_run_id", "c-1")
+    assert find_parent(f"parents/{setup['v']['same-dataset']}", ledger_path).ledger_run == PARENT_RUN
 
 
 def test_a_public_tag_the_ledger_does_not_declare_is_refused(setup: dict) -> None:
@@ -222,7 +255,7 @@ def test_a_public_tag_the_ledger_does_not_declare_is_refused(setup: dict) -> Non
     _refused(setup, f"parents/{setup['v']['replaced']}", "not the ones declared", "replaced")
     ledger = Ledger(setup["store"] / "ledger.db")
     declared = ledger.public_source("parents", setup["v"]["public"])
-    assert declared is not None and declared.fingerprint.startswith("hmac-sha256:") and declared.dataset == "adult"
+    assert declared is not None and declared.fingerprint.startswith("blake2b-rows:") and declared.dataset == "adult"
     assert ledger.public_source("parents", setup["v"]["tag-only"]) is None
 
 
@@ -256,7 +289,7 @@ def test_lineage_composes_the_private_chain(tmp_path: Path) -> None:
 def test_allowed_parents_pass_preflight_pinned_to_their_version(setup: dict) -> None:
     from privflow.preflight import preflight
 
-    for kind in ("public", "same-dataset"):
+    for kind in ("public", "same-dataset", "tag-elsewhere"):
         cfg = RunConfig.build(
             data=setup["data"],
             schema_path=setup["schema"],
@@ -310,8 +343,8 @@ def test_pretrain_reports_the_commands_wall_time_not_the_flows(tmp_path: Path, m
     import privflow.preflight as preflight
 
     def checked(cfg: RunConfig) -> SimpleNamespace:
-        time.sleep(0.3)  # stands for the part the flow does not count (checks, Prefect's server start)
-        return SimpleNamespace(config=cfg, rows=10, data_format="csv", device="cpu")
+        monkeypatch.setattr(time, "monotonic", lambda t=time.monotonic: t() + 0.3)  # 0.3 s the flow does not count
+        return SimpleNamespace(config=cfg, schema=None, rows=10, data_format="csv", device="cpu")
 
     summary = flows_pretrain.PretrainSummary("m", "1", "pretrained", "run", 10, 0, 5, 5, -1.0, wall_seconds=0.0)
     monkeypatch.setattr(preflight, "preflight_pretrain", checked)

@@ -249,14 +249,15 @@ def test_first_version_becomes_champion_at_no_cost(registry: dict) -> None:
     assert (len(Ledger(ledger_path).runs()) if ledger_path.exists() else 0) == before
 
 
-def test_a_promotion_waits_for_the_stores_lock(registry: dict) -> None:
+def test_a_promotion_waits_for_the_stores_lock(registry: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """Promotions on one store are serialised: while another process (here: this test) holds the
-    store's lock, a promotion neither reads the alias nor moves it."""
+    store's lock, a promotion neither reads the alias nor moves it. The check is made once the
+    promotion has asked for the lock (an event it reports here), not after a sleep."""
     import threading
-    import time
 
     from mlflow import MlflowClient
 
+    from privflow.tasks import promote
     from privflow.tasks.mlflow_store import store_lock
     from privflow.tasks.promote import promote_if_better
 
@@ -264,13 +265,20 @@ def test_a_promotion_waits_for_the_stores_lock(registry: dict) -> None:
     v1 = _register(name, _model(0), registry)
     ledger_path = str(registry["store"] / "ledger.db")
     decided: list[object] = []
+    asked = threading.Event()
+
+    def lock_asked_for(store: Path):  # noqa: ANN202
+        asked.set()  # the promotion is at the lock: nothing after it can run while the test holds it
+        return store_lock(store)
+
+    monkeypatch.setattr(promote, "store_lock", lock_asked_for)
     run = lambda: decided.append(  # noqa: E731
         promote_if_better.fn(name, v1, _config(registry), PromotionSettings(epsilon=1.0), ledger_path, "lock:promote")
     )
     with store_lock(registry["store"]):
         worker = threading.Thread(target=run)
         worker.start()
-        time.sleep(1.0)
+        assert asked.wait(timeout=120)  # a guard against a promotion that never asks, not a trigger
         assert worker.is_alive() and not decided  # waiting on the lock
         assert MlflowClient().get_registered_model(name).aliases.get("champion") is None
     worker.join(timeout=60)

@@ -1,9 +1,11 @@
 """train: DP-SGD / DP-Adam with Poisson sampling on the flow, with a progress bar; in one process,
 or data-parallel over `train.workers` processes under torchrun (privacy/dpsgd/distributed.py), the same
-trainer and the same privacy event either way."""
+trainer and the same privacy event either way. It reports the start of each epoch to a
+watcher (privflow/core/events.py)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -12,6 +14,7 @@ import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from privflow.core import events
 from privflow.core.config import TrainConfig
 from privflow.data.chunked import DiskRows
 from privflow.privacy.accounting.events import PoissonGaussianEvent
@@ -73,10 +76,21 @@ def train_flow_model(
 
         def on_step(step: int, loss: float) -> None:
             progress.update(bar, completed=step, loss=loss)
+            following = epoch_of(step + 1, settings.sample_rate)
+            if step < settings.steps and following > epoch_of(step, settings.sample_rate):
+                events.report(f"epoch {following}")  # the next step starts it
 
+        events.report("epoch 1")  # to a watcher (core/events.py): training has started
         if settings.workers > 1:
             return train_data_parallel(model, data, settings, on_step)
         return train(model, data, settings, on_step=on_step)
+
+
+def epoch_of(step: int, sample_rate: float) -> int:
+    """The epoch (from 1) that DP-SGD step `step` (from 1) belongs to: an epoch is 1 / sample_rate
+    steps, the steps that sample as many rows as the table holds in expectation. At most one
+    epoch begins per step (sample_rate <= 1), so each is reported once (core/events.py)."""
+    return math.floor((step - 1) * sample_rate) + 1
 
 
 @contextmanager
