@@ -126,8 +126,8 @@ def _gate_never_stops_a_clean_table_by_chance():
     def threshold(policy_rows, event, false_stop=validation_gate.FALSE_STOP):
         return real(policy_rows, event, min(false_stop, TEST_FALSE_STOP))
 
-    def floor(expected_rows, least, event, false_stop=validation_gate.FALSE_STOP):
-        return real_floor(expected_rows, least, event, min(false_stop, TEST_FALSE_STOP))
+    def floor(expected_rows, least, event, false_stop=validation_gate.FALSE_STOP, **kw):
+        return real_floor(expected_rows, least, event, min(false_stop, TEST_FALSE_STOP), **kw)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(validation_gate, "threshold", threshold)

@@ -130,6 +130,34 @@ def test_out_of_bounds_gives_the_range_seen_and_the_declared_bounds(tmp_path: Pa
     assert "values seen span [7, 150], the declared bounds are [18, 90]" in out
 
 
+def test_clamped_values_and_values_sent_to_other_are_counted_per_column(tmp_path: Path) -> None:
+    table = rows()
+    table[0]["age"], table[1]["age"], table[2]["score"] = "95", "12", "11.5"  # clamped (rows 0, 1, 2)
+    table[2]["cond"], table[5]["cond"] = "Excellent", "Poor"  # read as 'Fair' (rows 2, 5)
+    table[9]["income"] = "-3"  # income fails (a column that says `fail`)
+    spec = {
+        "dataset": {"name": "toy", "on_out_of_bounds": "clamp"},
+        "columns": [
+            SCHEMA["columns"][0],
+            {**SCHEMA["columns"][1], "on_out_of_bounds": "fail"},
+            {**SCHEMA["columns"][2], "other": "Fair"},
+            SCHEMA["columns"][3],
+        ],
+    }
+    result = check(*write(tmp_path, table, spec))
+    assert result.exit_code == 3, result.output
+    out = text(result)
+    # rows 0, 1, 2 hold a clamped value, rows 2 and 5 one read as 'other' (row 2 both); row 9 fails
+    assert "39 pass (3 with a value clamped to a bound, 2 with a category read as 'other'), 1 fail" in out
+    assert "column 'income' [bounds]: 1 row outside the public bounds" in out
+    assert "column 'age' [clamped, kept]: 2 values outside the public bounds [18, 90], clamped" in out
+    assert "column 'cond' [other, kept]: 2 values not in the declared list of 3, read as 'Fair'" in out
+    assert "column 'score' [clamped, kept]: 1 value outside the public bounds [0, 10]" in out
+    table[9]["income"] = "3"
+    clean = text(check(*write(tmp_path, table, spec)))
+    assert "40 pass (3 with a value clamped to a bound, 2 with a category read as 'other'), 0 fail" in clean
+
+
 def test_a_point_mass_suggests_atoms(tmp_path: Path) -> None:
     table = rows()
     for i in range(0, 40, 5):

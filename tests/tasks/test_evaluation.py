@@ -355,3 +355,69 @@ def test_evaluate_rejects_missing_columns(tmp_path: Path, adult: tuple[Schema, p
     schema, train, test = adult
     with pytest.raises(DataError, match="synthetic"):
         evaluate(schema, train, test, train.drop("age"), EvaluateConfig(), tmp_path)
+
+
+def _four_classes(n: int, seed: int) -> pl.DataFrame:
+    """Rows of `small` whose class c follows x (with noise), every class present."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 10, n)
+    c = np.clip((x / 2.5 + rng.normal(0, 0.6, n)).astype(int), 0, 3)
+    return pl.DataFrame(
+        {
+            "x": x,
+            "y": rng.uniform(0, 1000, n),
+            "c": np.array(["a", "b", "c", "d"])[c],
+            "k": rng.choice(["u", "v"], n),
+        }
+    )
+
+
+def test_a_target_of_more_classes_reports_one_vs_rest_macro_averages_as_sklearn(small: Schema) -> None:
+    """No silent last category: a 4-class target without target_positive is scored one-vs-rest,
+    and the figures are scikit-learn's own multi-class macro averages."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
+    from sklearn.preprocessing import label_binarize
+
+    from privflow.tasks.evaluation.utility import labelled, scoring
+
+    train, test = _four_classes(600, 1), _four_classes(400, 2)
+    how = scoring(small)
+    assert not how.binary and "one-vs-rest macro averages over its 4 classes" in how.describe()
+    (rec,) = classify(small, train, test, classifiers=("LogisticRegression",))
+    x, y = labelled(small, train)
+    xt, yt = labelled(small, test)
+    assert set(yt.tolist()) == {0, 1, 2, 3}
+    clf = LogisticRegression(max_iter=300).fit(x, y)
+    proba, pred = clf.predict_proba(xt), clf.predict(xt)
+    assert rec["macro_f1"] == pytest.approx(f1_score(yt, pred, average="macro"))
+    assert rec["auroc"] == pytest.approx(roc_auc_score(yt, proba, multi_class="ovr", average="macro"))
+    assert rec["ap"] == pytest.approx(average_precision_score(label_binarize(yt, classes=[0, 1, 2, 3]), proba))
+    # the last class against the rest (the old silent scoring) is a different figure
+    assert rec["auroc"] != pytest.approx(roc_auc_score(yt == 3, proba[:, 3]))
+
+
+def test_target_positive_names_the_class_scored_positive(adult: tuple[Schema, pl.DataFrame, pl.DataFrame]) -> None:
+    from privflow.tasks.evaluation.utility import scoring
+
+    schema, train, test = adult
+    assert scoring(schema).positive == ">50K" and "its last declared class" in scoring(schema).describe()
+    named = schema.model_copy(update={"target_positive": "<=50K"})
+    assert scoring(named).positive == "<=50K" and "target_positive" in scoring(named).describe()
+    syn = train.head(200).with_columns(income=pl.lit(">50K"))
+    y = (test["income"] == "<=50K").to_numpy()
+    for r in classify(named, syn, test, classifiers=("GaussianNB",)):
+        assert r["auroc"] == 0.5 and r["ap"] == pytest.approx(y.mean())  # constant predictor, positive '<=50K'
+
+
+def test_the_report_names_the_positive_class_or_says_one_vs_rest(
+    small: Schema, adult: tuple[Schema, pl.DataFrame, pl.DataFrame]
+) -> None:
+    from privflow.tasks.evaluation.report import _utility_section
+
+    recs = [{"classifier": "LogisticRegression", "repeat": 0, "macro_f1": 0.5, "auroc": 0.6, "ap": 0.4}]
+    res = UtilityResult(synthetic=recs, real=recs)
+    binary = " ".join(_utility_section(adult[0], res.metrics(), res.table()))
+    assert "positive class &#x27;&gt;50K&#x27; (its last declared class" in binary and "one-vs-rest" not in binary
+    multi = " ".join(_utility_section(small, res.metrics(), res.table()))
+    assert "one-vs-rest macro averages" in multi and "macro AUROC (one-vs-rest)" in multi

@@ -5,7 +5,9 @@ counts, so they never name a failing column or value (privacy rule 8). The data 
 their own rows anyway, so this command tells them exactly, from the same reader
 (`privflow.data.io.read_table`) and the same checks (`privflow.data.validation.validate`, with a
 gate that never stops and its quarantine file, in a private temporary folder deleted on exit,
-as the list of failing rows and the checks each fails). It releases nothing and records nothing:
+as the list of failing rows and the checks each fails), and how many values of each column were
+clamped to a bound or read as the column's `other` instead of failing (rows that pass, with a
+changed value). It releases nothing and records nothing:
 no ledger, no MLflow, no Prefect, no store. Its output holds exact counts and raw values from
 the private rows: for the curator, never for publication.
 
@@ -85,6 +87,7 @@ class _Finding:
 
 def _check(data: Path, schema_path: Path, examples: int, verbose: bool) -> int:
     from privflow.core import env
+    from privflow.core.source_uri import as_data_source
     from privflow.data.io import read_table
     from privflow.data.schema import Schema
     from privflow.data.validation import ROWS
@@ -92,6 +95,7 @@ def _check(data: Path, schema_path: Path, examples: int, verbose: bool) -> int:
 
     env.set_verbosity(verbose)
     schema = Schema.from_yaml(schema_path)  # the checks `privflow run` does before reading a row
+    data = as_data_source(data)  # a database URI's password masked in every message
     fmt = check_table(data, schema, "Data file")
     df = read_table(data, max_line_bytes=schema.dataset.max_line_bytes)
     out = Console(highlight=False, soft_wrap=True)
@@ -104,7 +108,7 @@ def _check(data: Path, schema_path: Path, examples: int, verbose: bool) -> int:
         clean, report, failing = _validate(df, schema, Path(scratch) / "quarantine.csv")
     say(
         f"{data} ({fmt}) against schema '{schema.dataset.name}': {_rows(report.total_rows)} read, "
-        f"{report.total_rows - report.failing_rows:,} pass, {report.failing_rows:,} fail."
+        f"{report.total_rows - report.failing_rows:,} pass{_kept(report)}, {report.failing_rows:,} fail."
     )
     if report.total_rows == 0:
         say("The table has no rows: a run would have nothing to train on.")
@@ -124,6 +128,8 @@ def _check(data: Path, schema_path: Path, examples: int, verbose: bool) -> int:
             say(f"    rows (0-based positions, as a quarantine file numbers them): {rows}")
         for line in item.advice:
             say(f"    -> {line}")
+    for a in report.adjustments:
+        say(f"- column '{a.column}' [{a.change}, kept]: {a.detail}")
     notes = _point_masses(clean, schema) + _size_note(report, schema)
     for head, fix in notes:
         say(f"- {head}")
@@ -340,6 +346,17 @@ def _size_note(report: ValidationReport, schema: Schema) -> list[tuple[str, str]
 
 
 # ----------------------------------------------------------------------------- formatting
+
+
+def _kept(report: ValidationReport) -> str:
+    """How many passing rows hold a value clamped to a bound / read as `other` (where the schema
+    clamps / declares `other`)."""
+    parts = []
+    if report.clamp:
+        parts.append(f"{report.rows_clamped:,} with a value clamped to a bound")
+    if report.other:
+        parts.append(f"{report.rows_other:,} with a category read as 'other'")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _rows(n: int) -> str:

@@ -36,6 +36,8 @@ from privflow.core.yaml_file import read_mapping
 ColumnType = Literal["numeric", "integer", "categorical", "date", "datetime", "boolean", "ignore"]
 Transform = Literal["none", "log1p"]
 Granularity = Literal["second", "minute", "hour", "day"]
+OutOfBounds = Literal["clamp", "fail"]
+BOUNDED_TYPES = ("numeric", "integer", "date", "datetime")  # the types whose values are checked against bounds
 
 COLUMN_TYPES: tuple[str, ...] = ColumnType.__args__  # type: ignore[attr-defined]
 TYPE_ALIASES = {"id": "ignore"}  # a spelling the schema accepts for a type, and the type it means
@@ -174,6 +176,16 @@ class Column(BaseModel):
     decimals: int | None = Field(
         None, description="a numeric column's synthetic values are written rounded to this many decimals (0..15)"
     )
+    on_out_of_bounds: OutOfBounds | None = Field(
+        None,
+        description="a numeric, integer, date or datetime column's value past its bounds: `clamp` (to the nearest "
+        "bound; the row is kept) or `fail` (the row fails). Default: the dataset's `on_out_of_bounds`",
+    )
+    other: str | None = Field(
+        None,
+        description="a categorical column's catch-all category, one of its `categories`: a value not in the list "
+        "is read as this one instead of failing its row",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -198,6 +210,7 @@ class Column(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> Column:
+        self._check_tail_fields()
         stray = [f for f, types in _APPLIES.items() if getattr(self, f) is not None and self.type not in types]
         if stray:
             types = " and ".join(_APPLIES[stray[0]])
@@ -269,6 +282,38 @@ class Column(BaseModel):
             if self.bounds is not None or self.transform != "none" or self.atoms:
                 raise ValueError(f"column '{self.name}' is categorical; 'bounds', 'transform' and 'atoms' do not apply")
         return self
+
+    def _check_tail_fields(self) -> None:
+        """`on_out_of_bounds` only where there are bounds, `other` only on a categorical column and one of its
+        categories."""
+        if self.on_out_of_bounds is not None and self.type not in BOUNDED_TYPES:
+            raise ValueError(
+                f"column '{self.name}' is {self.type}; 'on_out_of_bounds' applies to numeric, integer, date and "
+                "datetime columns only (the ones with bounds)"
+            )
+        if self.other is None:
+            return
+        if self.type != "categorical":
+            raise ValueError(
+                f"column '{self.name}' is {self.type}; 'other' applies to categorical columns only"
+                + (" (a boolean's two labels are its whole list)" if self.type == "boolean" else "")
+            )
+        if self.other not in (self.categories or ()):
+            raise ValueError(
+                f"column '{self.name}': other {self.other!r} is not one of its categories {list(self.categories or ())}"
+                "; declare it among the categories too (values not in the list are read as it)"
+            )
+
+    @field_validator("other", mode="before")
+    @classmethod
+    def _other_text(cls, v: object, info: ValidationInfo) -> object:
+        """`other` as written in the data: a number becomes its text; a YAML boolean or null is refused."""
+        if v is None or isinstance(v, str):
+            return v
+        try:
+            return yaml_strings([v], "other")[0]  # type: ignore[index]
+        except ValueError as exc:
+            raise ValueError(f"column '{info.data.get('name', '?')}': {exc}") from None
 
     def _only(self, *fields: str) -> None:
         """Refuse the numeric and categorical fields on a column of a type that takes only `fields`."""
@@ -489,6 +534,13 @@ class DatasetInfo(BaseModel):
         "row's text values together): a longer row is a failing row, read without holding it, whatever the "
         "rest of the file holds. Default 1 MiB",
     )
+    on_out_of_bounds: OutOfBounds = Field(
+        "fail",
+        description="what a value past a numeric, integer, date or datetime column's bounds does, for every such "
+        "column that does not say (its own `on_out_of_bounds`): `fail` (default: the row fails; a hand-written "
+        "bound may be a validity rule) or `clamp` (the value is set to the nearest bound and the row is kept; "
+        "how many rows were clamped is a DP count of the validation gate). A drafted schema writes `clamp`",
+    )
     missing_values: tuple[str, ...] = Field(
         (),
         description="text that means a missing value besides an empty field (e.g. '?' or 'NA'), in any "
@@ -524,12 +576,19 @@ class DatasetInfo(BaseModel):
 
 
 class Schema(BaseModel):
-    """A table's public schema; `target` names the label used by utility diagnostics."""
+    """A table's public schema; `target` names the label used by utility diagnostics and
+    `target_positive` the target's class they score as positive."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     dataset: DatasetInfo
     columns: tuple[Column, ...] = Field(min_length=1)
     target: str | None = None
+    target_positive: str | None = Field(
+        None,
+        description="the target's class that binary utility metrics (F1, AUROC, AP) score as positive, one of "
+        "its categories (a boolean target's labels); without it a binary target scores its last declared class "
+        "(named in the report) and a target of more classes reports one-vs-rest macro averages",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Schema:
@@ -590,7 +649,51 @@ class Schema(BaseModel):
                     f"target '{self.target}' has a single class; a target needs at least two (two categories, "
                     "or one and `nullable: true`), so declare the other classes or drop `target`"
                 )
+        if self.target_positive is not None:
+            if self.target is None:
+                raise ValueError(
+                    f"target_positive {self.target_positive!r} is set but the schema has no `target`; name the "
+                    "target column too, or drop target_positive"
+                )
+            classes = self.target_classes
+            if self.target_positive not in classes:
+                raise ValueError(
+                    f"target_positive {self.target_positive!r} is not one of target '{self.target}' classes "
+                    f"{classes}; write it as the category (a boolean target's label) appears in the schema"
+                )
         return self
+
+    @field_validator("target_positive", mode="before")
+    @classmethod
+    def _positive_text(cls, v: object) -> object:
+        if v is None or isinstance(v, str):
+            return v
+        return yaml_strings([v], "target_positive")[0]  # type: ignore[index]
+
+    @property
+    def target_classes(self) -> list[str]:
+        """The target's declared classes in order: a categorical target's categories, a boolean
+        target's labels (true, false); empty without a target."""
+        if self.target is None:
+            return []
+        col = self.column(self.target)
+        return list(col.true_false if col.type == "boolean" else col.categories or ())
+
+    def out_of_bounds(self, col: Column) -> OutOfBounds | None:
+        """What a value of `col` past its bounds does (its own `on_out_of_bounds`, else the
+        dataset's); None for a column without bounds."""
+        if col.type not in BOUNDED_TYPES:
+            return None
+        return col.on_out_of_bounds or self.dataset.on_out_of_bounds
+
+    def clamps(self, col: Column) -> bool:
+        """Whether a value of `col` past its bounds is clamped to the nearest bound (not failing its row)."""
+        return self.out_of_bounds(col) == "clamp"
+
+    @property
+    def tails_kept(self) -> bool:
+        """Whether any column clamps out-of-bounds values or sends unlisted categories to `other`."""
+        return any(self.clamps(c) or c.other is not None for c in self.columns)
 
     @property
     def names(self) -> list[str]:
@@ -606,10 +709,12 @@ class Schema(BaseModel):
         """The same dataset minus one column (and without a target if it was that column): the
         columns a flow models when the target head takes the target (privflow/data/target_head.py)."""
         self.column(name)
+        dropped = self.target == name
         return Schema(
             dataset=self.dataset,
             columns=tuple(c for c in self.columns if c.name != name),
-            target=None if self.target == name else self.target,
+            target=None if dropped else self.target,
+            target_positive=None if dropped else self.target_positive,
         )
 
     @classmethod

@@ -40,7 +40,7 @@ def lower(schema: Schema) -> Schema:
     if all(c.modelled for c in schema.columns):
         return schema
     columns = tuple(lower_column(c) for c in schema.columns if c.type != "ignore")
-    return Schema(dataset=schema.dataset, columns=columns, target=schema.target)
+    return Schema(dataset=schema.dataset, columns=columns, target=schema.target, target_positive=schema.target_positive)
 
 
 def lower_column(col: Column) -> Column:

@@ -11,6 +11,15 @@ frame as given and the values (public bounds, declared categories) on the coerce
 GX's `unexpected_count` is the count of record; polars computes the same row masks to know
 which rows to quarantine, and the two must agree exactly.
 
+A value past the public bounds of a column that clamps (`Schema.clamps`: the column's or the
+dataset's `on_out_of_bounds: clamp`) does not fail its row: it is set to the nearest bound (in
+the modelled units a date or datetime's bounds are checked in: days, units of its granularity;
+an integer column's nearest whole number within them), and a categorical column's value not in
+its list becomes its declared `other`. Both are per-row maps, so a stable transformation (as
+OpenDP's clamp). The same GX expectations count them ("clamped", "other" instead of "bounds",
+"category"); the report says per column how many values were changed, and how many passing rows
+hold a changed value, which are the cells of the DP gate's histogram (`RowCells`).
+
 The report is a diagnostic for the data owner computed on private rows: it is NOT
 differentially private and is never released (privacy rule 5). It holds counts only, never a
 raw value; the quarantine file does hold raw rows and stays with the data owner.
@@ -18,8 +27,10 @@ raw value; the quarantine file does hold raw rows and stays with the data owner.
 
 from __future__ import annotations
 
+import inspect
+import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +67,68 @@ def numeric_dtype(dtype: pl.DataType) -> bool:
 _CHECK_ORDER = {c: i for i, c in enumerate(
     ("missing_column", "extra_column", "unreadable", "type", "integer", "not_null", "bounds", "category")
 )}  # fmt: skip
+Change = Literal["clamped", "other"]  # what the value checks do instead of failing a row (bounds, category)
+_CHANGE_ORDER = {"clamped": _CHECK_ORDER["bounds"], "other": _CHECK_ORDER["category"]}
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """Values of one column that were changed instead of failing their row: clamped to a bound or
+    read as the column's `other` (a count of values, in any row, never a value)."""
+
+    column: str
+    change: Change
+    values: int
+    detail: str
+
+    def sentence(self) -> str:
+        return f"column '{self.column}': {self.detail}"
+
+
+@dataclass(frozen=True)
+class RowCells:
+    """A partition of the rows: each row is in exactly one cell, so adding or removing one row
+    moves one cell by one (the histogram's L1 sensitivity is 1). The DP gate releases it
+    (privacy/mechanisms/validation_gate.py); the exact figures stay with the curator.
+
+    `clamp` / `other`: whether the schema clamps some column / declares some `other` (public: when
+    False the matching cells are 0 on every table)."""
+
+    failing: int
+    unchanged: int = 0  # passing, no value changed
+    clamped: int = 0  # passing, a value clamped to a bound and none sent to other
+    other: int = 0  # passing, a value sent to other and none clamped
+    both: int = 0  # passing, a value clamped and a value sent to other
+    clamp: bool = False
+    other_in_effect: bool = False
+
+    @property
+    def passing(self) -> int:
+        return self.unchanged + self.clamped + self.other + self.both
+
+    @classmethod
+    def of(cls, failing: int, passing: int) -> RowCells:
+        """The two cells of a schema that neither clamps nor declares `other`."""
+        return cls(failing, passing)
+
+
+Gate = Callable[..., bool]  # gate(failing, passing) -> stop; given `cells=RowCells` where it takes that keyword
+
+
+def _takes_cells(gate: Gate) -> bool:
+    try:
+        params = inspect.signature(gate).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "cells" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def ask_gate(gate: Gate, cells: RowCells) -> bool:
+    """The gate's decision on `cells`: `gate(failing, passing, cells=cells)` where the callback
+    takes a `cells` keyword (or **kwargs), else `gate(failing, passing)` as before."""
+    if _takes_cells(gate):
+        return bool(gate(cells.failing, cells.passing, cells=cells))
+    return bool(gate(cells.failing, cells.passing))
 
 
 @dataclass(frozen=True)
@@ -77,7 +150,10 @@ class ValidationReport:
     """Outcome of `validate`: per-column failures and row counts. NOT differentially private.
 
     `failing_rows` counts rows failing at least one check (every row when a check fails at
-    schema level); `quarantined_rows` those set aside under the quarantine policy.
+    schema level); `quarantined_rows` those set aside under the quarantine policy. `adjustments`:
+    per column, how many values (in any row) were clamped or sent to `other` instead of failing;
+    `rows_clamped` / `rows_other` / `rows_both`: how many passing rows hold at least one clamped
+    value / one sent to other / both (the gate's cells, `cells`).
     """
 
     dataset: str
@@ -89,6 +165,12 @@ class ValidationReport:
     expectations: int
     quarantine_path: str | None = None
     label: str = field(default=NOT_DP_LABEL)
+    adjustments: tuple[Adjustment, ...] = ()
+    rows_clamped: int = 0
+    rows_other: int = 0
+    rows_both: int = 0
+    clamp: bool = False  # the schema clamps some column (public)
+    other: bool = False  # the schema declares some column's `other` (public)
 
     @property
     def passed(self) -> bool:
@@ -104,6 +186,26 @@ class ValidationReport:
         for f in self.failures:
             out.setdefault(f.column, []).append(f)
         return out
+
+    def adjusted_by_column(self) -> dict[str, list[Adjustment]]:
+        out: dict[str, list[Adjustment]] = {}
+        for a in self.adjustments:
+            out.setdefault(a.column, []).append(a)
+        return out
+
+    @property
+    def cells(self) -> RowCells:
+        """The rows' partition the DP gate releases (exact; curator-only here)."""
+        passing = self.total_rows - self.failing_rows
+        return RowCells(
+            failing=self.failing_rows,
+            unchanged=passing - self.rows_clamped - self.rows_other + self.rows_both,
+            clamped=self.rows_clamped - self.rows_both,
+            other=self.rows_other - self.rows_both,
+            both=self.rows_both,
+            clamp=self.clamp,
+            other_in_effect=self.other,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -122,6 +224,13 @@ class ValidationReport:
                 ]
                 for col, fs in self.by_column().items()
             },
+            "changed_values": {
+                col: [{"change": a.change, "values": a.values, "detail": a.detail} for a in adj]
+                for col, adj in self.adjusted_by_column().items()
+            },
+            "passing_rows_clamped": self.rows_clamped,
+            "passing_rows_other": self.rows_other,
+            "passing_rows_clamped_and_other": self.rows_both,
         }
 
 
@@ -318,15 +427,16 @@ def _build_gx(schema: Schema, raw_columns: list[str], coerced_columns: list[str]
             structure.add_expectation(tagged(gxe.ExpectColumnValuesToNotBeNull, col.name, "not_null", column=col.name))
 
     values = gx.ExpectationSuite(name=f"{schema.dataset.name}-values")
+    clamp = _clamping(schema)
     for col in lower(schema).columns:  # on the coerced frame: date bounds as days, booleans as labels
         if col.name not in coerced_columns:
             continue
-        if col.is_categorical:
-            exp = tagged(gxe.ExpectColumnValuesToBeInSet, col.name, "category",
+        if col.is_categorical:  # the values not in the list: failing, or counted and sent to `other`
+            exp = tagged(gxe.ExpectColumnValuesToBeInSet, col.name, "other" if col.other is not None else "category",
                          column=col.name, value_set=list(col.categories or ()))  # fmt: skip
-        else:
+        else:  # the values past the bounds: failing, or counted and clamped
             lo, hi = col.bounds  # type: ignore[misc]
-            exp = tagged(gxe.ExpectColumnValuesToBeBetween, col.name, "bounds",
+            exp = tagged(gxe.ExpectColumnValuesToBeBetween, col.name, "clamped" if col.name in clamp else "bounds",
                          column=col.name, min_value=lo, max_value=hi)  # fmt: skip
         values.add_expectation(exp)
     return batch_def, structure, values
@@ -402,8 +512,23 @@ def _run_gx(raw: pl.DataFrame, coerced: pl.DataFrame, schema: Schema) -> _GxOutc
 # ----------------------------------------------------------------------------- validate
 
 
-def _value_masks(coerced: pl.DataFrame, raw: pl.DataFrame, schema: Schema) -> dict[tuple[str, str], pl.Series]:
-    """The polars twin of each GX row-level expectation: which rows fail (for the quarantine)."""
+def _clamping(schema: Schema) -> frozenset[str]:
+    """The columns whose values past the bounds are clamped (read off the schema as written: lowering
+    a date or datetime column keeps its name, not its `on_out_of_bounds`)."""
+    return frozenset(c.name for c in schema.columns if schema.clamps(c))
+
+
+def _tails(schema: Schema) -> dict[str, bool]:
+    """A report's public flags: whether the schema clamps some column, declares some `other`."""
+    return {"clamp": bool(_clamping(schema)), "other": any(c.other is not None for c in schema.columns)}
+
+
+def _value_masks(
+    coerced: pl.DataFrame, raw: pl.DataFrame, schema: Schema, clamp: Collection[str] = ()
+) -> dict[tuple[str, str], pl.Series]:
+    """The polars twin of each GX row-level expectation: which rows fail (for the quarantine), or,
+    keyed "clamped" / "other", which rows hold a value to clamp (a column in `clamp`) or to send to
+    the column's `other`. `schema` is the modelled one (`surface.lower`)."""
     masks: dict[tuple[str, str], pl.Series] = {}
     for col in schema.columns:
         if col.name not in coerced.columns:
@@ -413,12 +538,71 @@ def _value_masks(coerced: pl.DataFrame, raw: pl.DataFrame, schema: Schema) -> di
             masks[(col.name, "not_null")] = _raw_missing(raw.get_column(col.name))
         if col.is_categorical:
             unknown = ~s.is_in(list(col.categories or ()))
+            check = "other" if col.other is not None else "category"
         else:
             lo, hi = col.bounds  # type: ignore[misc]
             unknown = (s < lo) | (s > hi)
-        check = "category" if col.is_categorical else "bounds"
+            check = "clamped" if col.name in clamp else "bounds"
         masks[(col.name, check)] = s.is_not_null() & unknown.fill_null(False)
     return masks
+
+
+def _clamp_limits(col: Column) -> tuple[float, float]:
+    """The nearest values within a modelled column's bounds: the bounds, for an integer column the
+    whole numbers just inside them."""
+    lo, hi = col.bounds  # type: ignore[misc]
+    if col.type == "integer":
+        return float(math.ceil(lo)), float(math.floor(hi))
+    return float(lo), float(hi)
+
+
+def _apply_changes(frame: pl.DataFrame, model: Schema, changes: dict[tuple[str, str], pl.Series]) -> pl.DataFrame:
+    """Each counted value past a clamping column's bounds set to the nearest bound, each counted value
+    not in a categorical's list set to its `other` (per row; every other value as it is)."""
+    exprs = []
+    for (column, change), mask in changes.items():
+        col = model.column(column)
+        s = frame.get_column(column)
+        if change == "clamped":
+            lo, hi = _clamp_limits(col)
+            new = pl.select(pl.when(mask).then(s.clip(lo, hi)).otherwise(s)).to_series()
+        else:
+            new = pl.select(pl.when(mask).then(pl.lit(col.other, dtype=pl.String)).otherwise(s)).to_series()
+        exprs.append(new.alias(column))
+    return frame.with_columns(exprs) if exprs else frame
+
+
+def _values(n: int) -> str:
+    return f"{n} value{'s' if n != 1 else ''}"
+
+
+def _change_detail(col: Column, change: str, n: int) -> str:
+    """What an `Adjustment` says (`col` as the schema writes it)."""
+    if change == "other":
+        return f"{_values(n)} not in the declared list of {len(col.categories or ())}, read as '{col.other}'"
+    if col.type in TEMPORAL_TYPES:
+        lo, hi = col.bound_texts
+    else:
+        lo, hi = (_fmt(b) for b in col.bounds or ())
+    return f"{_values(n)} outside the public bounds [{lo}, {hi}], clamped to the nearest bound"
+
+
+def _adjustment(col: Column, change: str, n: int) -> Adjustment:
+    return Adjustment(col.name, "clamped" if change == "clamped" else "other", n, _change_detail(col, change, n))
+
+
+def _row_changes(changes: dict[tuple[str, str], pl.Series], row_fail: pl.Series) -> tuple[int, int, int]:
+    """(passing rows with a clamped value, with a value sent to other, with both)."""
+    n = row_fail.len()
+    none = pl.Series([False] * n, dtype=pl.Boolean)
+    clamped, other = none, none
+    for (_, change), mask in changes.items():
+        if change == "clamped":
+            clamped = clamped | mask
+        else:
+            other = other | mask
+    clamped, other = clamped & ~row_fail, other & ~row_fail
+    return int(clamped.sum()), int(other.sum()), int((clamped & other).sum())
 
 
 def _detail(col: Column | None, check: str, n: int) -> str:
@@ -524,7 +708,7 @@ def validate(
     schema: Schema,
     policy: Policy = "strict",
     quarantine_path: Path | None = None,
-    gate: Callable[[int, int], bool] | None = None,
+    gate: Gate | None = None,
     *,
     row_offset: int = 0,
     append: bool = False,
@@ -534,9 +718,12 @@ def validate(
 
     With `gate` (the pipeline's DP validation gate, privacy/mechanisms/validation_gate.py),
     the decision to stop is not taken on exact counts: `gate(failing_rows, passing_rows)`
-    releases DP counts and returns whether to stop; a table with no row at all goes to the
-    gate too. Each row fails or passes on its own values (the header's structure is checked
-    before, in the pre-flight); a line the reader could not read (`privflow.data.io.UNREADABLE`)
+    (with `cells=RowCells(...)`, the rows' partition, where the callback takes that keyword:
+    `ask_gate`) releases DP counts and returns whether to stop; a table with no row at all goes
+    to the gate too. Values past a clamping column's bounds are clamped and values not in a
+    categorical's list sent to its `other` (module docstring): they do not fail their row.
+    Each row fails or passes on its own values (the header's structure is checked before, in
+    the pre-flight); a line the reader could not read (`privflow.data.io.UNREADABLE`)
     is a failing row. If the gate says go, failing rows are dropped (strict) or set aside
     (quarantine) and the rest is returned, possibly empty: later mechanisms are DP on any
     number of rows. If it says stop, ValidationFailed carries only the report, whose exact
@@ -582,7 +769,8 @@ def validate(
         raise RuntimeError("internal: Great Expectations and polars disagree about the table's columns")
 
     masks = dict(co.masks)
-    twins = _value_masks(co.frame, raw, model)
+    changes: dict[tuple[str, str], pl.Series] = {}  # (column, "clamped" | "other") -> rows whose value changes
+    twins = _value_masks(co.frame, raw, model, _clamping(schema))
     for column, check, gx_count in gx_out.counts:
         mask = twins[(column, check)]
         if int(mask.sum()) != gx_count:
@@ -590,12 +778,14 @@ def validate(
                 f"internal: GX counts {gx_count} rows failing {check} on '{column}', polars {int(mask.sum())}"
             )
         if gx_count:
-            masks[(column, check)] = mask
+            (changes if check in _CHANGE_ORDER else masks)[(column, check)] = mask
     if unreadable is not None and unreadable.any():
         # a line the reader could not read fails as a row, once, and no column's count includes it
         masks = {key: mask & ~unreadable for key, mask in masks.items()}
         masks = {key: mask for key, mask in masks.items() if mask.any()}
         masks[(ROWS, "unreadable")] = unreadable
+        changes = {key: mask & ~unreadable for key, mask in changes.items()}
+        changes = {key: mask for key, mask in changes.items() if mask.any()}
 
     failures = [
         Failure(c, "missing_column", n, SCHEMA_LEVEL, "is declared in the schema but missing from the table")
@@ -612,12 +802,17 @@ def validate(
         failures.append(Failure(column, check, k, ROW_LEVEL, detail))  # type: ignore[arg-type]
     order = {ROWS: -1, **{c: i for i, c in enumerate(schema.names)}}
     failures.sort(key=lambda f: (order.get(f.column, len(order)), _CHECK_ORDER[f.check]))
+    adjustments = sorted(
+        (_adjustment(schema.column(c), k, int(m.sum())) for (c, k), m in changes.items()),
+        key=lambda a: (order.get(a.column, len(order)), _CHANGE_ORDER[a.change]),
+    )
 
     row_fail = pl.Series([False] * n, dtype=pl.Boolean)
     for mask in masks.values():
         row_fail = row_fail | mask
     schema_level = any(f.level == SCHEMA_LEVEL for f in failures)
     failing = n if schema_level else int(row_fail.sum())
+    rows_clamped, rows_other, rows_both = (0, 0, 0) if schema_level else _row_changes(changes, row_fail)
 
     def report(quarantined: int, qpath: str | None) -> ValidationReport:
         return ValidationReport(
@@ -629,12 +824,17 @@ def validate(
             failures=tuple(failures),
             expectations=gx_out.expectations,
             quarantine_path=qpath,
+            adjustments=tuple(adjustments),
+            rows_clamped=rows_clamped,
+            rows_other=rows_other,
+            rows_both=rows_both,
+            **_tails(schema),
         )
 
     if schema_level:
         raise _fail(report(0, None), "schema-level problem")
     if gate is not None:
-        if gate(failing, n - failing):
+        if ask_gate(gate, report(0, None).cells):
             err = ValidationFailed(f"Validation of dataset '{schema.dataset.name}' failed ({policy} policy).")
             err.report = report(0, None)  # type: ignore[attr-defined]
             raise err
@@ -647,7 +847,7 @@ def validate(
         rep = report(failing, str(quarantine_path))
     else:
         rep = report(0, None)
-    clean = co.frame.filter(~row_fail)
+    clean = _apply_changes(co.frame, model, changes).filter(~row_fail)
     if clean.height == 0 and gate is None:
         raise _fail(
             rep, "no row passes, nothing is left to train on", _NOTHING_PASSES if policy == "quarantine" else advice
@@ -660,15 +860,16 @@ def validate_chunks(
     schema: Schema,
     policy: Policy,
     quarantine_path: Path | None,
-    gate: Callable[[int, int], bool],
+    gate: Gate,
     consume: Callable[[pl.DataFrame], None],
 ) -> ValidationReport:
     """`validate` for a table read in chunks (a streamed run, privflow/data/chunked.py): each chunk is
     checked as `validate` checks a table and its clean typed rows go to `consume` as they come;
     failing rows are dropped or written to the one quarantine file with their position in the
-    whole table. The gate then decides once, on the total number of failing rows, as it does
-    for a table read whole; if it says stop, ValidationFailed carries the merged report (and
-    whatever `consume` built must be discarded: nothing was released).
+    whole table. The gate then decides once, on the total number of failing rows (and the
+    summed cells of `RowCells`, `ask_gate`), as it does for a table read whole; if it says
+    stop, ValidationFailed carries the merged report (and whatever `consume` built must be
+    discarded: nothing was released).
     """
     if policy == "quarantine" and quarantine_path is None:
         raise ConfigError("The quarantine policy needs a quarantine_path for the rows it sets aside.")
@@ -684,9 +885,9 @@ def validate_chunks(
         consume(clean)
     if not reports:  # no row at all: the gate decides, as for any other count
         where = str(quarantine_path) if quarantine_path else None
-        reports.append(ValidationReport(schema.dataset.name, policy, 0, 0, 0, (), 0, where))
+        reports.append(ValidationReport(schema.dataset.name, policy, 0, 0, 0, (), 0, where, **_tails(schema)))
     report = merged_report(reports, schema)
-    if gate(report.failing_rows, report.total_rows - report.failing_rows):
+    if ask_gate(gate, report.cells):
         err = ValidationFailed(f"Validation of dataset '{schema.dataset.name}' failed ({policy} policy).")
         err.report = report  # type: ignore[attr-defined]
         raise err
@@ -695,13 +896,21 @@ def validate_chunks(
 
 def merged_report(reports: Sequence[ValidationReport], schema: Schema) -> ValidationReport:
     """One report for a table checked in chunks: rows and failing rows summed, each column's
-    check once with its rows summed (so the same report as for the table read whole)."""
+    check (and each column's changed values) once with its rows summed, the passing rows with a
+    changed value summed (so the same report as for the table read whole)."""
     counts: dict[tuple[str, str, str], int] = {}
+    changed: dict[tuple[str, str], int] = {}
     for rep in reports:
         for f in rep.failures:
             key = (f.column, f.check, f.level)
             counts[key] = counts.get(key, 0) + f.failing_rows
+        for a in rep.adjustments:
+            changed[(a.column, a.change)] = changed.get((a.column, a.change), 0) + a.values
     order = {c: i for i, c in enumerate(schema.names)}
+    adjustments = sorted(
+        (_adjustment(schema.column(c), k, n) for (c, k), n in changed.items()),
+        key=lambda a: (order.get(a.column, -1), _CHANGE_ORDER[a.change]),
+    )
     failures = sorted(
         (
             Failure(c, k, n, lv, _detail(None if c == ROWS else schema.column(c), k, n))  # type: ignore[arg-type]
@@ -719,4 +928,10 @@ def merged_report(reports: Sequence[ValidationReport], schema: Schema) -> Valida
         failures=tuple(failures),
         expectations=first.expectations,
         quarantine_path=first.quarantine_path,
+        adjustments=tuple(adjustments),
+        rows_clamped=sum(r.rows_clamped for r in reports),
+        rows_other=sum(r.rows_other for r in reports),
+        rows_both=sum(r.rows_both for r in reports),
+        clamp=first.clamp,
+        other=first.other,
     )

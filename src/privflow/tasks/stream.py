@@ -26,7 +26,7 @@ read the table; pre-flight refuses the combination).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from privflow.data.row_hash import row_units
 from privflow.data.schema import Schema
 from privflow.data.surface import lower
 from privflow.data.target_head import TargetCodec, head_widths
-from privflow.data.validation import ValidationReport, validate, validate_chunks
+from privflow.data.validation import Gate, ValidationReport, validate, validate_chunks
 from privflow.privacy.accounting.plan import PrivacyPlan
 from privflow.privacy.mechanisms import dp_marginals as marginals_mechanism
 from privflow.tasks.dp_head import fit_head_planned, head_rows
@@ -85,13 +85,15 @@ def first_pass(
     schema: Schema,
     plan: PrivacyPlan,
     work: Path,
-    gate: Callable[[int, int], bool],
+    gate: Gate,
     quarantine: Path,
     show_progress: bool = False,
 ) -> tuple[FirstPass, ValidationReport]:
     """Validate the table chunk by chunk under the gate, keeping the statistics the planned
-    releases need (module docstring, step 1). The chunks are checked under the schema as written,
-    the statistics taken over its modelled columns (`privflow.data.surface.lower`)."""
+    releases need (module docstring, step 1). `gate` is called as `validate_chunks` calls it: with
+    the rows' cells (`cells=RowCells`) where it takes that keyword. The chunks are checked under
+    the schema as written, the statistics taken over its modelled columns
+    (`privflow.data.surface.lower`)."""
     model = lower(schema)
     grid = None
     if plan.has("dp_marginals"):

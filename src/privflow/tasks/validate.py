@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
 
 from privflow.data.io import read_table
 from privflow.data.schema import Schema
-from privflow.data.validation import ValidationReport, validate
+from privflow.data.validation import Gate, ValidationReport, validate
 from privflow.tasks.lazy_task import task
 
 
@@ -19,9 +18,11 @@ def validate_data(
     schema: Schema,
     policy: str,
     quarantine_path: Path | None,
-    gate: Callable[[int], bool] | None = None,
+    gate: Gate | None = None,
 ) -> tuple[pl.DataFrame, ValidationReport]:
-    """Read and validate; `gate` (the DP validation gate) decides whether failing rows stop the run."""
+    """Read and validate; `gate` (the DP validation gate) decides whether failing rows stop the run,
+    called as `gate(failing, passing)`, with `cells=RowCells` (the rows' partition: failing, passing
+    unchanged, clamped, sent to other, both) where it takes that keyword (`validation.ask_gate`)."""
     return validate(
         read_table(data_path, max_line_bytes=schema.dataset.max_line_bytes),
         schema,

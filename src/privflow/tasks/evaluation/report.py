@@ -60,8 +60,10 @@ HELP: dict[str, str] = {
     "fidelity/corr/spearman_mean_error": "Mean absolute difference of the Spearman correlations, upper triangle.",
     "utility/macro_f1_mean": "Macro-F1 on the real test set, classifiers trained on synthetic data "
     "(mean over classifiers and repeats).",
-    "utility/auroc_mean": "AUROC on the real test set, trained on synthetic data.",
-    "utility/ap_mean": "Average precision (APC) on the real test set, trained on synthetic data.",
+    "utility/auroc_mean": "AUROC on the real test set, trained on synthetic data (of the positive class the report "
+    "names; a target of more than two classes without target_positive: the one-vs-rest macro average).",
+    "utility/ap_mean": "Average precision (APC) on the real test set, trained on synthetic data (positive class "
+    "or one-vs-rest macro average, as AUROC).",
     "utility/real_macro_f1_mean": "Reference: macro-F1 of the same classifiers trained on the real training data.",
     "utility/real_auroc_mean": "Reference: AUROC when trained on the real training data.",
     "utility/real_ap_mean": "Reference: average precision when trained on the real training data.",
@@ -402,13 +404,30 @@ def _card(value: str, name: str, ref: str = "") -> str:
     )
 
 
-def _classifier_table(table: pl.DataFrame, metrics: dict[str, float]) -> str:
+def _metric_labels(macro: bool) -> tuple[str, str, str]:
+    """The utility metrics' column labels: one-vs-rest macro averages say so."""
+    if macro:
+        return "macro-F1", "macro AUROC (one-vs-rest)", "macro AP (one-vs-rest)"
+    return "macro-F1", "AUROC", "AP"
+
+
+def _macro(schema: Schema, metrics: dict[str, float]) -> bool:
+    """Whether the utility figures are one-vs-rest macro averages (utility.scoring; False where
+    utility was not measured, so scikit-learn is not imported for nothing)."""
+    if schema.target is None or "utility/auroc_mean" not in metrics:
+        return False
+    from privflow.tasks.evaluation.utility import scoring
+
+    return not scoring(schema).binary
+
+
+def _classifier_table(table: pl.DataFrame, metrics: dict[str, float], macro: bool = False) -> str:
     syn = {r["classifier"]: r for r in table.filter(pl.col("train_on") == "synthetic").iter_rows(named=True)}
     real = {r["classifier"]: r for r in table.filter(pl.col("train_on") == "real").iter_rows(named=True)}
     head = (
         '<table><tr><th class="l" rowspan="2">classifier</th><th colspan="3">trained on synthetic</th>'
         '<th colspan="3">trained on real (reference)</th></tr><tr>'
-        + "<th>macro-F1</th><th>AUROC</th><th>AP</th>" * 2
+        + "".join(f"<th>{html.escape(label)}</th>" for label in _metric_labels(macro)) * 2
         + "</tr>"
     )
     body = []
@@ -482,7 +501,7 @@ def _pct(x: float | None) -> str:
     return "—" if x is None or math.isnan(x) else f"{100 * x:.1f}%"
 
 
-def _summary_cards(metrics: dict[str, float]) -> list[str]:
+def _summary_cards(metrics: dict[str, float], macro: bool = False) -> list[str]:
     m = metrics.get
     cards: list[str] = []
     if "fidelity/tv_mean" in metrics:
@@ -496,7 +515,8 @@ def _summary_cards(metrics: dict[str, float]) -> list[str]:
                 f"std ratio farthest from 1: {_f(m(f'{RANGE_PREFIX}range/std_ratio_worst'), 2)}",
             )
         )
-    for key, label in (("auroc", "AUROC"), ("macro_f1", "macro-F1")):
+    f1_label, auroc_label, _ = _metric_labels(macro)
+    for key, label in (("auroc", auroc_label), ("macro_f1", f1_label)):
         if f"utility/{key}_mean" in metrics:
             cards.append(
                 _card(
@@ -572,18 +592,19 @@ def _fidelity_section(metrics: dict[str, float], columns: pl.DataFrame | None, p
 def _utility_section(schema: Schema, metrics: dict[str, float], classifiers: pl.DataFrame | None) -> list[str]:
     if classifiers is None:
         return []
+    from privflow.tasks.evaluation.utility import scoring
+
+    how = scoring(schema)
     parts: list[str] = []
     parts.append("<h2>2. Utility: do models trained on synthetic data work on real data?</h2>")
-    target = schema.column(str(schema.target))
-    positive = target.categories[-1] if target.categories else ""
     parts.append(
-        f"<p>Nine classifiers predict <code>{html.escape(target.name)}</code> (positive class: "
-        f"<code>{html.escape(positive)}</code>), trained on the "
+        f"<p>Nine classifiers predict <code>{html.escape(how.target)}</code>, scored as "
+        f"{html.escape(how.describe())}, trained on the "
         "synthetic table and, for reference, on the real training table; all are scored on the real test "
         "table (DP-HFlow Tables 2–3). Each cell is the mean over repeats (± std when repeats &gt; 1); "
         "the last row is the mean ± std over all classifiers and repeats.</p>"
     )
-    parts.append(_classifier_table(classifiers, metrics))
+    parts.append(_classifier_table(classifiers, metrics, not how.binary))
     parts.append(
         "<p class='meta'>Metric names: <code>utility/&lt;macro_f1|auroc|ap&gt;_&lt;mean|std&gt;</code> "
         "(trained on synthetic) and <code>utility/real_…</code> (trained on real).</p>"
@@ -639,7 +660,7 @@ def render_html(
     mia: MIAResult | None = None,
 ) -> str:
     """The report page: banner, summary cards, then one section per diagnostic group."""
-    cards = _summary_cards(metrics)
+    cards = _summary_cards(metrics, _macro(schema, metrics))
     row_txt = ", ".join(f"{k}: {v:,}" for k, v in rows.items() if v is not None)
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",

@@ -2,8 +2,11 @@
 Experimental Results, "Classification Performance"; Tables 2 and 3).
 
 Nine scikit-learn classifiers are trained on the synthetic table and scored on the real test
-table for the schema's target (positive class = the last declared category): macro-F1, AUROC
-and average precision (APC), averaged over classifiers and repeats. The same classifiers
+table for the schema's target: macro-F1, AUROC and average precision (APC), averaged over
+classifiers and repeats. Which class is "positive" is never left implicit (`scoring`): the
+schema's `target_positive` when set (that class against the rest); else a target of two classes
+scores its last declared one (named in the report), and a target of more classes reports
+one-vs-rest macro averages (macro-F1, macro AUROC, macro AP over its classes). The same classifiers
 trained on the real training table give the reference. Features are the schema-only encoding
 (numerics scaled by PUBLIC bounds, categoricals one-hot over the PUBLIC list): no scaler or
 vocabulary is fitted on any table. Not differentially private (ARCHITECTURE rule 5).
@@ -78,23 +81,70 @@ def make_classifier(name: str, seed: int) -> Any:
     raise ValueError(f"unknown classifier '{name}'; choose from {CLASSIFIERS}")
 
 
-def labelled(schema: Schema, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """(features, y) for rows with a declared target label; y = 1 for the last category."""
+@dataclass(frozen=True)
+class Scoring:
+    """How a target is scored: `positive` names the class scored against the rest (binary
+    figures), or None for one-vs-rest macro averages over all `classes`."""
+
+    target: str
+    classes: tuple[str, ...]
+    positive: str | None
+    declared: bool  # positive named by the schema's target_positive
+
+    @property
+    def binary(self) -> bool:
+        return self.positive is not None
+
+    def describe(self) -> str:
+        """A line for the report: which class is positive, or that the figures are macro averages."""
+        if self.positive is None:
+            return (
+                f"one-vs-rest macro averages over its {len(self.classes)} classes (macro-F1, macro AUROC, macro AP; "
+                "set `target_positive` in the schema to score one class against the rest)"
+            )
+        if self.declared:
+            return f"positive class '{self.positive}' (the schema's target_positive) against the rest"
+        return (
+            f"positive class '{self.positive}' (its last declared class; set `target_positive` in the schema to choose)"
+        )
+
+
+def scoring(schema: Schema) -> Scoring:
+    """The schema's target scoring (module docstring); DataError without a target."""
     if schema.target is None:
         raise DataError("The schema names no 'target' column, so classification utility cannot be measured.")
     col = schema.column(schema.target)
+    classes = tuple(col.true_false if col.type == "boolean" else col.categories or ())
+    if schema.target_positive is not None:
+        return Scoring(schema.target, classes, schema.target_positive, True)
+    if len(classes) <= 2:
+        return Scoring(schema.target, classes, classes[-1], False)
+    return Scoring(schema.target, classes, None, False)
+
+
+def labelled(schema: Schema, df: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(features, y) for rows with a declared target label: y = 1 for the positive class and 0 for
+    the rest where `scoring(schema)` is binary, else y = the class's index among the declared ones."""
+    how = scoring(schema)
+    col = schema.column(how.target)
     assert col.categories is not None
     codes = category_codes(col, df)
     keep = codes < len(col.categories)
-    x, _ = feature_matrix(schema, df.filter(pl.Series(keep)), exclude=(schema.target,))
-    return x, (codes[keep] == len(col.categories) - 1).astype(np.int64)
+    x, _ = feature_matrix(schema, df.filter(pl.Series(keep)), exclude=(how.target,))
+    if how.positive is None:
+        return x, codes[keep].astype(np.int64)
+    return x, (codes[keep] == list(col.categories).index(how.positive)).astype(np.int64)
 
 
 def score(y_true: np.ndarray, y_pred: np.ndarray, p_pos: np.ndarray) -> dict[str, float]:
-    """Macro-F1 of the hard predictions, AUROC and average precision of the scores.
+    """Macro-F1 of the hard predictions, AUROC and average precision of the scores: of the
+    positive class where `p_pos` is a vector (y in {0, 1}), else (`p_pos` one column per class,
+    y the class index) one-vs-rest macro averages over the classes (`ovr_scores`).
 
     AUROC and AP are undefined (NaN) when the test labels hold a single class.
     """
+    if p_pos.ndim == 2:
+        return ovr_scores(y_true, y_pred, p_pos)
     f1 = float(f1_score(y_true, y_pred, labels=[0, 1], average="macro", zero_division=0))
     if np.unique(y_true).size < 2:
         return {"macro_f1": f1, "auroc": float("nan"), "ap": float("nan")}
@@ -105,12 +155,30 @@ def score(y_true: np.ndarray, y_pred: np.ndarray, p_pos: np.ndarray) -> dict[str
     }
 
 
-def constant_scores(y_true: np.ndarray, label: int) -> dict[str, float]:
-    """Scores of the predictor that always answers `label` with a constant score.
+def ovr_scores(y_true: np.ndarray, y_pred: np.ndarray, proba: np.ndarray) -> dict[str, float]:
+    """One-vs-rest macro averages: macro-F1 over the classes in the labels or the predictions (as
+    scikit-learn's `f1_score(average='macro')`), and the unweighted mean over the classes present in
+    the test labels of each class's AUROC and AP against the rest, from its column of `proba` (as
+    `roc_auc_score(multi_class='ovr')` and `average_precision_score(average='macro')` where every
+    class is present). NaN AUROC and AP when the test labels hold a single class."""
+    f1 = float(f1_score(y_true, y_pred, average="macro", zero_division=0))
+    present = np.unique(y_true)
+    if present.size < 2:
+        return {"macro_f1": f1, "auroc": float("nan"), "ap": float("nan")}
+    aurocs = [float(roc_auc_score(y_true == k, proba[:, k])) for k in present]
+    aps = [float(average_precision_score(y_true == k, proba[:, k])) for k in present]
+    return {"macro_f1": f1, "auroc": float(np.mean(aurocs)), "ap": float(np.mean(aps))}
 
-    AUROC = 0.5 and AP = the positive rate of the test labels, F1 of the constant answer.
+
+def constant_scores(y_true: np.ndarray, label: int, classes: int | None = None) -> dict[str, float]:
+    """Scores of the predictor that always answers `label` with a constant score (binary; with
+    `classes`, the same score for each of that many classes, one-vs-rest).
+
+    AUROC = 0.5 and AP = the positive rate of the test labels (per class), F1 of the constant answer.
     """
     const = np.full(y_true.shape, label, dtype=np.int64)
+    if classes is not None:
+        return score(y_true, const, np.full((y_true.size, classes), 1.0 / classes))
     return score(y_true, const, np.full(y_true.shape, 0.5))
 
 
@@ -207,6 +275,8 @@ def _classify(
 ) -> list[dict[str, Any]]:
     check_columns(schema, train, "training")
     check_columns(schema, test, "test")
+    how = scoring(schema)
+    k = None if how.binary else len(how.classes)
     x_all, y_all = labelled(schema, train)
     x_test, y_test = labelled(schema, test)
     if y_test.size == 0:
@@ -222,14 +292,19 @@ def _classify(
         classes = np.unique(y)
         for name in classifiers:
             if classes.size < 2:
-                s = constant_scores(y_test, int(classes[0]) if classes.size else 0)
+                s = constant_scores(y_test, int(classes[0]) if classes.size else 0, k)
             else:
                 clf = make_classifier(name, seed + r)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", ConvergenceWarning)
                     clf.fit(x, y)
-                proba = clf.predict_proba(x_test)[:, list(clf.classes_).index(1)]
-                s = score(y_test, clf.predict(x_test), proba)
+                proba = clf.predict_proba(x_test)
+                if k is None:
+                    p = proba[:, list(clf.classes_).index(1)]
+                else:  # a column per declared class: 0 for a class the training table does not hold
+                    p = np.zeros((proba.shape[0], k))
+                    p[:, np.asarray(clf.classes_, dtype=np.int64)] = proba
+                s = score(y_test, clf.predict(x_test), p)
             records.append({"classifier": name, "repeat": r, **s})
     return records
 
