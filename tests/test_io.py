@@ -5,7 +5,10 @@ from __future__ import annotations
 import gzip
 from pathlib import Path
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from privflow.core.errors import DataError
@@ -78,11 +81,135 @@ def test_format_is_decided_by_content_not_suffix(tmp_path: Path, name: str) -> N
     assert read_table(p).to_dicts() == [{"a": "1", "b": "2"}]
 
 
-def test_missing_file_and_directory(tmp_path: Path) -> None:
+def test_missing_file_and_empty_directory(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         read_table(tmp_path / "nope.csv")
-    with pytest.raises(DataError, match="is a directory"):
-        read_table(tmp_path)
+    for read in (read_table, read_header, sniff, count_rows):
+        with pytest.raises(DataError, match="is a directory.*holds no Parquet file"):
+            read(tmp_path)
+
+
+# ----------------------------------------------------------------------------- a folder of Parquet files
+
+
+def _text_column(values: list[bytes | None]) -> pa.Array:
+    """A string column holding exactly these bytes (pyarrow does not check them when writing)."""
+    data = b"".join(v or b"" for v in values)
+    offsets = np.cumsum([0] + [len(v or b"") for v in values]).astype(np.int32)
+    validity = pa.array([v is not None for v in values]).buffers()[1]
+    return pa.Array.from_buffers(
+        pa.string(), len(values), [validity, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)]
+    )
+
+
+def _part(path: Path, start: int, rows: int, bad: int | None = None, score: pa.DataType | None = None) -> None:
+    """Rows start..start+rows-1 (id, score, note) in row groups of 64; `bad`: that row's note is not UTF-8."""
+    notes: list[bytes | None] = [f"n{i}".encode() if i % 5 else None for i in range(start, start + rows)]
+    if bad is not None:
+        notes[bad - start] = b"bad \xff"
+    table = pa.table(
+        {
+            "id": pa.array(range(start, start + rows), pa.int64()),
+            "score": pa.array([i + 0.5 for i in range(start, start + rows)], score or pa.float64()),
+            "note": _text_column(notes),
+        }
+    )
+    pq.write_table(table, path, row_group_size=64)
+
+
+def test_a_folder_of_parquet_files_is_one_table_and_a_bad_value_fails_its_own_row(tmp_path: Path) -> None:
+    from privflow.data.chunked import parquet_chunks, parquet_rows
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    _part(folder / "part-0.parquet", 0, 200)
+    _part(folder / "part-1.pq", 200, 150, bad=260)
+    _part(folder / "part-2.parquet", 350, 100)
+    (folder / "_SUCCESS").write_bytes(b"")  # writers' markers are skipped
+    (folder / ".part-0.parquet.crc").write_bytes(b"x")
+
+    fmt, header, dtypes = read_header(folder)
+    assert (fmt.kind, fmt.files, header) == ("parquet", 3, ["id", "score", "note"])
+    assert sniff(folder).describe() == "Parquet, a folder of 3 files" and count_rows(folder) == 450
+    df = read_table(folder)
+    assert df.height == 450 and df.columns == ["id", "score", "note", UNREADABLE]
+    reasons = df.get_column(UNREADABLE)
+    assert reasons.null_count() == 449
+    assert df.row(260) == (
+        None,
+        None,
+        None,
+        "file 'part-1.pq': row 61 holds a value in column 'note' that is not valid UTF-8 text",
+    )
+    assert df.get_column("id").to_list()[:260] == list(range(260)) and df.get_column("id")[449] == 449
+    assert df.row(261)[:3] == (261, 261.5, "n261") and df.get_column("note")[5] is None
+    # streamed: the same rows, the same reasons, chunks never spanning two files
+    assert parquet_rows(folder) == 450
+    chunks = list(parquet_chunks(folder, rows=128))
+    assert [c.height for c in chunks] == [128, 72, 128, 22, 100]
+    assert pl.concat(chunks, how="diagonal").equals(df)
+    # the line cap applies per row, as for one file
+    capped = read_table(folder, max_line_bytes=3)
+    passing = [i for i in range(450) if (i % 5 == 0 or i < 100) and i != 260]  # at most 3 bytes of text
+    assert capped.get_column(UNREADABLE).is_null().arg_true().to_list() == passing
+
+
+def test_a_folders_files_must_agree_on_columns_before_any_row_is_read(tmp_path: Path, monkeypatch) -> None:
+    import privflow.data.io as io_module
+    from privflow.data.chunked import parquet_chunks
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    _part(folder / "a.parquet", 0, 10)
+    pq.write_table(
+        pa.table({"id": pa.array([1]), "score": pa.array([0.5]), "memo": pa.array(["x"])}), folder / "b.parquet"
+    )
+
+    def no_rows(*_a: object, **_k: object) -> None:
+        raise AssertionError("a row was read")
+
+    monkeypatch.setattr(io_module, "_read_parquet", no_rows)
+    monkeypatch.setattr(io_module, "parquet_frame", no_rows)
+    for read in (read_header, read_table, lambda p: list(parquet_chunks(p))):
+        with pytest.raises(DataError, match=r"columns disagree: 'b.parquet' lacks column\(s\) \['note'\] and has"):
+            read(folder)
+
+
+def test_a_folders_column_types_take_their_common_type(tmp_path: Path) -> None:
+    from privflow.data.chunked import parquet_chunks
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    _part(folder / "a.parquet", 0, 10, score=pa.float32())
+    pq.write_table(
+        pa.table({"note": pa.array(["z"]), "id": pa.array([10], pa.int32()), "score": pa.array([3], pa.int64())}),
+        folder / "b.parquet",
+    )
+    _, header, dtypes = read_header(folder)
+    assert header == ["id", "score", "note"] and dtypes == {"id": pl.Int64, "score": pl.Float64, "note": pl.String}
+    df = read_table(folder)
+    assert df.schema == dtypes and df.row(10) == (10, 3.0, "z")
+    assert pl.concat(list(parquet_chunks(folder, rows=4))).equals(df)
+
+
+@pytest.mark.parametrize("extra", ["data.csv", "sub/"])
+def test_a_folder_with_other_files_or_subfolders_is_refused(tmp_path: Path, extra: str) -> None:
+    folder = tmp_path / "t"
+    folder.mkdir()
+    _part(folder / "a.parquet", 0, 10)
+    if extra.endswith("/"):
+        (folder / extra).mkdir()
+        _part(folder / extra / "b.parquet", 10, 10)
+    else:
+        (folder / extra).write_text("id,score,note\n")
+    with pytest.raises(DataError, match="is a directory.*(subfolder|not Parquet)") as err:
+        read_table(folder)
+    assert extra.rstrip("/") in str(err.value)
+    # a file named .parquet must be Parquet
+    if not extra.endswith("/"):
+        (folder / extra).rename(folder / "c.parquet")
+        with pytest.raises(DataError, match="'c.parquet', which is utf-8 CSV"):
+            sniff(folder)
 
 
 def test_parquet_bytes_with_csv_suffix_are_read_as_parquet(tmp_path: Path) -> None:

@@ -160,12 +160,20 @@ SELECTION_NEEDS = (
 )
 
 
-def check_table(path: Path, schema: Schema, what: str = "Data file") -> str:
+def check_table(path: str | Path, schema: Schema, what: str = "Data file") -> str:
     """The file's format and header (and dtypes, for Parquet) fit the schema. Returns the format's
     description. No row is read or counted: how many rows there are and what they hold are the
-    validation gate's DP decisions (privacy rule 8)."""
+    validation gate's DP decisions (privacy rule 8). A folder of Parquet files: their columns agree
+    and fit; a database URI (privflow/data/sources.py): the connection and the column names (a
+    `LIMIT 0` query), named in messages with the password masked."""
+    from privflow.core.source_uri import SourceURI, is_database_uri
     from privflow.data.io import DELIMITER_NAMES, read_header
 
+    label = what  # what the messages below call it
+    if is_database_uri(path):
+        path, label = SourceURI(path), what.replace("file", "table")  # its text masks the password
+    elif Path(path).is_dir():
+        label = what.replace("file", "folder")
     try:
         fmt, header, dtypes = read_header(path)
     except DataError as exc:
@@ -205,7 +213,7 @@ def check_table(path: Path, schema: Schema, what: str = "Data file") -> str:
         elif fmt.kind == "csv":
             hint += f" (Read as {fmt.describe()}.)"
         raise DataError(
-            f"{what} '{path}' does not match the schema '{schema.dataset.name}': {'; and '.join(parts)}. "
+            f"{label} '{path}' does not match the schema '{schema.dataset.name}': {'; and '.join(parts)}. "
             "Every declared column must be present and no other column may be; fix the file's header or the "
             f"schema.{hint}"
         )
@@ -217,7 +225,7 @@ def check_table(path: Path, schema: Schema, what: str = "Data file") -> str:
         ]
         if wrong:
             raise DataError(
-                f"{what} '{path}' is Parquet with column types that cannot hold the schema's: {'; '.join(wrong)}. "
+                f"{label} '{path}' is Parquet with column types that cannot hold the schema's: {'; '.join(wrong)}. "
                 "Write those columns with a numeric type for numeric/integer fields, a string (or "
                 "categorical) type for categorical fields, a string, date or timestamp type for date/datetime "
                 "fields, and a boolean or string type for boolean fields."
@@ -225,7 +233,7 @@ def check_table(path: Path, schema: Schema, what: str = "Data file") -> str:
     return fmt.describe()
 
 
-def _public_rows(path: Path, least: int) -> int:
+def _public_rows(path: str | Path, least: int) -> int:
     """A public table's row count, refused below `least` (pretraining: the file is declared public,
     so its size may decide a refusal)."""
     from privflow.data.io import count_rows
@@ -252,10 +260,13 @@ def check_stream(config: RunConfig, schema: Schema) -> bool:
         convert = (
             f"Decompress it (e.g. `gunzip -k {config.data}`; Parquet compresses its own columns)"
             if fmt.kind == "parquet"
+            else "Export it to Parquet (e.g. polars: read_database_uri(...).write_parquet(...))"
+            if fmt.kind == "postgresql"
             else "Convert it (e.g. polars: scan_csv(...).sink_parquet(...))"
         )
+        what = "Data table" if fmt.kind == "postgresql" else "Data file"
         raise DataError(
-            f"Data file '{config.data}' is {fmt.describe()}; a streamed run (stream.enabled / --stream) reads an "
+            f"{what} '{config.data}' is {fmt.describe()}; a streamed run (stream.enabled / --stream) reads an "
             f"uncompressed Parquet file a chunk at a time. {convert}, or run without --stream to read it whole."
         )
     if config.train.workers > 1:
@@ -543,6 +554,7 @@ def gate_floor(config: RunConfig, schema: Schema, plan: object) -> float:
         config.select.min_rows(expected),
         plan.stage("validate").event,  # type: ignore[attr-defined]
         *_false_stop(config),
+        passing_cells=validation_gate.passing_cells(schema),
     )
 
 
@@ -656,7 +668,7 @@ def preflight(config: RunConfig) -> Preflight:
     timed("privacy parameters", check_privacy_parameters, config)
     schema = timed("schema", _check_schema, config)
     timed("privacy parameters", check_privacy_parameters, config, schema)
-    fmt = timed("data file", check_table, Path(config.data), schema, "Data file")
+    fmt = timed("data file", check_table, config.data, schema, "Data file")
     streamed = timed("streaming", check_stream, config, schema)
     test_fmt = None
     if config.evaluate.test_data is not None:
@@ -685,7 +697,7 @@ def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
     check_privacy_parameters(config, delta_flag=False)  # audit has no --delta: its delta is the config's
     schema = _check_schema(config)
     check_privacy_parameters(config, schema, delta_flag=False)
-    check_table(Path(config.data), schema, "Data file")
+    check_table(config.data, schema, "Data file")
     check_store(config.store)
     if canaries is not None:
         from privflow.data.codec import Codec
@@ -711,12 +723,12 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
             "Pretraining starts from the config's random initialisation; remove 'init_from' from --config."
         )
     schema = _check_schema(config)
-    fmt = check_table(Path(config.data), schema, "Public data file")
-    rows = _public_rows(Path(config.data), config.select.min_rows(None))
+    fmt = check_table(config.data, schema, "Public data file")
+    rows = _public_rows(config.data, config.select.min_rows(None))
     check_store(config.store)
     device = resolve_device(config.train.device)
     check_workers(config.train.workers, device)
-    check_public_file(Path(config.data), Path(config.store))
+    check_public_file(config.data, Path(config.store))
     timings["checks"] = time.perf_counter() - t0
     return Preflight(config, schema, None, fmt, rows, device, None, timings)
 

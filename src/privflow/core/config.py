@@ -12,10 +12,20 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from privflow.core.errors import ConfigError
 from privflow.core.limits import MAX_NATS
+from privflow.core.source_uri import as_data_source
 from privflow.core.yaml_file import read_mapping
 
 # Fewest data rows a run or a pretraining takes (the selection split sets the rest: SelectConfig.min_rows)
@@ -334,7 +344,9 @@ class EvaluateConfig(_Section):
 class RunConfig(_Section):
     """One training run: data, schema, privacy, model, training, selection, evaluation, registry."""
 
-    data: Path
+    # a table file, a folder of Parquet files, or a database URI (a SourceURI: its text masks the
+    # password, so params, logs and messages never show it; privflow/data/sources.py reads it)
+    data: Path | str
     schema_path: Path
     policy: Literal["strict", "quarantine"] = "strict"
     store: Path = Path(".privflow")
@@ -361,6 +373,20 @@ class RunConfig(_Section):
     select: SelectConfig = SelectConfig()
     evaluate: EvaluateConfig = EvaluateConfig()
     stream: StreamConfig = StreamConfig()
+
+    @field_validator("data", mode="plain", json_schema_input_type=Path | str)
+    @classmethod
+    def _data_source(cls, v: object) -> Path | str:
+        """A path stays a Path; a `postgresql://` URI becomes a SourceURI (core/source_uri.py), even
+        after a `Path` took a slash out of it (the CLI's option type)."""
+        if not isinstance(v, (str, Path)):
+            raise ValueError(f"must be a path or a postgresql:// URI, got {type(v).__name__}")
+        return as_data_source(v)
+
+    @field_serializer("data", when_used="json")
+    def _shown_data(self, v: Path | str) -> str:
+        """As text; a database URI with its password masked (the SourceURI's text)."""
+        return str(v)
 
     @field_validator("model_name")
     @classmethod

@@ -1,7 +1,8 @@
 """Tables larger than memory: a Parquet file read in chunks, and row matrices kept on disk.
 
 A streamed run (``privflow run --stream``; tasks/stream.py) never holds every row: it reads
-the input Parquet file a row group batch at a time (`parquet_chunks`) and writes what the
+the input Parquet file (or a folder of them, file after file) a row group batch at a time
+(`parquet_chunks`) and writes what the
 DP-SGD stages train on, the encoded rows, to `DiskRows` files. DP-SGD's Poisson sample is
 then gathered from the file at each step (`DiskRows.__getitem__` maps the file only for the
 gather, so that resident memory stays one batch, not the table), and the statistics,
@@ -25,24 +26,49 @@ import polars as pl
 
 from privflow.core.config import RunConfig
 from privflow.core.errors import DataError
+from privflow.core.source_uri import is_database_uri
 from privflow.data.io import sniff
 from privflow.data.schema import Schema
 
 CHUNK_ROWS = 65_536  # rows per chunk read from the input (bounded memory per pass)
 
 
-def parquet_chunks(path: Path, rows: int = CHUNK_ROWS, max_line_bytes: int | None = None) -> Iterator[pl.DataFrame]:
-    """The table's rows `rows` at a time, in file order, as `privflow.data.io.read_table` gives them
-    (empty strings as nulls; a row with a text value that is not UTF-8, or with more text than the
-    public line cap `max_line_bytes`, a failing row with its reason in `UNREADABLE`), without ever
-    reading the whole file: polars reads only the row groups a slice needs (pyarrow's batch reader
-    was much slower, and held more memory in its pool)."""
-    from privflow.data.io import MAX_LINE_BYTES, empty_strings_to_null
+def parquet_chunks(
+    path: str | Path, rows: int = CHUNK_ROWS, max_line_bytes: int | None = None
+) -> Iterator[pl.DataFrame]:
+    """The table's rows at most `rows` at a time, in file order, as `privflow.data.io.read_table`
+    gives them (empty strings as nulls; a row with a text value that is not UTF-8, or with more text
+    than the public line cap `max_line_bytes`, a failing row with its reason in `UNREADABLE`),
+    without ever reading the whole file: polars reads only the row groups a slice needs (pyarrow's
+    batch reader was much slower, and held more memory in its pool). A folder of Parquet files is
+    read file after file in name order (a chunk never spans two files), with the folder's column
+    order and common types, a failing row's reason naming its file, as `read_table` reads it."""
+    from privflow.data.io import MAX_LINE_BYTES, as_folder_types, in_part, read_header
 
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
     cap = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
-    total = parquet_rows(path)
+    p = Path(path)
+    if not p.is_dir():
+        yield from _file_chunks(p, rows, cap)
+        return
+    _, _, dtypes = read_header(p)  # the files' columns agree (else a DataError before any row)
+    assert dtypes is not None
+    for part in _parts(p):
+        for chunk in _file_chunks(part, rows, cap):
+            yield as_folder_types(in_part(chunk, part.name), dtypes)
+
+
+def _parts(path: Path) -> list[Path]:
+    from privflow.data.io import table_parts
+
+    return table_parts(path)
+
+
+def _file_chunks(path: Path, rows: int, cap: int) -> Iterator[pl.DataFrame]:
+    from privflow.data.io import empty_strings_to_null
+
+    total = _file_rows(path)
     scan = pl.scan_parquet(path)
     for offset in range(0, total, rows):
         yield empty_strings_to_null(_chunk(path, scan, offset, rows, cap))
@@ -80,9 +106,14 @@ def _arrow_rows(path: Path, offset: int, rows: int) -> Any:
     return meta.read_row_groups(groups).slice(offset - first, rows)
 
 
-def parquet_rows(path: Path) -> int:
-    """The number of rows a Parquet file's footer records (read without the data; shown to the
-    curator as the progress total, never released)."""
+def parquet_rows(path: str | Path) -> int:
+    """The number of rows a Parquet file's footer records, summed over a folder's files (read
+    without the data; shown to the curator as the progress total, never released)."""
+    p = Path(path)
+    return sum(_file_rows(part) for part in _parts(p)) if p.is_dir() else _file_rows(p)
+
+
+def _file_rows(path: Path) -> int:
     return int(_parquet(path, lambda: pl.scan_parquet(path).select(pl.len()).collect().item()))
 
 
@@ -179,9 +210,12 @@ class DiskRows:
 
 def streamed(config: RunConfig, schema: Schema) -> bool:
     """Whether the run reads its table in chunks: `stream.enabled`, or with "auto" a Parquet
-    input whose schema expects more than `stream.auto_rows` rows (public: no row is read)."""
+    input (a file or a folder) whose schema expects more than `stream.auto_rows` rows (public: no
+    row is read). A database source is read whole with "auto" (streaming one is refused in pre-flight)."""
     if config.stream.enabled != "auto":
         return bool(config.stream.enabled)
+    if is_database_uri(config.data):
+        return False
     expected = schema.dataset.expected_rows or 0
     fmt = sniff(config.data)
     return expected > config.stream.auto_rows and fmt.kind == "parquet" and fmt.compression is None

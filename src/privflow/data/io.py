@@ -14,6 +14,12 @@ by the content, not the suffix: Parquet by its magic bytes, gzip by its own, CSV
 UTF-8 with or without a byte-order mark, or UTF-16 with one) and the header line (which
 also decides the delimiter: comma, semicolon, tab or pipe). `sniff` and `read_header` read
 the first bytes and the header line only.
+
+Two other sources read as one table (docs/configuration.md): a folder of Parquet files (its own
+`*.parquet` / `*.pq` files, sorted by name, not its subfolders: `table_parts`), read file by file
+as one Parquet file is and concatenated, after their columns were checked to agree (public
+metadata, `read_header`); and a PostgreSQL table or query named by a `postgresql://` URI
+(privflow/data/sources.py), read with the same total semantics.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import IO, Any
 import polars as pl
 
 from privflow.core.errors import DataError
+from privflow.core.source_uri import is_database_uri
 
 CSV_SUFFIXES = (".csv", ".tsv", ".txt")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -57,14 +64,18 @@ _MAGIC = {
 class TableFormat:
     """How a table file is stored, as sniffed from its first bytes."""
 
-    kind: str  # "csv" | "parquet"
+    kind: str  # "csv" | "parquet" | "postgresql"
     compression: str | None = None  # "gzip" | None
     encoding: str | None = None  # "utf-8" | "utf-8-sig" | "utf-16" (CSV only)
     delimiter: str | None = None  # CSV only
+    files: int | None = None  # a folder of Parquet files: how many
+    source: str | None = None  # a database: what it is (`PostgresSource.describe`, no password)
 
     def describe(self) -> str:
+        if self.kind == "postgresql":
+            return self.source or "PostgreSQL"
         if self.kind == "parquet":
-            out = "Parquet"
+            out = "Parquet" + (f", a folder of {self.files} file{'s' if self.files != 1 else ''}" if self.files else "")
         else:
             name = DELIMITER_NAMES.get(self.delimiter or ",", repr(self.delimiter))
             out = f"{self.encoding or 'utf-8'} CSV, {name}-delimited"
@@ -93,6 +104,48 @@ def _check_file(p: Path) -> None:
         raise DataError(f"Data file '{p}' does not exist; check the path (relative paths start in {Path.cwd()}).")
     if not p.is_file():
         raise DataError(f"Data path '{p}' is not a regular file (a device, socket or pipe?); pass a table file.")
+
+
+def _folder_error(p: Path, why: str, fix: str) -> DataError:
+    return DataError(
+        f"Data path '{p}' is a directory, which privflow reads as a folder of Parquet files (its own *.parquet and "
+        f"*.pq files in name order, skipping names that start with '.' or '_'; not its subfolders: no hive-style "
+        f"partitions), but it {why}; {fix}."
+    )
+
+
+def table_parts(path: str | Path) -> list[Path]:
+    """The files a table is read from: `[path]` for a file; for a folder, its Parquet files
+    (`*.parquet`, `*.pq`) sorted by name, skipping names that start with '.' or '_' (`_SUCCESS`,
+    `.crc` files). A folder that holds a subfolder or another file, or no Parquet file, is refused
+    (DataError): no part of the table is silently left out."""
+    p = Path(path)
+    if not p.is_dir():
+        return [p]
+    try:
+        entries = sorted(p.iterdir(), key=lambda e: e.name)
+    except PermissionError:
+        raise DataError(
+            f"Data folder '{p}' cannot be listed: permission denied. Give the user running privflow read access."
+        ) from None
+    except OSError as exc:
+        raise DataError(f"Data folder '{p}' cannot be listed: {exc.strerror or exc}.") from None
+    entries = [e for e in entries if not e.name.startswith((".", "_"))]
+    folders = [e.name for e in entries if e.is_dir()]
+    if folders:
+        raise _folder_error(p, f"holds the subfolder(s) {folders[:5]}", "move their files up, or pass a subfolder")
+    others = [e.name for e in entries if e.suffix.lower() not in PARQUET_SUFFIXES]
+    if others:
+        more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+        example = next((o for o in others if o.lower().endswith(CSV_SUFFIXES + (".gz",))), others[0])
+        raise _folder_error(
+            p,
+            f"holds file(s) that are not Parquet: {others[:5]}{more}",
+            f"move them out, or pass the table file itself (e.g. '{p / example}')",
+        )
+    if not entries:
+        raise _folder_error(p, "holds no Parquet file", "pass the table file itself, or a folder of Parquet files")
+    return entries
 
 
 def _raw(p: Path, limit: int | None = None) -> tuple[bytes, str | None]:
@@ -197,7 +250,20 @@ def sniff(path: str | Path) -> TableFormat:
     (ZIP/Excel, PDF, ...), or a header line that is binary or in an encoding privflow does not
     read. What the rows hold is never looked at here.
     """
+    if is_database_uri(path):
+        from privflow.data.sources import parse_source
+
+        return TableFormat("postgresql", source=parse_source(path).describe())
     p = Path(path)
+    if p.is_dir():
+        parts = table_parts(p)
+        for part in parts:
+            fmt = sniff(part)
+            if fmt.kind != "parquet" or fmt.compression is not None:
+                raise _folder_error(
+                    p, f"holds '{part.name}', which is {fmt.describe()}", "write it as plain Parquet, or move it out"
+                )
+        return TableFormat("parquet", files=len(parts))
     head, compression = _raw(p, _HEAD_BYTES)
     if not head.strip():
         raise DataError(f"Data file '{p}' is empty; it needs a header row naming the columns.")
@@ -382,23 +448,23 @@ def _parse_csv(path: Path, fmt: TableFormat, cap: int) -> pl.DataFrame:
     return frame
 
 
-def _check_header(path: Path, header: list[str] | None) -> list[str]:
+def _check_header(path: Path | str, header: list[str] | None, what: str = "Data file") -> list[str]:
     if header is None or not any(h.strip() for h in header):
-        raise DataError(f"Data file '{path}' has no header row; the first line must name the columns.")
+        raise DataError(f"{what} '{path}' has no header row; the first line must name the columns.")
     blank = [i + 1 for i, h in enumerate(header) if not h.strip()]
     if blank:
         raise DataError(
-            f"Data file '{path}' has {len(blank)} blank column name(s) in its header (position(s) "
+            f"{what} '{path}' has {len(blank)} blank column name(s) in its header (position(s) "
             f"{blank[:5]}); every column needs a name that matches the schema."
         )
     dups = sorted({h for h in header if header.count(h) > 1})
     if dups:
         raise DataError(
-            f"Data file '{path}' names these columns more than once in its header: {dups}; "
+            f"{what} '{path}' names these columns more than once in its header: {dups}; "
             "each column must appear exactly once."
         )
     if UNREADABLE in header:
-        raise DataError(f"Data file '{path}' has a column named '{UNREADABLE}', a name privflow reserves.")
+        raise DataError(f"{what} '{path}' has a column named '{UNREADABLE}', a name privflow reserves.")
     return header
 
 
@@ -417,13 +483,68 @@ def _parquet_schema(p: Path, fmt: TableFormat) -> dict[str, pl.DataType]:
         ) from None
 
 
+def _folder_schema(p: Path) -> dict[str, pl.DataType]:
+    """The columns of a folder's Parquet files, which must agree on their names (any order); a
+    column stored with different types in different files takes their common supertype (as
+    polars' relaxed concatenation does), and there must be one. Metadata only (public)."""
+    parts = table_parts(p)
+    schemas = [(part, _parquet_schema(part, TableFormat("parquet"))) for part in parts]
+    first, names = schemas[0][0], list(schemas[0][1])
+    for part, dtypes in schemas[1:]:
+        missing = [c for c in names if c not in dtypes]
+        extra = [c for c in dtypes if c not in names]
+        if missing or extra:
+            said = []
+            if missing:
+                said.append(f"lacks column(s) {missing[:10]}")
+            if extra:
+                said.append(f"has column(s) {extra[:10]} that '{first.name}' does not")
+            raise DataError(
+                f"Data folder '{p}' holds Parquet files whose columns disagree: '{part.name}' {' and '.join(said)} "
+                f"(compared with '{first.name}', the first by name). Every file of a folder is a part of one table "
+                "and must have the same column names; write the files again with one schema, or move the odd ones out."
+            )
+    out: dict[str, pl.DataType] = {}
+    for name in names:
+        kinds = {str(d[name]): (part, d[name]) for part, d in schemas}
+        if len(kinds) == 1:
+            out[name] = schemas[0][1][name]
+            continue
+        try:
+            frames = [pl.DataFrame(schema={name: d[name]}) for _, d in schemas]
+            out[name] = pl.concat(frames, how="vertical_relaxed").schema[name]
+        except Exception:
+            seen = "; ".join(f"'{part.name}': {dtype}" for part, dtype in list(kinds.values())[:4])
+            raise DataError(
+                f"Data folder '{p}' holds Parquet files that store column '{name}' with types that have no common "
+                f"type ({seen}). Write the column with one type in every file."
+            ) from None
+    return out
+
+
 def read_header(path: str | Path) -> tuple[TableFormat, list[str], dict[str, pl.DataType] | None]:
     """(format, column names, Parquet dtypes or None for CSV) from the head of the file only.
 
-    CSV headers are checked for blank and duplicate names; no row value is read.
+    CSV headers are checked for blank and duplicate names; no row value is read. A folder of
+    Parquet files: their columns, which must agree (`_folder_schema`). A database URI: the
+    columns of its table or query (a `LIMIT 0` query; the connection is checked too); no dtypes,
+    since every column is read as text.
     """
+    if is_database_uri(path):
+        from privflow.data.sources import database_header, parse_source
+
+        src = parse_source(path)
+        header = _check_header(src.shown, database_header(src), "Data source")
+        return TableFormat("postgresql", source=src.describe()), header, None
     p = Path(path)
     fmt = sniff(p)
+    if fmt.files is not None:
+        dtypes = _folder_schema(p)
+        if not dtypes:
+            raise DataError(f"Data folder '{p}' holds Parquet files with no columns.")
+        if UNREADABLE in dtypes:
+            raise DataError(f"Data folder '{p}' has a column named '{UNREADABLE}', a name privflow reserves.")
+        return fmt, list(dtypes), dtypes
     if fmt.kind == "parquet":
         dtypes = _parquet_schema(p, fmt)
         if not dtypes:
@@ -441,9 +562,15 @@ def count_rows(path: str | Path, fmt: TableFormat | None = None, max_line_bytes:
     """Data rows in the file without parsing values: Parquet metadata, or the CSV's non-blank
     lines after the header (a row is a line, as `read_table` reads it, read as a stream). For
     PUBLIC files only (pretraining): a private file's row count is never a public fact (privacy
-    rule 8)."""
+    rule 8). A folder: the sum over its files; a database: `count(*)`."""
+    if is_database_uri(path):
+        from privflow.data.sources import database_rows, parse_source
+
+        return database_rows(parse_source(path))
     p = Path(path)
     fmt = fmt or sniff(p)
+    if fmt.files is not None:
+        return sum(count_rows(part, TableFormat("parquet")) for part in table_parts(p))
     try:
         if fmt.kind == "parquet":
             if fmt.compression:
@@ -633,6 +760,32 @@ def _read_parquet(p: Path, fmt: TableFormat, cap: int) -> pl.DataFrame:
     return parquet_frame(table, cap)
 
 
+def in_part(df: pl.DataFrame, name: str) -> pl.DataFrame:
+    """A folder's file's rows, their failing rows' reasons prefixed with the file's name."""
+    if UNREADABLE not in df.columns:
+        return df
+    why = pl.col(UNREADABLE)
+    return df.with_columns(pl.when(why.is_not_null()).then(pl.lit(f"file '{name}': ") + why).alias(UNREADABLE))
+
+
+def as_folder_types(df: pl.DataFrame, dtypes: dict[str, pl.DataType]) -> pl.DataFrame:
+    """A folder's file's rows with the folder's column order and common types (`_folder_schema`)."""
+    extra = [UNREADABLE] if UNREADABLE in df.columns else []
+    casts = [pl.col(n).cast(t) if df.schema[n] != t else pl.col(n) for n, t in dtypes.items()]
+    return df.select([*casts, *extra])
+
+
+def _read_folder(p: Path, cap: int) -> pl.DataFrame:
+    """A folder's Parquet files, each read as `_read_parquet` reads one, in name order, as one
+    table (columns checked to agree first: `_folder_schema`)."""
+    dtypes = _folder_schema(p)
+    frames = [
+        as_folder_types(in_part(_read_parquet(part, TableFormat("parquet"), cap), part.name), dtypes)
+        for part in table_parts(p)
+    ]
+    return pl.concat(frames, how="diagonal")
+
+
 def read_table(path: str | Path, max_line_bytes: int | None = None) -> pl.DataFrame:
     """Read a CSV (every column as a string, empty field -> null) or Parquet file, gzipped or not.
 
@@ -646,10 +799,22 @@ def read_table(path: str | Path, max_line_bytes: int | None = None) -> pl.DataFr
     Parquet, a row with a text value that is not UTF-8, or with more text than the cap, is such a
     row too. A file with a header and no rows gives an empty frame: whether that stops a run is
     the validation gate's DP decision. The schema is not consulted here.
+
+    A folder of Parquet files is read file by file, each as one Parquet file (a failing row's
+    reason names its file), and concatenated in name order, once their columns were found to agree
+    (`read_header`); a database URI is read as privflow/data/sources.py says, with the same
+    semantics (every column as text).
     """
     cap = _cap(max_line_bytes)
+    if is_database_uri(path):
+        from privflow.data.sources import parse_source, read_database
+
+        fmt, header, _ = read_header(path)
+        return empty_strings_to_null(read_database(parse_source(path), header, cap))
     p = Path(path)
     fmt = sniff(p)
+    if fmt.files is not None:
+        return empty_strings_to_null(_read_folder(p, cap))
     df = _parse_csv(p, fmt, cap) if fmt.kind == "csv" else _read_parquet(p, fmt, cap)
     if df.width == 0:
         raise DataError(f"Data file '{p}' has no columns.")
