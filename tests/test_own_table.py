@@ -31,12 +31,12 @@ def _schema(draft_run: str | None) -> Schema:
 def test_a_drafted_schema_links_the_draft_into_the_lineage() -> None:
     public = SimpleNamespace(spec="pre/1", ledger_run=None)
     private = SimpleNamespace(spec="m/3", ledger_run="run-3")
-    assert _parent_link(None, _schema(None)) is None
-    assert _parent_link(None, _schema("draft-1")) == ("schema draft", "draft-1")
-    # a public parent carries no private chain: the draft does
-    assert _parent_link(public, _schema("draft-1")) == ("pre/1 (public) on a schema draft", "draft-1")  # type: ignore[arg-type]
-    assert _parent_link(public, _schema(None)) == ("pre/1", None)  # type: ignore[arg-type]
-    assert _parent_link(private, _schema("draft-1")) == ("m/3", "run-3")  # type: ignore[arg-type]
+    assert _parent_link(None, _schema(None)) == []
+    assert _parent_link(None, _schema("draft-1")) == [("schema draft", "draft-1")]
+    # every private ancestor is linked: a public parent adds none, a private one adds its run
+    assert _parent_link(public, _schema("draft-1")) == [("pre/1", None), ("schema draft", "draft-1")]  # type: ignore[arg-type]
+    assert _parent_link(public, _schema(None)) == [("pre/1", None)]  # type: ignore[arg-type]
+    assert _parent_link(private, _schema("draft-1")) == [("m/3", "run-3"), ("schema draft", "draft-1")]  # type: ignore[arg-type]
 
 
 def test_a_schema_drafted_in_another_ledger_is_refused_before_anything(tmp_path: Path, demo_dir: Path) -> None:

@@ -728,7 +728,7 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
     check_store(config.store)
     device = resolve_device(config.train.device)
     check_workers(config.train.workers, device)
-    check_public_file(config.data, Path(config.store))
+    check_public_file(config.data, Path(config.store), schema)
     timings["checks"] = time.perf_counter() - t0
     return Preflight(config, schema, None, fmt, rows, device, None, timings)
 

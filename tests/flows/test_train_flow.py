@@ -255,3 +255,30 @@ def test_a_test_file_whose_rows_all_fail_skips_its_diagnostics_and_keeps_the_rel
     assert (Path(summary.curator_dir) / "diagnostics_notes.json").is_file()
     version = MlflowClient().get_model_version(summary.model_name, summary.model_version)
     assert "--test-data" not in json.dumps(dict(version.tags))  # a curator-only note: never released
+
+
+def test_a_crash_in_the_diagnostics_changes_nothing_released(
+    tmp_path: Path, demo_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registration does not wait on the curator-only diagnostics: a crash there that no handler
+    sees (a memory kill, a native fault; here an exception no `except Exception` catches) leaves
+    the version registered, its alias set and the ledger settled, as a clean run would."""
+    from privflow.flows import pipeline
+
+    class Crash(BaseException):
+        pass
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise Crash
+
+    monkeypatch.setattr(pipeline, "_diagnose", crash)
+    data, schema = adult_slice(tmp_path, demo_dir, 1500)
+    cfg = small_config(data, schema, tmp_path / "store", "privflow-adult-crash", 1.0, train={"min_effective_batch": 0})
+    with pytest.raises(Crash):
+        pipeline.train_in_process(cfg, show_progress=False)
+    client = MlflowClient()
+    (version,) = client.search_model_versions("name='privflow-adult-crash'")
+    assert client.get_model_version_by_alias("privflow-adult-crash", cfg.alias).version == version.version
+    runs = Ledger(tmp_path / "store" / "ledger.db").runs("adult")
+    assert [r.status for r in runs] == ["settled"]
+    assert list((tmp_path / "store" / "synthetic").glob("adult-*.csv"))

@@ -10,7 +10,9 @@ runs it).
   from a private release of the same dataset composes with it in the ledger, and the new
   version reports the lineage's composition as its epsilon everywhere (privacy rule 9);
 - `pretrain` declares its version public in the ledger (the only thing a free warm start
-  accepts), and refuses a file the ledger knows as private.
+  accepts), and refuses a file whose rows the ledger knows as charged (keyed row digests);
+- every registered version is recorded in the ledger with its run and weights' digest, which is
+  where a private parent's run is read from.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ def test_pretraining_registers_a_public_version_and_charges_nothing(runs: dict) 
     datasets, charged, declared = runs["ledger_after_pretrain"]
     assert datasets == [] and charged == []  # no dataset, no run: nothing charged
     # the data owner's declaration, the one thing a free warm start accepts
-    assert declared is not None and declared.dataset == "adult" and declared.fingerprint.startswith("hmac-sha256:")
+    assert declared is not None and declared.dataset == "adult" and declared.fingerprint.startswith("blake2b-rows:")
     tags = MlflowClient().get_model_version(parent.model_name, parent.model_version).tags
     assert tags["privflow.pretrained"] == "public" and tags["privflow.data"] == "public"
     loaded = _version(parent.model_name, parent.model_version)  # loadable like a release, schema beside it
@@ -176,6 +178,12 @@ def test_lineage_is_in_the_mlflow_run_and_the_ledger(runs: dict) -> None:
     assert lineage.startswith(f"{warm.model_name}/{warm.model_version}: private on dataset 'adult'")
     assert warm.run_id in lineage
     assert "init_from" not in dict(records[runs["scratch"].run_id].stages)
+    # each version is recorded with the run that registered it (what a warm start from it composes)
+    for summary in (warm, child, runs["scratch"]):
+        recorded = ledger.version(summary.model_name, summary.model_version)
+        assert recorded is not None and recorded.run_id == summary.run_id and recorded.weights.startswith("sha256:")
+    assert ledger.version(parent.model_name, parent.model_version) is None  # public: declared, not recorded
+    assert {p.run_id for p in ledger.row_prints("charged")} >= {warm.run_id, child.run_id}
     # the child composes with its parent (and every other run of the dataset) in the ledger
     ordered = [r.run_id for r in ledger.runs("adult")]
     so_far = ledger.runs("adult")[: ordered.index(child.run_id) + 1]  # warm, scratch, child
@@ -259,7 +267,8 @@ def test_pretrain_refuses_a_file_the_ledger_knows_as_private(runs: dict) -> None
         ],
     )
     assert result.exit_code == 2, result.output
-    assert "private data, not public" in " ".join(result.output.split())
+    text = " ".join(result.output.split())
+    assert "charged for" in text and "dataset 'adult'" in text and "never public" in text, text
 
 
 def test_pretrain_refuses_a_public_table_with_too_few_rows_left_after_quarantine(

@@ -92,6 +92,8 @@ def _generate(
             schema=getattr(sampler, "schema", None),
             where=conditions,
         )
+        schema = getattr(sampler, "schema", None) or sampler.codec.schema
+        _record(model, store, out, schema, mlflow_loaded=generator is not None)
         given = "" if conditions is None else f" where {conditions.describe()}"
         Console().print(f"wrote {n} rows{given} to {out}{replaced}", highlight=False, soft_wrap=True)
         return
@@ -107,7 +109,36 @@ def _generate(
     from privflow.data.io import write_table
 
     write_table(table, out)
+    if schema is not None:  # a foreign model without a schema: its rows cannot be read as a run reads them
+        _record(model, store, out, schema, mlflow_loaded=True)
     Console().print(f"wrote {table.height} rows to {out}{replaced}", highlight=False, soft_wrap=True)
+
+
+def _record(model: str, store: Path, out: Path, schema: Any, mlflow_loaded: bool) -> None:
+    """The written table's keyed row digests in the store's ledger, with the version that sampled
+    it (`privflow.tasks.warm_start.record_generated_table`, read back as a run reads it): a
+    pretraining on these rows is linked to that version's lineage, never declared public (privacy
+    rule 9). Nothing where the store has no ledger: no run of it was charged."""
+    if not (Path(store) / "ledger.db").is_file():
+        return
+    from privflow.tasks.warm_start import record_generated_table
+
+    version = _version(model, store, mlflow_loaded)
+    if version is not None:
+        record_generated_table(Path(store).resolve(), *version, out, schema)
+
+
+def _version(model: str, store: Path, mlflow_loaded: bool) -> tuple[str, str] | None:
+    """(name, version) of NAME@ALIAS or NAME/VERSION: from the store's registry file where the
+    release was read from it, else through MLflow (already loaded then)."""
+    if not mlflow_loaded:
+        from privflow.serving.local_store import local_version
+
+        return local_version(model, store)
+    from privflow.tasks.mlflow_store import resolve_version
+
+    name, version, _ = resolve_version(model)
+    return name, version
 
 
 def _load_with_mlflow(model: str, store: Path, verbose: bool) -> Any:

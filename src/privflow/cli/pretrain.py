@@ -29,7 +29,9 @@ def pretrain(
     verbose: VerboseOpt = False,
 ) -> None:
     """Train the configured flow NON-privately on a table you declare public and register it as a
-    warm-start parent for `privflow run --init-from` (no ledger charge: nothing private is read)."""
+    warm-start parent for `privflow run --init-from` (no ledger charge: nothing private is read).
+    A table of rows a run was charged for is refused; one of rows `privflow generate` sampled from a
+    private version is recorded with that version's lineage, not as public."""
     overrides = {
         "data": data,
         "schema_path": schema,
@@ -53,6 +55,10 @@ def _pretrain(config_path: Path | None, overrides: dict, quiet: bool, verbose: b
 
     checked = preflight_pretrain(_load_config(config_path, overrides, None))
     cfg = checked.config
+    from privflow.tasks.warm_start import check_public_file
+
+    # rows a run was charged for are refused before Prefect starts (the flow checks again, on the rows it trains on)
+    check_public_file(cfg.data, cfg.store.resolve(), checked.schema)
     env.configure(cfg.store, verbose=verbose)
     console.print(
         f"[bold]privflow[/] pretraining (NOT differentially private: {cfg.data} is declared public) on "
@@ -77,8 +83,7 @@ def _pretrain(config_path: Path | None, overrides: dict, quiet: bool, verbose: b
             if math.isfinite(s.validation_nats_per_row)
             else "validation not measured (no row fell in the selection split)"
         )
-        + f", {wall:.1f} s in all (checks, Prefect's start-up, training and registration). Declared public "
-        "in the store's ledger; no privacy was spent. Warm-start a "
+        + f", {wall:.1f} s in all (checks, Prefect's start-up, training and registration). {s.note} Warm-start a "
         f"DP run with: privflow run ... --init-from {s.model_name}/{s.model_version}  (MLflow run {s.mlflow_run_id})",
         highlight=False,
         markup=False,

@@ -9,9 +9,12 @@ Privacy bookkeeping: the plan is made and the dataset's ledger reserves its even
 any row is read; the run settles with the events actually spent (a run the validation gate
 stops is charged the gate alone); a run that fails in the middle of a mechanism keeps its
 reservation counted. The reported epsilon is the version's: the PLD composition of the
-recorded events of the run and of every private ancestor it was warm-started from (privacy
-rule 9, `Ledger.lineage`; without a private parent, the run's own), and nothing else. The
-run's own figure is kept beside it (`epsilon_run`).
+recorded events of every run in its lineage, read from the ledger (privacy rule 9,
+`Ledger.lineage`: the run, every private ancestor it was warm-started from, the DP draft of its
+schema; without any, the run's own), and nothing else. The run's own figure is kept beside it
+(`epsilon_run`). The ledger also records what the lineage of later runs is read from: the
+registered version with its run and weights' digest, the keyed digests of the rows the run was
+charged for and of its synthetic table (tasks/warm_start.py).
 
 Trust boundary (docs/privacy.md, "Trust boundary"): the MLflow run, the registered version and the
 synthetic table hold only what `tasks/release.py` allows (public values and mechanism
@@ -26,7 +29,7 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack, nullcontext
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
@@ -41,6 +44,7 @@ from privflow.core import timing
 from privflow.core.config import RunConfig
 from privflow.core.curator import curator_dir, write_json
 from privflow.core.errors import ValidationFailed
+from privflow.core.events import report as report_event
 from privflow.data.chunked import scratch, streamed
 from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec
@@ -66,7 +70,13 @@ from privflow.tasks.promote import PromotionSettings, promote_if_better
 from privflow.tasks.stream import first_pass, stream_prepare
 from privflow.tasks.train import cpu_threads
 from privflow.tasks.validate import validate_data
-from privflow.tasks.warm_start import Parent, resolve_parent
+from privflow.tasks.warm_start import (
+    Parent,
+    record_charged_rows,
+    record_generated_table,
+    record_registered_version,
+    resolve_parent,
+)
 
 
 @dataclass(frozen=True)
@@ -152,9 +162,9 @@ def _read_and_gate(
     threshold, floor = gate_limit(config, schema, plan), gate_floor(config, schema, plan)
     decisions: list[validation_gate.GateDecision] = []
 
-    def gate(failing: int, passing: int) -> bool:
+    def gate(failing: int, passing: int, cells: validation_gate.RowCells | None = None) -> bool:
         spend.start()
-        decisions.append(validation_gate.gate(failing, threshold, stage.event, passing, floor))  # type: ignore[arg-type]
+        decisions.append(validation_gate.gate(failing, threshold, stage.event, passing, floor, cells))  # type: ignore[arg-type]
         spend.add(stage.event)
         return decisions[-1].stop
 
@@ -251,7 +261,10 @@ def _read_test(config: RunConfig, schema: Schema, curator: Path) -> _TestTable:
     try:
         with timing.stage("read + validate test table (diagnostics)"):
             df, _ = validate(
-                read_table(config.evaluate.test_data), schema, "quarantine", curator / "test_quarantine.csv"
+                read_table(config.evaluate.test_data, max_line_bytes=schema.dataset.max_line_bytes),
+                schema,
+                "quarantine",
+                curator / "test_quarantine.csv",
             )
     except ValidationFailed as exc:
         return _TestTable(notes=(f"--test-data was not used: {exc}",))
@@ -322,14 +335,14 @@ def _reserve(
     store: Path,
     run_id: str,
     lineage: str | None = None,
-    parent: tuple[str, str | None] | None = None,
+    links: Sequence[tuple[str, str | None]] = (),
     plan: PrivacyPlan | None = None,
 ) -> tuple[PrivacyPlan, Ledger]:
     """Plan and reserve: public inputs only, before any row is read. `plan` is pre-flight's,
     handed down (computed once); without it (a flow a server or a deployment started) the plan
     step computes it. A warm start's ledger entry names its parent (`lineage`), and the ledger
-    links the run to it (`parent`: the version, and a private parent's ledger run) for the
-    version's lineage epsilon."""
+    links the run to each of its parents (`links`, `_parent_link`) for the version's lineage
+    epsilon."""
     plan = plan if plan is not None else _step(plan_privacy)(config, schema)
     ledger = Ledger(store / "ledger.db")
     budget = schema.dataset.budget
@@ -338,21 +351,22 @@ def _reserve(
     if lineage is not None:
         stages["init_from"] = lineage
     ledger.reserve(schema.dataset.name, run_id, plan.events, stages)
-    if parent is not None:
-        ledger.record_parent(run_id, *parent)
+    for parent, parent_run in links:
+        ledger.record_parent(run_id, parent, parent_run)
+    report_event(f"reserved {run_id}")  # to a watcher (core/events.py): the reservation is recorded
     return plan, ledger
 
 
-def _parent_link(parent: Parent | None, schema: Schema) -> tuple[str, str | None] | None:
-    """The ledger link for the version's lineage (privacy rule 9): a warm start's parent (and a
-    private parent's ledger run); a schema drafted by DP (`dataset.draft_run`) is a private
-    ancestor too, linked where no private parent carries the chain."""
-    draft = schema.dataset.draft_run
-    if parent is None:
-        return ("schema draft", draft) if draft else None
-    if parent.ledger_run is None and draft:
-        return (f"{parent.spec} (public) on a schema draft", draft)
-    return (parent.spec, parent.ledger_run)
+def _parent_link(parent: Parent | None, schema: Schema) -> list[tuple[str, str | None]]:
+    """The ledger links of the version's lineage (privacy rule 9), every one of them: a warm
+    start's parent version with its ledger node as the ledger recorded it (None for a public
+    pretraining), and the run's own schema draft (`dataset.draft_run`), a private ancestor too."""
+    links: list[tuple[str, str | None]] = []
+    if parent is not None:
+        links.append((parent.spec, parent.ledger_run))
+    if schema.dataset.draft_run:
+        links.append(("schema draft", schema.dataset.draft_run))
+    return links
 
 
 def _account(
@@ -436,6 +450,25 @@ def _register(
     )
     store_ml.log_lineage(model_name, registered.version, _chain(lineage, model_name, registered.version), lineage.runs)
     return registered
+
+
+def _record_release(
+    ledger: Ledger, store: Path, schema: Schema, model_name: str, version: str, run_id: str, synthetic: Path
+) -> None:
+    """The ledger's own record of what the run released (privacy rule 9): the registered version
+    with its run and weights' digest (warm starts read a private parent's run from it, never from
+    tags), and the keyed row digests of its synthetic table as read back (a pretraining on that
+    table links this run)."""
+    record_registered_version(ledger, model_name, version, run_id)
+    record_generated_table(store, model_name, version, synthetic, schema)
+
+
+def _record_charged(ledger: Ledger, store: Path, schema: Schema, run_id: str, df: pl.DataFrame | None) -> None:
+    """The keyed digests of the rows this run read that passed validation (curator-only, in the
+    ledger), so that `privflow pretrain` refuses them as public data. A streamed run's clean rows
+    are never held whole (`df` is None) and its digests are not recorded."""
+    if df is not None:
+        record_charged_rows(ledger, store, schema.dataset.name, run_id, df)
 
 
 def _summary(
@@ -580,51 +613,69 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
         # fork_rng + a CSPRNG seed: whatever global draw happens after rows are read is
         # neither derivable from public values nor left behind in the caller's RNG.
         opened = time.perf_counter()
-        with (
-            cpu_threads(config.train.threads),
-            torch.random.fork_rng(devices=[]),
-            store_ml.released_run(
-                schema.dataset.name, f"{schema.dataset.name}-eps{config.privacy.epsilon:g}"
-            ) as active,
-            ExitStack() as stack,
-        ):
-            torch.manual_seed(secrets.randbits(63))
-            store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
-            timing.record("MLflow run open + header", time.perf_counter() - opened)
-            work = curator / "scratch" if streamed(config, schema) else None
-            stack.enter_context(scratch(work) if work is not None else nullcontext())
-            # a second process for the curator-only diagnostics, started before the rows are read
-            # (a fresh interpreter: nothing of this one) and ended with the block
-            stack.enter_context(diagnostics_worker.diagnostics_worker(_wants_worker(config, schema)))
-            with timing.stage("read + validate + gate"):
-                df, decision = _read_and_gate(config, schema, plan, curator, spend, work, show_progress)
-            with timing.remainder("encode rows"):
-                if work is None:
-                    codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
-                else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
-                    codec, x_train, x_val, df = stream_prepare(
-                        config, schema, plan, spend, df, work, _ENGINE.get(), show_progress
+        outer = ExitStack()  # what outlives the release: the scratch folder and the diagnostics worker
+        with outer:
+            with (
+                cpu_threads(config.train.threads),
+                torch.random.fork_rng(devices=[]),
+                store_ml.released_run(
+                    schema.dataset.name, f"{schema.dataset.name}-eps{config.privacy.epsilon:g}"
+                ) as active,
+            ):
+                torch.manual_seed(secrets.randbits(63))
+                store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
+                timing.record("MLflow run open + header", time.perf_counter() - opened)
+                work = curator / "scratch" if streamed(config, schema) else None
+                outer.enter_context(scratch(work) if work is not None else nullcontext())
+                # a second process for the curator-only diagnostics, started before the rows are read
+                # (a fresh interpreter: nothing of this one) and ended after them
+                outer.enter_context(diagnostics_worker.diagnostics_worker(_wants_worker(config, schema)))
+                with timing.stage("read + validate + gate"):
+                    df, decision = _read_and_gate(config, schema, plan, curator, spend, work, show_progress)
+                    _record_charged(ledger, store, schema, run_id, df if work is None else None)
+                with timing.remainder("encode rows"):
+                    if work is None:
+                        codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
+                    else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
+                        codec, x_train, x_val, df = stream_prepare(
+                            config, schema, plan, spend, df, work, _ENGINE.get(), show_progress
+                        )
+                test = _read_test(config, schema, curator)
+                _utility_ahead(config, schema, df, test)
+                with timing.remainder("model build + head calibration"):
+                    fitted = fit(
+                        config,
+                        schema,
+                        codec,
+                        x_train,
+                        x_val,
+                        plan=plan,
+                        spend=spend,
+                        show_progress=show_progress,
+                        as_tasks=_ENGINE.get(),
+                        init_state=parent.state if parent is not None else None,
                     )
-            test = _read_test(config, schema, curator)
-            _utility_ahead(config, schema, df, test)
-            with timing.remainder("model build + head calibration"):
-                fitted = fit(
-                    config,
-                    schema,
-                    codec,
-                    x_train,
-                    x_val,
-                    plan=plan,
-                    spend=spend,
-                    show_progress=show_progress,
-                    as_tasks=_ENGINE.get(),
-                    init_state=parent.state if parent is not None else None,
-                )
-            with timing.stage("accounting (ledger settle, PLD, MLflow metrics)"):
-                figures, lineage = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
-            with timing.stage("synthetic table (sample, write, log)"):
-                synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
-            with timing.stage("evaluate (curator-only diagnostics)"):
+                with timing.stage("accounting (ledger settle, PLD, MLflow metrics)"):
+                    figures, lineage = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
+                with timing.stage("synthetic table (sample, write, log)"):
+                    synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
+                with timing.stage("register (MLflow model, registry version)"):
+                    registered = _register(config, schema, model_name, fitted, figures, lineage, run_id)
+                    _record_release(ledger, store, schema, model_name, registered.version, run_id, synthetic_path)
+                closing = time.perf_counter()
+            timing.record("MLflow run close", time.perf_counter() - closing)
+            with timing.stage("promotion comparison"):
+                registered = _compare_with_holder(config, model_name, registered, store, run_id)
+                # the DP comparison with the holder is charged to the same dataset: the total counts it
+                figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(schema.dataset.name)
+            # Everything released is out (model, version, alias, synthetic table, ledger): the
+            # curator-only diagnostics come last, so that their failure, or a crash no handler
+            # sees (a memory kill, a native fault), cannot decide whether a version is released.
+            with (
+                timing.stage("evaluate (curator-only diagnostics)"),
+                cpu_threads(config.train.threads),
+                torch.random.fork_rng(devices=[]),
+            ):
                 metrics, report_path, diagnostics_note = _diagnose(
                     config,
                     schema,
@@ -638,17 +689,9 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
                     fitted.diagnostics(),
                     test,
                 )
-            with timing.stage("register (MLflow model, registry version)"):
-                registered = _register(config, schema, model_name, fitted, figures, lineage, run_id)
-            closing = time.perf_counter()
-        timing.record("MLflow run close", time.perf_counter() - closing)
     except BaseException:
         _settle_failure(ledger, run_id, spend)
         raise
-    with timing.stage("promotion comparison"):
-        registered = _compare_with_holder(config, model_name, registered, store, run_id)
-        # the DP comparison with the alias's holder is charged to the same dataset: the summary's total counts it
-        figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(schema.dataset.name)
     outputs = {
         "synthetic_path": str(synthetic_path),
         "curator_dir": str(curator),

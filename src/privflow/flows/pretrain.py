@@ -11,11 +11,20 @@ version is registered like a DP release (pyfunc sampler, the schema and codec st
 the weights, so `privflow generate` and `load_version` load it) with the version tags
 ``privflow.pretrained=public`` and ``privflow.data=public``, in the dataset's own
 ``privflow-<dataset>-public`` experiment, under ``privflow-<dataset>-public`` unless
-``--model-name`` says otherwise. A file this store's ledger knows as private is refused
-(`check_public_file`); otherwise "public" is the operator's declaration, and it is recorded in
-the store's ledger (`declare_public_version`: the exact version, its weights' digest, the
-table's keyed fingerprint). Warm starts accept a public parent on that record only; the
-version tags are information.
+``--model-name`` says otherwise.
+
+What the table is, is decided by its rows' keyed digests (privacy/fingerprint.py) against the
+store's ledger, before anything is trained (`check_pretraining_rows`, privacy rule 9): a table
+half or more of whose rows a run was charged for (whatever its format, compression, encoding or
+row order) is refused; a table half or more of whose rows `privflow generate` sampled from a
+private version is NOT public: the version is registered and the ledger records it with the
+generating versions' lineage (`record_pretrained`), so a warm start from it composes their runs.
+Otherwise "public" is the operator's declaration, recorded in the store's ledger (the exact
+version, its weights' digest, the table's keyed row fingerprint). Warm starts accept a public
+parent on that record only; the version tags are information.
+
+`pretrain_pipeline` is the Prefect flow (`privflow pretrain`); `pretrain_in_process` runs the
+same steps as plain functions, without Prefect's engine.
 """
 
 from __future__ import annotations
@@ -23,7 +32,6 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -43,7 +51,7 @@ from privflow.tasks import mlflow_store as store_ml
 from privflow.tasks.fit import FitResult, Spend, fit, prepare
 from privflow.tasks.select import row_loglik
 from privflow.tasks.train import cpu_threads
-from privflow.tasks.warm_start import DATA_TAG, PRETRAINED_TAG, check_public_file, declare_public_version
+from privflow.tasks.warm_start import DATA_TAG, PRETRAINED_TAG, check_pretraining_rows, record_pretrained
 
 DEFAULT_ALIAS = "pretrained"  # the CLI's --alias for pretraining (each new version takes it)
 
@@ -62,6 +70,8 @@ class PretrainSummary:
     chosen_step: int
     validation_nats_per_row: float  # mean log-likelihood of the public selection rows
     wall_seconds: float
+    public: bool = True  # declared public; False: the rows were sampled from private versions
+    note: str = "Declared public in the store's ledger; no privacy was spent."  # what the ledger recorded
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,13 +107,19 @@ def _validation_nats(fitted: FitResult, x_val: np.ndarray) -> float:
 @flow(name="privflow-pretrain")
 def pretrain_pipeline(config: RunConfig, show_progress: bool = True) -> PretrainSummary:
     """Train on the public table, register the version; raises a PrivflowError on bad input."""
+    return _pretrain(config, show_progress, as_tasks=True)
+
+
+def pretrain_in_process(config: RunConfig, show_progress: bool = True) -> PretrainSummary:
+    """`pretrain_pipeline` without Prefect's engine: the same steps as plain functions."""
+    return _pretrain(config, show_progress, as_tasks=False)
+
+
+def _pretrain(config: RunConfig, show_progress: bool, as_tasks: bool) -> PretrainSummary:
     started = time.monotonic()
     schema = Schema.from_yaml(config.schema_path)
     store = config.store.resolve()
-    check_public_file(Path(config.data), store)
-    store_ml.tracking(store)
     dataset = schema.dataset.name
-    store_ml.experiment_for(f"{dataset}-public", store)
     model_name = config.model_name or f"privflow-{dataset}-public"
     folder = store / "pretrain" / uuid.uuid4().hex[:12]
     folder.mkdir(parents=True, exist_ok=True)
@@ -114,12 +130,17 @@ def pretrain_pipeline(config: RunConfig, show_progress: bool = True) -> Pretrain
             f"({report.quarantined_rows} set aside to {folder / 'quarantine.csv'}); pretraining needs at least "
             f"{config.select.min_rows(None)}. Fix the file or the schema."
         )
+    # charged rows refused, generated rows linked: decided before anything is trained or registered
+    rows = check_pretraining_rows(df, store, str(config.data))
+    store_ml.tracking(store)
+    store_ml.experiment_for(f"{dataset}-public", store)
     with cpu_threads(config.train.threads), mlflow.start_run(run_name=f"{dataset}-public-pretrain") as active:
-        tags = {PRETRAINED_TAG: "public", DATA_TAG: "public"}
+        data = "public" if rows.public else "generated"
+        tags = {PRETRAINED_TAG: data, DATA_TAG: data}
         mlflow.log_params(store_ml.flat_params(config))
         mlflow.set_tags({**tags, "privflow.dataset": dataset, "privflow.code_version": privflow.__version__})
         with torch.random.fork_rng(devices=[]):
-            fitted, x_val = pretrain_fit(config, schema, df, show_progress=show_progress, as_tasks=True)
+            fitted, x_val = pretrain_fit(config, schema, df, show_progress=show_progress, as_tasks=as_tasks)
             nats = _validation_nats(fitted, x_val)
         facts = {
             "pretrain.rows": df.height,
@@ -128,7 +149,8 @@ def pretrain_pipeline(config: RunConfig, show_progress: bool = True) -> Pretrain
             "pretrain.validation_nats_per_row": nats,
         }
         mlflow.log_metrics({k: float(v) for k, v in facts.items() if np.isfinite(v)})
-        registered = store_ml.register_model(
+        register = store_ml.register_model if as_tasks else store_ml.register_model.fn
+        registered = register(
             model_name,
             config.alias,
             schema,
@@ -139,8 +161,9 @@ def pretrain_pipeline(config: RunConfig, show_progress: bool = True) -> Pretrain
             "always",
             *release_parts(fitted.codec),  # DP marginals and target head, as release_codec reads them
         )
-        # the data owner's declaration, the one thing that makes this version a free parent
-        declare_public_version(store, model_name, registered.version, Path(config.data), dataset)
+        # the data owner's declaration (the one thing that makes this version a free parent), or
+        # the generating versions' lineage for a table of generated rows
+        record_pretrained(store, model_name, registered.version, rows, dataset)
     return PretrainSummary(
         model_name=model_name,
         model_version=registered.version,
@@ -152,7 +175,16 @@ def pretrain_pipeline(config: RunConfig, show_progress: bool = True) -> Pretrain
         chosen_step=fitted.chosen_steps[0],
         validation_nats_per_row=nats,
         wall_seconds=time.monotonic() - started,
+        public=rows.public,
+        note=rows.describe(f"{model_name}/{registered.version}"),
     )
 
 
-__all__ = ["DEFAULT_ALIAS", "PretrainSummary", "pretrain_fit", "pretrain_pipeline", "public_schema"]
+__all__ = [
+    "DEFAULT_ALIAS",
+    "PretrainSummary",
+    "pretrain_fit",
+    "pretrain_in_process",
+    "pretrain_pipeline",
+    "public_schema",
+]

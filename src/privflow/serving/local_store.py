@@ -58,6 +58,33 @@ def local_artifacts(spec: str, store: Path) -> dict[str, Path] | None:
     return None if root is None else _sampler_files(root)
 
 
+def local_version(spec: str, store: Path) -> tuple[str, str] | None:
+    """(name, version number) of NAME@ALIAS or NAME/VERSION in the store's own registry file,
+    or None where it is not there as one live, READY version (`_storage_location`'s rule)."""
+    ref = _reference(spec)
+    db = Path(store) / "mlflow.db"
+    if ref is None or not db.is_file():
+        return None
+    name, key, by_alias = ref
+    try:
+        if by_alias:
+            with sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True) as con:
+                columns = {r[1] for r in con.execute("PRAGMA table_info(registered_model_aliases)")}
+                where, args = ("", [name, key])
+                if "workspace" in columns:
+                    where, args = " AND workspace = ?", [name, key, _WORKSPACE]
+                row = con.execute(
+                    f"SELECT version FROM registered_model_aliases WHERE name = ? AND alias = ?{where}", args
+                ).fetchone()
+            con.close()
+            if row is None:
+                return None
+            key = str(row[0])
+        return (name, key) if _storage_location(db, name, key, False) is not None else None
+    except sqlite3.Error:
+        return None
+
+
 def _reference(spec: str) -> tuple[str, str, bool] | None:
     """(name, alias or version, by alias) of a well-formed reference (`mlflow_store.model_uri`'s
     forms), else None."""
@@ -132,4 +159,4 @@ def _sampler_files(root: Path) -> dict[str, Path] | None:
     return files if ok and all(p.is_file() for p in files.values()) else None
 
 
-__all__ = ["load_local", "local_artifacts"]
+__all__ = ["load_local", "local_artifacts", "local_version"]

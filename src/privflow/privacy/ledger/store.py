@@ -25,6 +25,7 @@ from pathlib import Path
 
 from privflow.core.errors import PrivacyPlanError, StoreError
 from privflow.privacy.accounting.events import Event, events_from_json, events_to_json
+from privflow.privacy.fingerprint import ROW_DIGEST_BYTES
 from privflow.privacy.ledger.compose import REL_TOL, budget_verdict, check_budget, compose_epsilon
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,19 @@ CHARGED_STATUSES = ("reserved", "settled", "failed")
 # public_sources: the data owner's declarations, one per version `privflow pretrain` registered
 # (tasks/warm_start.py): the exact version (its weights' digest) and the keyed fingerprint of the
 # table declared public. Only a version declared here warm-starts for free; a registry tag does not.
-# lineage: a warm-started run's parent version and, for a private parent, the parent's ledger run,
-# so that a version's epsilon is its private chain's composition (privacy rule 9, `Ledger.lineage`).
+# versions: every version registered from a charged run (and every pretraining on generated rows),
+# with the ledger node it came from and its weights' digest: a private parent's run is read from
+# here, never from registry tags (privacy rule 9).
+# lineage_links: a run's parents, several per run (a warm start's parent version, the schema's DP
+# draft, ...): the parent's name and, for a private one, its ledger node, so that a version's
+# epsilon is its lineage's composition (`Ledger.lineage`). A node is a ledger run, or for a
+# pretraining on generated rows `pretrain:NAME/VERSION`, which spends nothing and links the runs
+# behind the rows. `lineage` is the one-link-per-run table of older ledgers, copied into
+# lineage_links when the ledger is opened.
+# row_prints: curator-only keyed digests of the rows a run was charged for ('charged') and of the
+# rows `privflow generate` (or a run's own synthetic table) wrote ('generated'), privacy/fingerprint.py.
 _LINEAGE_TEXT = re.compile(r"ledger run (\S+) \(already counted")  # the stages' init_from of older ledgers
+_PRETRAIN_NODE = "pretrain:"  # the ledger node of a pretraining on generated rows: pretrain:NAME/VERSION
 # Notes that are functions of a private file's bytes (its keyed fingerprint changed, or came
 # back): recorded in `curator_notes`, shown by `curator_notes()` / `privflow ledger curator-notes`
 # only, never in `notes()` or the publishable summary (privacy rules 5 and 8).
@@ -88,6 +99,33 @@ CREATE TABLE IF NOT EXISTS lineage (
     parent TEXT NOT NULL,
     parent_run TEXT
 );
+CREATE TABLE IF NOT EXISTS lineage_links (
+    run_id TEXT NOT NULL,
+    parent TEXT NOT NULL,
+    parent_run TEXT,
+    PRIMARY KEY (run_id, parent)
+);
+CREATE TABLE IF NOT EXISTS versions (
+    model TEXT NOT NULL,
+    version TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    weights TEXT NOT NULL,
+    dataset TEXT NOT NULL,
+    recorded TEXT NOT NULL,
+    PRIMARY KEY (model, version)
+);
+CREATE TABLE IF NOT EXISTS row_prints (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL CHECK (kind IN ('charged', 'generated')),
+    dataset TEXT NOT NULL,
+    run_id TEXT,
+    model TEXT,
+    version TEXT,
+    rows INTEGER NOT NULL,
+    fingerprint TEXT NOT NULL,
+    digests BLOB NOT NULL,
+    recorded TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS notes (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     dataset TEXT NOT NULL,
@@ -131,11 +169,48 @@ class PublicSource:
 
 
 @dataclass(frozen=True)
+class VersionRecord:
+    """A registered version the ledger knows: `run_id` is the ledger node its weights came from
+    (a charged run, or `pretrain:NAME/VERSION` for a pretraining on generated rows) and
+    `weights` the digest of the weights registered then (tasks/warm_start.py, `weights_digest`)."""
+
+    model: str
+    version: str
+    run_id: str
+    weights: str
+    dataset: str
+    recorded: str
+
+    @property
+    def derived(self) -> bool:
+        """A pretraining on generated rows: its node spends nothing and links the runs behind them."""
+        return self.run_id.startswith(_PRETRAIN_NODE)
+
+
+@dataclass(frozen=True)
+class RowPrints:
+    """Keyed digests of a table's rows (privacy/fingerprint.py), curator-only: 'charged', the rows a
+    run read (its passing rows); 'generated', a table sampled from version `model/version`, whose
+    ledger node is `run_id` (None when the ledger knows the version neither as charged nor public)."""
+
+    kind: str
+    dataset: str
+    run_id: str | None
+    model: str | None
+    version: str | None
+    rows: int
+    fingerprint: str
+    digests: bytes  # sorted little-endian uint64, `fingerprint.digests_blob`
+    recorded: str
+
+
+@dataclass(frozen=True)
 class Lineage:
-    """A run's private chain: its ledger runs oldest first (this run last), the parent versions
-    they were warm-started from, oldest first (a public root marked "(public)"; the run's own
-    version is not known here), and the PLD composition of the chain's recorded events at the
-    dataset's delta."""
+    """A run's lineage: every ledger run its weights depend on, oldest first (this run last): the
+    private parents' runs and theirs, the schema's DP draft, the runs behind generated rows a
+    parent was pretrained on; the parent versions (and drafts) they came from, oldest first (a
+    public root marked "(public)"; the run's own version is not known here); and the PLD
+    composition of those runs' recorded events, each run's once, at the dataset's delta."""
 
     runs: tuple[str, ...]
     parents: tuple[str, ...]
@@ -144,7 +219,7 @@ class Lineage:
 
     @property
     def private_parents(self) -> bool:
-        """Whether any ancestor is a private release (else the run's epsilon is its own)."""
+        """Whether the lineage holds any run other than this one (else the run's epsilon is its own)."""
         return len(self.runs) > 1
 
 
@@ -208,6 +283,11 @@ class Ledger:
                     if statement.strip():
                         con.execute(statement)
                 self._move_curator_notes(con)
+                # an older ledger's single links, kept there for older readers
+                con.execute(
+                    "INSERT OR IGNORE INTO lineage_links (run_id, parent, parent_run)"
+                    " SELECT run_id, parent, parent_run FROM lineage"
+                )
                 con.execute("COMMIT")
             finally:
                 con.close()
@@ -518,52 +598,190 @@ class Ledger:
         return PublicSource(r["model"], r["version"], r["weights"], r["fingerprint"], r["dataset"], r["declared"])
 
     def record_parent(self, run_id: str, parent: str, parent_run: str | None) -> None:
-        """A warm-started run's parent version (NAME/VERSION) and, for a private parent, its ledger run."""
+        """Add a link to a run's lineage: a parent (a warm start's version NAME/VERSION, the schema's
+        draft, ...) and, for a private one, its ledger node. A run may have several; recording the
+        same parent again replaces its link."""
         with self._tx() as con:
             if con.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
                 raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
             con.execute(
-                "INSERT OR REPLACE INTO lineage (run_id, parent, parent_run) VALUES (?, ?, ?)",
+                "INSERT OR REPLACE INTO lineage_links (run_id, parent, parent_run) VALUES (?, ?, ?)",
                 (run_id, parent, parent_run),
             )
 
-    def lineage(self, run_id: str) -> Lineage:
-        """The run's private chain and its composed epsilon (privacy rule 9): the recorded events
-        of this run and of every private ancestor's run, composed with the ledger's accountant at
-        the dataset's delta. A public root adds no events; a fresh run's chain is itself."""
-        runs: list[str] = []
+    def links(self, node: str) -> list[tuple[str, str | None]]:
+        """A run's (or a pretraining node's) recorded parents: (name, ledger node or None)."""
+        with self._tx(immediate=False) as con:
+            return [(r[0], r[1]) for r in self._links(con, node)]
+
+    def record_version(self, model: str, version: str, run_id: str, weights: str) -> None:
+        """Record that version `model/version`, whose weights have digest `weights`, was registered
+        from ledger run `run_id` (which must be recorded): what a warm start from it composes."""
+        with self._tx() as con:
+            run = con.execute("SELECT dataset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if run is None:
+                raise PrivacyPlanError(f"Run '{run_id}' has no reservation in the privacy ledger.")
+            con.execute(
+                "INSERT OR REPLACE INTO versions (model, version, run_id, weights, dataset, recorded)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (model, str(version), run_id, weights, run["dataset"], _now()),
+            )
+
+    def record_derived_version(
+        self, model: str, version: str, weights: str, dataset: str, links: Sequence[tuple[str, str]]
+    ) -> str:
+        """Record a pretraining on generated rows (`privflow pretrain`, tasks/warm_start.py): version
+        `model/version` (weights digest `weights`, pretrained for `dataset`'s schema) is not public;
+        its ledger node `pretrain:model/version` spends nothing and links every (name, node) in
+        `links`, the versions whose sampled rows it read. Returns the node."""
+        node = f"{_PRETRAIN_NODE}{model}/{version}"
+        if not links:
+            raise PrivacyPlanError(f"A pretraining node ({node}) needs the ledger nodes of the rows it read.")
+        with self._tx() as con:
+            for _, parent_run in links:
+                if not self._known_node(con, parent_run):
+                    raise PrivacyPlanError(f"Ledger node '{parent_run}' is not in the privacy ledger.")
+            con.execute("DELETE FROM lineage_links WHERE run_id = ?", (node,))
+            con.executemany(
+                "INSERT OR REPLACE INTO lineage_links (run_id, parent, parent_run) VALUES (?, ?, ?)",
+                [(node, parent, parent_run) for parent, parent_run in links],
+            )
+            con.execute(
+                "INSERT OR REPLACE INTO versions (model, version, run_id, weights, dataset, recorded)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (model, str(version), node, weights, dataset, _now()),
+            )
+        return node
+
+    def version(self, model: str, version: str) -> VersionRecord | None:
+        """The ledger's record of `model/version`, or None when no run of this ledger registered it."""
+        with self._tx(immediate=False) as con:
+            r = con.execute("SELECT * FROM versions WHERE model = ? AND version = ?", (model, str(version))).fetchone()
+        if r is None:
+            return None
+        return VersionRecord(r["model"], r["version"], r["run_id"], r["weights"], r["dataset"], r["recorded"])
+
+    def record_rows(
+        self,
+        kind: str,
+        dataset: str,
+        digests: bytes,
+        fingerprint: str,
+        run_id: str | None = None,
+        model: str | None = None,
+        version: str | None = None,
+    ) -> None:
+        """Keep the keyed row digests of a table (curator-only; privacy/fingerprint.py): 'charged',
+        the rows run `run_id` read (a retried run's record replaces its earlier one); 'generated', a
+        table sampled from `model/version`, whose ledger node is `run_id` (None where unknown)."""
+        if kind not in ("charged", "generated"):
+            raise ValueError(f"row prints are 'charged' or 'generated', not {kind!r}")
+        with self._tx() as con:
+            if kind == "charged":
+                con.execute("DELETE FROM row_prints WHERE kind = 'charged' AND run_id = ?", (run_id,))
+            con.execute(
+                "INSERT INTO row_prints (kind, dataset, run_id, model, version, rows, fingerprint, digests, recorded)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (kind, dataset, run_id, model, version, len(digests) // ROW_DIGEST_BYTES, fingerprint, digests, _now()),
+            )
+
+    def row_prints(self, kind: str | None = None) -> list[RowPrints]:
+        """The recorded row digests, oldest first, optionally of one kind (curator-only)."""
+        with self._tx(immediate=False) as con:
+            q = "SELECT * FROM row_prints" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
+            rows = con.execute(q, (kind,) if kind else ()).fetchall()
+        return [
+            RowPrints(
+                r["kind"],
+                r["dataset"],
+                r["run_id"],
+                r["model"],
+                r["version"],
+                int(r["rows"]),
+                r["fingerprint"],
+                bytes(r["digests"]),
+                r["recorded"],
+            )
+            for r in rows
+        ]
+
+    @staticmethod
+    def _links(con: sqlite3.Connection, node: str) -> list[sqlite3.Row]:
+        """A node's links, public ones first, then by their parent run's age."""
+        return con.execute(
+            "SELECT l.parent, l.parent_run FROM lineage_links l LEFT JOIN runs r ON r.run_id = l.parent_run"
+            " WHERE l.run_id = ? ORDER BY l.parent_run IS NOT NULL, r.rowid, l.parent",
+            (node,),
+        ).fetchall()
+
+    @staticmethod
+    def _known_node(con: sqlite3.Connection, node: str) -> bool:
+        if con.execute("SELECT 1 FROM runs WHERE run_id = ?", (node,)).fetchone() is not None:
+            return True
+        return con.execute("SELECT 1 FROM lineage_links WHERE run_id = ?", (node,)).fetchone() is not None
+
+    def _walk(self, con: sqlite3.Connection, start: str) -> tuple[list[tuple[int, str, list[Event]]], list[str]]:
+        """Every ledger run `start` depends on (itself included when it is a run), as (rowid, run,
+        events), and the parent names met, ancestors first; a node reached twice is taken once."""
+        runs: dict[str, tuple[int, list[Event]]] = {}
         parents: list[str] = []
-        events: list[Event] = []
+        done: set[str] = set()
+        path: list[str] = []
+
+        def visit(node: str) -> None:
+            if node in path:
+                raise PrivacyPlanError(f"The lineage of run '{start}' loops back to run '{node}'.")
+            if node in done:
+                return
+            path.append(node)
+            row = con.execute("SELECT rowid, events, stages FROM runs WHERE run_id = ?", (node,)).fetchone()
+            links: list[tuple[str, str | None]] = [(r[0], r[1]) for r in self._links(con, node)]
+            if row is None and not links:
+                raise PrivacyPlanError(
+                    f"Run '{start}' descends from ledger run '{node}', which this ledger does not hold: "
+                    "its lineage's epsilon cannot be composed."
+                )
+            if row is not None:
+                runs[node] = (int(row["rowid"]), events_from_json(row["events"]))
+                if not links:  # a ledger from before the lineage table: the stages name the parent
+                    text = json.loads(row["stages"]).get("init_from")
+                    if text is not None:
+                        found = _LINEAGE_TEXT.search(text)
+                        links = [(text.split(":", 1)[0], found.group(1) if found else None)]
+            for parent, parent_run in links:
+                if parent_run is not None:
+                    visit(parent_run)
+                shown = parent if parent_run is not None else f"{parent} (public)"
+                if shown not in parents:
+                    parents.append(shown)
+            path.pop()
+            done.add(node)
+
+        visit(start)
+        ordered = sorted((rowid, run, events) for run, (rowid, events) in runs.items())
+        return ordered, parents
+
+    def ancestors(self, node: str) -> tuple[str, ...]:
+        """The ledger runs a node (a run, or a pretraining node) depends on, oldest first;
+        PrivacyPlanError when one of them is not in this ledger."""
+        with self._tx(immediate=False) as con:
+            runs, _ = self._walk(con, node)
+        return tuple(run for _, run, _ in runs)
+
+    def lineage(self, run_id: str) -> Lineage:
+        """The run's lineage and its composed epsilon (privacy rule 9): the recorded events of every
+        distinct ledger run in its lineage DAG (this run, each private parent's run and theirs, a
+        DP schema draft, the runs behind generated rows a parent was pretrained on), each run's
+        events once, composed with the ledger's accountant at the dataset's delta. A public root
+        adds no events; a fresh run's lineage is itself."""
         with self._tx(immediate=False) as con:
             first = con.execute("SELECT dataset FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if first is None:
                 raise PrivacyPlanError(f"Run '{run_id}' is not in the privacy ledger.")
             delta = float(self._dataset_row(con, first["dataset"])["budget_delta"])
-            current: str | None = run_id
-            while current is not None:
-                if current in runs:
-                    raise PrivacyPlanError(f"The lineage of run '{run_id}' loops back to run '{current}'.")
-                row = con.execute("SELECT events, stages FROM runs WHERE run_id = ?", (current,)).fetchone()
-                if row is None:
-                    raise PrivacyPlanError(
-                        f"Run '{run_id}' descends from ledger run '{current}', which this ledger does not hold: "
-                        "its lineage's epsilon cannot be composed."
-                    )
-                runs.append(current)
-                events.extend(events_from_json(row["events"]))
-                link = con.execute("SELECT parent, parent_run FROM lineage WHERE run_id = ?", (current,)).fetchone()
-                if link is not None:
-                    parent, current = link["parent"], link["parent_run"]
-                else:  # a ledger from before the lineage table: the stages name the parent
-                    text = json.loads(row["stages"]).get("init_from")
-                    if text is None:
-                        break
-                    found = _LINEAGE_TEXT.search(text)
-                    parent, current = text.split(":", 1)[0], (found.group(1) if found else None)
-                parents.append(parent if current is not None else f"{parent} (public)")
-        runs.reverse()
-        parents.reverse()
-        return Lineage(tuple(runs), tuple(parents), compose_epsilon(events, delta), delta)
+            runs, parents = self._walk(con, run_id)
+        events = [e for _, _, run_events in runs for e in run_events]
+        return Lineage(tuple(run for _, run, _ in runs), tuple(parents), compose_epsilon(events, delta), delta)
 
     # -- reading ----------------------------------------------------------------------------
 
