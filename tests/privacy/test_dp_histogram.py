@@ -11,10 +11,17 @@ import numpy as np
 import pytest
 
 from privflow.privacy.accounting.accountant import PLDAccountant, PRVAccountant
-from privflow.privacy.accounting.events import ApproxDPEvent, event_from_dict, event_to_dict
+from privflow.privacy.accounting.events import ApproxDPEvent, LaplaceEvent, PureDPEvent, event_from_dict, event_to_dict
 from privflow.privacy.ledger import compose_epsilon, describe_event
-from privflow.privacy.mechanisms.dp_bounds import FALSE_CELL, DPBounds, nice_bounds, number_edges
-from privflow.privacy.mechanisms.dp_histogram import ThresholdedHistogram, keep_probability
+from privflow.privacy.mechanisms.dp_bounds import (
+    FALSE_CELL,
+    DPBounds,
+    QuantileBounds,
+    nice_bounds,
+    number_edges,
+    round_out,
+)
+from privflow.privacy.mechanisms.dp_histogram import PublicHistogram, ThresholdedHistogram, keep_probability
 
 KEYS = 20_000  # independent keys per release: the kept share is a Binomial(KEYS, p) / KEYS
 
@@ -97,3 +104,28 @@ def test_nice_bounds_round_outward_and_keep_amounts_non_negative() -> None:
     assert nice_bounds(0.05, 1) == (0.0, 1.1)
     edges = number_edges()
     assert edges[0] == -1e9 and edges[-1] == 1e9 and 0.0 in edges and np.all(np.diff(edges) > 0)
+
+
+def test_the_public_histogram_event_is_its_epsilon_at_any_sensitivity() -> None:
+    for sens in (1.0, 3.0):
+        h = PublicHistogram(0.2, sens)
+        assert h.scale == pytest.approx(sens / 0.2)
+        assert h.event() == LaplaceEvent(5.0)  # epsilon 0.2: the noise scales with the sensitivity
+    out = PublicHistogram(1e6).release(np.array([3.0, 0.0, 7.0]))
+    assert np.allclose(out, [3.0, 0.0, 7.0], atol=1e-3)
+    with pytest.raises(ValueError):
+        PublicHistogram(1.0).release(np.array([-1.0]))
+
+
+def test_quantile_bounds_event_candidates_and_round_out() -> None:
+    qb = QuantileBounds(0.4, 100.0, "nonnegative")
+    assert qb.event() == PureDPEvent(0.8)
+    lows, low_prior, highs, high_prior = qb.candidates()
+    assert lows[0] == 0.0 and lows[-1] == pytest.approx(100.0) and np.all(low_prior == 0)
+    assert highs[-1] == pytest.approx(1e4) and high_prior[-1] < high_prior[-2] < 0  # a cost per step past the scale
+    both = QuantileBounds(0.4, 100.0, "both").candidates()
+    assert both[0][0] == pytest.approx(-1e4) and both[2][0] == pytest.approx(-100.0)
+    assert round_out(0.37, 58.3) == (0.0, 59.0) and round_out(-3.2, 7.9, integer=True) == (-4.0, 8.0)
+    x = np.random.default_rng(4).lognormal(3, 0.8, 3000)
+    rel = QuantileBounds(500.0, 100.0, "nonnegative").release(x)  # a large epsilon: near the quantiles
+    assert np.mean((x >= rel.low) & (x <= rel.high)) >= 0.98

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from privflow.privacy.accounting.events import PureDPEvent
-from privflow.privacy.mechanisms.dp_quantile import DPQuantile, clip_scores
+from privflow.privacy.mechanisms.dp_quantile import CandidateQuantile, DPQuantile, clip_scores, log_grid
 
 
 def quantile_utility(scores: np.ndarray, grid: np.ndarray, q: float) -> np.ndarray:
@@ -73,3 +73,52 @@ def test_clipping_and_infinite_scores() -> None:
 def test_bad_settings_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         DPQuantile(**kwargs)
+
+
+# -- the quantile over an explicit candidate list (the schema draft's bounds) --------------------
+
+
+def test_the_log_grid_is_public_symmetric_and_sorted() -> None:
+    g = log_grid()
+    assert g.size == 2 * 18 * 10 + 3 and g[0] == -1e12 and g[-1] == 1e12 and 0.0 in g
+    assert np.all(np.diff(g) > 0) and np.allclose(g, -g[::-1])
+
+
+@pytest.mark.parametrize("q", [0.005, 0.5, 0.995])
+def test_candidate_quantile_event_and_certificate(q: float) -> None:
+    mech = CandidateQuantile(q, 0.3, tuple(log_grid()[180:260].tolist()))
+    assert mech.event() == PureDPEvent(0.3)
+    assert 0.3 * (1 - 1e-6) <= mech.measurement().map(1) <= 0.3
+
+
+def test_candidate_quantile_utility_has_sensitivity_one() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.lognormal(3, 1, 200)
+    mech = CandidateQuantile(0.995, 1.0, tuple(log_grid(20)[370:].tolist()))
+    full = mech.utility(x)
+    worst = max(float(np.max(np.abs(full - mech.utility(np.delete(x, i))))) for i in range(len(x)))
+    assert worst <= 1.0 + 1e-12
+
+
+@pytest.mark.parametrize("prior", [None, "flat"])
+def test_candidate_quantile_is_accurate_at_a_large_epsilon(prior: str | None) -> None:
+    """At epsilon 1000 the pick is the best candidate but with probability far below 1e-6."""
+    rng = np.random.default_rng(3)
+    x = rng.lognormal(4, 1, 4000)
+    cands = log_grid(20)
+    cands = tuple(cands[cands > 0].tolist())
+    mech = CandidateQuantile(0.995, 1000.0, cands, None if prior is None else tuple(0.0 for _ in cands))
+    t = mech.release(x)
+    i = int(np.argmax(mech.utility(x)))
+    assert t in (cands[i - 1], cands[i], cands[i + 1])
+
+
+def test_candidate_quantile_refuses_bad_settings() -> None:
+    for kwargs in (
+        dict(q=0.5, epsilon=1.0, candidates=(1.0,)),
+        dict(q=0.5, epsilon=1.0, candidates=(2.0, 1.0)),
+        dict(q=0.5, epsilon=1.0, candidates=(1.0, 2.0), prior=(0.0,)),
+        dict(q=1.5, epsilon=1.0, candidates=(1.0, 2.0)),
+    ):
+        with pytest.raises(ValueError):
+            CandidateQuantile(**kwargs)  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
-"""`privflow schema`: help with a table's public schema. `draft` writes one from a table: types from
-the header (Parquet dtypes) or suggested from the values for the curator's review; bounds and
-categories as placeholders to fill, or filled by DP with --epsilon, charged to the dataset in the
-ledger like any run (privflow/tasks/draft.py)."""
+"""`privflow schema`: help with a table's public schema. `draft` writes one from a table: without
+--epsilon, types from the header (Parquet dtypes) or suggested from the values for the curator's
+review and placeholders for bounds and categories; with --epsilon every field by DP or public
+metadata, charged to the dataset in the ledger like any run (privflow/tasks/draft.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,18 @@ def draft(
     name: Annotated[
         str | None, typer.Option("--name", help="dataset.name, the ledger's key (default: from the file's name).")
     ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target",
+            help="The label column: written as `target:`, drafted categorical (or boolean) with every class above "
+            "0.2% of the rows (DP) kept.",
+        ),
+    ] = None,
+    positive: Annotated[
+        str | None,
+        typer.Option("--positive", help="The target's positive class (binary utility metrics): `target_positive:`."),
+    ] = None,
     budget_epsilon: Annotated[
         float | None, typer.Option("--budget-epsilon", help="The dataset's total epsilon (default the schema's, 10).")
     ] = None,
@@ -48,7 +60,9 @@ def draft(
     epsilon, the dataset's budget left) is refused before a row is read and nothing is charged."""
     _guarded(
         verbose,
-        lambda: _draft(data, out, epsilon, delta, name, budget_epsilon, budget_delta, force, store, verbose),
+        lambda: _draft(
+            data, out, epsilon, delta, name, budget_epsilon, budget_delta, force, store, verbose, target, positive
+        ),
         spends=epsilon is not None,
     )
 
@@ -64,6 +78,8 @@ def _draft(
     force: bool,
     store: Path,
     verbose: bool,
+    target: str | None = None,
+    positive: str | None = None,
 ) -> None:
     from privflow.core import env
     from privflow.preflight import check_store
@@ -72,7 +88,9 @@ def _draft(
     env.set_verbosity(verbose)
     if epsilon is not None:
         check_store(store)
-    plan = plan_draft(data, out, name, epsilon, delta, budget_epsilon, budget_delta, store, force)
+    plan = plan_draft(
+        data, out, name, epsilon, delta, budget_epsilon, budget_delta, store, force, target=target, positive=positive
+    )
     result = write_draft(plan, store)
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
@@ -83,9 +101,9 @@ def _draft(
         )
     else:
         typer.echo(
-            f"Wrote {result.out}: bounds, categories, atoms, nullable and expected_rows filled by DP, charged to "
-            f"dataset '{result.name}' (ledger run {result.run_id}, epsilon {result.epsilon:.4g} at the dataset's "
-            "delta). Review the suggested types before using it; `privflow ledger show` lists the charge."
+            f"Wrote {result.out}: types, formats, bounds, categories, atoms, nullable and expected_rows by DP, "
+            f"charged to dataset '{result.name}' (ledger run {result.run_id}, epsilon {result.epsilon:.4g} at the "
+            "dataset's delta). Review it before using it; `privflow ledger show` lists the charge."
         )
 
 

@@ -10,6 +10,7 @@ are DRAFT_PLACEHOLDER unless privflow/tasks/draft.py fills them by DP.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ DATETIME_FORMATS = (
 BOOLEAN_PAIRS = (("true", "false"), ("yes", "no"), ("y", "n"), ("t", "f"), ("1", "0"))
 ID_SHARE = 0.95  # a text column with at least this share of distinct values is identifier-like
 ID_MIN_VALUES = 20  # ... when it holds at least this many values
-_ID_NAME = re.compile(r"(^|[_\-\s.])(id|uuid|guid|key)$|^(id|uuid|guid|key)$|[a-z]I[dD]$", re.IGNORECASE)
+ID_NAME = re.compile(r"(^|[_\-\s.])(id|uuid|guid|key)$|^(id|uuid|guid|key)$|[a-z]I[dD]$", re.IGNORECASE)
 _INTEGER = r"^[+-]?\d+$"
 _NUMBER = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
 
@@ -119,7 +120,7 @@ def suggest_text(name: str, values: pl.Series) -> Suggestion:
         return Suggestion(name, "boolean", SUGGESTED, labels=labels)
     distinct = values.n_unique()
     if values.str.contains(_INTEGER).all():
-        if distinct == n and n >= ID_MIN_VALUES and _ID_NAME.search(name):
+        if distinct == n and n >= ID_MIN_VALUES and ID_NAME.search(name):
             return Suggestion(name, "ignore", SUGGESTED, note="every value distinct and an identifier's name")
         return Suggestion(name, "integer", SUGGESTED)
     if values.str.contains(_NUMBER).all():
@@ -145,7 +146,7 @@ def suggest(frame: pl.DataFrame, parquet: bool) -> list[Suggestion]:
             out.append(Suggestion(name, "boolean", FROM_DTYPE, labels=("true", "false")))
         elif dtype.is_integer():
             n = s.drop_nulls().len()
-            if n >= ID_MIN_VALUES and s.drop_nulls().n_unique() == n and _ID_NAME.search(name):
+            if n >= ID_MIN_VALUES and s.drop_nulls().n_unique() == n and ID_NAME.search(name):
                 out.append(Suggestion(name, "ignore", SUGGESTED, note="every value distinct and an identifier's name"))
             else:
                 out.append(Suggestion(name, "integer", FROM_DTYPE))
@@ -157,6 +158,260 @@ def suggest(frame: pl.DataFrame, parquet: bool) -> list[Suggestion]:
             out.append(Suggestion(name, "datetime", FROM_DTYPE, format="%Y-%m-%dT%H:%M:%S", granularity="second"))
         else:
             out.append(Suggestion(name, "ignore", FROM_DTYPE, note=f"stored as {dtype}, which privflow does not model"))
+    return out
+
+
+# -- the kinds of a value: the public cells of a column's DP kind histogram (privflow/tasks/draft.py) --
+
+BY_DP = "type by DP counts of the values' kinds"
+NUMBER_DECIMALS = 6  # decimals cells 1..6; a value with more (or in exponent notation) is in the cell 'dec7'
+BOOLEAN_LABELS = tuple(label for pair in BOOLEAN_PAIRS for label in pair)
+# a datetime family: (format, regex of its text, whether it writes seconds)
+DATETIME_FAMILIES = (
+    ("%Y-%m-%dT%H:%M:%S", r"^\d{4}-\d{1,2}-\d{1,2}T\d{1,2}:\d{2}:\d{2}$", True),
+    ("%Y-%m-%d %H:%M:%S", r"^\d{4}-\d{1,2}-\d{1,2} \d{1,2}:\d{2}:\d{2}$", True),
+    ("%Y-%m-%dT%H:%M", r"^\d{4}-\d{1,2}-\d{1,2}T\d{1,2}:\d{2}$", False),
+    ("%Y-%m-%d %H:%M", r"^\d{4}-\d{1,2}-\d{1,2} \d{1,2}:\d{2}$", False),
+    ("%d/%m/%Y %H:%M", r"^\d{1,2}/\d{1,2}/\d{4} \d{1,2}:\d{2}$", False),
+)
+UNITS = ("second", "minute", "hour", "day")
+ORDERS = ("dm", "md", "amb")  # a d/m or m/d text: first field > 12, second field > 12, neither
+
+
+def kind_cells() -> tuple[str, ...]:
+    """The PUBLIC cells of a column's kind histogram, in the order a value is matched: each value
+    (spaces around it removed) counts in the first cell it matches, so one row moves one cell by 1."""
+    cells = ["missing"]
+    cells += [f"bool:{label}" for label in BOOLEAN_LABELS if label not in ("1", "0")] + ["bool:1", "bool:0"]
+    cells += ["zero", "int+", "int-"]
+    cells += [f"dec{d}{sign}" for d in range(1, NUMBER_DECIMALS + 2) for sign in "+-"]
+    cells += ["date:iso"] + [f"date:{o}" for o in ORDERS]
+    for i, (_, _, seconds) in enumerate(DATETIME_FAMILIES):
+        units = UNITS if seconds else UNITS[1:]
+        orders = ORDERS if "/" in DATETIME_FAMILIES[i][0] else ("",)
+        cells += [f"dt{i}{o}:{u}" for o in orders for u in units]
+    cells.append("text")
+    return tuple(cells) + tuple(f"group:{g}" for g in GROUPS) + tuple(f"mag:{k}" for k in MAGNITUDES)
+
+
+# the second level: each value also counts in one group cell (so a row moves two cells by 1 each:
+# L1 sensitivity 2), so that a group's count carries one cell's noise, not the sum of its cells'
+GROUPS = (
+    ("missing", "true/false", "yes/no", "y/n", "t/f", "1/0", "integer", "decimal", "date")
+    + tuple(f"dt{i}" for i in range(len(DATETIME_FAMILIES)))
+    + ("text",)
+)
+# the third level: a number's decade, floor(log10 |x|) clipped to MAGNITUDES (0 and non-numbers in none):
+# the scale the DP bounds' windows are centred on
+MAGNITUDES = tuple(range(-3, 13))
+KIND_SENSITIVITY = 3.0
+KIND_CELLS = kind_cells()
+DETAIL_CELLS = KIND_CELLS[: -len(GROUPS) - len(MAGNITUDES)]
+
+
+def _group(cell: str) -> str:
+    if cell.startswith("bool:"):
+        label = cell[5:]
+        return next(f"{t}/{f}" for t, f in BOOLEAN_PAIRS if label in (t, f))
+    if cell in ("zero", "int+", "int-"):
+        return "integer"
+    if cell.startswith("dec"):
+        return "decimal"
+    if cell.startswith("date:"):
+        return "date"
+    if cell.startswith("dt"):
+        return re.sub(r"(dm|md|amb)$", "", cell.split(":")[0])
+    return cell
+
+
+def _parses(values: pl.Series, fmt: str, kind: str) -> np.ndarray:
+    out = values.str.to_datetime(fmt, strict=False) if kind == "datetime" else values.str.to_date(fmt, strict=False)
+    return out.is_not_null().to_numpy()
+
+
+def _unit_of(parsed: pl.Series) -> np.ndarray:
+    """Per value, the coarsest unit that holds it exactly: 0 second, 1 minute, 2 hour, 3 day."""
+    sec = parsed.dt.second().fill_null(0).to_numpy()
+    minute = parsed.dt.minute().fill_null(0).to_numpy()
+    hour = parsed.dt.hour().fill_null(0).to_numpy()
+    return np.where(sec != 0, 0, np.where(minute != 0, 1, np.where(hour != 0, 2, 3)))
+
+
+def kind_counts(values: pl.Series) -> np.ndarray:
+    """The exact count of each KIND_CELLS cell over one column's values (text, spaces removed,
+    missing values and missing tokens as null, as `normalised` gives them): a per-value map, each
+    value in exactly one detail cell, in exactly one group cell and (a non-zero number) in one
+    magnitude cell, so the vector has L1 sensitivity KIND_SENSITIVITY = 3 under add/remove of a row."""
+    s = values.cast(pl.String)
+    n = s.len()
+    cell = np.full(n, -1, dtype=np.int64)
+    index = {c: i for i, c in enumerate(KIND_CELLS)}
+
+    def put(name: str, mask: np.ndarray) -> None:
+        free = (cell == -1) & mask
+        cell[free] = index[name]
+
+    put("missing", s.is_null().to_numpy())
+    t = s.fill_null("")
+    low = t.str.to_lowercase()
+    for label in BOOLEAN_LABELS:
+        put(f"bool:{label}", (low == label).to_numpy())
+    number = t.str.contains(_NUMBER).to_numpy()
+    as_float = t.cast(pl.Float64, strict=False).to_numpy()
+    negative = t.str.starts_with("-").to_numpy()
+    put("zero", number & (as_float == 0))
+    integer = t.str.contains(_INTEGER).to_numpy()
+    put("int-", integer & negative)
+    put("int+", integer)
+    digits = t.str.extract(r"^[+-]?\d*\.(\d*)$", 1).str.len_chars().fill_null(NUMBER_DECIMALS + 1).to_numpy()
+    digits = np.clip(digits, 1, NUMBER_DECIMALS + 1)
+    for d in range(1, NUMBER_DECIMALS + 2):
+        at = number & (digits == d)
+        put(f"dec{d}-", at & negative)
+        put(f"dec{d}+", at)
+    put("date:iso", _parses(t, "%Y-%m-%d", "date") & t.str.contains(r"^\d{4}-\d{1,2}-\d{1,2}$").to_numpy())
+    slash = t.str.contains(r"^\d{1,2}/\d{1,2}/\d{4}$").to_numpy()
+    dm, md = _parses(t, "%d/%m/%Y", "date") & slash, _parses(t, "%m/%d/%Y", "date") & slash
+    put("date:dm", dm & ~md)
+    put("date:md", md & ~dm)
+    put("date:amb", dm & md)
+    for i, (fmt, pattern, seconds) in enumerate(DATETIME_FAMILIES):
+        shape = t.str.contains(pattern).to_numpy()
+        if "/" in fmt:
+            a = t.str.to_datetime(fmt, strict=False)
+            b = t.str.to_datetime(fmt.replace("%d/%m", "%m/%d"), strict=False)
+            ok_a, ok_b = a.is_not_null().to_numpy() & shape, b.is_not_null().to_numpy() & shape
+            unit = np.where(ok_a, _unit_of(a), _unit_of(b))
+            groups = (("dm", ok_a & ~ok_b), ("md", ok_b & ~ok_a), ("amb", ok_a & ok_b))
+        else:
+            a = t.str.to_datetime(fmt, strict=False)
+            unit = _unit_of(a)
+            groups = (("", a.is_not_null().to_numpy() & shape),)
+        for order, ok in groups:
+            for u, name in enumerate(UNITS):
+                if not seconds and name == "second":
+                    continue
+                put(f"dt{i}{order}:{name}", ok & (unit == u))
+    put("text", np.ones(n, dtype=bool))
+    detail = np.bincount(cell, minlength=len(DETAIL_CELLS)).astype(np.float64)
+    groups = np.zeros(len(GROUPS), dtype=np.float64)
+    for name, count in zip(DETAIL_CELLS, detail, strict=True):
+        groups[GROUPS.index(_group(name))] += count
+    numeric = np.isin(cell, [i for i, c in enumerate(DETAIL_CELLS) if _group(c) in ("integer", "decimal", "1/0")])
+    size = np.abs(as_float[numeric & np.isfinite(as_float) & (as_float != 0)])
+    k = np.clip(np.floor(np.log10(size)), MAGNITUDES[0], MAGNITUDES[-1]).astype(np.int64) - MAGNITUDES[0]
+    mags = np.bincount(k, minlength=len(MAGNITUDES)).astype(np.float64)
+    return np.concatenate([detail, groups, mags])
+
+
+@dataclass(frozen=True)
+class KindDecision:
+    """A column's type and format facts decided from its noisy kind counts (post-processing only)."""
+
+    suggestion: Suggestion
+    present: float  # noisy count of present values (the DP row count less the DP missing count)
+    missing: float  # noisy count of missing values
+    zeros: float  # noisy count of values that are 0
+    negatives: float  # noisy count of negative numbers
+    sd: float  # the noise sd of one cell
+    decade: int | None = None  # the decade floor(log10 |x|) holding the most non-zero numbers (noisy counts);
+    # None where no decade's noisy count passes 5 noise sd (the scale is not known)
+
+
+TYPE_SLACK = 0.01  # a kind is chosen when at most this share of the present values (noisy) is of another kind
+TYPE_Z = 6.0  # ... or at most this many noise sd of the difference, where that is larger (a small epsilon)
+SIGN_SHARE = 0.005  # a number column is non-negative when at most this share (or 2 sd) of its values is negative
+
+
+def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, rows_sd: float) -> KindDecision:
+    """The column's type from its noisy kind counts `noisy` (over KIND_CELLS), the noisy row count
+    `rows` and the noise sds: a function of noisy counts and public settings only. The group (a
+    boolean label pair, number, date, each datetime family, text) with the largest noisy count wins
+    when it holds all but TYPE_SLACK of the present values (or TYPE_Z noise sd of the difference),
+    else the column is text (categorical, or ignore after its category histogram). A number column
+    is boolean 1/0 when its numbers other than 0 and 1 are at most TYPE_SLACK by one noise sd, integer when the
+    non-integers are at most TYPE_SLACK, else numeric with `decimals` the smallest d with at most
+    TYPE_SLACK written with more; a date is ISO or d/m/Y against m/d/Y by the counts with a first vs
+    a second field above 12; a datetime's granularity is the coarsest unit with at most TYPE_SLACK
+    needing a finer one. Where noise decides, the safer choice wins (integer over boolean, numeric
+    over integer, more decimals, a finer unit)."""
+    c = dict(zip(KIND_CELLS, (float(v) for v in noisy), strict=True))
+
+    def total(prefix: str | tuple[str, ...]) -> tuple[float, int]:
+        keys = [k for k in KIND_CELLS if k.startswith(prefix)]
+        return sum(c[k] for k in keys), len(keys)
+
+    missing = c["group:missing"]
+    present = max(rows - missing, 1.0)
+
+    def fits(compatible: float, cells: int) -> bool:
+        sd = math.sqrt(rows_sd**2 + (cells + 1) * cell_sd**2)
+        return present - compatible <= max(TYPE_SLACK * present, TYPE_Z * sd)
+
+    negatives = c["int-"] + sum(c[f"dec{d}-"] for d in range(1, NUMBER_DECIMALS + 2))
+    zeros = c["zero"] + c["bool:0"]
+
+    modal = max(MAGNITUDES, key=lambda k: c[f"mag:{k}"])
+    decade = modal if c[f"mag:{modal}"] > 5.0 * cell_sd else None
+
+    def done(sug: Suggestion) -> KindDecision:
+        return KindDecision(sug, present, missing, zeros, negatives, cell_sd, decade)
+
+    if present <= 2.0 * math.sqrt(rows_sd**2 + cell_sd**2):
+        return done(Suggestion(name, "ignore", BY_DP, note="no value found above the noise: nothing to model"))
+    # the group of kinds with the largest noisy count (each value is in one group), then whether it
+    # holds nearly all present values; 0/1 numbers are a boolean only when the other numbers are few
+    groups: dict[str, tuple[float, int]] = {
+        "number": (c["group:integer"] + c["group:decimal"] + c["group:1/0"], 3),
+        "date": (c["group:date"], 1),
+        "text": (c["group:text"], 1),
+    }
+    for true, false in BOOLEAN_PAIRS[:-1]:
+        groups[f"{true}/{false}"] = (c[f"group:{true}/{false}"], 1)
+    for i in range(len(DATETIME_FAMILIES)):
+        groups[f"dt{i}"] = (c[f"group:dt{i}"], 1)
+    best_group = max(groups, key=lambda g: groups[g][0])
+    compatible, cells = groups[best_group]
+    if best_group == "text" or not fits(compatible, cells):
+        return done(Suggestion(name, "categorical", BY_DP))
+    if "/" in best_group:
+        true, false = best_group.split("/")
+        return done(Suggestion(name, "boolean", BY_DP, labels=(true, false)))
+    if best_group == "number" and c["group:integer"] + c["group:decimal"] + cell_sd <= TYPE_SLACK * present:
+        return done(Suggestion(name, "boolean", BY_DP, labels=("1", "0")))
+    if best_group == "number":
+        above = [sum(c[f"dec{e}{s}"] for e in range(d + 1, NUMBER_DECIMALS + 2) for s in "+-") for d in range(8)]
+        if c["group:decimal"] <= TYPE_SLACK * present:
+            return done(Suggestion(name, "integer", BY_DP))
+        decimals = next((d for d in range(1, NUMBER_DECIMALS + 1) if above[d] <= TYPE_SLACK * present), None)
+        return done(Suggestion(name, "numeric", BY_DP, decimals=decimals))
+    if best_group == "date":
+        iso, slash = c["date:iso"], c["date:dm"] + c["date:md"] + c["date:amb"]
+        if iso >= slash:
+            return done(Suggestion(name, "date", BY_DP, format="%Y-%m-%d"))
+        return done(Suggestion(name, "date", BY_DP, **_day_month(c["date:dm"], c["date:md"], "%d/%m/%Y", cell_sd)))
+    best = int(best_group[2:])
+    fmt = DATETIME_FAMILIES[best][0]
+    extra: dict[str, object] = {"format": fmt}
+    if "/" in fmt:
+        dm, _ = total(tuple(f"dt{best}dm:{u}" for u in UNITS))
+        md, _ = total(tuple(f"dt{best}md:{u}" for u in UNITS))
+        extra = _day_month(dm, md, fmt, cell_sd)
+    unit = "second"
+    for k in (3, 2, 1):  # day, hour, minute: the coarsest whose finer values are at most TYPE_SLACK
+        finer = sum(v for key, v in c.items() if key.startswith(f"dt{best}") and key.split(":")[1] in UNITS[:k])
+        if finer <= TYPE_SLACK * present:
+            unit = UNITS[k]
+            break
+    return done(Suggestion(name, "datetime", BY_DP, granularity=unit, **extra))  # type: ignore[arg-type]
+
+
+def _day_month(dm: float, md: float, fmt: str, cell_sd: float) -> dict[str, object]:
+    """d/m against m/d: the order with more values (noisy) whose other order cannot read them."""
+    day_first = dm >= md
+    out: dict[str, object] = {"format": fmt if day_first else fmt.replace("%d/%m", "%m/%d")}
+    if abs(dm - md) < 3.0 * math.sqrt(2.0) * cell_sd:
+        out["note"] = "day/month order: the DP counts of values with a first or a second field above 12 are close"
     return out
 
 
@@ -229,6 +484,7 @@ class Draft:
     header: list[str]
     dataset: list[Entry]
     columns: list[list[Entry]] = field(default_factory=list)
+    top: list[Entry] = field(default_factory=list)  # top-level lines after the columns (target, target_positive)
 
     def text(self) -> str:
         lines = [f"# {h}" if h else "#" for h in self.header]
@@ -239,6 +495,7 @@ class Draft:
             first, *rest = entries
             lines.append(first.line("- "))
             lines += [e.line("  ") for e in rest]
+        lines += [e.line("") for e in self.top]
         return "\n".join(lines) + "\n"
 
 
@@ -255,13 +512,24 @@ def format_entries(sug: Suggestion) -> list[Entry]:
     """The format lines of a column: format, granularity, labels, decimals."""
     out: list[Entry] = []
     if sug.format is not None:
-        out.append(Entry("format", sug.format, "format suggested from the values" if sug.origin == SUGGESTED else None))
+        said = {SUGGESTED: "format suggested from the values", BY_DP: "format by DP counts"}.get(sug.origin)
+        out.append(Entry("format", sug.format, said))
     if sug.granularity is not None:
-        out.append(Entry("granularity", sug.granularity))
+        out.append(Entry("granularity", sug.granularity, "by DP counts" if sug.origin == BY_DP else None))
     if sug.labels is not None:
-        out.append(Entry("labels", list(sug.labels), "[true text, false text] as written in the data"))
+        said = (
+            "[true text, false text], by DP counts (matched without regard to case)"
+            if sug.origin == BY_DP
+            else ("[true text, false text] as written in the data")
+        )
+        out.append(Entry("labels", list(sug.labels), said))
     if sug.decimals is not None:
-        out.append(Entry("decimals", sug.decimals, "the most decimals the values are written with"))
+        said = (
+            "the smallest d holding 99% of the values (DP counts)"
+            if sug.origin == BY_DP
+            else "the most decimals the values are written with"
+        )
+        out.append(Entry("decimals", sug.decimals, said))
     return out
 
 
@@ -283,9 +551,18 @@ def placeholder_entries(sug: Suggestion) -> list[Entry]:
 
 __all__ = [
     "BOOLEAN_PAIRS",
+    "BY_DP",
+    "DETAIL_CELLS",
+    "GROUPS",
+    "KIND_CELLS",
+    "KIND_SENSITIVITY",
+    "KindDecision",
+    "decide_kind",
+    "kind_counts",
     "DATETIME_FORMATS",
     "DATE_FORMATS",
     "FROM_DTYPE",
+    "ID_NAME",
     "MISSING_TOKENS",
     "SUGGESTED",
     "Draft",

@@ -7,25 +7,46 @@ charged run on its dataset like any other: planned from the header alone, checke
 ledger and refused before a row is read when it does not fit (`plan_draft`), reserved, then
 filled by DP and settled (`write_draft`).
 
-The split of (epsilon, delta), from the number d of columns in the header only (never from the
-suggested types, which are read off the values; so the ledger's events say nothing about them):
+The split of (epsilon, delta), planned from the header alone (d columns), in three parts:
 
-- epsilon is split equally over d + 1 parts: the row count and each column;
-- delta (default a tenth of the dataset budget's delta) is split equally over the d columns;
-- the row count is one Laplace count (`laplace_mechanism`, sensitivity 1); `expected_rows` is it
-  rounded to ROWS_DIGITS significant digits;
-- a column's part buys, by its type: numeric and integer, half for its DP bounds
-  (privacy/mechanisms/dp_bounds.py, whose missing cell gives `nullable`) and half for a
-  thresholded histogram of its values at the column's delta (privacy/mechanisms/dp_histogram.py)
-  whose values holding at least ATOM_SHARE of the rows become `atoms`; date and datetime, all for
-  their DP bounds on the year grid; categorical, all for a thresholded histogram of its values
-  with the missing count as a public key (`categories`, `nullable`); boolean and ignore, a
-  Laplace count of missing values (`nullable`).
+- ROWS_SHARE of epsilon: the row count, one Laplace count (`laplace_mechanism`, sensitivity 1),
+  `LaplaceEvent`; `expected_rows` is it rounded to ROWS_DIGITS significant digits;
+- KINDS_SHARE of epsilon, equally over the d columns: each column's kind histogram, a Laplace
+  histogram over the PUBLIC cells `data.draft.KIND_CELLS` at three levels: a detail cell (missing;
+  each boolean label; zero, integers and numbers by decimals and sign; dates by format and
+  day/month order; datetimes by format, order and the coarsest unit that holds the value; text),
+  a group cell (missing, each boolean pair, integer, decimal, date, each datetime format, text)
+  and, for a non-zero number, a magnitude cell (its decade). A value is in one cell per level
+  (its first match), L1 sensitivity 3 (`dp_histogram.PublicHistogram`, noise scale 3/epsilon):
+  `RepeatedEvent(LaplaceEvent, d)`. The type, `decimals`, a date's format and day/month order, a
+  datetime's format and `granularity`, a boolean's labels, `nullable` (true unless |DP missing
+  count| + 3 sd < 0.5), the zero atom, the sign and the scale of a number column (its modal decade)
+  are post-processing of these noisy counts (`data.draft.decide_kind`);
+- VALUES_SHARE of epsilon and all of delta: the values' statistics, split over the columns by
+  the weights of their DP-decided types (VALUE_WEIGHTS: numbers 3, dates 2, categoricals 4, the
+  target 5, booleans and ignored columns 0) and, for delta, equally over the thresholded
+  histograms that run. A numeric or integer column: DP bounds from two exponential-mechanism
+  quantiles, 0.5% and 99.5%, on a public log grid within windows around the DP scale
+  (`dp_bounds.QuantileBounds`, pure DP; of the non-zero values when 0 is an atom), an integer
+  column also a thresholded histogram for its atoms (`dp_histogram.ThresholdedHistogram`, approx
+  DP) and, with an identifier's name, a Laplace count of distinct values (`ignore` when it is at
+  least ID_SHARE of the present values); a date or datetime column: the years of its 0.5% and
+  99.5% quantiles by the exponential mechanism on the public years (`dp_bounds.YearQuantileBounds`,
+  pure DP); a categorical
+  column: a thresholded histogram whose values holding at least CATEGORY_SHARE of the present
+  values (TARGET_SHARE for the target) are listed, the rest read as `other` (the column `ignore`
+  when the listed ones cover less than COVER_SHARE: identifier-like or free text; a target with
+  no class listed is left out with a warning). Since which of these run, and at which epsilon,
+  depends on the DP types, the ledger records the part as ONE `ApproxDPEvent(epsilon_values,
+  delta)`: basic composition, which holds for adaptively chosen mechanisms and budgets (a
+  privacy filter, Rogers, Roth, Ullman & Vadhan 2016); each branch costs at most its share.
 
-Each column's releases compose (basic composition) to at most (epsilon / (d + 1), delta / d), so
-the ledger records `LaplaceEvent` for the row count and one `ApproxDPEvent(epsilon / (d + 1),
-delta / d)` per column, whatever its type: (epsilon, delta) in all by basic composition, and less
-by the ledger's PLD composition at the dataset's delta.
+The ledger records `[LaplaceEvent(rows), RepeatedEvent(LaplaceEvent(kinds), d),
+ApproxDPEvent(values)]`, (epsilon, delta) in all by basic composition and less by the ledger's
+PLD composition. The draft writes `on_out_of_bounds: clamp` and `other` so that values past its
+bounds (about 0.5% at each end by construction) are clamped and unlisted categories are read as
+`other` instead of failing rows; it states those shares with DP figures, and warns when the
+epsilon is too small for the table (a kind count's noise sd above 1% of the DP row count).
 """
 
 from __future__ import annotations
@@ -54,8 +75,16 @@ from privflow.privacy.mechanisms import dp_bounds, dp_histogram
 from privflow.privacy.mechanisms.laplace import laplace_event, laplace_mechanism
 
 ROWS_DIGITS = 2  # expected_rows: the DP row count rounded to this many significant digits
-NULLABLE_SHARE = 0.001  # nullable when the DP missing count passes this share of the DP row count
-ATOM_SHARE = 0.05  # a value holding at least this share of the DP row count is an atom
+ROWS_SHARE, KINDS_SHARE, VALUES_SHARE = 0.03, 0.25, 0.72  # the split of epsilon (module docstring)
+VALUE_WEIGHTS = {"numeric": 3.0, "integer": 3.0, "date": 2.0, "datetime": 2.0, "categorical": 4.0, "target": 5.0}
+NULLABLE_SD = 3.0  # nullable unless the DP missing count + this many noise sd is below 0.5
+ATOM_SHARE = 0.05  # a value holding at least this share of the present values (DP) is an atom
+CATEGORY_SHARE = 0.05  # a category holding at least this share of the present values (DP) is listed
+TARGET_SHARE = 0.002  # ... of the target's classes
+COVER_SHARE = 0.5  # a text column whose listed categories cover less than this share is `ignore`
+ID_SHARE = 0.95  # an integer column with an identifier's name and this share of distinct values: ignore
+NOISE_WARN = 0.01  # warn when a kind count's noise sd passes this share of the DP row count
+OTHER_LABELS = ("other", "(other)", "other_")  # the first that is no category (case-blind) is `other`
 EXACT_INTEGER_SUPPORT = 1024  # integer columns this narrow keep every value exactly: no atoms needed
 DELTA_SHARE = 0.1  # the default delta: this share of the dataset budget's delta
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -82,11 +111,21 @@ class DraftPlan:
     parquet: bool
     epsilon: float | None
     delta: float
+    target: str | None = None
+    positive: str | None = None
 
     @property
-    def part(self) -> float:
-        """epsilon / (d + 1): the row count's and each column's share."""
-        return float(self.epsilon or 0.0) / (len(self.columns) + 1)
+    def eps_rows(self) -> float:
+        return ROWS_SHARE * float(self.epsilon or 0.0)
+
+    @property
+    def eps_kinds(self) -> float:
+        """Each column's kind histogram's epsilon."""
+        return KINDS_SHARE * float(self.epsilon or 0.0) / len(self.columns)
+
+    @property
+    def eps_values(self) -> float:
+        return VALUES_SHARE * float(self.epsilon or 0.0)
 
     @property
     def column_delta(self) -> float:
@@ -97,15 +136,16 @@ class DraftPlan:
         if self.epsilon is None:
             return []
         return [
-            laplace_event(1.0 / self.part),
-            RepeatedEvent(ApproxDPEvent(self.part, self.column_delta), len(self.columns)),
+            laplace_event(1.0 / self.eps_rows),
+            RepeatedEvent(laplace_event(1.0 / self.eps_kinds), len(self.columns)),
+            ApproxDPEvent(self.eps_values, self.delta),
         ]
 
     def stages(self) -> dict[str, str]:
         d = len(self.columns)
         return {
-            "schema_draft": f"row count eps={self.part:.4g}; {d} column(s) at eps={self.part:.4g}, "
-            f"delta={self.column_delta:.3g} each"
+            "schema_draft": f"row count eps={self.eps_rows:.4g}; {d} kind histogram(s) at eps={self.eps_kinds:.4g} "
+            f"each; value statistics eps={self.eps_values:.4g}, delta={self.delta:.3g} (split by DP types)"
         }
 
 
@@ -124,6 +164,8 @@ def plan_draft(
     budget_delta: float | None,
     store: Path,
     force: bool = False,
+    target: str | None = None,
+    positive: str | None = None,
 ) -> DraftPlan:
     """Every check a user's mistake can fail, from the arguments, the header and the ledger: no row is
     read and nothing is recorded. Raises a PrivflowError (ConfigError, DataError, BudgetExceeded)."""
@@ -161,10 +203,18 @@ def plan_draft(
         )
     _check_out(Path(out), Path(data), force)
     _, header, dtypes = read_header(Path(data))
-    plan = DraftPlan(Path(data), Path(out), dataset, budget, tuple(header), dtypes is not None, epsilon, d)
+    if positive is not None and target is None:
+        raise ConfigError("--positive names the target's positive class; give --target COLUMN too.")
+    if target is not None and target not in header:
+        raise ConfigError(f"--target '{target}' is not a column of '{data}'; its columns: {', '.join(header)}.")
+    if positive is not None and not positive.strip():
+        raise ConfigError("--positive must be a class label as written in the data, not empty.")
+    plan = DraftPlan(
+        Path(data), Path(out), dataset, budget, tuple(header), dtypes is not None, epsilon, d, target, positive
+    )
     if epsilon is not None:
-        if plan.column_delta > dp_histogram.MAX_DELTA:
-            raise ConfigError(f"--delta {d:g} over {len(header)} column(s) is too large; use at most 1e-3.")
+        if plan.delta > dp_histogram.MAX_DELTA:  # the thresholded histograms share it
+            raise ConfigError(f"--delta {d:g} is too large for the draft's thresholded histograms; use at most 1e-3.")
         check_budget_at(
             Path(store) / "ledger.db", dataset, plan.events, (budget.epsilon, budget.delta), who="This schema draft"
         )
@@ -220,8 +270,30 @@ def write_draft(plan: DraftPlan, store: Path) -> DraftResult:
         ledger.abandon(run_id)  # rows were read: the reservation stays counted
         raise
     ledger.settle(run_id, plan.events)
+    _record_charged_rows(ledger, Path(store), plan.name, run_id, frame, text)
     spent = compose_epsilon(plan.events, plan.budget.delta)
-    return DraftResult(plan.out, plan.name, text, run_id, spent, list(notes))
+    return DraftResult(plan.out, plan.name, text, run_id, spent, list(notes) + filled.notes)
+
+
+def _record_charged_rows(ledger: Ledger, store: Path, name: str, run_id: str, frame: pl.DataFrame, text: str) -> None:
+    """The keyed digests of the rows the draft read, as its own drafted schema coerces them
+    (tasks/warm_start.py, `record_charged_rows`; curator-only, in the ledger), so that `privflow
+    pretrain` refuses them as public. A draft that does not load as a schema yet (a placeholder
+    the DP statistics could not fill) cannot coerce its rows: nothing is recorded for it, and the
+    training runs on the same rows record their own."""
+    import yaml
+
+    from privflow.core.errors import PrivflowError
+    from privflow.data.schema import Schema
+    from privflow.data.validation import validate
+    from privflow.tasks.warm_start import record_charged_rows
+
+    try:
+        schema = Schema.validated(yaml.safe_load(text), "The drafted schema")
+        typed, _ = validate(frame, schema, "strict", None, lambda _failing, _passing: False)
+    except PrivflowError:
+        return
+    record_charged_rows(ledger, store, name, run_id, typed)
 
 
 def _read(plan: DraftPlan) -> tuple[pl.DataFrame, tuple[str, ...], list[dd.Suggestion]]:
@@ -239,36 +311,98 @@ class _Filled:
     rows: int
     rows_comment: str
     columns: dict[str, list[dd.Entry]]
+    suggestions: list[dd.Suggestion] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    top: list[dd.Entry] = field(default_factory=list)
 
 
-def _nullable(noisy_missing: float, rows: int, eps: float) -> dd.Entry:
-    about = max(0, int(round(noisy_missing)))
+def _nullable(kind: dd.KindDecision, eps: float) -> dd.Entry:
+    """Nullable unless the DP missing count is confidently zero: noisy count + NULLABLE_SD sd < 0.5."""
+    about = max(0, int(round(kind.missing)))
+    nullable = not abs(kind.missing) + NULLABLE_SD * kind.sd < 0.5  # |.|: a very negative draw says nothing
     return dd.Entry(
         "nullable",
-        bool(noisy_missing > NULLABLE_SHARE * max(rows, 1)),
-        f"DP count of missing values about {about} (Laplace, eps {eps:.3g}); true above {NULLABLE_SHARE:.1%} of "
-        "the rows",
+        bool(nullable),
+        f"DP count of missing values about {about} (Laplace, eps {eps:.3g}); false only when its size is below 0.5 "
+        f"by {NULLABLE_SD:g} noise sd",
     )
 
 
+def _dtype_suggestion(name: str, dtype: pl.DataType) -> dd.Suggestion | None:
+    """A Parquet column's type from its dtype (public metadata); None for a text column."""
+    if dtype == pl.String or isinstance(dtype, pl.Categorical | pl.Enum):
+        return None
+    if dtype == pl.Boolean:
+        return dd.Suggestion(name, "boolean", dd.FROM_DTYPE, labels=("true", "false"))
+    if dtype.is_integer():
+        return dd.Suggestion(name, "integer", dd.FROM_DTYPE)
+    if dtype.is_float():
+        return dd.Suggestion(name, "numeric", dd.FROM_DTYPE)
+    if dtype == pl.Date:
+        return dd.Suggestion(name, "date", dd.FROM_DTYPE, format="%Y-%m-%d")
+    if isinstance(dtype, pl.Datetime):
+        return dd.Suggestion(name, "datetime", dd.FROM_DTYPE, format="%Y-%m-%dT%H:%M:%S", granularity="second")
+    return dd.Suggestion(name, "ignore", dd.FROM_DTYPE, note=f"stored as {dtype}, which privflow does not model")
+
+
 def _fill(plan: DraftPlan, frame: pl.DataFrame, suggestions: list[dd.Suggestion]) -> _Filled:
-    part, cdelta = plan.part, plan.column_delta
-    noisy_rows = float(laplace_mechanism(np.array([float(frame.height)]), 1.0, 1.0 / part)[0])
+    """Phase 1 (row count, each column's kind histogram: types), then phase 2 (value statistics,
+    split by the DP types' weights). `suggestions` (read off the values) are not used here."""
+    del suggestions  # types by DP only (privacy rule 2)
+    noisy_rows = float(laplace_mechanism(np.array([float(frame.height)]), 1.0, 1.0 / plan.eps_rows)[0])
     rows = _round_rows(noisy_rows)
-    rows_comment = f"DP row count (Laplace, eps {part:.3g}) rounded to {ROWS_DIGITS} significant digits"
+    rows_sd = math.sqrt(2.0) / plan.eps_rows
+    cell_sd = math.sqrt(2.0) * dd.KIND_SENSITIVITY / plan.eps_kinds
+    rows_comment = f"DP row count (Laplace, eps {plan.eps_rows:.3g}) rounded to {ROWS_DIGITS} significant digits"
+    notes: list[str] = []
+    if cell_sd > NOISE_WARN * max(noisy_rows, 1.0):
+        notes.append(
+            f"epsilon {plan.epsilon:g} is small for a table of about {rows:,} rows and {len(plan.columns)} columns: "
+            f"a kind count's noise sd is about {cell_sd:.0f} rows, more than {NOISE_WARN:.0%} of the rows, so types, "
+            "bounds and category lists are coarse; review them, or draft with a larger --epsilon"
+        )
+    kinds: dict[str, dd.KindDecision] = {}
+    hist = dp_histogram.PublicHistogram(plan.eps_kinds, dd.KIND_SENSITIVITY)
+    for name in plan.columns:
+        s = frame.get_column(name)
+        noisy = hist.release(dd.kind_counts(s.cast(pl.String)))
+        kind = dd.decide_kind(name, noisy, noisy_rows, cell_sd, rows_sd)
+        fixed = _dtype_suggestion(name, s.dtype) if plan.parquet else None
+        sug = fixed if fixed is not None else kind.suggestion
+        if name == plan.target and sug.type not in ("boolean", "categorical"):
+            sug = dd.Suggestion(name, "categorical", "categorical: the target (--target)")
+        kinds[name] = dd.KindDecision(sug, kind.present, kind.missing, kind.zeros, kind.negatives, kind.sd, kind.decade)
+    weights = {n: _weight(k.suggestion, n == plan.target) for n, k in kinds.items()}
+    unit = plan.eps_values / max(sum(weights.values()), 1e-12)
+    histograms = sum(1 for n, k in kinds.items() if k.suggestion.type in ("categorical", "integer") and weights[n] > 0)
+    hdelta = plan.delta / max(histograms, 1)
     columns: dict[str, list[dd.Entry]] = {}
-    for sug in suggestions:
-        s = frame.get_column(sug.name)
-        if sug.type in ("numeric", "integer"):
-            columns[sug.name] = _fill_number(sug, s, part, cdelta, rows)
-        elif sug.type in ("date", "datetime"):
-            columns[sug.name] = _fill_time(sug, s, part, rows)
-        elif sug.type == "categorical":
-            columns[sug.name] = _fill_categories(s, part, cdelta, rows)
+    out_suggestions: list[dd.Suggestion] = []
+    top: list[dd.Entry] = []
+    for name in plan.columns:
+        kind = kinds[name]
+        s = frame.get_column(name)
+        eps = unit * weights[name]
+        t = kind.suggestion.type
+        if t in ("numeric", "integer"):
+            sug, entries = _fill_number(kind, s, eps, hdelta, plan.eps_kinds)
+        elif t in ("date", "datetime"):
+            sug, entries = kind.suggestion, _fill_time(kind, s, eps, plan.eps_kinds)
+        elif t == "categorical":
+            sug, entries = _fill_categories(kind, s, eps, hdelta, plan, notes)
         else:
-            missing = float(laplace_mechanism(np.array([float(s.null_count())]), 1.0, 1.0 / part)[0])
-            columns[sug.name] = [_nullable(missing, rows, part)]
-    return _Filled(rows, rows_comment, columns)
+            sug, entries = kind.suggestion, ([] if t == "ignore" else [_nullable(kind, plan.eps_kinds)])
+        out_suggestions.append(sug)
+        columns[name] = entries
+    if plan.target is not None:
+        top += _target_entries(plan, out_suggestions, columns, notes)
+    return _Filled(rows, rows_comment, columns, out_suggestions, notes, top)
+
+
+def _weight(sug: dd.Suggestion, target: bool) -> float:
+    if target and sug.type == "categorical":
+        return VALUE_WEIGHTS["target"]
+    return VALUE_WEIGHTS.get(sug.type, 0.0)
 
 
 def _round_rows(noisy: float) -> int:
@@ -278,96 +412,172 @@ def _round_rows(noisy: float) -> int:
     return max(1, int(round(noisy, digits)))
 
 
-def _unfound(what: str) -> str:
-    return (
-        f"draft placeholder: no {what} passed the DP threshold (too few rows for this epsilon); fill with public values"
-    )
-
-
-def _fill_number(sug: dd.Suggestion, s: pl.Series, part: float, cdelta: float, rows: int) -> list[dd.Entry]:
+def _fill_number(
+    kind: dd.KindDecision, s: pl.Series, eps: float, hdelta: float, eps_kinds: float
+) -> tuple[dd.Suggestion, list[dd.Entry]]:
+    """Bounds from DP quantiles (of the non-zero values when 0 is an atom), the zero atom from the
+    kind counts, an integer column's other atoms from a thresholded histogram, and for an integer
+    column with an identifier's name a DP count of distinct values (ignore when nearly all distinct)."""
+    sug = kind.suggestion
     values = dd.numbers(s)
     present = values[np.isfinite(values)]
-    missing = int(values.size - present.size)
-    mech = dp_bounds.DPBounds(part / 2, "number")
-    rel = mech.release(present, missing)
     integer = sug.type == "integer"
-    keys = [int(v) if integer and float(v).is_integer() else float(v) for v in present.tolist()]
-    hist = dp_histogram.ThresholdedHistogram(part / 2, cdelta)
-    kept = hist.release(Counter(keys))
-    out: list[dd.Entry] = []
-    if not rel.found:
-        out.append(dd.Entry("bounds", [DRAFT_PLACEHOLDER, DRAFT_PLACEHOLDER], _unfound("cell of values")))
-        out.append(_nullable(rel.noisy_missing, rows, part / 2))
-        return out
-    low, high = dp_bounds.nice_bounds(float(rel.low), float(rel.high), integer)  # type: ignore[arg-type]
-    atoms = sorted((k for k, c in kept.items() if c >= ATOM_SHARE * max(rows, 1)), key=lambda k: -kept[k])[:MAX_ATOMS]
+    shares = {"bounds": 3.0, "atoms": 0.5 if integer else 0.0, "distinct": 0.0}
+    if integer and dd.ID_NAME.search(sug.name):
+        shares["distinct"] = 0.5
+    part = eps / sum(shares.values())
+    if shares["distinct"]:
+        distinct = float(laplace_mechanism(np.array([float(np.unique(present).size)]), 1.0, 1.0 / part)[0])
+        if distinct >= ID_SHARE * kind.present:
+            note = f"an identifier's name and a DP count of distinct values about {distinct:.0f} of {kind.present:.0f}"
+            return dd.Suggestion(sug.name, "ignore", dd.BY_DP, note=note), []
+    zero_atom = kind.zeros >= ATOM_SHARE * kind.present + kind.sd  # one noise sd above the share
+    body = present[present != 0] if zero_atom else present
+    margin = 2.0 * math.sqrt(2.0 * dd.NUMBER_DECIMALS + 2.0) * kind.sd
+    sign: dp_bounds.Sign = "both"
+    if kind.negatives <= max(dp_bounds.SIGN_SHARE * kind.present, margin):
+        sign = "nonnegative"
+    elif kind.present - kind.negatives - kind.zeros <= max(dp_bounds.SIGN_SHARE * kind.present, margin):
+        sign = "nonpositive"
+    if kind.decade is not None:  # the upper edge of the decade holding most values (DP kind counts)
+        mech = dp_bounds.QuantileBounds(part * 1.5, 10.0 ** (kind.decade + 1), sign)  # each end 1.5 of the 3 parts
+    else:  # no decade stood out of the noise: a wide, flat public window, 1e-3 to 1e6
+        mech = dp_bounds.QuantileBounds(part * 1.5, 100.0, sign, below=5, above=4, prior=0.0)
+    rel = mech.release(body)
+    low, high = dp_bounds.round_out(rel.low, rel.high, integer)
+    atoms: list[float] = [0.0] if zero_atom else []
+    if shares["atoms"]:
+        hist = dp_histogram.ThresholdedHistogram(part * shares["atoms"], hdelta)
+        keys = Counter(int(v) for v in body.tolist() if float(v).is_integer())
+        kept = hist.release(keys)
+        more = sorted((k for k, c in kept.items() if c >= ATOM_SHARE * kind.present), key=lambda k: -kept[k])
+        atoms += [float(k) for k in more[: MAX_ATOMS - len(atoms)]]  # type: ignore[arg-type]
     if integer and high - low <= EXACT_INTEGER_SUPPORT:
         atoms = []  # every value of a narrow integer column is kept exactly already
-    atoms = sorted(float(a) for a in atoms)  # type: ignore[arg-type]
+    atoms = sorted(set(atoms))
     if atoms:
         low, high = min(low, atoms[0]), max(high, atoms[-1])
+    if zero_atom:  # the bounds are of the non-zero values: they hold 0 too
+        low, high = min(low, 0.0), max(high, 0.0)
     bound = [int(low), int(high)] if integer or (low.is_integer() and high.is_integer()) else [low, high]
-    out.append(
+    where = "non-zero values" if zero_atom else "values"
+    out = [
         dd.Entry(
             "bounds",
             bound,
-            f"DP bounds: outermost cells of a public log-scale grid (+-{dp_bounds.NUMBER_LIMIT:.0e}) whose DP count "
-            f"passed {rel.threshold:.3g}, widened {dp_bounds.MARGIN:.0%} and rounded outward, eps {part / 2:.3g}",
-        )
-    )
-    out.append(_nullable(rel.noisy_missing, rows, part / 2))
+            f"DP bounds: the {dp_bounds.LOW_Q:.1%} and {dp_bounds.HIGH_Q:.1%} DP quantiles of the {where} (exponential "
+            f"mechanism on a public log grid, eps {part * 1.5:.3g} each), rounded outward: about {dp_bounds.LOW_Q:.1%} "
+            "clamped at each end by construction",
+        ),
+        _nullable(kind, eps_kinds),
+    ]
     if atoms:
         out.append(
             dd.Entry(
                 "atoms",
                 [int(a) if integer else a for a in atoms],
-                f"DP thresholded histogram: values holding at least {ATOM_SHARE:.0%} of the DP row count, "
-                f"eps {part / 2:.3g}, delta {cdelta:.2g}",
+                f"DP counts: values holding at least {ATOM_SHARE:.0%} of the present values (0: the kind histogram, "
+                f"about {max(kind.zeros, 0) / kind.present:.0%}; others: a thresholded histogram)",
             )
         )
-    return out
+    return sug, out
 
 
-def _fill_time(sug: dd.Suggestion, s: pl.Series, part: float, rows: int) -> list[dd.Entry]:
+def _fill_time(kind: dd.KindDecision, s: pl.Series, eps: float, eps_kinds: float) -> list[dd.Entry]:
+    """DP bounds of a date or datetime column: the 0.5% and 99.5% DP quantiles on the public year
+    grid (`dp_bounds.YearQuantileBounds`), the first and last day of the years they pick."""
+    sug = kind.suggestion
     values = dd.days(s, sug)
     present = values[np.isfinite(values)]
-    rel = dp_bounds.DPBounds(part, "year").release(present, int(values.size - present.size))
-    out: list[dd.Entry] = []
-    if rel.found:
-        first, last = dp_bounds.year_span(float(rel.low), float(rel.high))  # type: ignore[arg-type]
-        bound = [dd.iso_day(first, sug.type), dd.iso_day(last, sug.type, end=True)]
-        out.append(
-            dd.Entry(
-                "bounds",
-                bound,
-                f"DP bounds: first and last calendar year ({dp_bounds.FIRST_YEAR}-{dp_bounds.LAST_YEAR}) whose DP "
-                f"count passed {rel.threshold:.3g}, eps {part:.3g}",
-            )
-        )
-    else:
-        out.append(dd.Entry("bounds", [DRAFT_PLACEHOLDER, DRAFT_PLACEHOLDER], _unfound("year")))
-    out.append(_nullable(rel.noisy_missing, rows, part))
-    return out
+    first, last = dp_bounds.YearQuantileBounds(eps / 2).release(present)
+    bound = [dd.iso_day(first, sug.type), dd.iso_day(last, sug.type, end=True)]
+    last_unit = {"minute": "T23:59:00", "hour": "T23:00:00", "day": "T00:00:00"}.get(sug.granularity or "")
+    if sug.type == "datetime" and last_unit is not None:
+        bound[1] = last.isoformat() + last_unit  # the last day's last whole unit of the granularity
+    comment = (
+        f"DP bounds: the years of the {dp_bounds.LOW_Q:.1%} and {dp_bounds.HIGH_Q:.1%} DP quantiles (exponential "
+        f"mechanism on the public years {dp_bounds.FIRST_YEAR}-{dp_bounds.LAST_YEAR}, eps {eps / 2:.3g} each); "
+        "values past them are clamped"
+    )
+    return [dd.Entry("bounds", bound, comment), _nullable(kind, eps_kinds)]
 
 
-def _fill_categories(s: pl.Series, part: float, cdelta: float, rows: int) -> list[dd.Entry]:
-    values = dd.texts(s)
-    hist = dp_histogram.ThresholdedHistogram(part, cdelta)
-    kept = hist.release(Counter(values), public=[None])
-    categories = sorted(str(k) for k in kept if k is not None)
-    out: list[dd.Entry] = []
-    if categories:
-        out.append(
-            dd.Entry(
-                "categories",
-                categories,
-                f"DP thresholded histogram: the values whose DP count passed {hist.threshold:.3g}, eps {part:.3g}, "
-                f"delta {cdelta:.2g}",
-            )
+def _other_label(categories: list[str]) -> str:
+    taken = {c.casefold() for c in categories} | {t.casefold() for t in dd.MISSING_TOKENS}
+    return next((o for o in OTHER_LABELS if o.casefold() not in taken), f"other_{len(categories)}")
+
+
+def _fill_categories(
+    kind: dd.KindDecision, s: pl.Series, eps: float, hdelta: float, plan: DraftPlan, notes: list[str]
+) -> tuple[dd.Suggestion, list[dd.Entry]]:
+    """The values whose DP count passes the thresholded histogram's threshold and holds at least
+    CATEGORY_SHARE (TARGET_SHARE for the target) of the present values; the rest read as `other`."""
+    sug = kind.suggestion
+    target = sug.name == plan.target
+    share = TARGET_SHARE if target else CATEGORY_SHARE
+    hist = dp_histogram.ThresholdedHistogram(eps, hdelta)
+    kept = hist.release(Counter(v for v in dd.texts(s) if v is not None))
+    listed = {str(k): c for k, c in kept.items() if c >= share * kind.present}
+    cover = sum(listed.values()) / kind.present
+    if not target and (not listed or cover < COVER_SHARE):
+        note = (
+            f"the values holding at least {share:.0%} of the rows (DP) cover about {max(cover, 0):.0%} of them: "
+            "identifier-like or free text, or too few rows for this epsilon"
         )
-    else:
-        out.append(dd.Entry("categories", [DRAFT_PLACEHOLDER], _unfound("value")))
-    out.append(_nullable(kept.get(None, 0.0), rows, part))
+        return dd.Suggestion(sug.name, "ignore", dd.BY_DP, note=note), []
+    out: list[dd.Entry] = []
+    if not listed:
+        notes.append(
+            f"target '{sug.name}': no class passed the DP threshold (too few rows for this epsilon), so the draft "
+            "leaves it out (type ignore, no `target`); declare its classes by hand, or draft with a larger --epsilon"
+        )
+        return dd.Suggestion(sug.name, "ignore", dd.BY_DP, note="the target: no class passed the DP threshold"), out
+    categories = sorted(listed)
+    if plan.positive is not None and target and plan.positive not in categories:
+        categories.append(plan.positive)  # the user's public word: it is a class
+    rest = max(0.0, 1.0 - cover)
+    other = _other_label(categories)
+    out.append(
+        dd.Entry(
+            "categories",
+            [*categories, other],
+            f"DP thresholded histogram: the values holding at least {share:.1%} of the present values (DP count above "
+            f"{max(hist.threshold, share * kind.present):.3g}), eps {eps:.3g}, delta {hdelta:.2g}; about {rest:.1%} of "
+            f"the values (DP) are read as '{other}'",
+        )
+    )
+    out.append(_nullable(kind, plan.eps_kinds))
+    out.append(dd.Entry("other", other, "values not listed are read as this category"))
+    sd = math.sqrt(2.0) / eps
+    if target and rest * kind.present > 3.0 * sd * math.sqrt(len(listed) + 1):
+        notes.append(
+            f"target '{sug.name}': about {rest:.1%} of its rows (DP) hold classes below the DP threshold and are read "
+            f"as '{other}'; list them by hand if they are known public classes"
+        )
+    return sug, out
+
+
+def _target_entries(
+    plan: DraftPlan, suggestions: list[dd.Suggestion], columns: dict[str, list[dd.Entry]], notes: list[str]
+) -> list[dd.Entry]:
+    sug = next(s for s in suggestions if s.name == plan.target)
+    if sug.type == "ignore":
+        return []
+    out = [dd.Entry("target", plan.target, "--target")]
+    if plan.positive is None:
+        return out
+    classes: list[str] = []
+    if sug.type == "boolean" and sug.labels is not None:
+        classes = list(sug.labels)
+    for e in columns.get(sug.name, []):
+        if e.key == "categories" and isinstance(e.value, list):
+            classes = [str(v) for v in e.value]
+    match = next((c for c in classes if c == plan.positive), None)
+    match = match or next((c for c in classes if c.casefold() == plan.positive.casefold()), None)
+    if match is None:
+        notes.append(f"--positive '{plan.positive}' is not one of target '{plan.target}' classes {classes}; not set")
+        return out
+    out.append(dd.Entry("target_positive", match, "--positive"))
     return out
 
 
@@ -378,12 +588,12 @@ def _text(
     filled: _Filled | None,
     run_id: str | None,
 ) -> str:
-    header = [
-        f"Schema drafted by `privflow schema draft` from '{plan.data.name}' on {date.today().isoformat()}.",
-        "Review every line before using it: types marked 'suggested from the values' were read off the rows for",
-        "the data owner (the curator) to check, and become public by that review.",
-    ]
+    header = [f"Schema drafted by `privflow schema draft` from '{plan.data.name}' on {date.today().isoformat()}."]
     if filled is None:
+        header += [
+            "Review every line before using it: types marked 'suggested from the values' were read off the rows for",
+            "the data owner (the curator) to check, and become public by that review.",
+        ]
         header += [
             f"Every '{DRAFT_PLACEHOLDER}' is a draft placeholder: fill it with public knowledge (the data's",
             "documentation, definitions), rounded outward, never with the file's min/max; the schema refuses to",
@@ -391,10 +601,14 @@ def _text(
         ]
     else:
         header += [
-            f"Values marked 'DP' are differentially private statistics, charged to dataset '{plan.name}' in the",
-            f"privacy ledger (run {run_id}: epsilon {plan.epsilon:g}, delta {plan.delta:.3g}, split equally over the",
-            f"row count and the {len(plan.columns)} column(s); delta over the columns).",
+            "Every type, format, bound, list and flag below is a DP statistic or public metadata (the header,",
+            f"Parquet dtypes), charged to dataset '{plan.name}' in the privacy ledger (run {run_id}: epsilon",
+            f"{plan.epsilon:g}, delta {plan.delta:.3g}: {ROWS_SHARE:.0%} the row count, {KINDS_SHARE:.0%} the kind "
+            f"histograms of the {len(plan.columns)} column(s), {VALUES_SHARE:.0%} and delta the",
+            "values' statistics, split by the DP types). Values past the bounds are clamped and unlisted categories",
+            "read as `other` (on_out_of_bounds: clamp); review it as you would any schema.",
         ]
+        header += [f"WARNING: {n}" for n in filled.notes]
     dataset = [
         dd.Entry("name", plan.name),
         dd.Entry("budget", {"epsilon": plan.budget.epsilon, "delta": plan.budget.delta}),
@@ -408,16 +622,17 @@ def _text(
                 "this draft's ledger run: models trained on this schema report epsilon composed with it",
             )
         )
+        dataset.append(dd.Entry("on_out_of_bounds", "clamp", "a value past its column's drafted bounds is clamped"))
+        tokens = dd.MISSING_TOKENS
     else:
         dataset.append(
             dd.Entry("#", "expected_rows: fill with a public, approximate row count (`privflow run` needs it)")
         )
     if tokens:
-        dataset.append(
-            dd.Entry("missing_values", list(tokens), "suggested from the values (curator's review makes it public)")
-        )
-    draft = dd.Draft(header, dataset)
-    for sug in suggestions:
+        said = "a public list of text that often means missing" if filled else "suggested from the values"
+        dataset.append(dd.Entry("missing_values", list(tokens), f"{said} (curator's review makes it public)"))
+    draft = dd.Draft(header, dataset, top=filled.top if filled is not None else [])
+    for sug in filled.suggestions if filled is not None else suggestions:
         values = dd.placeholder_entries(sug) if filled is None else filled.columns.get(sug.name, [])
         draft.columns.append(dd.column_entries(sug, values))
     return draft.text()
@@ -438,7 +653,9 @@ def _write(out: Path, text: str) -> None:
 __all__ = [
     "ATOM_SHARE",
     "DELTA_SHARE",
-    "NULLABLE_SHARE",
+    "KINDS_SHARE",
+    "ROWS_SHARE",
+    "VALUES_SHARE",
     "ROWS_DIGITS",
     "DraftPlan",
     "DraftResult",

@@ -1,5 +1,10 @@
-"""DP bounds of a numeric, integer, date or datetime column (`privflow schema draft`): the outermost
-cells of a PUBLIC grid whose Laplace counts pass a threshold, rounded outward.
+"""DP bounds of a numeric, integer, date or datetime column (`privflow schema draft`).
+
+Numbers (`QuantileBounds`, below): the 0.5% and 99.5% DP quantiles (exponential mechanism) on a
+public symmetric log grid, within windows around a scale the caller took from a DP release.
+Dates and datetimes (`DPBounds`, the "year" grid): the outermost cells of a PUBLIC grid whose
+Laplace counts pass a threshold.
+The rest of this docstring describes `DPBounds`.
 
 A DP estimate of a small quantile from both ends ("min/max-ish"): the lowest cell whose noisy
 count passes T is where about T rows lie below, the q = T / n quantile read off a noisy histogram
@@ -40,7 +45,7 @@ from typing import Literal
 
 import numpy as np
 
-from privflow.privacy.accounting.events import LaplaceEvent
+from privflow.privacy.accounting.events import LaplaceEvent, PureDPEvent
 from privflow.privacy.mechanisms.laplace import laplace_event, laplace_mechanism
 
 FALSE_CELL = 0.01  # largest probability that some empty cell passes the threshold
@@ -161,6 +166,141 @@ def nice_bounds(low: float, high: float, integer: bool = False) -> tuple[float, 
     return a, b
 
 
+# -- bounds from DP quantiles on the public symmetric log grid (`privflow schema draft`) ------------
+
+SIGN_SHARE = 0.005  # a column is taken as non-negative when at most this share of its values is negative
+LOW_Q, HIGH_Q = 0.005, 0.995  # the quantiles the drafted bounds are: about 0.5% clamped at each end
+GRID_PER_DECADE = 20  # the bounds' log grid: 20 candidates per decade (12% steps)
+WINDOW_BELOW, WINDOW_ABOVE = 3, 2  # the candidates lie within these many decades below / above the scale
+PRIOR_PER_STEP = 0.15  # each grid step further from the median costs this much log-weight (noise-scale units)
+Sign = Literal["nonnegative", "nonpositive", "both"]
+
+
+@dataclass(frozen=True)
+class QuantileBoundsRelease:
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class QuantileBounds:
+    """A numeric column's DP bounds: two exponential-mechanism quantiles (Smith 2011,
+    `dp_quantile.CandidateQuantile`), LOW_Q and HIGH_Q, each at `epsilon`, on the PUBLIC symmetric
+    log grid `dp_quantile.log_grid(GRID_PER_DECADE)`, within windows around a scale s that is
+    public to this mechanism (the draft takes it from its DP kind histogram: the upper edge of the
+    decade holding most values):
+
+    - low end: 0, the candidates in [s / 10^WINDOW_BELOW, s] (and their negatives where `sign` is
+      "both");
+    - high end: the same inner candidates, then those in (s, s 10^WINDOW_ABOVE] at a public prior
+      of -PRIOR_PER_STEP (in units of the noise scale) per step past s, and mirrored for the low
+      end where `sign` is "both". Beyond the data the quantile's utility is flat, so at a small
+      epsilon the pick is near uniform over the candidates there: the window and the prior bound
+      how far an end lands past the data, at the cost of clamping more of a heavy tail.
+
+    A public offset per candidate and a public candidate list leave the utility's sensitivity at 1:
+    each end is epsilon-DP, the event `PureDPEvent(2 epsilon)` by basic composition."""
+
+    epsilon: float
+    scale: float
+    sign: Sign = "both"
+    below: int = WINDOW_BELOW  # decades of candidates below the scale
+    above: int = WINDOW_ABOVE  # ... and above it
+    prior: float = PRIOR_PER_STEP  # the log-weight each step past the scale costs (0: a flat window)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.epsilon, int | float) and math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"the bounds' epsilon must be a finite positive number, got {self.epsilon!r}")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"the scale must be a finite positive number, got {self.scale!r}")
+
+    def event(self) -> PureDPEvent:
+        return PureDPEvent(2.0 * float(self.epsilon))
+
+    def candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(low candidates, their prior, high candidates, their prior): public, from the settings."""
+        from privflow.privacy.mechanisms.dp_quantile import log_grid
+
+        grid = log_grid(GRID_PER_DECADE)
+        pos = grid[grid > 0]
+        s = float(pos[np.argmin(np.abs(np.log10(pos) - math.log10(self.scale)))])
+        inner = pos[(pos >= s / 10.0**self.below) & (pos <= s)]
+        outer = pos[(pos > s) & (pos <= s * 10.0**self.above)]
+        c = float(self.prior)
+        neg = self.sign == "both"
+        steps = -c * np.arange(1, len(outer) + 1, dtype=np.float64)
+        highs = np.concatenate([-inner[::-1] if neg else [], [0.0], inner, outer])
+        high_prior = np.concatenate([np.zeros(len(highs) - len(outer)), steps])
+        lows = np.concatenate([-outer[::-1] if neg else [], -inner[::-1] if neg else [], [0.0], inner])
+        low_prior = np.concatenate([steps[::-1] if neg else [], np.zeros(len(lows) - (len(outer) if neg else 0))])
+        return lows, low_prior, highs, high_prior
+
+    def release(self, values: np.ndarray) -> QuantileBoundsRelease:
+        from privflow.privacy.mechanisms.dp_quantile import CandidateQuantile
+
+        x = np.asarray(values, dtype=np.float64).ravel()
+        if not np.all(np.isfinite(x)):
+            raise ValueError("values must be finite; count missing values apart")
+        if self.sign == "nonpositive":
+            mirror = QuantileBounds(self.epsilon, self.scale, "nonnegative", self.below, self.above, self.prior)
+            mirror_release = mirror.release(-x)
+            return QuantileBoundsRelease(-mirror_release.high, -mirror_release.low)
+        lows, low_prior, highs, high_prior = self.candidates()
+        low = CandidateQuantile(LOW_Q, self.epsilon, tuple(lows), tuple(low_prior)).release(x)
+        high = CandidateQuantile(HIGH_Q, self.epsilon, tuple(highs), tuple(high_prior)).release(x)
+        if high <= low:  # the two picks crossed (noise): the next candidate up holds the span
+            above = highs[highs > low]
+            high = float(above[0]) if above.size else low * 2.0 + 1.0
+        return QuantileBoundsRelease(float(low), float(high))
+
+
+def round_out(low: float, high: float, integer: bool = False) -> tuple[float, float]:
+    """[low, high] rounded outward to two significant digits of its width (never across 0 where
+    it did not reach past it); whole numbers for an integer column."""
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise ValueError(f"need finite low < high, got [{low}, {high}]")
+    step = 10.0 ** (math.floor(math.log10(high - low)) - 1)
+    a, b = _tidy(math.floor(_tidy(low / step)) * step), _tidy(math.ceil(_tidy(high / step)) * step)
+    if low >= 0:
+        a = max(a, 0.0)
+    if high <= 0:
+        b = min(b, 0.0)
+    if integer:
+        a, b = float(math.floor(a)), float(math.ceil(b))
+        if a == b:
+            b = a + 1.0
+    return a, b
+
+
+@dataclass(frozen=True)
+class YearQuantileBounds:
+    """A date or datetime column's DP bounds: the LOW_Q and HIGH_Q quantiles of its day numbers by
+    the exponential mechanism (`dp_quantile.CandidateQuantile`, OpenDP's `make_private_quantile`)
+    over the PUBLIC candidates 1 January of FIRST_YEAR..LAST_YEAR + 1, each at `epsilon`: pure DP,
+    `PureDPEvent(2 epsilon)`. Beyond the data the utility is flat, so at a small epsilon an end
+    lands anywhere there (a bound wider than the data, never narrower by more than the noise)."""
+
+    epsilon: float
+
+    def event(self) -> PureDPEvent:
+        return PureDPEvent(2.0 * float(self.epsilon))
+
+    def release(self, days: np.ndarray) -> tuple[date, date]:
+        """(first day, last day) of the years the two quantiles pick (the high end's year excluded
+        when it picked a 1 January: the bound is the day before)."""
+        from privflow.privacy.mechanisms.dp_quantile import CandidateQuantile
+
+        edges = tuple(float(e) for e in year_edges())
+        low = CandidateQuantile(LOW_Q, self.epsilon, edges).release(days)
+        high = CandidateQuantile(HIGH_Q, self.epsilon, edges).release(days)
+        if high <= low:
+            high = low + 366.0
+        first = date.fromordinal(_EPOCH.toordinal() + int(low))
+        last = date.fromordinal(_EPOCH.toordinal() + int(high))
+        first = date(first.year, 1, 1)
+        return first, date(max(last.year - 1, first.year), 12, 31)
+
+
 def year_span(low: float, high: float) -> tuple[date, date]:
     """The first and last day of the passing years (cell edges are 1 January of consecutive years)."""
     first = date.fromordinal(_EPOCH.toordinal() + int(low))
@@ -171,6 +311,16 @@ def year_span(low: float, high: float) -> tuple[date, date]:
 __all__ = [
     "FALSE_CELL",
     "FIRST_YEAR",
+    "HIGH_Q",
+    "LOW_Q",
+    "SIGN_SHARE",
+    "Sign",
+    "WINDOW_ABOVE",
+    "WINDOW_BELOW",
+    "YearQuantileBounds",
+    "QuantileBounds",
+    "QuantileBoundsRelease",
+    "round_out",
     "LAST_YEAR",
     "MARGIN",
     "NUMBER_LIMIT",

@@ -1,4 +1,5 @@
-"""A DP histogram over values nobody listed in advance: noisy counts of the values that occur,
+"""DP histograms: `PublicHistogram`, Laplace counts over a public list of cells (below); and a DP
+histogram over values nobody listed in advance: noisy counts of the values that occur,
 kept above a threshold (the stability-based histogram).
 
 Korolova, Kenthapadi, Mishra & Ntoulas 2009 ("Releasing search queries and clicks privately",
@@ -32,8 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privflow.privacy.accounting.events import ApproxDPEvent
-from privflow.privacy.mechanisms.laplace import laplace_mechanism
+from privflow.privacy.accounting.events import ApproxDPEvent, LaplaceEvent
+from privflow.privacy.mechanisms.laplace import laplace_event, laplace_mechanism
 
 MAX_DELTA = 0.1  # a delta above this keeps values of count 1 too often to call the release private
 
@@ -86,6 +87,40 @@ class ThresholdedHistogram:
         return out
 
 
+@dataclass(frozen=True)
+class PublicHistogram:
+    """Laplace counts over a PUBLIC list of cells (the caller's; nothing read off the rows decides
+    which cells exist): each row counts in `sensitivity` cells (one per level of a hierarchy), so
+    adding or removing it moves those counts by 1 each, L1 sensitivity `sensitivity`,
+    Laplace(sensitivity/epsilon) per cell, `LaplaceEvent(1/epsilon)` (Dwork et al. 2006),
+    `laplace_mechanism`'s exact sampler. Used for a column's kind histogram
+    (privflow/data/draft.py `KIND_CELLS`)."""
+
+    epsilon: float
+    sensitivity: float = 1.0  # how many cells one row counts in (its L1 sensitivity)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.epsilon, int | float) and math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError(f"the histogram's epsilon must be a finite positive number, got {self.epsilon!r}")
+        if not (isinstance(self.sensitivity, int | float) and math.isfinite(self.sensitivity) and self.sensitivity > 0):
+            raise ValueError(f"the histogram's sensitivity must be a finite positive number, got {self.sensitivity!r}")
+
+    @property
+    def scale(self) -> float:
+        """The Laplace scale: sensitivity / epsilon."""
+        return float(self.sensitivity) / float(self.epsilon)
+
+    def event(self) -> LaplaceEvent:
+        return laplace_event(1.0 / float(self.epsilon))
+
+    def release(self, counts: np.ndarray) -> np.ndarray:
+        """Noisy counts of the cells: `counts[i]` is how many rows fall in cell i (each row in one)."""
+        exact = np.asarray(counts, dtype=np.float64).ravel()
+        if np.any(exact < 0) or not np.all(np.isfinite(exact)):
+            raise ValueError("counts must be finite and >= 0")
+        return laplace_mechanism(exact, float(self.sensitivity), 1.0 / float(self.epsilon))
+
+
 def keep_probability(count: float, epsilon: float, delta: float) -> float:
     """P(count + Laplace(1/epsilon) > T) for the continuous Laplace (the closed form the tests check
     the sampler against): (1/2) exp(-(T - c) epsilon) below T, 1 - (1/2) exp(-(c - T) epsilon) above."""
@@ -99,4 +134,4 @@ def dp_histogram_event(epsilon: float, delta: float) -> ApproxDPEvent:
     return ThresholdedHistogram(epsilon, delta).event()
 
 
-__all__ = ["MAX_DELTA", "ThresholdedHistogram", "dp_histogram_event", "keep_probability"]
+__all__ = ["MAX_DELTA", "PublicHistogram", "ThresholdedHistogram", "dp_histogram_event", "keep_probability"]
