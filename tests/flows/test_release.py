@@ -10,7 +10,9 @@ One small run on a slice of real data (Adult) with one bad row, then:
 - diagnostics on real rows are in the curator-only folder and nowhere in MLflow;
 - the data fingerprint is a keyed HMAC, kept out of MLflow;
 - the released run is timeless: one moment (the start of its UTC day) for its start, its end
-  and every metric, so no duration of the private work shows;
+  and every metric, so no duration of the private work shows; the MLmodel file's creation time
+  and `ledger show` say the day only, and the only finer timestamps are those MLflow's registry
+  stamps itself (release.MLFLOW_STAMPED);
 - the validation gate's stop is a charged DP decision whose message carries no exact count.
 """
 
@@ -110,6 +112,56 @@ def test_the_released_run_shows_one_moment_and_no_duration(run) -> None:
     assert len(history) > len(metrics)  # epsilon_cumulative has a point per checkpoint
     assert {m.timestamp for m in history} == {info.start_time}
     assert {"run.start_time", "run.end_time", "metric.timestamp"} <= set(release.TIMING)
+
+
+def _finer_than_the_day(ms: int | None) -> bool:
+    return ms is not None and int(ms) % 86_400_000 != 0
+
+
+def test_nothing_released_carries_a_time_finer_than_the_day(run) -> None:
+    """Privacy rule 10: every timestamp privflow writes into a release is a UTC day (the run's
+    times and metrics, the MLmodel file's utc_time_created, `ledger show`); the timestamps MLflow's
+    store stamps itself at registration, which its API cannot set, are the named exceptions
+    (release.MLFLOW_STAMPED), and nothing else is finer than the day."""
+    from datetime import datetime
+
+    import mlflow
+
+    from privflow.tasks.mlflow_store import model_created_day
+
+    cfg, summary = run
+    client = MlflowClient()
+    version = client.get_model_version(summary.model_name, summary.model_version)
+    info = client.get_run(summary.mlflow_run_id).info
+    # the MLmodel file, as `mlflow.pyfunc.load_model` and a download see it
+    mlmodel = mlflow.models.get_model_info(f"models:/{summary.model_name}/{summary.model_version}")
+    created = datetime.fromisoformat(mlmodel.utc_time_created)
+    assert (created.hour, created.minute, created.second, created.microsecond) == (0, 0, 0, 0), created
+    assert mlmodel.utc_time_created == model_created_day(info.start_time)  # the run's day
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/{summary.model_name}/{summary.model_version}/MLmodel"))
+    assert f"utc_time_created: '{mlmodel.utc_time_created}'" in local.read_text()
+    # every timestamp of the released run, its metrics, the version, the registered and logged model
+    stamps: dict[str, int | None] = {"run.start_time": info.start_time, "run.end_time": info.end_time}
+    metrics = client.get_run(summary.mlflow_run_id).data.metrics
+    for key in metrics:
+        for i, m in enumerate(client.get_metric_history(summary.mlflow_run_id, key)):
+            stamps[f"metric.timestamp[{key}#{i}]"] = m.timestamp
+    registered = client.get_registered_model(summary.model_name)
+    assert mlmodel.model_id  # MLflow 3 records a logged model behind the version
+    logged = client.get_logged_model(mlmodel.model_id)
+    for prefix, entity in (("version", version), ("registered_model", registered), ("logged_model", logged)):
+        for attr in ("creation_timestamp", "last_updated_timestamp"):
+            stamps[f"{prefix}.{attr}"] = getattr(entity, attr)
+    for m in logged.metrics or []:
+        stamps[f"logged_model.metric.timestamp[{m.key}]"] = m.timestamp
+    fine = sorted(k for k, ms in stamps.items() if _finer_than_the_day(ms))
+    assert set(fine) <= set(release.MLFLOW_STAMPED), fine
+    assert set(release.MLFLOW_STAMPED) <= set(stamps)  # the exceptions name real fields
+    assert not any(k.startswith(("run.", "metric.")) for k in fine)
+    assert {"run.start_time", "run.end_time", "metric.timestamp", "model.utc_time_created"} <= set(release.TIMING)
+    # the publishable ledger summary: dates only
+    text = Ledger(cfg.store.resolve() / "ledger.db").describe()
+    assert re.search(r"\d{4}-\d{2}-\d{2}", text) and not re.search(r"\d{2}:\d{2}", text), text
 
 
 def test_allowlist_rejects_what_it_does_not_name() -> None:

@@ -48,31 +48,81 @@ def test_watcher_announces_each_file_once(tmp_path: Path, emitted: list[dict]) -
     (folder / "empty.csv").write_text("")
     fresh = folder / "fresh.csv"
     fresh.write_text("x\n2\n")
-    old = time.time() - 60
+    old = time.time() - 60  # settled: older than the 30 s however long the test takes
     for p in folder.iterdir():
         if p != fresh:
             os.utime(p, (old, old))
+    soon = time.time() + 86_400  # still being written: younger than 30 s however long the test takes
+    os.utime(fresh, (soon, soon))
 
-    first = watch.scan_once(folder, settle=30)
+    store = tmp_path / "store"
+    first = watch.scan_once(folder, settle=30, store=store)
     assert sorted(a.path.name for a in first) == ["a.csv", "b.parquet"]
     ev = {e["resource"]["prefect.resource.name"]: e for e in emitted}
     a = ev["a.csv"]
     assert a["event"] == "privflow.data.arrived"
     assert a["resource"]["prefect.resource.id"] == str((folder / "a.csv").resolve())
     assert a["resource"]["privflow.folder"] == str(folder.resolve())
-    assert a["id"] == watch.event_id((folder / "a.csv").resolve(), a["payload"]["sha256"])
+    assert a["id"] == watch.event_id((folder / "a.csv").resolve(), a["payload"]["fingerprint"])
 
-    assert watch.scan_once(folder, settle=30) == []  # nothing new: nothing emitted
+    assert watch.scan_once(folder, settle=30, store=store) == []  # nothing new: nothing emitted
     assert len(emitted) == 2
     os.utime(fresh, (old, old))
-    assert [x.path.name for x in watch.scan_once(folder, settle=30)] == ["fresh.csv"]
+    assert [x.path.name for x in watch.scan_once(folder, settle=30, store=store)] == ["fresh.csv"]
 
     (folder / "a.csv").write_text("x\n1\n3\n")  # new content under the same name: new data
     os.utime(folder / "a.csv", (old, old))
-    again = watch.scan_once(folder, settle=30)
+    again = watch.scan_once(folder, settle=30, store=store)
     assert [x.path.name for x in again] == ["a.csv"] and again[0].event_id != a["id"]
     state = json.loads((folder / ".privflow-watch.json").read_text())["emitted"]
     assert set(state) == {str((folder / n).resolve()) for n in ("a.csv", "b.parquet", "fresh.csv")}
+
+
+def test_the_watchers_event_carries_a_keyed_fingerprint_only(tmp_path: Path, emitted: list[dict]) -> None:
+    """The file is private: its event (payload and id) and the watcher's state hold no unkeyed
+    hash of its bytes and no size, only the HMAC under the store's secret key."""
+    import hashlib
+
+    from privflow.privacy.fingerprint import keyed_fingerprint, store_key
+
+    folder, store = tmp_path / "in", tmp_path / "store"
+    folder.mkdir()
+    data = folder / "a.csv"
+    data.write_text("x\n1\n2\n")
+    (arrival,) = watch.scan_once(folder, settle=0, store=store)
+    (event,) = emitted
+    keyed = keyed_fingerprint(data, store_key(store))
+    assert event["payload"] == {"fingerprint": keyed} and arrival.fingerprint == keyed
+    assert event["id"] == watch.event_id(data.resolve(), keyed)
+    plain = hashlib.sha256(data.read_bytes()).hexdigest()
+    state_text = (folder / ".privflow-watch.json").read_text()
+    for text in (json.dumps(event, default=str), state_text):
+        assert plain not in text and '"bytes"' not in text and 'sha256"' not in text
+    assert event["id"] != watch.event_id(data.resolve(), plain)
+    # another store's key: another fingerprint, so the file is new to a watcher keyed by it
+    other = watch.scan_once(folder, settle=0, store=tmp_path / "other-store", state=tmp_path / "other.json")
+    assert [x.fingerprint for x in other] != [keyed]
+
+
+def test_a_state_file_of_an_older_watcher_announces_nothing_again(tmp_path: Path, emitted: list[dict]) -> None:
+    """An entry recorded with the unkeyed SHA-256 (older watchers) is matched once and rewritten
+    with the keyed fingerprint: the file is not announced (and retrained on) a second time."""
+    import hashlib
+
+    folder, store = tmp_path / "in", tmp_path / "store"
+    folder.mkdir()
+    data = folder / "a.csv"
+    data.write_text("x\n1\n")
+    digest = hashlib.sha256(data.read_bytes()).hexdigest()
+    old_id = str(uuid.uuid5(watch._NAMESPACE, f"{data.resolve()}\0{digest}"))
+    entry = {"sha256": digest, "event_id": old_id, "emitted_at": "2026-01-01T00:00:00+00:00"}
+    watch.save_state(watch.default_state(folder), {str(data.resolve()): entry})
+    assert watch.scan_once(folder, settle=0, store=store) == [] and emitted == []
+    state = watch.load_state(watch.default_state(folder))[str(data.resolve())]
+    assert "sha256" not in state and state["fingerprint"].startswith("hmac-sha256:")
+    assert digest not in watch.default_state(folder).read_text()
+    data.write_text("x\n1\n2\n")  # then changed: announced as new data
+    assert [a.path.name for a in watch.scan_once(folder, settle=0, store=store)] == ["a.csv"]
 
 
 def test_watcher_records_nothing_when_the_api_is_down(
@@ -84,11 +134,12 @@ def test_watcher_records_nothing_when_the_api_is_down(
         raise ConnectionError("no API")
 
     monkeypatch.setattr(watch, "_api_ready", down)
+    store = tmp_path / "store"
     with pytest.raises(ConnectionError):
-        watch.scan_once(tmp_path, settle=0)
+        watch.scan_once(tmp_path, settle=0, store=store)
     assert emitted == [] and watch.load_state(watch.default_state(tmp_path)) == {}
     monkeypatch.setattr(watch, "_api_ready", lambda: None)
-    assert len(watch.scan_once(tmp_path, settle=0)) == 1
+    assert len(watch.scan_once(tmp_path, settle=0, store=store)) == 1
 
 
 def test_event_id_is_deterministic_per_path_and_content() -> None:
@@ -166,7 +217,7 @@ def test_event_from_the_watcher_starts_the_retraining_deployment(tmp_path: Path,
     ids = {dep.name: dep.apply() for dep in deployments(site)}
     new = site.watch_folder / "rows.csv"
     new.write_text("age\n1\n")
-    (arrival,) = watch.scan_once(site.watch_folder, settle=0)
+    (arrival,) = watch.scan_once(site.watch_folder, settle=0, store=site.store)
     with get_client(sync_client=True) as client:
         deadline = time.monotonic() + 60
         runs = []

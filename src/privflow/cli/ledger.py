@@ -22,7 +22,8 @@ def ledger_show(
     verbose: VerboseOpt = False,
 ) -> None:
     """Charged runs (settled, abandoned, open reservations), their privacy events and the
-    cumulative (epsilon, delta), per dataset: the publishable summary (no data fingerprints)."""
+    cumulative (epsilon, delta) by PLD and by the bound valid for adaptively chosen runs, per
+    dataset: the publishable summary (no data fingerprints, no time finer than the day)."""
     _guarded(verbose, lambda: _ledger_show(dataset, store, verbose), spends=False)
 
 
@@ -110,11 +111,16 @@ def _ledger_set_budget(dataset: str, epsilon: float, delta: float | None, store:
     ledger.set_budget(dataset, epsilon, delta)
     console = Console()
     console.print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
+    from privflow.privacy.ledger import CHARGED_STATUSES
+    from privflow.privacy.ledger.filter import adaptive_epsilon
+
     spent = ledger.spent(dataset)[0]
-    if spent >= epsilon:
+    adaptive = adaptive_epsilon([r.events for r in ledger.runs(dataset) if r.status in CHARGED_STATUSES], delta)
+    if spent >= epsilon or adaptive >= epsilon:
         console.print(
-            f"note: dataset '{dataset}' has already spent epsilon={spent:.4g}, at least the new budget of "
-            f"{epsilon:g}: no further run on it can be charged until the budget is raised.",
+            f"note: dataset '{dataset}' has already spent epsilon={spent:.4g} (PLD; {adaptive:.4g} by the bound "
+            f"valid for adaptively chosen runs), at least the new budget of {epsilon:g} by one of them: no further "
+            "run on it can be charged until the budget is raised.",
             highlight=False,
             soft_wrap=True,
             markup=False,

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import mlflow.artifacts
 import torch
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
-from mlflow.models import ModelSignature
+from mlflow.models import Model, ModelSignature
 from mlflow.types import ColSpec
 from mlflow.types import Schema as MLSchema
 
@@ -295,8 +296,12 @@ def _log_generator(
             meta["head"] = head
         (Path(tmp) / "meta.json").write_text(json.dumps(meta))
         artifacts["meta"] = str(Path(tmp) / "meta.json")
-        info = mlflow.pyfunc.log_model(
+        # mlflow.pyfunc.log_model, with the MLmodel file's creation time set to the day (_DayStampedPyfunc)
+        info = Model.log(
+            artifact_path=None,
             name="generator",
+            flavor=_DayStampedPyfunc(model_created_day(_moment())),
+            flavor_name="pyfunc.ModelFromCode",  # what mlflow.pyfunc.log_model records for a model from code
             python_model=str(Path(privflow.__file__).parent / "serving" / "sampler_model.py"),
             artifacts=artifacts,
             code_paths=[_sampler_package(Path(tmp))],
@@ -305,6 +310,31 @@ def _log_generator(
             registered_model_name=name,
         )
     return str(info.registered_model_version)
+
+
+def model_created_day(moment_ms: int) -> str:
+    """The MLmodel file's `utc_time_created` for a model logged at `moment_ms`: the start of its
+    UTC day, in MLflow's own format ('YYYY-MM-DD 00:00:00'), as the released run's times are
+    (tasks/release.py, TIMING): no time of day shows when training ended."""
+    day = datetime.fromtimestamp(release_moment(moment_ms) / 1000, UTC).replace(tzinfo=None)
+    return str(day)
+
+
+class _DayStampedPyfunc:
+    """`mlflow.pyfunc` as the flavor `Model.log` saves with, its MLmodel stamped with the day.
+
+    MLflow sets `utc_time_created` to the wall clock when it builds the model's description and
+    offers no argument for it; the flavor's `save_model` receives that description before the
+    MLmodel file is written, uploaded and registered, so the day replaces the time there."""
+
+    __name__ = "mlflow.pyfunc"
+
+    def __init__(self, day: str) -> None:
+        self.day = day
+
+    def save_model(self, path: str, mlflow_model: Model, **kwargs: Any) -> Any:
+        mlflow_model.utc_time_created = self.day
+        return mlflow.pyfunc.save_model(path=path, mlflow_model=mlflow_model, **kwargs)
 
 
 @task(name="register", retries=2, retry_delay_seconds=2)

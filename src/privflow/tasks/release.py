@@ -77,6 +77,24 @@ TIMING: dict[str, str] = {
     "run.start_time": "the start of the UTC day the run began (release_moment): a public calendar day",
     "run.end_time": "equal to the start time: the run's duration is not released",
     "metric.timestamp": "every metric at the run's start time: no metric shows when it was computed",
+    "model.utc_time_created": (
+        "the MLmodel file's creation time: the start of the UTC day of the run (mlflow_store.model_created_day), "
+        "written before the file is uploaded or registered"
+    ),
+    "ledger.created": "`privflow ledger show` prints a run's reservation and a note's time as the date only",
+}
+# What MLflow itself stamps with the wall clock when privflow registers a version, and privflow
+# cannot set: its API takes no time for these (the SQL store calls its own clock), so they say
+# when registration happened, to the millisecond. Where the start of a run is public (a cron
+# schedule, a file's arrival), that bounds the private run's duration (docs/privacy.md). Listed
+# here so that the release test fails on any other timestamp finer than the day.
+MLFLOW_STAMPED: dict[str, str] = {
+    "version.creation_timestamp": "registry: when `create_model_version` ran (set by MLflow's store)",
+    "version.last_updated_timestamp": "registry: the version's creation (tags and aliases do not change it)",
+    "registered_model.creation_timestamp": "registry: when the model's first version was registered",
+    "registered_model.last_updated_timestamp": "registry: when its latest version was registered",
+    "logged_model.creation_timestamp": "tracking: when `Model.log` created the logged-model record",
+    "logged_model.last_updated_timestamp": "tracking: the record's creation, or its finalisation",
 }
 
 
@@ -88,4 +106,14 @@ def reason(allowlist: dict[str, str], key: str) -> str | None:
     return None
 
 
-__all__ = ["ARTIFACTS", "METRICS", "MODEL_TAGS", "PARAMS", "TAGS", "TIMING", "VERSION_TAGS", "reason"]
+__all__ = [
+    "ARTIFACTS",
+    "METRICS",
+    "MLFLOW_STAMPED",
+    "MODEL_TAGS",
+    "PARAMS",
+    "TAGS",
+    "TIMING",
+    "VERSION_TAGS",
+    "reason",
+]

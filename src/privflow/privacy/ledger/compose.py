@@ -1,13 +1,18 @@
 """Composition for the privacy ledger: the tight (PLD) epsilon of a list of events, the epsilon
 a next run can ask for, and the one budget verdict that reserving and checking share.
 
+A dataset's budget is enforced by two figures together: the PLD composition of every charged
+run's events (the tight figure, exact when the runs' parameters were fixed in advance), and the
+bound valid however each run was chosen after earlier releases (`filter.adaptive_epsilon`, a
+Rényi privacy filter). A run is refused when either would pass the budget.
+
 Functions of mechanism parameters only (public): no SQLite, no rows.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from privflow.core.errors import BudgetExceeded
 from privflow.privacy.accounting.accountant import PLDAccountant, PLDTooLarge
@@ -24,6 +29,7 @@ from privflow.privacy.accounting.events import (
     flatten,
 )
 from privflow.privacy.accounting.plan import MAX_EPSILON
+from privflow.privacy.ledger.filter import adaptive_epsilon
 
 # Relative slack for floating-point noise only: a plan calibrated to land exactly on the
 # budget may compose to budget * (1 + 1e-12) in the PLD's arithmetic.
@@ -67,49 +73,74 @@ _HEADROOM_TOL = 1e-5
 
 
 def headroom_epsilon(events: Sequence[Event], budget: float, delta: float) -> float:
-    """The largest epsilon e (at `delta`) of ONE more mechanism whose privacy loss is a Gaussian
-    calibrated to (e, delta) (`gaussian_noise_for_epsilon`) such that `events` composed with it
-    stay within `budget` (the same test as the ledger's reservation). Composition is not
-    subtraction: this is usually well above budget minus spent.
+    """The largest epsilon e (at `delta`) of ONE more run, a Gaussian mechanism calibrated to
+    (e, delta) (`gaussian_noise_for_epsilon`), that the ledger's reservation would accept after
+    `events` (the dataset's charged runs' events): its PLD total and the bound valid for
+    adaptively chosen runs (`filter.adaptive_epsilon`, `events` as the earlier runs) both within
+    `budget`. Composition is not subtraction: the PLD figure alone would allow well above budget
+    minus spent; the adaptive bound, which grows faster, often allows less.
 
     A next run's events depend on its plan, which this module does not know; a run's stages
     compose close to one Gaussian at the run's epsilon, so this is what a next run can ask
-    for, about; pre-flight checks the exact plan. The composed total grows with e, so e is
-    found in a bracket [fits, does not fit] narrowed by the Illinois rule (regula falsi that
-    halves a stale end's value): each probe builds a new Gaussian PLD, and this needs fewer
-    probes than bisection. The lower end of the final bracket is returned (the side that
-    fits). 0 when nothing more fits.
+    for, about; pre-flight checks the exact plan. Both figures grow with e. The adaptive bound
+    is cheaper (a Rényi curve and a closed form; for a dataset's first run, one Gaussian's exact
+    epsilon), so its largest fit is found first, then the PLD one below it, each in a bracket
+    [fits, does not fit] narrowed by the Illinois rule (`_largest_fit`): a PLD probe builds a new
+    Gaussian PLD, and this needs fewer probes than bisection. The lower end of the final bracket
+    is returned (the side that fits both). 0 when nothing more fits.
     """
     budget = float(budget)
     if not (math.isfinite(budget) and budget > 0):
         return 0.0
     limit = budget * (1 + REL_TOL)
+    earlier = [list(events)] if events else []
+
+    def gaussian(e: float) -> list[Event]:
+        return [GaussianEvent(gaussian_noise_for_epsilon(e, delta))] if e > 0 else []
+
+    def adaptive_excess(e: float) -> float:
+        """The adaptive bound with a Gaussian at e, minus the limit: <= 0 where it fits."""
+        try:
+            return adaptive_epsilon([*earlier, gaussian(e)], delta) - limit
+        except PLDTooLarge:  # the first run's PLD: too little noise to account for
+            return math.inf
 
     def excess(e: float) -> float:
-        """The composition with a Gaussian at e, minus the limit: <= 0 where it fits."""
-        if e <= 0:
-            return compose_epsilon(events, delta) - limit
+        """The PLD composition with a Gaussian at e, minus the limit: <= 0 where it fits."""
         try:
-            return compose_epsilon([*events, GaussianEvent(gaussian_noise_for_epsilon(e, delta))], delta) - limit
+            return compose_epsilon([*events, *gaussian(e)], delta) - limit
         except PLDTooLarge:  # too little noise to account for: no run's plan could ask for it either
             return math.inf
 
     # one Gaussian at e composes to at least e, so the answer never passes the budget; nor a
     # single run's limit (privacy.accounting.plan.MAX_EPSILON)
-    lo, hi = 0.0, min(budget, MAX_EPSILON)
+    hi = min(budget, MAX_EPSILON)
+    tol = _HEADROOM_TOL * hi
+    a_lo = adaptive_excess(0.0)
+    if a_lo > 0:
+        return 0.0
+    a_hi = adaptive_excess(hi)
+    if a_hi > 0:
+        hi = _largest_fit(adaptive_excess, 0.0, hi, a_lo, a_hi, tol)
     f_hi = excess(hi)
     if f_hi <= 0:
         return hi
-    f_lo = excess(lo)
+    f_lo = excess(0.0)
     if f_lo > 0:
         return 0.0
-    tol = _HEADROOM_TOL * hi
+    return _largest_fit(excess, 0.0, hi, f_lo, f_hi, tol)
+
+
+def _largest_fit(f: Callable[[float], float], lo: float, hi: float, f_lo: float, f_hi: float, tol: float) -> float:
+    """The lower end of a bracket [lo, hi] with f(lo) <= 0 < f(hi), f increasing, narrowed to
+    `tol` by the Illinois rule (regula falsi that halves a stale end's value; bisection while
+    f(hi) is infinite)."""
     kept = 0  # +1: the last probe moved lo (hi kept), -1: it moved hi
     while hi - lo > tol:
         guess = 0.5 * (lo + hi) if math.isinf(f_hi) else (lo * f_hi - hi * f_lo) / (f_hi - f_lo)
         # at least half the tolerance inside: near the root the next probe straddles it
         x = min(max(guess, lo + 0.5 * tol), hi - 0.5 * tol)
-        f_x = excess(x)
+        f_x = f(x)
         if f_x <= 0:
             lo, f_lo = x, f_x
             if kept == 1:
@@ -149,22 +180,34 @@ def budget_verdict(
     who: str,
 ) -> tuple[float, float]:
     """The one budget check (the ledger's reservation and every dry run use it): (requested,
-    total) epsilon of `events` composed after the events of the dataset's charged runs
-    (`earlier_runs`, one list per run, oldest first), or BudgetExceeded naming every number."""
+    total) PLD epsilon of `events` composed after the events of the dataset's charged runs
+    (`earlier_runs`, one list per run, oldest first), or BudgetExceeded naming every number.
+
+    The run is refused when the PLD total, or the bound valid for adaptively chosen runs
+    (`filter.adaptive_epsilon` over the earlier runs and this one), would pass the budget."""
     earlier = [e for run in earlier_runs for e in run]
     n_runs = len(earlier_runs)
     spent = compose_epsilon(earlier, delta)
     requested = compose_epsilon(events, delta)
     total = compose_epsilon(earlier + list(events), delta) if earlier else requested
-    if not total <= budget * (1 + REL_TOL):
+    adaptive = adaptive_epsilon([*earlier_runs, list(events)], delta)
+    limit = budget * (1 + REL_TOL)
+    over_pld, over_adaptive = not total <= limit, not adaptive <= limit
+    if over_pld or over_adaptive:
+        which = (
+            "both figures pass it"
+            if over_pld and over_adaptive
+            else ("the PLD total passes it" if over_pld else "the adaptive bound passes it, the PLD total does not")
+        )
         raise BudgetExceeded(
             f"{who} was refused before reading any row: dataset '{dataset}' has a total "
             f"budget of epsilon={budget:.4g} (delta={delta:g}); {n_runs} earlier run(s) spent "
             f"epsilon={spent:.4g}, and this run requests epsilon={requested:.4g} on its own, which "
-            f"composes to a total of {total:.4g}. A next run can ask for about epsilon="
-            f"{headroom_epsilon(earlier, budget, delta):.4g} (found by composition, not by subtraction). "
-            f"Lower the run's epsilon, or raise the dataset's budget deliberately (`privflow ledger "
-            f"set-budget {dataset} --epsilon E --delta D`) if the data owner agrees."
+            f"composes to a total of {total:.4g} (PLD) and to {adaptive:.4g} by the bound valid for "
+            f"adaptively chosen runs (a Rényi privacy filter, `privflow ledger show`); {which}. A next run "
+            f"can ask for about epsilon={headroom_epsilon(earlier, budget, delta):.4g} (found by composition "
+            f"under both figures, not by subtraction). Lower the run's epsilon, or raise the dataset's budget "
+            f"deliberately (`privflow ledger set-budget {dataset} --epsilon E --delta D`) if the data owner agrees."
         )
     return requested, total
 
@@ -176,6 +219,7 @@ def check_budget(dataset: str, events: Sequence[Event], budget: tuple[float, flo
 
 
 __all__ = [
+    "adaptive_epsilon",
     "budget_verdict",
     "check_budget",
     "compose_epsilon",
