@@ -286,3 +286,25 @@ def test_the_sum_of_laplace_tail_and_the_floor() -> None:
     assert passing_cells(schema()) == 1
     assert passing_cells(schema(amount=CLAMP)) == 2 and passing_cells(schema(color=OTHER)) == 2
     assert passing_cells(schema(amount=CLAMP, color=OTHER)) == 4
+
+
+@pytest.mark.parametrize(
+    "dataset,overrides",
+    [({}, {}), ({"on_out_of_bounds": "clamp"}, {"color": OTHER}), ({}, {"amount": {**CLAMP, "nullable": True}})],
+)
+def test_typed_rows_are_validates_rows_without_great_expectations(dataset: dict, overrides: dict) -> None:
+    """`typed_rows` (what a table read back is digested over) keeps exactly the rows `validate`
+    keeps, typed, clamped and sent to `other` alike, including a line the reader could not read."""
+    from privflow.data.io import UNREADABLE
+    from privflow.data.validation import typed_rows
+
+    s = schema(dataset, **overrides)
+    df = table(np.random.default_rng(3), 400)
+    df = df.with_columns(
+        pl.when(pl.int_range(pl.len()) == 7).then(None).otherwise(pl.col("amount")).alias("amount"),
+        pl.when(pl.int_range(pl.len()) == 9).then(pl.lit("line 11 is not valid CSV")).alias(UNREADABLE),
+    )
+    kept, report = validate(df, s, "strict", None, lambda _f, _p: False)
+    assert 0 < kept.height < df.height and report.failing_rows > 0
+    assert typed_rows(df, s).equals(kept)
+    assert typed_rows(df.drop("color"), s).height == 0  # a missing column: no passing row

@@ -703,6 +703,41 @@ def _write_quarantine(
         rows.write_csv(path)
 
 
+def _prepared(df: pl.DataFrame, schema: Schema) -> tuple[pl.Series | None, pl.DataFrame, _Coerced]:
+    """(the rows the reader could not read, or None; the normalised raw frame; its coercion):
+    what `validate` and `typed_rows` check. An ignored column's values are never read: only its
+    name is checked (the quarantine file, for the data owner, keeps the rows as given)."""
+    unreadable = df.get_column(UNREADABLE).is_not_null() if UNREADABLE in df.columns else None
+    df = df.drop(UNREADABLE, strict=False)
+    ignored = [c.name for c in schema.columns if c.type == "ignore" and c.name in df.columns]
+    df = df.with_columns(pl.lit(None, dtype=pl.String).alias(c) for c in ignored) if ignored else df
+    raw = _normalise(df, schema.dataset.missing_values)
+    return unreadable, raw, _coerce(raw, schema)
+
+
+def typed_rows(df: pl.DataFrame, schema: Schema) -> pl.DataFrame:
+    """The rows of `df` that pass every row-level check, typed and with values clamped or sent to
+    `other`, as `validate` returns them, computed with polars alone: `validate` checks this polars
+    twin against Great Expectations on every call, and reading a table back (its rows' keyed
+    digests, privacy/fingerprint.py) need not import GX and pandas for it. A table missing a
+    declared column or holding an undeclared one has no passing row here."""
+    unreadable, raw, co = _prepared(df, schema)
+    model = lower(schema)
+    if set(schema.names) != set(raw.columns) or co.schema_failures:
+        return pl.DataFrame()
+    masks = dict(co.masks)
+    changes: dict[tuple[str, str], pl.Series] = {}
+    for key, mask in _value_masks(co.frame, raw, model, _clamping(schema)).items():
+        if mask.any():
+            (changes if key[1] in _CHANGE_ORDER else masks)[key] = mask
+    row_fail = pl.Series([False] * raw.height, dtype=pl.Boolean)
+    for mask in masks.values():
+        row_fail = row_fail | mask
+    if unreadable is not None:
+        row_fail = row_fail | unreadable
+    return _typed(_apply_changes(co.frame, model, changes).filter(~row_fail), model)
+
+
 def validate(
     df: pl.DataFrame,
     schema: Schema,
@@ -752,16 +787,9 @@ def validate(
         )
 
     given = df  # as read: the quarantine file keeps the reader's reason for a line it could not read
-    unreadable = df.get_column(UNREADABLE).is_not_null() if UNREADABLE in df.columns else None
-    df = df.drop(UNREADABLE, strict=False)
-    # an ignored column's values are never read: only its name is checked (the quarantine file, for
-    # the data owner, keeps the rows as given)
-    ignored = [c.name for c in schema.columns if c.type == "ignore" and c.name in df.columns]
-    df = df.with_columns(pl.lit(None, dtype=pl.String).alias(c) for c in ignored) if ignored else df
-    raw = _normalise(df, schema.dataset.missing_values)
+    unreadable, raw, co = _prepared(df, schema)
     n = raw.height
     model = lower(schema)
-    co = _coerce(raw, schema)
     gx_out = _run_gx(raw, co.frame, schema)
 
     declared, present = set(schema.names), set(raw.columns)

@@ -155,13 +155,12 @@ def surface_schema(schema: Schema) -> Schema:
 
 def table_rows(path: str | Path, schema: Schema) -> pl.DataFrame:
     """The rows of the table at `path` as a run reads them: `read_table`, then validation's
-    coercion to the schema's typed values, keeping the rows that pass (no file is written, and
-    no row stops it). What `row_digests` is taken over for a table read back from disk."""
+    coercion to the schema's typed values, keeping the rows that pass (`typed_rows`: polars
+    alone, no file written, no row stops it). What `row_digests` is taken over for a table read back from disk."""
     from privflow.data.io import read_table
-    from privflow.data.validation import validate
+    from privflow.data.validation import typed_rows
 
-    typed, _ = validate(read_table(path), schema, "strict", None, lambda _failing, _passing: False)
-    return typed
+    return typed_rows(read_table(path, max_line_bytes=schema.dataset.max_line_bytes), schema)
 
 
 __all__ = [
