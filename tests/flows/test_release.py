@@ -11,8 +11,8 @@ One small run on a slice of real data (Adult) with one bad row, then:
 - the data fingerprint is a keyed HMAC, kept out of MLflow;
 - the released run is timeless: one moment (the start of its UTC day) for its start, its end
   and every metric, so no duration of the private work shows; the MLmodel file's creation time
-  and `ledger show` say the day only, and the only finer timestamps are those MLflow's registry
-  stamps itself (release.MLFLOW_STAMPED);
+  and `ledger show` say the day only, and so do the times MLflow's registry stamps itself (the
+  version's, the registered and logged model's, the experiment's), floored after registration;
 - the validation gate's stop is a charged DP decision whose message carries no exact count.
 """
 
@@ -119,10 +119,11 @@ def _finer_than_the_day(ms: int | None) -> bool:
 
 
 def test_nothing_released_carries_a_time_finer_than_the_day(run) -> None:
-    """Privacy rule 10: every timestamp privflow writes into a release is a UTC day (the run's
-    times and metrics, the MLmodel file's utc_time_created, `ledger show`); the timestamps MLflow's
-    store stamps itself at registration, which its API cannot set, are the named exceptions
-    (release.MLFLOW_STAMPED), and nothing else is finer than the day."""
+    """Privacy rule 10: every timestamp of a release is a UTC day: the run's times and metrics,
+    the MLmodel file's utc_time_created, `ledger show`, and the times MLflow's store stamps
+    itself at registration (the version, the registered and the logged model, the experiment),
+    which privflow floors to the day afterwards (mlflow_store.coarsen_registry_times); all read
+    back through MLflow's client, as anyone reading the store sees them."""
     from datetime import datetime
 
     import mlflow
@@ -140,7 +141,8 @@ def test_nothing_released_carries_a_time_finer_than_the_day(run) -> None:
     assert mlmodel.utc_time_created == model_created_day(info.start_time)  # the run's day
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{summary.model_name}/{summary.model_version}/MLmodel"))
     assert f"utc_time_created: '{mlmodel.utc_time_created}'" in local.read_text()
-    # every timestamp of the released run, its metrics, the version, the registered and logged model
+    # every timestamp of the released run, its metrics, the version, the registered and logged
+    # model, and the run's experiment
     stamps: dict[str, int | None] = {"run.start_time": info.start_time, "run.end_time": info.end_time}
     metrics = client.get_run(summary.mlflow_run_id).data.metrics
     for key in metrics:
@@ -149,16 +151,33 @@ def test_nothing_released_carries_a_time_finer_than_the_day(run) -> None:
     registered = client.get_registered_model(summary.model_name)
     assert mlmodel.model_id  # MLflow 3 records a logged model behind the version
     logged = client.get_logged_model(mlmodel.model_id)
-    for prefix, entity in (("version", version), ("registered_model", registered), ("logged_model", logged)):
+    [searched] = [m for m in client.search_logged_models([info.experiment_id]) if m.model_id == mlmodel.model_id]
+    experiment = client.get_experiment(info.experiment_id)
+    for prefix, entity in (
+        ("version", version),
+        ("registered_model", registered),
+        ("logged_model", logged),
+        ("logged_model.searched", searched),
+    ):
         for attr in ("creation_timestamp", "last_updated_timestamp"):
             stamps[f"{prefix}.{attr}"] = getattr(entity, attr)
+    default = client.get_experiment("0")  # MLflow's own, made with the store on the first run
+    for attr in ("creation_time", "last_update_time"):
+        stamps[f"experiment.{attr}"] = getattr(experiment, attr)
+        stamps[f"experiment[Default].{attr}"] = getattr(default, attr)
+    registry = [k for k in stamps if k.startswith(("version.", "registered_model.", "logged_model.", "experiment."))]
+    assert len(registry) == 10, registry  # none missing
     for m in logged.metrics or []:
         stamps[f"logged_model.metric.timestamp[{m.key}]"] = m.timestamp
-    fine = sorted(k for k, ms in stamps.items() if _finer_than_the_day(ms))
-    assert set(fine) <= set(release.MLFLOW_STAMPED), fine
-    assert set(release.MLFLOW_STAMPED) <= set(stamps)  # the exceptions name real fields
-    assert not any(k.startswith(("run.", "metric.")) for k in fine)
-    assert {"run.start_time", "run.end_time", "metric.timestamp", "model.utc_time_created"} <= set(release.TIMING)
+    fine = sorted(k for k, ms in stamps.items() if ms is None or _finer_than_the_day(ms))
+    assert fine == [], {k: stamps[k] for k in fine}
+    # registered the day the run began (or the next, for a run across midnight)
+    day = 86_400_000
+    assert all(info.start_time - day <= int(stamps[k] or 0) <= info.start_time + day for k in registry), stamps
+    floored = {k for k in registry if ".searched." not in k}
+    assert {"run.start_time", "run.end_time", "metric.timestamp", "model.utc_time_created", *floored} <= set(
+        release.TIMING
+    )
     # the publishable ledger summary: dates only
     text = Ledger(cfg.store.resolve() / "ledger.db").describe()
     assert re.search(r"\d{4}-\d{2}-\d{2}", text) and not re.search(r"\d{2}:\d{2}", text), text

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -80,22 +82,116 @@ def experiment_name(dataset: str) -> str:
     return f"privflow-{dataset}"
 
 
+_HELD = threading.local()  # the stores whose lock this thread holds, and how deep
+
+
 @contextmanager
 def store_lock(store: Path) -> Iterator[None]:
     """An exclusive lock on the store across processes (an flock on `<store>/.mlflow.lock`),
-    held while MLflow's database and experiments are set up; a no-op where flock is missing."""
+    held while MLflow's database and experiments are set up; a no-op where flock is missing.
+
+    Re-entrant within a thread: a holder that calls a function taking the lock again (the
+    promotion, which coarsens the registry's times after moving the alias) goes on, where a
+    second flock on a new descriptor would wait for itself forever."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock (runs on one store are then the user's to serialise)
         yield
         return
     store.mkdir(parents=True, exist_ok=True)
-    with open(store / ".mlflow.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    key = str(store.resolve())
+    held: dict[str, int] = _HELD.__dict__.setdefault("depth", {})
+    if held.get(key):
+        held[key] += 1
         try:
             yield
         finally:
+            held[key] -= 1
+        return
+    with open(store / ".mlflow.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        held[key] = 1
+        try:
+            yield
+        finally:
+            held.pop(key, None)
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+# -- the registry's own clock (tasks/release.py, TIMING) -----------------------------------------
+
+# Each statement floors the time columns MLflow's SQL store fills from its own clock to the
+# start of their UTC day, for one registered model (:name): its versions, the model, the logged
+# models behind its versions (by the version's `models:/<id>` source or its run), the
+# experiments of those runs and logged models, and MLflow's Default experiment (id 0, made with
+# the store's schema on its first run: its time would date that run to the millisecond).
+# Flooring keeps every order between two times (creation before last update); NULL stays NULL.
+_VERSION_RUNS = "SELECT run_id FROM model_versions WHERE name = :name AND run_id IS NOT NULL"
+_LOGGED = (
+    f"(source_run_id IN ({_VERSION_RUNS}) "
+    "OR 'models:/' || model_id IN (SELECT source FROM model_versions WHERE name = :name))"
+)
+_COARSEN_SQL = (
+    "UPDATE model_versions SET creation_time = creation_time - creation_time % :day, "
+    "last_updated_time = last_updated_time - last_updated_time % :day WHERE name = :name",
+    "UPDATE registered_models SET creation_time = creation_time - creation_time % :day, "
+    "last_updated_time = last_updated_time - last_updated_time % :day WHERE name = :name",
+    "UPDATE logged_models SET creation_timestamp_ms = creation_timestamp_ms - creation_timestamp_ms % :day, "
+    f"last_updated_timestamp_ms = last_updated_timestamp_ms - last_updated_timestamp_ms % :day WHERE {_LOGGED}",
+    "UPDATE experiments SET creation_time = creation_time - creation_time % :day, "
+    "last_update_time = last_update_time - last_update_time % :day WHERE experiment_id IN "
+    f"(SELECT experiment_id FROM runs WHERE run_uuid IN ({_VERSION_RUNS}) "
+    f"UNION SELECT experiment_id FROM logged_models WHERE {_LOGGED} UNION SELECT 0)",
+)
+
+
+def own_store() -> Path | None:
+    """The store whose SQLite database MLflow tracks and registers into right now, when that is
+    privflow's own (`tracking(store)`: `sqlite:///<store>/mlflow.db`, no operator URI), else None."""
+    if env.operator_tracking_uri() is not None:
+        return None
+    uri = mlflow.get_tracking_uri()
+    prefix, suffix = "sqlite:///", "/mlflow.db"
+    if not uri.startswith(prefix) or not uri.endswith(suffix) or mlflow.get_registry_uri() != uri:
+        return None
+    return Path(uri[len(prefix) :]).parent
+
+
+def coarsen_registry_times(store: Path, model_name: str) -> bool:
+    """Floor to the start of their UTC day (milliseconds since the epoch) the times MLflow's
+    store stamps from its own clock when privflow registers a version or moves an alias, which
+    its API cannot set: the creation and last-update times of `model_name`'s versions, of the
+    registered model, of the logged models behind its versions, of their runs' experiments and
+    of MLflow's Default experiment (tasks/release.py, TIMING). In one SQLite transaction, under
+    the store's lock.
+
+    Only for privflow's own store: MLflow must track and register into
+    `sqlite:///<store>/mlflow.db` and no operator tracking URI be set. With any other tracking
+    or registry URI (a tracking server, another database) it does nothing and returns False;
+    those times are then the server's to keep (docs/privacy.md). Returns True once rewritten.
+
+    The run's own times and metric timestamps are written at the day already (`released_run`),
+    so they are not touched here."""
+    db = store.resolve() / "mlflow.db"
+    if own_store() != db.parent or not db.exists():
+        return False
+    with store_lock(store), closing(sqlite3.connect(db, timeout=60.0, isolation_level=None)) as con:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _COARSEN_SQL:
+                con.execute(statement, {"name": model_name, "day": _DAY_MS})
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+    return True
+
+
+def _coarsen_own(model_name: str) -> None:
+    """`coarsen_registry_times` on the store MLflow points at, when it is privflow's own."""
+    store = own_store()
+    if store is not None:
+        coarsen_registry_times(store, model_name)
 
 
 # -- what a run logs (tasks/release.py says why each entry may be there) -------------------------
@@ -355,7 +451,29 @@ def register_model(
     Safe to retry: it only writes DP outputs (weights chosen by Report-Noisy-Max) and the
     public schema, so a retry spends no privacy. `if_better` sets the alias here only when no
     version holds it (no comparison, no cost); otherwise the flow runs the DP comparison.
+
+    Then the registry's own timestamps of the model are floored to the day
+    (`coarsen_registry_times`, on privflow's own SQLite store only).
     """
+    registered = _register(name, alias, schema, model_name, model_config, states, tags, promotion, marginals, head)
+    # MLflow stamped the version, the model, the logged model (and any alias move) with its clock
+    _coarsen_own(name)
+    return registered
+
+
+def _register(
+    name: str,
+    alias: str,
+    schema: Schema,
+    model_name: str,
+    model_config: dict[str, Any],
+    states: list[dict],
+    tags: dict[str, str],
+    promotion: str,
+    marginals: dict[str, Any] | None,
+    head: dict[str, Any] | None,
+) -> Registered:
+    """`register_model`'s writes to the registry, before their times are floored to the day."""
     version = _log_generator(name, schema, model_name, model_config, states, marginals, head)
     client = MlflowClient()
     for key, value in tags.items():
@@ -384,7 +502,9 @@ def _v(version: str | None) -> str:
 
 def record_promotion(client: MlflowClient, decision: Any) -> Any:
     """Tag the candidate with a promotion decision (tasks/promote.py); on promotion, move the
-    alias and tag the old champion."""
+    alias and tag the old champion. Then the registry's own timestamps of the model are floored
+    to the day (`coarsen_registry_times`; the store's lock, which the promotion holds, is
+    re-entrant)."""
     for key, value in decision.tags().items():
         client.set_model_version_tag(decision.model_name, decision.candidate_version, key, value)
     if decision.promoted:
@@ -396,6 +516,7 @@ def record_promotion(client: MlflowClient, decision: Any) -> Any:
                 f"{PROMOTION_TAG}.superseded_by",
                 decision.candidate_version,
             )
+    _coarsen_own(decision.model_name)
     return decision
 
 
@@ -514,11 +635,13 @@ __all__ = [
     "LoadedVersion",
     "Registered",
     "alias_holder",
+    "coarsen_registry_times",
     "experiment_for",
     "experiment_name",
     "flat_params",
     "load_generator",
     "open_registry",
+    "own_store",
     "load_version",
     "log_cumulative_epsilon",
     "log_gate",

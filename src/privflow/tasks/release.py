@@ -72,7 +72,12 @@ MODEL_TAGS: dict[str, str] = {
 # every metric with the wall clock; the gaps between them are timings of the private work
 # (reading and gating the rows, training), which grow with the private row count: a side
 # channel no mechanism covers (privacy rule 8). So the run starts at, ends at, and logs every
-# metric at `mlflow_store.release_moment()`, the start of its UTC day (`released_run`).
+# metric at `mlflow_store.release_moment()`, the start of its UTC day (`released_run`). The times
+# MLflow's store stamps itself when privflow registers a version or moves an alias (its API
+# takes none) are floored to the day right after, in privflow's own SQLite store
+# (`mlflow_store.coarsen_registry_times`); with an operator's tracking server they stay the
+# server's, to the millisecond (docs/privacy.md).
+_REGISTRY_DAY = "floored to the start of its UTC day after each registration or alias move (coarsen_registry_times)"
 TIMING: dict[str, str] = {
     "run.start_time": "the start of the UTC day the run began (release_moment): a public calendar day",
     "run.end_time": "equal to the start time: the run's duration is not released",
@@ -81,20 +86,15 @@ TIMING: dict[str, str] = {
         "the MLmodel file's creation time: the start of the UTC day of the run (mlflow_store.model_created_day), "
         "written before the file is uploaded or registered"
     ),
+    "version.creation_timestamp": f"registry: when `create_model_version` ran, {_REGISTRY_DAY}",
+    "version.last_updated_timestamp": f"registry: the version's last change, {_REGISTRY_DAY}",
+    "registered_model.creation_timestamp": f"registry: when the model's first version was registered, {_REGISTRY_DAY}",
+    "registered_model.last_updated_timestamp": f"registry: its latest version or alias move, {_REGISTRY_DAY}",
+    "logged_model.creation_timestamp": f"tracking: when `Model.log` created the logged-model record, {_REGISTRY_DAY}",
+    "logged_model.last_updated_timestamp": f"tracking: the record's finalisation, {_REGISTRY_DAY}",
+    "experiment.creation_time": f"tracking: when the dataset's experiment was made (its first run), {_REGISTRY_DAY}",
+    "experiment.last_update_time": f"tracking: the experiment's last change, {_REGISTRY_DAY}",
     "ledger.created": "`privflow ledger show` prints a run's reservation and a note's time as the date only",
-}
-# What MLflow itself stamps with the wall clock when privflow registers a version, and privflow
-# cannot set: its API takes no time for these (the SQL store calls its own clock), so they say
-# when registration happened, to the millisecond. Where the start of a run is public (a cron
-# schedule, a file's arrival), that bounds the private run's duration (docs/privacy.md). Listed
-# here so that the release test fails on any other timestamp finer than the day.
-MLFLOW_STAMPED: dict[str, str] = {
-    "version.creation_timestamp": "registry: when `create_model_version` ran (set by MLflow's store)",
-    "version.last_updated_timestamp": "registry: the version's creation (tags and aliases do not change it)",
-    "registered_model.creation_timestamp": "registry: when the model's first version was registered",
-    "registered_model.last_updated_timestamp": "registry: when its latest version was registered",
-    "logged_model.creation_timestamp": "tracking: when `Model.log` created the logged-model record",
-    "logged_model.last_updated_timestamp": "tracking: the record's creation, or its finalisation",
 }
 
 
@@ -109,7 +109,6 @@ def reason(allowlist: dict[str, str], key: str) -> str | None:
 __all__ = [
     "ARTIFACTS",
     "METRICS",
-    "MLFLOW_STAMPED",
     "MODEL_TAGS",
     "PARAMS",
     "TAGS",
