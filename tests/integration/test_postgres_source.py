@@ -62,15 +62,11 @@ def _leaks(blob: bytes | str) -> list[str]:
     return [form for form in (PASSWORD, quote(PASSWORD, safe="")) if form.encode() in data]
 
 
-def test_a_postgres_table_is_checked_and_trained_on_without_showing_the_password(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_postgres_table_is_checked_and_trained_on_without_showing_the_password(tmp_path: Path) -> None:
     if postgres_bin() is None:
         pytest.skip("PostgreSQL server binaries (initdb, postgres) are not installed")
     pytest.importorskip("adbc_driver_postgresql")
-    import privflow.flows.pipeline as pipeline
     from privflow.cli import app
-    from privflow.core.source_uri import is_database_uri
 
     stack = Stack(tmp_path / "servers")
     try:
@@ -100,12 +96,6 @@ def test_a_postgres_table_is_checked_and_trained_on_without_showing_the_password
         assert "database 'nosuch' at 127.0.0.1" in " ".join(refused.output.split()) and not _leaks(refused.output)
         assert not (tmp_path / "x" / "ledger.db").exists()
 
-        # keyed_fingerprint (privacy/fingerprint.py) hashes a file's bytes; a database has none. Until
-        # that module gives None for a database source, the run uses this stand-in (the change proposed).
-        real = pipeline.keyed_fingerprint
-        monkeypatch.setattr(
-            pipeline, "keyed_fingerprint", lambda path, key: None if is_database_uri(path) else real(path, key)
-        )
         store = tmp_path / "store"
         run = runner.invoke(
             app,
