@@ -530,3 +530,73 @@ def test_preflight_line_states_the_promotion_comparisons_epsilon() -> None:
     assert "--promote never" in text
     never = _plan_total(plan, RunConfig.build(data="x.csv", schema_path="s.yaml", promotion="never"))
     assert "plus" not in never and "no DP comparison" in never
+
+
+def _ledger_with_prints(store: Path):
+    """A ledger whose dataset 'bank' has a settled DP draft with its rows' digests, a generated
+    table of bank-model/1 and a public declaration."""
+    import numpy as np
+
+    from privflow.privacy.accounting.events import LaplaceEvent
+    from privflow.privacy.fingerprint import digests_blob
+    from privflow.privacy.ledger import Ledger
+
+    ledger = Ledger(store / "ledger.db")
+    ledger.ensure_dataset("bank", 10.0, 1e-5)
+    ledger.reserve("bank", "schema-draft-1", [LaplaceEvent(1.0)])
+    ledger.settle("schema-draft-1", [LaplaceEvent(1.0)])
+    blob = digests_blob(np.arange(1, 121, dtype="<u8") * 0x9E3779B97F4A7C15)
+    ledger.record_rows("charged", "bank", blob, "blake2b-rows:feedfacefeedface", "schema-draft-1")
+    ledger.record_rows("generated", "bank", blob[:400], "blake2b-rows:0ddba11", "schema-draft-1", "bank-model", "1")
+    ledger.declare_public("pre", "1", "sha256:abc", "hmac-sha256:abc", "bank")
+    return ledger
+
+
+def test_ledger_curator_notes_lists_what_the_ledger_holds_without_a_digest(tmp_path: Path) -> None:
+    _ledger_with_prints(tmp_path)
+    result = runner.invoke(app, ["ledger", "curator-notes", "--store", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "CURATOR ONLY" in text and "no curator-only notes" not in text
+    assert "dataset bank (curator-only):" in text
+    assert "charged runs with keyed row digests: 1" in text and "schema-draft-1" in text and "120 rows" in text
+    assert "generated tables of bank-model/1: 1 (50 rows in all" in text
+    assert "declared public: pre/1" in text
+    assert "feedface" not in text and "0ddba11" not in text and "abc" not in text  # counts and dates only
+    empty = tmp_path / "empty"
+    from privflow.privacy.ledger import Ledger
+
+    Ledger(empty / "ledger.db").ensure_dataset("bank", 10.0, 1e-5)
+    none = runner.invoke(app, ["ledger", "curator-notes", "bank", "--store", str(empty)])
+    assert none.exit_code == 0 and "no curator-only notes for dataset 'bank'" in none.output
+
+
+def test_ledger_rename_moves_a_dataset_and_its_draft_run_still_resolves(tmp_path: Path, demo_dir: Path) -> None:
+    from privflow.core.config import RunConfig
+    from privflow.data.schema import Schema
+    from privflow.preflight import check_draft_run
+
+    ledger = _ledger_with_prints(tmp_path)
+    ledger.ensure_dataset("other", 10.0, 1e-5)
+    spent = ledger.spent("bank")
+    refused = runner.invoke(app, ["ledger", "rename", "bank", "other", "--store", str(tmp_path)])
+    _assert_user_error(refused, "'other' is already in the privacy ledger", "nothing was changed")
+    bad = runner.invoke(app, ["ledger", "rename", "bank", "no way", "--store", str(tmp_path)])
+    _assert_user_error(bad, "may hold only letters")
+    done = runner.invoke(app, ["ledger", "rename", "bank", "bank_v2", "--store", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert sorted(d.name for d in ledger.datasets()) == ["bank_v2", "other"]
+    assert [r.run_id for r in ledger.runs("bank_v2")] == ["schema-draft-1"] and ledger.spent("bank_v2") == spent
+    assert {p.dataset for p in ledger.row_prints()} == {"bank_v2"}
+    assert ledger.public_source("pre", "1").dataset == "bank_v2"
+    assert [m for *_, m in ledger.notes("bank_v2")] == [
+        "dataset renamed from 'bank' to 'bank_v2' (privflow ledger rename); runs and budget kept"
+    ]
+    doc = yaml.safe_load((demo_dir / "adult.yaml").read_text())
+    doc["dataset"].update(name="bank_v2", draft_run="schema-draft-1")
+    schema_path = tmp_path / "bank.yaml"
+    schema_path.write_text(yaml.safe_dump(doc))
+    config = RunConfig.build(data="x.csv", schema_path=schema_path, store=tmp_path)
+    check_draft_run(config, Schema.from_yaml(schema_path))  # resolves under the new name
+    gone = runner.invoke(app, ["ledger", "rename", "bank", "bank_v3", "--store", str(tmp_path)])
+    _assert_user_error(gone, "'bank' is not in the privacy ledger")

@@ -17,6 +17,11 @@ imported (this module imports none of them) and before the ledger reserves anyth
 - the store folder can be created and written;
 - the device is available (`auto` is resolved); `--workers N` fits it (`check_workers`);
 - the test-data file, if given, exists and has the same header;
+- the curator's data-identity check (tasks/dataset_identity.py, issue 43): the one check here
+  that reads the file's rows, for this purpose only, and only when the store's ledger holds
+  charged row digests of another dataset: a table half or more of whose rows were charged to
+  another dataset is refused (its outcome is for the store's operator; nothing is reserved).
+  A streamed run is not checked;
 - the dataset has budget left for the run's plan (`privacy.run_plan.run_plan`), checked
   against the ledger without reserving (`privacy.ledger.check_budget_at`);
 - a warm start's parent (`--init-from`, `check_init_from`): it exists in the store's
@@ -682,8 +687,20 @@ def preflight(config: RunConfig) -> Preflight:
         config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
     if "promotion" not in config.model_fields_set:  # neither --promote nor the config's `promotion`: the schema's
         config = config.model_copy(update={"promotion": schema.dataset.promotion})
+    if not streamed:  # a streamed run reads its table in chunks: not checked (tasks/dataset_identity.py)
+        from privflow.tasks.dataset_identity import check_rows_not_charged_elsewhere
+
+        timed(
+            "dataset identity", check_rows_not_charged_elsewhere, config.data, schema, config.store, schema.dataset.name
+        )
     plan = timed("plan and budget", _check_budget, config, schema)
-    candidates = (gate_note(config, schema, plan), budget_delta_note(schema), atoms_note(config, schema))
+    skipped = (
+        "a streamed run is not checked against rows the ledger charged to other datasets (issue 43): run it under "
+        "the dataset name its rows were charged to"
+        if streamed
+        else None
+    )
+    candidates = (gate_note(config, schema, plan), budget_delta_note(schema), atoms_note(config, schema), skipped)
     notes = tuple(n for n in candidates if n)
     # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
     return Preflight(config, schema, plan, fmt, None, device, test_fmt, timings, notes, streamed)

@@ -1,5 +1,5 @@
 """`privflow ledger`: the per-dataset privacy ledger: the publishable summary, the curator-only
-notes, and a data owner's change of budget."""
+notes, a data owner's change of budget, a dataset's rename and the curator's link of two datasets."""
 
 from __future__ import annotations
 
@@ -62,8 +62,11 @@ def ledger_curator_notes(
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
 ) -> None:
-    """CURATOR ONLY: the ledger's notes that depend on the private files' bytes (a dataset's
-    content fingerprint changed or came back). Not part of the publishable summary; do not publish."""
+    """CURATOR ONLY: what the ledger keeps that depends on the private files (counts and dates,
+    never a digest): per dataset, the charged runs whose rows' keyed digests it holds and the rows
+    recorded for each, the generated tables recorded per model/version, the public declarations,
+    and the notes that depend on the files' bytes (a content fingerprint changed or came back, a
+    curator's link of two datasets). Not part of the publishable summary; do not publish."""
     _guarded(verbose, lambda: _ledger_curator_notes(dataset, store, verbose), spends=False)
 
 
@@ -72,11 +75,97 @@ def _ledger_curator_notes(dataset: str | None, store: Path, verbose: bool = Fals
     from privflow.core.curator import LABEL
 
     env.set_verbosity(verbose)
-    notes = _ledger_at(store, dataset).curator_notes(dataset)
-    lines = [LABEL, *(f"{name} {at[:19]}: {message}" for name, at, message in notes)]
-    if not notes:
+    ledger = _ledger_at(store, dataset)
+    notes = ledger.curator_notes(dataset)
+    lines = [LABEL]
+    held = False
+    for entry in ledger.curator_summary(dataset):
+        charged, generated, public = entry["charged"], entry["generated"], entry["public"]
+        if not (charged or generated or public):
+            continue
+        held = True
+        lines.append(f"dataset {entry['dataset']} (curator-only):")
+        if charged:
+            lines.append(f"  charged runs with keyed row digests: {len(charged)}")
+            lines.extend(f"    {run} {day}: {rows} rows" for run, rows, day in charged)
+        for spec, (tables, rows, day) in sorted(generated.items()):
+            lines.append(f"  generated tables of {spec}: {tables} ({rows} rows in all; last {day})")
+        for spec, day in public:
+            lines.append(f"  declared public: {spec} {day}")
+    if notes:
+        lines.append("notes (curator-only):")
+        lines.extend(f"  {name} {at[:10]}: {message}" for name, at, message in notes)
+    if not notes and not held:
         lines.append("no curator-only notes" + (f" for dataset '{dataset}'" if dataset else ""))
     Console().print("\n".join(lines), highlight=False, soft_wrap=True, markup=False)
+
+
+@ledger_app.command("link")
+def ledger_link(
+    dataset: Annotated[str, typer.Argument(help="The dataset refused for another dataset's rows.")],
+    other: Annotated[str, typer.Argument(help="The dataset those rows were charged to.")],
+    store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """CURATOR ONLY: record the data owner's decision that DATASET may be spent on rows OTHER was
+    charged for (a curator-only note on both). Their budgets stay separate: a person in both is
+    protected by the two budgets' sum. Prefer one dataset name per table (or `ledger rename`)."""
+    _guarded(verbose, lambda: _ledger_link(dataset, other, store, verbose), spends=False)
+
+
+def _ledger_link(dataset: str, other: str, store: Path, verbose: bool) -> None:
+    from privflow.core import env
+    from privflow.core.errors import ConfigError
+
+    env.set_verbosity(verbose)
+    if dataset == other:
+        raise ConfigError("`privflow ledger link` takes two different dataset names.")
+    ledger = _ledger_at(store, other)  # `dataset` may not be in the ledger yet (its run was refused)
+    ledger.link(dataset, other)
+    Console().print(
+        f"Linked datasets '{dataset}' and '{other}' (curator-only note): the data-identity check no longer refuses "
+        "either for the other's rows; their budgets stay separate.",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
+
+
+@ledger_app.command("rename")
+def ledger_rename(
+    old: Annotated[str, typer.Argument(help="The dataset's name in the ledger now.")],
+    new: Annotated[str, typer.Argument(help="Its new name (the schema's dataset.name from now on).")],
+    store: StoreOpt = Path(".privflow"),
+    verbose: VerboseOpt = False,
+) -> None:
+    """Rename a dataset in the ledger (its runs, budget, row digests, versions and notes move with
+    it, in one transaction), recorded as a publishable note; then change the schema's dataset.name
+    to NEW: its draft_run still resolves. Refused when NEW is already in the ledger."""
+    _guarded(verbose, lambda: _ledger_rename(old, new, store, verbose))
+
+
+def _ledger_rename(old: str, new: str, store: Path, verbose: bool) -> None:
+    from pydantic import ValidationError
+
+    from privflow.core import env
+    from privflow.core.errors import ConfigError
+    from privflow.data.schema import DatasetInfo
+
+    env.set_verbosity(verbose)
+    try:
+        DatasetInfo(name=new)
+    except ValidationError:
+        raise ConfigError(
+            f"Dataset name '{new}' may hold only letters, digits, '_', '.' and '-' (it is the ledger's key)."
+        ) from None
+    ledger = _ledger_at(store, old)
+    ledger.rename_dataset(old, new)
+    Console().print(
+        f"Renamed dataset '{old}' to '{new}' in the privacy ledger; set `dataset.name: {new}` in its schema.",
+        highlight=False,
+        soft_wrap=True,
+        markup=False,
+    )
 
 
 @ledger_app.command("set-budget")

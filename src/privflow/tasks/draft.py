@@ -167,8 +167,10 @@ def plan_draft(
     target: str | None = None,
     positive: str | None = None,
 ) -> DraftPlan:
-    """Every check a user's mistake can fail, from the arguments, the header and the ledger: no row is
-    read and nothing is recorded. Raises a PrivflowError (ConfigError, DataError, BudgetExceeded)."""
+    """Every check a user's mistake can fail, from the arguments, the header and the ledger: nothing
+    is recorded, and no row is read except, for a DP draft, by the curator's data-identity check
+    (tasks/dataset_identity.py: only where the ledger holds another dataset's charged rows).
+    Raises a PrivflowError (ConfigError, DataError, BudgetExceeded)."""
     for value, what in ((epsilon, "--epsilon"), (delta, "--delta"), (budget_epsilon, "--budget-epsilon")):
         _finite(value, what)
     _finite(budget_delta, "--budget-delta")
@@ -215,6 +217,10 @@ def plan_draft(
     if epsilon is not None:
         if plan.delta > dp_histogram.MAX_DELTA:  # the thresholded histograms share it
             raise ConfigError(f"--delta {d:g} is too large for the draft's thresholded histograms; use at most 1e-3.")
+        # the curator's data-identity check: reads the rows only where another dataset has charged ones
+        from privflow.tasks.dataset_identity import check_rows_not_charged_elsewhere
+
+        check_rows_not_charged_elsewhere(Path(data), None, Path(store), dataset)
         check_budget_at(
             Path(store) / "ledger.db", dataset, plan.events, (budget.epsilon, budget.delta), who="This schema draft"
         )

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from privflow.core.errors import PrivacyPlanError, StoreError
 from privflow.privacy.accounting.events import Event, events_from_json, events_to_json
@@ -57,6 +58,8 @@ _PRETRAIN_NODE = "pretrain:"  # the ledger node of a pretraining on generated ro
 # back): recorded in `curator_notes`, shown by `curator_notes()` / `privflow ledger curator-notes`
 # only, never in `notes()` or the publishable summary (privacy rules 5 and 8).
 _FINGERPRINT_NOTE = "%content fingerprint%"
+# The curator's link of two datasets holding the same rows (`Ledger.link`, tasks/dataset_identity.py).
+_LINK_NOTE = "same rows as dataset '"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets (
@@ -848,6 +851,101 @@ class Ledger:
         with self._tx(immediate=False) as con:
             q = f"SELECT dataset, at, message FROM {table}" + (" WHERE dataset = ?" if dataset else "") + " ORDER BY id"
             return [tuple(r) for r in con.execute(q, (dataset,) if dataset else ())]
+
+    # -- one budget per table (tasks/dataset_identity.py) ----------------------------------------
+
+    def link(self, dataset: str, other: str) -> None:
+        """Record the curator's decision that `dataset` may be spent on rows `other` was charged for
+        (a curator-only note on both): the data-identity check then refuses neither for the other's rows."""
+        with self._tx() as con:
+            self._dataset_row(con, other)  # `dataset` may be new: its refused run reserved nothing
+            at = _now()
+            for a, b in ((dataset, other), (other, dataset)):
+                con.execute(
+                    "INSERT INTO curator_notes (dataset, at, message) VALUES (?, ?, ?)",
+                    (a, at, f"{_LINK_NOTE}{b}' by the curator (privflow ledger link); their budgets stay separate"),
+                )
+
+    def linked(self, dataset: str) -> tuple[str, ...]:
+        """The datasets the curator linked to `dataset` (`link`)."""
+        with self._tx(immediate=False) as con:
+            rows = con.execute(
+                "SELECT message FROM curator_notes WHERE dataset = ? AND message LIKE ?", (dataset, _LINK_NOTE + "%")
+            ).fetchall()
+        return tuple(sorted({r[0][len(_LINK_NOTE) :].split("'", 1)[0] for r in rows}))
+
+    def rename_dataset(self, old: str, new: str) -> None:
+        """Rename dataset `old` to `new` everywhere in the ledger, in one transaction (its runs, budget,
+        fingerprints, row prints, versions, public declarations and notes move with it), and record
+        it as a publishable note. Refused (ConfigError) when `new` exists or `old` has a run in
+        progress (a reservation not settled yet)."""
+        from privflow.core.errors import ConfigError
+
+        with self._tx() as con:
+            self._dataset_row(con, old)
+            if con.execute("SELECT 1 FROM datasets WHERE name = ?", (new,)).fetchone() is not None:
+                raise ConfigError(
+                    f"Dataset '{new}' is already in the privacy ledger '{self.path}': renaming '{old}' to it would "
+                    "merge two budgets. Pick a name the ledger does not hold; nothing was changed."
+                )
+            if con.execute("SELECT 1 FROM runs WHERE dataset = ? AND status = 'reserved'", (old,)).fetchone():
+                raise ConfigError(
+                    f"Dataset '{old}' has a run in progress (a reservation not settled yet); rename it once the run "
+                    "has ended. Nothing was changed."
+                )
+            con.execute(
+                "INSERT INTO datasets (name, budget_epsilon, budget_delta, fingerprint, created, spent_epsilon)"
+                " SELECT ?, budget_epsilon, budget_delta, fingerprint, created, spent_epsilon FROM datasets"
+                " WHERE name = ?",
+                (new, old),
+            )
+            for table in ("fingerprints", "runs", "public_sources", "versions", "row_prints", "notes", "curator_notes"):
+                con.execute(f"UPDATE {table} SET dataset = ? WHERE dataset = ?", (new, old))
+            con.execute(
+                "UPDATE curator_notes SET message = replace(message, ?, ?) WHERE message LIKE ?",
+                (f"{_LINK_NOTE}{old}'", f"{_LINK_NOTE}{new}'", f"{_LINK_NOTE}{old}'%"),
+            )
+            con.execute("DELETE FROM datasets WHERE name = ?", (old,))
+            con.execute(
+                "INSERT INTO notes (dataset, at, message) VALUES (?, ?, ?)",
+                (
+                    new,
+                    _now(),
+                    f"dataset renamed from '{old}' to '{new}' (privflow ledger rename); runs and budget kept",
+                ),
+            )
+
+    def curator_summary(self, dataset: str | None = None) -> list[dict[str, Any]]:
+        """Per dataset, what the ledger keeps curator-only, as counts and dates (never a digest):
+        charged runs with row prints and the rows recorded for each, generated tables recorded
+        per model/version, and the public declarations made for the dataset."""
+        with self._tx(immediate=False) as con:
+            where, args = (" WHERE dataset = ?", (dataset,)) if dataset else ("", ())
+            prints = con.execute(
+                f"SELECT kind, dataset, run_id, model, version, rows, recorded FROM row_prints{where} ORDER BY id", args
+            ).fetchall()
+            declared = con.execute(
+                f"SELECT model, version, dataset, declared FROM public_sources{where} ORDER BY declared", args
+            ).fetchall()
+            names = [r[0] for r in con.execute(f"SELECT name FROM datasets{where.replace('dataset', 'name')}", args)]
+        out: dict[str, dict[str, Any]] = {}
+
+        def entry(name: str) -> dict[str, Any]:
+            return out.setdefault(name, {"dataset": name, "charged": [], "generated": {}, "public": []})
+
+        for name in names:
+            entry(name)
+        for r in prints:
+            e = entry(r["dataset"])
+            if r["kind"] == "charged":
+                e["charged"].append((r["run_id"], int(r["rows"]), r["recorded"][:10]))
+            else:
+                key = f"{r['model']}/{r['version']}"
+                tables, rows, last = e["generated"].get(key, (0, 0, ""))
+                e["generated"][key] = (tables + 1, rows + int(r["rows"]), max(last, r["recorded"][:10]))
+        for r in declared:
+            entry(r["dataset"])["public"].append((f"{r['model']}/{r['version']}", r["declared"][:10]))
+        return list(out.values())
 
     def describe(self, dataset: str | None = None) -> str:
         """The publishable summary (`summary.describe`)."""
