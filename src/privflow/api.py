@@ -25,7 +25,7 @@ import torch
 
 from privflow.core import env
 from privflow.core.config import RunConfig
-from privflow.core.errors import ConfigError, DataError, PrivflowError, SchemaError
+from privflow.core.errors import ConfigError, DataError, PrivflowError, SchemaError, first_line
 from privflow.data.schema import Schema
 from privflow.data.surface import lower, to_surface
 from privflow.data.target_head import conditional_loglik, release_codec
@@ -161,7 +161,7 @@ def _frame(data: Any, what: str) -> pl.DataFrame:
         try:
             return pl.from_pandas(data)
         except Exception as exc:  # noqa: BLE001 - pyarrow's conversion errors: a column of mixed types
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            first = first_line(exc)
             raise DataError(f"{what} cannot be read as a table ({first}); give each column one type.") from None
     raise ConfigError(
         f"{what} must be a polars or pandas DataFrame (or, for fit, a CSV/Parquet path), got {type(data).__name__}."
@@ -200,7 +200,7 @@ def _data_path(data: str | Path | pl.DataFrame | Any, tmp: Path) -> Path:
     try:
         frame.write_csv(path)
     except pl.exceptions.PolarsError as exc:  # nested (list, struct) columns have no CSV form
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first_line(exc)
         raise DataError(f"data cannot be written as a table ({first}); give every column plain values.") from None
     return path
 

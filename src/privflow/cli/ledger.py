@@ -15,6 +15,11 @@ from privflow.cli._common import StoreOpt, VerboseOpt, _guarded
 ledger_app = typer.Typer(no_args_is_help=True, help="Inspect the per-dataset privacy ledger.")
 
 
+def _plain(text: str) -> None:
+    """Print text as it is (no markup, no highlighting), wrapped by the terminal."""
+    Console().print(text, highlight=False, soft_wrap=True, markup=False)
+
+
 @ledger_app.command("show")
 def ledger_show(
     dataset: Annotated[str | None, typer.Argument(help="Dataset name; all datasets when omitted.")] = None,
@@ -53,7 +58,7 @@ def _ledger_show(dataset: str | None, store: Path, verbose: bool = False) -> Non
 
     env.set_verbosity(verbose)
     ledger = _ledger_at(store, dataset)
-    Console().print(ledger.describe(dataset), highlight=False, soft_wrap=True, markup=False)
+    _plain(ledger.describe(dataset))
 
 
 @ledger_app.command("curator-notes")
@@ -97,7 +102,7 @@ def _ledger_curator_notes(dataset: str | None, store: Path, verbose: bool = Fals
         lines.extend(f"  {name} {at[:10]}: {message}" for name, at, message in notes)
     if not notes and not held:
         lines.append("no curator-only notes" + (f" for dataset '{dataset}'" if dataset else ""))
-    Console().print("\n".join(lines), highlight=False, soft_wrap=True, markup=False)
+    _plain("\n".join(lines))
 
 
 @ledger_app.command("link")
@@ -122,12 +127,9 @@ def _ledger_link(dataset: str, other: str, store: Path, verbose: bool) -> None:
         raise ConfigError("`privflow ledger link` takes two different dataset names.")
     ledger = _ledger_at(store, other)  # `dataset` may not be in the ledger yet (its run was refused)
     ledger.link(dataset, other)
-    Console().print(
+    _plain(
         f"Linked datasets '{dataset}' and '{other}' (curator-only note): the data-identity check no longer refuses "
-        "either for the other's rows; their budgets stay separate.",
-        highlight=False,
-        soft_wrap=True,
-        markup=False,
+        "either for the other's rows; their budgets stay separate."
     )
 
 
@@ -160,12 +162,7 @@ def _ledger_rename(old: str, new: str, store: Path, verbose: bool) -> None:
         ) from None
     ledger = _ledger_at(store, old)
     ledger.rename_dataset(old, new)
-    Console().print(
-        f"Renamed dataset '{old}' to '{new}' in the privacy ledger; set `dataset.name: {new}` in its schema.",
-        highlight=False,
-        soft_wrap=True,
-        markup=False,
-    )
+    _plain(f"Renamed dataset '{old}' to '{new}' in the privacy ledger; set `dataset.name: {new}` in its schema.")
 
 
 @ledger_app.command("set-budget")

@@ -75,3 +75,8 @@ def byte_size(n: float) -> str:
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
     return f"{n:,.0f} bytes"
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text (a library's message can run to pages), or its type's name."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

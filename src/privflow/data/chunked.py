@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from privflow.core.config import RunConfig
-from privflow.core.errors import DataError
+from privflow.core.errors import DataError, first_line
 from privflow.core.source_uri import is_database_uri
 from privflow.data.io import sniff
 from privflow.data.schema import Schema
@@ -126,7 +126,7 @@ def _parquet(path: Path, read: Any) -> Any:
 
 
 def _refusal(path: Path, exc: Exception) -> DataError:
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    first = first_line(exc)
     return DataError(f"Data file '{path}' does not parse as Parquet ({first}); write it again.")
 
 

@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import polars as pl
 
-from privflow.core.errors import DataError
+from privflow.core.errors import DataError, first_line
 from privflow.core.source_uri import is_database_uri
 
 CSV_SUFFIXES = (".csv", ".tsv", ".txt")
@@ -477,7 +477,7 @@ def _parquet_schema(p: Path, fmt: TableFormat) -> dict[str, pl.DataType]:
     except DataError:
         raise
     except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first_line(exc)
         raise DataError(
             f"Data file '{p}' starts like Parquet but its metadata does not parse ({first}); write it again."
         ) from None
@@ -582,7 +582,7 @@ def count_rows(path: str | Path, fmt: TableFormat | None = None, max_line_bytes:
     except DataError:
         raise
     except (pl.exceptions.PolarsError, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first_line(exc)
         raise DataError(f"Data file '{p}' could not be scanned as {fmt.describe()} ({first}).") from None
 
 
@@ -751,7 +751,7 @@ def _read_parquet(p: Path, fmt: TableFormat, cap: int) -> pl.DataFrame:
     except DataError:
         raise
     except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = first_line(exc)
         raise DataError(
             f"Data file '{p}' does not parse as Parquet ({first}); write it again, or export it as CSV."
         ) from None

@@ -455,25 +455,6 @@ def register_model(
     Then the registry's own timestamps of the model are floored to the day
     (`coarsen_registry_times`, on privflow's own SQLite store only).
     """
-    registered = _register(name, alias, schema, model_name, model_config, states, tags, promotion, marginals, head)
-    # MLflow stamped the version, the model, the logged model (and any alias move) with its clock
-    _coarsen_own(name)
-    return registered
-
-
-def _register(
-    name: str,
-    alias: str,
-    schema: Schema,
-    model_name: str,
-    model_config: dict[str, Any],
-    states: list[dict],
-    tags: dict[str, str],
-    promotion: str,
-    marginals: dict[str, Any] | None,
-    head: dict[str, Any] | None,
-) -> Registered:
-    """`register_model`'s writes to the registry, before their times are floored to the day."""
     version = _log_generator(name, schema, model_name, model_config, states, marginals, head)
     client = MlflowClient()
     for key, value in tags.items():
@@ -481,6 +462,14 @@ def _register(
     # The registered model carries the dataset's running total too (latest known figure).
     if "dataset_epsilon_cumulative" in tags:
         client.set_registered_model_tag(name, "dataset_epsilon_cumulative", tags["dataset_epsilon_cumulative"])
+    registered = _set_alias(client, name, alias, version, promotion)
+    # MLflow stamped the version, the model, the logged model (and any alias move) with its clock
+    _coarsen_own(name)
+    return registered
+
+
+def _set_alias(client: MlflowClient, name: str, alias: str, version: str, promotion: str) -> Registered:
+    """The alias after registering `version`: set at no cost where the promotion policy allows it."""
     holder = alias_holder(client, name, alias)
     if promotion == "always" or (promotion == "if_better" and holder is None):
         client.set_registered_model_alias(name, alias, version)
