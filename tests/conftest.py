@@ -147,3 +147,16 @@ def _gate_odds_where_marked(
         monkeypatch.setattr(validation_gate, "threshold", real)
         monkeypatch.setattr(validation_gate, "floor", real_floor)
     yield
+
+
+@pytest.fixture
+def no_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The DP draft's samplers without noise (Laplace counts exact, Report-Noisy-Max the argmax), so
+    that a test of what a draft decides is deterministic; the statistical behaviour under real
+    noise is tested with a stated failure probability, or in the slow tier."""
+    import numpy as np
+
+    from privflow.privacy.mechanisms import dp_quantile, laplace
+
+    monkeypatch.setattr(laplace, "exact_laplace", lambda v, s, m: np.asarray(v, dtype=np.float64).copy())
+    monkeypatch.setattr(dp_quantile, "exact_noisy_max", lambda scores, s, e, monotone: int(np.argmax(scores)))

@@ -20,18 +20,10 @@ import pytest
 
 from privflow.data import draft as dd
 from privflow.data.schema import Budget
-from privflow.privacy.mechanisms import dp_quantile, laplace
 from privflow.tasks import draft as td
 
 ROWS = 1200
 ADVERSARIAL = ["35.5", "maybe", "not a date", "2020-01-01 10:17", "2020-01-01 10:00:05", "01/25/2020", "", "x" * 300]
-
-
-@pytest.fixture
-def no_noise(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The samplers without noise: Laplace counts exact, Report-Noisy-Max the argmax."""
-    monkeypatch.setattr(laplace, "exact_laplace", lambda v, s, m: np.asarray(v, dtype=np.float64).copy())
-    monkeypatch.setattr(dp_quantile, "exact_noisy_max", lambda scores, s, e, monotone: int(np.argmax(scores)))
 
 
 def _table(rows: int = ROWS, seed: int = 0) -> pl.DataFrame:

@@ -112,7 +112,7 @@ def _draft(data: Path, out: Path, store: Path, name: str):
 
 
 def test_a_dp_draft_of_charged_rows_under_a_second_name_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_noise: None
 ) -> None:
     """A draft reads no schema: its raw rows are compared with the rows the first draft recorded as
     its own drafted schema types them (the identifier column ignored, numbers as numbers)."""

@@ -320,6 +320,7 @@ class KindDecision:
 
 TYPE_SLACK = 0.01  # a kind is chosen when at most this share of the present values (noisy) is of another kind
 TYPE_Z = 6.0  # ... or at most this many noise sd of the difference, where that is larger (a small epsilon)
+SAFE_Z = 3.0  # boolean 1/0 over integer: the other numbers this many noise sd under the slack
 SIGN_SHARE = 0.005  # a number column is non-negative when at most this share (or 2 sd) of its values is negative
 
 
@@ -377,7 +378,12 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
     if "/" in best_group:
         true, false = best_group.split("/")
         return done(Suggestion(name, "boolean", BY_DP, labels=(true, false)))
-    if best_group == "number" and c["group:integer"] + c["group:decimal"] + cell_sd <= TYPE_SLACK * present:
+    # boolean 1/0 fails every row holding another number: it is chosen only when those are few by
+    # SAFE_Z noise sd (at a small epsilon, integer wins: no row lost)
+    if (
+        best_group == "number"
+        and c["group:integer"] + c["group:decimal"] + SAFE_Z * math.sqrt(2.0) * cell_sd <= TYPE_SLACK * present
+    ):
         return done(Suggestion(name, "boolean", BY_DP, labels=("1", "0")))
     if best_group == "number":
         above = [sum(c[f"dec{e}{s}"] for e in range(d + 1, NUMBER_DECIMALS + 2) for s in "+-") for d in range(8)]
