@@ -93,8 +93,12 @@ def test_selection_falls_back_to_the_start_when_training_breaks_the_flow(monkeyp
         return result
 
     monkeypatch.setattr(fit_module.train_flow_model, "fn", broken)
-    # enough selection rows that the start's lead is sure to beat the selection's noise: with 54
-    # (600 rows) the scrambled flows are worse on too few of them, and a scrambled one won ~15% of runs
+    # what the fallback does once the start is chosen, not how often the selection's noise lets a
+    # scrambled flow win (on 3,000 rows it did once in three CI runs under load): Report-Noisy-Max
+    # picks the best score here (report_noisy_max's own tests check its noise)
+    from privflow.privacy.mechanisms import report_noisy_max as rnm
+
+    monkeypatch.setattr(rnm, "exact_noisy_max", lambda scores, sensitivity, epsilon, monotone: int(np.argmax(scores)))
     fitted = run(config(), rows=3000)
     assert fitted.chosen_steps == [0]  # type: ignore[attr-defined]
     assert fitted.fell_back  # type: ignore[attr-defined]
