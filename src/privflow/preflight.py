@@ -17,7 +17,7 @@ imported (this module imports none of them) and before the ledger reserves anyth
 - the store folder can be created and written;
 - the device is available (`auto` is resolved); `--workers N` fits it (`check_workers`);
 - the test-data file, if given, exists and has the same header;
-- the curator's data-identity check (tasks/dataset_identity.py, issue 43): the one check here
+- the curator's data-identity check (tasks/dataset_identity.py): the one check here
   that reads the file's rows, for this purpose only, and only when the store's ledger holds
   charged row digests of another dataset: a table half or more of whose rows were charged to
   another dataset is refused (its outcome is for the store's operator; nothing is reserved).
@@ -695,7 +695,7 @@ def preflight(config: RunConfig) -> Preflight:
         )
     plan = timed("plan and budget", _check_budget, config, schema)
     skipped = (
-        "a streamed run is not checked against rows the ledger charged to other datasets (issue 43): run it under "
+        "a streamed run is not checked against rows the ledger charged to other datasets: run it under "
         "the dataset name its rows were charged to"
         if streamed
         else None

@@ -1,4 +1,4 @@
-"""One budget per table (issue 43, tasks/dataset_identity.py): the same rows under a second dataset
+"""One budget per table (tasks/dataset_identity.py): the same rows under a second dataset
 name are refused before anything is reserved, by `privflow run`'s pre-flight and by a DP draft."""
 
 from __future__ import annotations

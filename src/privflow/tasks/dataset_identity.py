@@ -1,4 +1,4 @@
-"""One budget per table (issue 43): the same rows under a second dataset name are refused before
+"""One budget per table: the same rows under a second dataset name are refused before
 anything is reserved (privacy rules 7 and 9; docs/privacy.md, "Public data is the data owner's
 declaration").
 
