@@ -160,3 +160,28 @@ def no_noise(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(laplace, "exact_laplace", lambda v, s, m: np.asarray(v, dtype=np.float64).copy())
     monkeypatch.setattr(dp_quantile, "exact_noisy_max", lambda scores, s, e, monotone: int(np.argmax(scores)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _seeded_noise():
+    """Every test draws the same noise on every run (tests/seeded_noise.py)."""
+    from tests.seeded_noise import SeededNoise, seeded
+
+    noise = SeededNoise()
+    with seeded(noise):
+        yield noise
+
+
+@pytest.fixture(autouse=True)
+def _noise_seeded_by_test(request: pytest.FixtureRequest, _seeded_noise):
+    """Reseed from the test's id before it and from a constant after it; a test marked
+    `real_noise` (of a sampler's own law) draws from OpenDP and the OS instead."""
+    from tests.seeded_noise import BETWEEN_TESTS, real
+
+    if request.node.get_closest_marker("real_noise") is not None:
+        with real(_seeded_noise):
+            yield
+    else:
+        _seeded_noise.reseed(request.node.nodeid)
+        yield
+    _seeded_noise.reseed(BETWEEN_TESTS)

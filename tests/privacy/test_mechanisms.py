@@ -63,6 +63,7 @@ def adversarial_rows(d: int, clip: float, generator: np.random.Generator) -> np.
 # ---------------------------------------------------------------------------- Gaussian, Laplace
 
 
+@pytest.mark.real_noise
 def test_gaussian_noise_law_and_scale() -> None:
     value = np.full(40_000, 3.0)
     out = gaussian_mechanism(value, l2_sensitivity=2.0, noise_multiplier=1.5)
@@ -119,6 +120,7 @@ def test_laplace_event_is_no_stronger_than_opendp_certifies(sens: float, nm: flo
     assert PLDAccountant().epsilon([laplace_event(nm)], DELTA) >= eps - 1e-3  # PLD of pure eps at small delta
 
 
+@pytest.mark.real_noise
 def test_laplace_noise_law_scale_and_loss_bound() -> None:
     value = np.zeros(50_000)  # a 10% wrong scale then fails the KS test at p < 1e-12
     nm, sens = 2.0, 0.5
@@ -134,6 +136,7 @@ def test_laplace_noise_law_scale_and_loss_bound() -> None:
     assert PLDAccountant().epsilon([laplace_event(nm)], DELTA) == pytest.approx(1 / nm, rel=1e-3)
 
 
+@pytest.mark.real_noise
 def test_validation_gate_call_without_rng_uses_the_exact_laplace() -> None:
     """The gate's call shape laplace_mechanism(np.array([x]), 1.0, nm): count + Laplace(nm)."""
     from privflow.privacy.mechanisms.validation_gate import gate, gate_event
@@ -193,6 +196,7 @@ def test_rnm_picks_max_at_large_epsilon() -> None:
     assert np.mean(np.array(picks) == 2) > 0.99
 
 
+@pytest.mark.real_noise
 def test_rnm_is_uniform_at_tiny_epsilon() -> None:
     scores = np.array([0.0, 10.0, 50.0, 20.0, 40.0])
     picks = [report_noisy_max(scores, sensitivity=1.0, epsilon=1e-6)[0] for _ in range(5000)]
@@ -200,6 +204,7 @@ def test_rnm_is_uniform_at_tiny_epsilon() -> None:
     assert stats.chisquare(counts).pvalue > FALSE_ALARM
 
 
+@pytest.mark.real_noise
 def test_rnm_distribution_is_exponential_noise_at_scale_2_sens_over_eps() -> None:
     """General scores: exponential noise of scale 2*sens/eps (permute-and-flip's law)."""
     scores, sens, eps = np.array([0.0, 1.0, 2.0, 3.0]), 0.5, 0.5
@@ -210,6 +215,7 @@ def test_rnm_distribution_is_exponential_noise_at_scale_2_sens_over_eps() -> Non
     assert stats.chisquare(counts, n * wrong).pvalue < 1e-6
 
 
+@pytest.mark.real_noise
 def test_rnm_monotone_uses_scale_sens_over_eps() -> None:
     scores, sens, eps = np.array([0.0, 1.0, 2.0, 3.0]), 0.5, 0.5
     n = 20_000
@@ -249,6 +255,7 @@ def test_rnm_top_k_peels_k_opendp_picks(monkeypatch: pytest.MonkeyPatch) -> None
     assert rnm_event(0.3, 3) == RepeatedEvent(PureDPEvent(0.3), 3)
 
 
+@pytest.mark.real_noise
 def test_rnm_top_k_distinct_and_equal_to_sequential_picks() -> None:
     scores, sens, eps = np.array([0.0, 1.0, 2.0, 3.0]), 1.0, 2.0
     for k in (1, 2, 4):
