@@ -330,8 +330,8 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
     boolean label pair, number, date, each datetime family, text) with the largest noisy count wins
     when it holds all but TYPE_SLACK of the present values (or TYPE_Z noise sd of the difference),
     else the column is text (categorical, or ignore after its category histogram). A number column
-    is boolean 1/0 when its numbers other than 0 and 1 are at most TYPE_SLACK by one noise sd, integer when the
-    non-integers are at most TYPE_SLACK, else numeric with `decimals` the smallest d with at most
+    is boolean 1/0 when its numbers other than 0 and 1 are at most TYPE_SLACK by SAFE_Z noise sd, integer when the
+    non-integers are at most TYPE_SLACK by SAFE_Z noise sd, else numeric with `decimals` the smallest d (0 included) with at most
     TYPE_SLACK written with more; a date is ISO or d/m/Y against m/d/Y by the counts with a first vs
     a second field above 12; a datetime's granularity is the coarsest unit with at most TYPE_SLACK
     needing a finer one. Where noise decides, the safer choice wins (integer over boolean, numeric
@@ -387,9 +387,13 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
         return done(Suggestion(name, "boolean", BY_DP, labels=("1", "0")))
     if best_group == "number":
         above = [sum(c[f"dec{e}{s}"] for e in range(d + 1, NUMBER_DECIMALS + 2) for s in "+-") for d in range(8)]
-        if c["group:decimal"] <= TYPE_SLACK * present:
+        # integer fails every row written with decimals: chosen only when those are few by SAFE_Z
+        # noise sd, so that noise alone never drafts it over a column with a few percent of decimals
+        if c["group:decimal"] + SAFE_Z * cell_sd <= TYPE_SLACK * present:
             return done(Suggestion(name, "integer", BY_DP))
-        decimals = next((d for d in range(1, NUMBER_DECIMALS + 1) if above[d] <= TYPE_SLACK * present), None)
+        # numeric with 0 decimals where decimals are few but not surely so: written as whole numbers,
+        # and a row written with decimals is read, not failed
+        decimals = next((d for d in range(0, NUMBER_DECIMALS + 1) if above[d] <= TYPE_SLACK * present), None)
         return done(Suggestion(name, "numeric", BY_DP, decimals=decimals))
     if best_group == "date":
         iso, slash = c["date:iso"], c["date:dm"] + c["date:md"] + c["date:amb"]

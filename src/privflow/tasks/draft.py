@@ -427,7 +427,7 @@ def _fill_number(
     sug = kind.suggestion
     values = dd.numbers(s)
     present = values[np.isfinite(values)]
-    integer = sug.type == "integer"
+    integer = sug.type == "integer" or (sug.type == "numeric" and sug.decimals == 0)  # whole numbers
     shares = {"bounds": 3.0, "atoms": 0.5 if integer else 0.0, "distinct": 0.0}
     if integer and dd.ID_NAME.search(sug.name):
         shares["distinct"] = 0.5
