@@ -325,17 +325,16 @@ SIGN_SHARE = 0.005  # a number column is non-negative when at most this share (o
 
 
 def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, rows_sd: float) -> KindDecision:
-    """The column's type from its noisy kind counts `noisy` (over KIND_CELLS), the noisy row count
-    `rows` and the noise sds: a function of noisy counts and public settings only. The group (a
-    boolean label pair, number, date, each datetime family, text) with the largest noisy count wins
-    when it holds all but TYPE_SLACK of the present values (or TYPE_Z noise sd of the difference),
-    else the column is text (categorical, or ignore after its category histogram). A number column
-    is boolean 1/0 when its numbers other than 0 and 1 are at most TYPE_SLACK by SAFE_Z noise sd, integer when the
-    non-integers are at most TYPE_SLACK by SAFE_Z noise sd, else numeric with `decimals` the smallest d (0 included) with at most
-    TYPE_SLACK written with more; a date is ISO or d/m/Y against m/d/Y by the counts with a first vs
-    a second field above 12; a datetime's granularity is the coarsest unit with at most TYPE_SLACK
-    needing a finer one. Where noise decides, the safer choice wins (integer over boolean, numeric
-    over integer, more decimals, a finer unit)."""
+    """The column's type from its noisy kind counts `noisy` (over KIND_CELLS), the noisy row count `rows` and the noise
+    sds: a function of noisy counts and public settings only. The group (a boolean label pair, number, date, each
+    datetime family, text) with the largest noisy count wins when it holds all but TYPE_SLACK of the present values
+    (or TYPE_Z noise sd of the difference), else the column is text (categorical, or ignore after its category
+    histogram). A number column is boolean 1/0 when its numbers other than 0 and 1 are at most TYPE_SLACK by SAFE_Z
+    noise sd, integer when the non-integers are at most TYPE_SLACK by SAFE_Z noise sd, else numeric with `decimals`
+    the smallest d (0 included) with at most TYPE_SLACK written with more; a date is ISO or d/m/Y against m/d/Y by
+    the counts with a first vs a second field above 12; a datetime's granularity is the coarsest unit with at most
+    TYPE_SLACK needing a finer one. Where noise decides, the safer choice wins (integer over boolean, numeric over
+    integer, more decimals, a finer unit)."""
     c = dict(zip(KIND_CELLS, (float(v) for v in noisy), strict=True))
 
     def total(prefix: str | tuple[str, ...]) -> tuple[float, int]:
