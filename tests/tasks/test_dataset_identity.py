@@ -154,3 +154,26 @@ def test_a_streamed_run_is_not_checked_and_says_so(charged: dict, tmp_path: Path
     assert streamed.streamed and any("streamed run is not checked" in n for n in streamed.notes)
     with pytest.raises(SameRowsOtherDataset):  # the same Parquet rows read whole are refused
         preflight(RunConfig.build(stream={"enabled": False}, **common))
+
+
+def test_reordered_columns_and_digits_read_as_labels_are_the_same_rows(charged: dict, tmp_path: Path) -> None:
+    """The same rows with the columns in another order, and with a column of digits written with
+    leading zeros and declared as labels, are still the charged rows."""
+    frame = charged["frame"]
+    reordered = tmp_path / "reordered.csv"
+    frame.select(list(reversed(frame.columns))).write_csv(reordered)
+    with pytest.raises(SameRowsOtherDataset):
+        check_rows_not_charged_elsewhere(reordered, None, charged["store"], "adult2")
+    doc = yaml.safe_load(charged["schema"].read_text())
+    doc["dataset"]["name"] = "adult2"
+    doc["columns"] = list(reversed(doc["columns"]))
+    age = next(c for c in doc["columns"] if c["name"] == "age")
+    values = sorted(set(frame.get_column("age").to_list()))
+    age.clear()
+    age.update({"name": "age", "type": "categorical", "categories": [v.zfill(3) for v in values]})
+    relabelled = tmp_path / "relabelled.csv"
+    frame.with_columns(pl.col("age").str.zfill(3)).write_csv(relabelled)
+    schema_path = tmp_path / "adult2.yaml"
+    schema_path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(SameRowsOtherDataset):
+        check_rows_not_charged_elsewhere(relabelled, Schema.from_yaml(schema_path), charged["store"], "adult2")

@@ -86,22 +86,34 @@ def keyed_fingerprint(path: str | Path, key: bytes) -> str | None:
 
 
 def _canonical(typed: pl.DataFrame) -> pl.Series:
-    """Each row's values as one text, in the frame's column order: labels as text, integers in
-    decimal, a float that holds an integer (below 2^53) as that integer (39.0 and 39 are one
-    value whether a schema reads the column as numeric or integer; -0.0 is 0), any other float
-    in its shortest round-trip form, a missing value as NUL."""
+    """Each row's values as one text, its columns in the order of their names (a table whose
+    columns are reordered, or a schema that declares them in another order, gives the same text):
+    a number, or a label that reads as one ("02134", "39.0"), as a number - one that holds an
+    integer (below 2^53) as that integer (39.0, 39 and "039" are one value whether a schema reads
+    the column as numeric, integer or labels; -0.0 is 0), any other in its shortest round-trip
+    form - other labels as their text, a missing value as NUL."""
     if typed.width == 0:
         return pl.Series("row", [""] * typed.height, dtype=pl.String)
     parts = []
-    for name, dtype in typed.schema.items():
+    for name in sorted(typed.columns):
+        dtype = typed.schema[name]
         col = pl.col(name)
-        if dtype.is_float():
-            whole = col.is_finite() & (col == col.round(0)) & (col.abs() < 2.0**53)
-            text = pl.when(whole).then(col.cast(pl.Int64).cast(pl.String)).otherwise(col.cast(pl.String))
+        if dtype in (pl.String, pl.Categorical) or isinstance(dtype, pl.Enum):
+            col = col.cast(pl.String)
+            number = col.str.strip_chars().cast(pl.Float64, strict=False)
+            text = pl.when(number.is_finite()).then(_number_text(number)).otherwise(col)
+        elif dtype.is_float():
+            text = _number_text(col)
         else:
             text = col.cast(pl.String)
         parts.append(text.fill_null(_NULL))
     return typed.select(pl.concat_str(parts, separator=_SEPARATOR).alias("row")).to_series()
+
+
+def _number_text(col: pl.Expr) -> pl.Expr:
+    """A float as text: an integer (below 2^53) in decimal, any other value in its shortest round-trip form."""
+    whole = col.is_finite() & (col == col.round(0)) & (col.abs() < 2.0**53)
+    return pl.when(whole).then(col.cast(pl.Int64).cast(pl.String)).otherwise(col.cast(pl.String))
 
 
 def row_digests(typed: pl.DataFrame, key: bytes) -> np.ndarray:

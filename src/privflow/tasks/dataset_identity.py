@@ -16,12 +16,13 @@ The digests compared:
 - with a schema (a run): `table_rows` (validation's typed passing rows) - what runs record;
 - without one (a draft, before its schema exists): `raw_typed`, the rows as `read_table` reads them,
   text trimmed, empty text and the draft's missing tokens as missing, and a column whose every
-  value reads as a number as numbers. Through `fingerprint._canonical` (a float holding an integer
-  is that integer; labels are their text) this gives the digests a run or a draft records for the
-  same rows whenever its schema keeps the file's columns in the file's order, types the numeric
-  columns numeric and keeps each label's text (what `privflow schema draft` writes). A schema that
-  reorders or drops columns, or reads a column of digits as labels ("02134"), gives other digests:
-  the draft is then not caught here, and the run on the redrafted schema is.
+  value reads as a number as numbers. Through `fingerprint._canonical` (columns in the order of
+  their names; a number, or a label that reads as one, as that number) this gives the digests a
+  run or a draft records for the same rows whatever order its schema or the file keeps the columns
+  in and whether a column of digits ("02134") is read as labels or numbers. Digests are over the columns a
+  schema models, so a table read under a schema that ignores other columns than the charged run's
+  gives other digests and is not caught (`_projections` tries the column sets a draft is likely
+  to keep).
 
 A table half or more of whose rows (`PUBLIC_ROW_SHARE`) are one other dataset's charged rows, or
 whose fingerprint equals such a table's, is refused (`SameRowsOtherDataset`, exit 2). A streamed
