@@ -195,9 +195,11 @@ def kind_cells() -> tuple[str, ...]:
 
 
 # the second level: each value also counts in one group cell (so a row moves two cells by 1 each:
-# L1 sensitivity 2), so that a group's count carries one cell's noise, not the sum of its cells'
+# L1 sensitivity 2), so that a group's count carries one cell's noise, not the sum of its cells';
+# every number (0/1, integer, decimal) is one group: the type's choice among groups compares one
+# noisy cell per group (a number column's count is never the sum of three cells' noise)
 GROUPS = (
-    ("missing", "true/false", "yes/no", "y/n", "t/f", "1/0", "integer", "decimal", "date")
+    ("missing", "true/false", "yes/no", "y/n", "t/f", "number", "date")
     + tuple(f"dt{i}" for i in range(len(DATETIME_FAMILIES)))
     + ("text",)
 )
@@ -210,13 +212,11 @@ DETAIL_CELLS = KIND_CELLS[: -len(GROUPS) - len(MAGNITUDES)]
 
 
 def _group(cell: str) -> str:
-    if cell.startswith("bool:"):
+    if cell.startswith("bool:") and cell not in ("bool:1", "bool:0"):
         label = cell[5:]
         return next(f"{t}/{f}" for t, f in BOOLEAN_PAIRS if label in (t, f))
-    if cell in ("zero", "int+", "int-"):
-        return "integer"
-    if cell.startswith("dec"):
-        return "decimal"
+    if cell in ("zero", "int+", "int-", "bool:1", "bool:0") or cell.startswith("dec"):
+        return "number"
     if cell.startswith("date:"):
         return "date"
     if cell.startswith("dt"):
@@ -297,7 +297,7 @@ def kind_counts(values: pl.Series) -> np.ndarray:
     groups = np.zeros(len(GROUPS), dtype=np.float64)
     for name, count in zip(DETAIL_CELLS, detail, strict=True):
         groups[GROUPS.index(_group(name))] += count
-    numeric = np.isin(cell, [i for i, c in enumerate(DETAIL_CELLS) if _group(c) in ("integer", "decimal", "1/0")])
+    numeric = np.isin(cell, [i for i, c in enumerate(DETAIL_CELLS) if _group(c) == "number"])
     size = np.abs(as_float[numeric & np.isfinite(as_float) & (as_float != 0)])
     k = np.clip(np.floor(np.log10(size)), MAGNITUDES[0], MAGNITUDES[-1]).astype(np.int64) - MAGNITUDES[0]
     mags = np.bincount(k, minlength=len(MAGNITUDES)).astype(np.float64)
@@ -362,7 +362,7 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
     # the group of kinds with the largest noisy count (each value is in one group), then whether it
     # holds nearly all present values; 0/1 numbers are a boolean only when the other numbers are few
     groups: dict[str, tuple[float, int]] = {
-        "number": (c["group:integer"] + c["group:decimal"] + c["group:1/0"], 3),
+        "number": (c["group:number"], 1),
         "date": (c["group:date"], 1),
         "text": (c["group:text"], 1),
     }
@@ -379,16 +379,18 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
         return done(Suggestion(name, "boolean", BY_DP, labels=(true, false)))
     # boolean 1/0 fails every row holding another number: it is chosen only when those are few by
     # SAFE_Z noise sd (at a small epsilon, integer wins: no row lost)
+    ints = ("zero", "int+", "int-")
+    decs = tuple(f"dec{d}{sign}" for d in range(1, NUMBER_DECIMALS + 2) for sign in "+-")
     if (
         best_group == "number"
-        and c["group:integer"] + c["group:decimal"] + SAFE_Z * math.sqrt(2.0) * cell_sd <= TYPE_SLACK * present
+        and sum(c[k] for k in ints + decs) + SAFE_Z * math.sqrt(len(ints + decs)) * cell_sd <= TYPE_SLACK * present
     ):
         return done(Suggestion(name, "boolean", BY_DP, labels=("1", "0")))
     if best_group == "number":
         above = [sum(c[f"dec{e}{s}"] for e in range(d + 1, NUMBER_DECIMALS + 2) for s in "+-") for d in range(8)]
         # integer fails every row written with decimals: chosen only when those are few by SAFE_Z
         # noise sd, so that noise alone never drafts it over a column with a few percent of decimals
-        if c["group:decimal"] + SAFE_Z * cell_sd <= TYPE_SLACK * present:
+        if above[0] + SAFE_Z * math.sqrt(len(decs)) * cell_sd <= TYPE_SLACK * present:
             return done(Suggestion(name, "integer", BY_DP))
         # numeric with 0 decimals where decimals are few but not surely so: written as whole numbers,
         # and a row written with decimals is read, not failed
