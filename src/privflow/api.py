@@ -5,16 +5,20 @@
     table = synth.sample(1000, seed=7)          # polars DataFrame
     ll = synth.score(table)                     # per-row log-likelihoods (nats)
 
-`fit` runs the same Prefect flow as `privflow run` (flows/train.py: pre-planned budget in the
-ledger, DP validation gate, DP statistics, [DP prior], DP-SGD, Report-Noisy-Max, MLflow
-registry), then loads the registered version back. `sample` and `score` are post-processing
-of the released model: they spend no privacy and never touch the training rows.
+`fit` runs the pipeline `privflow run` runs (pre-flight's checks, the plan reserved in the
+ledger, DP validation gate, DP marginals and statistics, [DP prior], DP-SGD, Report-Noisy-Max,
+MLflow registry), then loads the registered version back. Like `privflow run`, it runs the
+pipeline in this process without Prefect's engine (flows/pipeline.py, `train_in_process`) unless
+PREFECT_API_URL is set or `prefect=True` is passed: then as the Prefect flow (flows/train.py).
+`sample` and `score` are post-processing of the released model: they spend no privacy and never
+touch the training rows.
 """
 
 from __future__ import annotations
 
 import tempfile
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,16 +86,22 @@ class Synthesizer:
             return self.summary.lineage
         return self.tags.get("privflow.lineage")
 
-    def sample(self, n: int, seed: int | None = None, where: dict[str, str] | None = None) -> pl.DataFrame:
+    def sample(
+        self, n: int, seed: int | None = None, where: Mapping[str, Any] | Sequence[str] | None = None
+    ) -> pl.DataFrame:
         """`n` synthetic rows; `seed` makes the draw reproducible (else a CSPRNG seed). The table
         is built in memory: `n` it could not hold is refused before sampling (stream larger
         tables to a file with `privflow generate`). Rows come as the input is written
         (privflow/data/surface.py): dates as text in their format, booleans as their labels,
         numeric columns rounded to their `decimals`, no ignored column.
 
-        `where` ({column: label}, combined with AND): only rows with these values of categorical
-        columns, drawn from the model's conditional law (the target through its head, any other
-        column by rejection: privflow/serving/conditions.py). Checked against the public schema
+        `where` (conditions combined with AND): only rows that meet them, drawn from the model's
+        conditional law (the target through its head, anything else by rejection:
+        privflow/serving/conditions.py). A mapping {column: value}: a categorical or boolean
+        column's label; for an integer, numeric, date or datetime column a number or date
+        (equality), a (low, high) pair (a range, both ends included) or a condition's text
+        ('>=40', '!=3', '30..50'; dates in the column's format). Or a list of `privflow generate
+        --where` texts: ['sex=Female', 'age>=40', 'age<60']. Checked against the public schema
         before sampling; a condition too rare to reach `n` rows is refused (ConfigError)."""
         from privflow.preflight import check_memory, check_seed
         from privflow.serving.conditions import conditions_for

@@ -21,8 +21,11 @@ def generate(
         list[str] | None,
         typer.Option(
             "--where",
-            help="COLUMN=VALUE: only rows with this category of a categorical column, drawn from the model's "
-            "conditional law (repeat for several; they combine with AND). Free, like any sampling.",
+            help="Only rows that meet a condition, drawn from the model's conditional law: COLUMN=LABEL for a "
+            "categorical or boolean column; for an integer, numeric, date or datetime column a comparison "
+            "(COLUMN>=V, >, <=, <, ==, !=) or a range COLUMN=LOW..HIGH (both ends included), dates in the column's "
+            "own format. Repeat for several; they combine with AND. Quote each one in a shell. Free, like any "
+            "sampling.",
         ),
     ] = None,
     device: Annotated[
@@ -94,8 +97,16 @@ def _generate(
         )
         schema = getattr(sampler, "schema", None) or sampler.codec.schema
         _record(model, store, out, schema, mlflow_loaded=generator is not None)
-        given = "" if conditions is None else f" where {conditions.describe()}"
-        Console().print(f"wrote {n} rows{given} to {out}{replaced}", highlight=False, soft_wrap=True)
+        given, cost = "", ""
+        if conditions is not None:
+            from privflow.serving.conditions import percent
+
+            tally = conditions.tally
+            given = f" where {conditions.describe()}"
+            cost = (
+                f"; {tally.drawn:,} rows drawn from the model to find them ({percent(tally.share)} met the conditions)"
+            )
+        Console().print(f"wrote {n} rows{given} to {out}{replaced}{cost}", highlight=False, soft_wrap=True)
         return
     import pandas as pd
     import polars as pl
@@ -152,7 +163,7 @@ def _load_with_mlflow(model: str, store: Path, verbose: bool) -> Any:
     return load_generator(model, store)
 
 
-def _conditions(sampler: Any, wanted: dict[str, str]) -> Any:
+def _conditions(sampler: Any, wanted: Any) -> Any:
     """`--where`'s conditions checked against the released model's public schema (None without
     any); a foreign model, sampled only through predict, cannot be conditioned."""
     if not wanted:

@@ -131,7 +131,7 @@ def to_surface(frame: pl.DataFrame, schema: Schema) -> pl.DataFrame:
         elif col.type == "boolean":
             s = s.cast(pl.String)
         elif col.type == "numeric" and col.decimals is not None:
-            s = _rounded(s, col)
+            s = rounded(s, col)
         out.append(s)
     return pl.DataFrame(out) if out else pl.DataFrame()
 
@@ -172,7 +172,7 @@ def _time_texts(units: pl.Series, col: Column) -> pl.Series:
     return moments.dt.strftime(col.time_format).alias(units.name)
 
 
-def _rounded(s: pl.Series, col: Column) -> pl.Series:
+def rounded(s: pl.Series, col: Column) -> pl.Series:
     """Values rounded to the column's decimals and kept inside its bounds on that grid (a bound
     that is not a multiple of the last decimal rounds inward, so the value still passes its check)."""
     d = int(col.decimals or 0)
@@ -203,7 +203,7 @@ def _fixed_fits(col: Column) -> bool:
 
 
 def _fixed_text(s: pl.Series, col: Column) -> pl.Series:
-    """Values already rounded to the column's decimals (`_rounded`) -> their fixed-point text."""
+    """Values already rounded to the column's decimals (`rounded`) -> their fixed-point text."""
     d = int(col.decimals or 0)
     scaled = (s.cast(pl.Float64) * 10.0**d).round(0).cast(pl.Int64)  # exact: |value| x 10^d < 2^53
     if d == 0:
@@ -214,4 +214,4 @@ def _fixed_text(s: pl.Series, col: Column) -> pl.Series:
     return pl.select(text).to_series().alias(s.name)
 
 
-__all__ = ["CONVERTED", "csv_text", "lower", "lower_column", "output_names", "read_values", "to_surface"]
+__all__ = ["CONVERTED", "csv_text", "lower", "lower_column", "output_names", "read_values", "rounded", "to_surface"]

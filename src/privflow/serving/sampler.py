@@ -145,9 +145,12 @@ def iter_samples(
     """Decoded frames of at most `batch` rows, `n` rows in all, drawn in equal shares from
     `flows` by the one explicit generator of ``sampling_generator(seed)``.
 
-    `where` ({column: label}, COLUMN=VALUE texts or `Conditions`): only rows with these
-    categorical values, drawn from the model's conditional law in rounds until `n` match
-    (privflow/serving/conditions.py; ConfigError when they are too rare to reach `n`).
+    `where` ({column: value}, condition texts such as 'sex=Female' or 'age>=40', or `Conditions`
+    checked against the release's public schema): only rows that meet every condition, drawn
+    from the model's conditional law in rounds until `n` match (privflow/serving/conditions.py;
+    ConfigError when they are too rare to reach `n`). A mapping or texts are checked against
+    `codec.schema`, the modelled one (a date there is its day number): give `Conditions` from
+    `conditions_for(release schema, ...)` to condition on a column as the table writes it.
 
     Every random draw happens on the calling thread, in batch order; `workers` threads (default:
     the CPU count, at most 8) only map the draws through the flow and decode them, so the rows
@@ -228,6 +231,20 @@ def sample_rows(
     return pl.concat(parts, rechunk=False) if parts else pl.DataFrame()
 
 
+def _drawn_column(tally: Any) -> Any:
+    """A progress column that reads the rows drawn so far off a conditional table's `Tally` at
+    each refresh (privflow/serving/conditions.py), so a long draw shows it is under way between
+    the rounds that keep rows."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Drawn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            return Text(f"{tally.drawn:,} drawn", style="progress.data")
+
+    return Drawn()
+
+
 def write_samples(
     flows: list[Any],
     codec: Any,
@@ -243,8 +260,9 @@ def write_samples(
     """Stream `n` sampled rows to `path` (.csv, or .parquet / .pq) batch by batch: CSV chunks
     are appended after one header, Parquet goes through one pyarrow ParquetWriter (a row
     group per batch). Memory stays bounded by `batch` whatever `n` is. `progress` shows a
-    rich progress bar. Integer columns are written as integers (nulls as empty fields). With the
-    release's `schema` (as written), rows are written as its input is (privflow/data/surface.py:
+    rich progress bar (with `where` as `Conditions`, the rows drawn so far beside it). Integer
+    columns are written as integers (nulls as empty fields). With the release's `schema` (as
+    written), rows are written as its input is (privflow/data/surface.py:
     dates as text in their format, booleans as labels, rounded decimals, no ignored column); in a
     CSV a numeric column that declares `decimals` is written with exactly that many (`csv_text`),
     one without keeps float64's shortest round-trip text. The file holds the same rows whatever
@@ -262,7 +280,11 @@ def write_samples(
     if progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        bar = Progress(TextColumn("sampling"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True)
+        columns: list[Any] = [TextColumn("sampling"), BarColumn(), MofNCompleteColumn()]
+        tally = getattr(where, "tally", None)
+        if tally is not None:  # a conditional table: rows are kept a round at a time, the draws go on
+            columns.append(_drawn_column(tally))
+        bar = Progress(*columns, TimeRemainingColumn(), transient=True)
         task = bar.add_task("rows", total=n)
         bar.start()
     writer = None
