@@ -5,7 +5,7 @@
     python -m infra.deployments deploy --pool privflow-gpu --image REGISTRY/privflow:TAG
                                                            # ... or for the Kubernetes GPU pool
 
-Two deployments:
+Three deployments, the third only when a scoring folder is set:
 
 * `privflow-train/scheduled`: the training flow (`flows.train.train_pipeline`) on a cron
   schedule, on a fixed training file.
@@ -14,6 +14,9 @@ Two deployments:
   `python -m privflow.flows.watch` emits for each new file of the watched folder; the trigger passes
   the event's resource id (the file's absolute path) as `data_path`. Open-source Prefect
   events and automations only (no webhooks).
+* `privflow-score/score-new-file`: the scoring flow (`flows.score.score_new_file`) on each new
+  file of a folder of its own (PRIVFLOW_SCORE_DIR), under a released model
+  (PRIVFLOW_SCORE_MODEL) and a public threshold (PRIVFLOW_SCORE_THRESHOLD): no privacy spent.
 
 Site settings come from flags or the environment (flags win): PRIVFLOW_SCHEMA,
 PRIVFLOW_WATCH_DIR, PRIVFLOW_STORE, PRIVFLOW_CONFIG, PRIVFLOW_TRAIN_DATA, PRIVFLOW_CRON,
@@ -94,7 +97,7 @@ def retrain_trigger(site: Site) -> Any:
     )
 
 
-# -- scoring each new file (issue 14): a third deployment when PRIVFLOW_SCORE_DIR is set --------
+# -- scoring each new file: a third deployment when PRIVFLOW_SCORE_DIR is set -------------------
 
 SCORE_DEPLOYMENT = "score-new-file"
 
@@ -201,7 +204,7 @@ def deployments(site: Site, work_pool: str | None = None, job_variables: dict[st
 
 
 def serve(site: Site) -> None:
-    """Serve both deployments from this process (blocks; Ctrl-C or SIGTERM stops it)."""
+    """Serve every deployment from this process (blocks; Ctrl-C or SIGTERM stops it)."""
     from prefect import serve as prefect_serve
 
     site.watch_folder.mkdir(parents=True, exist_ok=True)
@@ -224,7 +227,7 @@ def ensure_pool(name: str, pool_type: str = "process", base_job_template: dict[s
 
 
 def deploy(site: Site, pool: str, image: str | None = None, job_variables: dict[str, Any] | None = None) -> list[str]:
-    """Register both deployments on a work pool (a process pool is created if missing)."""
+    """Register every deployment on a work pool (a process pool is created if missing)."""
     if image is None:
         ensure_pool(pool, "process")
     ids = []

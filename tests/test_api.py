@@ -20,7 +20,7 @@ def _no_prefect(*args: object, **kwargs: object) -> None:
 
 def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monkeypatch) -> None:
     """With no PREFECT_API_URL, fit runs in this process as `privflow run` does: no Prefect
-    client or temporary server (a server took 13-24 s of a fit's start)."""
+    client or temporary server (benchmarks/results/overhead.md: its start-up)."""
     import prefect.client.orchestration as orchestration
     from prefect.server.api.server import SubprocessASGIServer
 

@@ -3,14 +3,22 @@ a file that exists, every `#anchor` into a Markdown file names one of its headin
 GitHub's and mkdocs' heading ids, so it works in either), every repository path named in code
 exists, and the README stays a front door of at most 200 lines.
 
-Plain text parsing only (no mkdocs build): it runs in well under a second.
+Those checks parse the Markdown only and run in well under a second. The last one builds the
+site as `mkdocs build --strict` does (in process, into a temporary folder, a few seconds) and
+checks every relative `href` and `src` of its HTML, `#fragment` included, against the files and
+ids of the built site; it is skipped where the `docs` extra is not installed (CI installs `dev`).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import posixpath
 import re
 import unicodedata
+from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -128,9 +136,9 @@ def anchors(path: Path) -> tuple[set[str], set[str]]:
 
 def test_the_manual_exists() -> None:
     assert DOCS.is_dir()
-    for name in ("index", "cli", "configuration", "privacy", "operations", "benchmarks", "development"):
+    for name in ("index", "cli", "configuration", "privacy", "architecture", "operations", "benchmarks", "development"):
         assert (DOCS / f"{name}.md").is_file(), name
-    assert not (REPO / "ARCHITECTURE.md").exists(), "the design notes live in docs/privacy.md"
+    assert not (REPO / "ARCHITECTURE.md").exists(), "the design notes live in docs/architecture.md"
 
 
 def test_the_readme_is_a_front_door() -> None:
@@ -205,3 +213,116 @@ def test_the_parser_sees_what_it_should(tmp_path: Path) -> None:
     assert mkdocs_slug("Privacy rules (what makes the epsilon true)") == "privacy-rules-what-makes-the-epsilon-true"
     # where the two rules part: a heading like this one cannot be linked from both
     assert github_slug("What --init-from does") != mkdocs_slug("What --init-from does")
+
+
+# ---------------------------------------------------------------------------------------------
+# The built site
+
+DOCS_EXTRA = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")
+
+
+class _SiteLinks(HTMLParser):
+    """The href and src attributes of an HTML page, and its element ids."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.urls: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if value is None:
+                continue
+            if name in ("href", "src"):
+                self.urls.append(value)
+            elif name in ("id", "name"):
+                self.ids.add(value)
+
+
+def _parsed(page: Path) -> _SiteLinks:
+    parser = _SiteLinks()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return parser
+
+
+def dead_links(site: Path) -> list[str]:
+    """Every relative href/src of the site's HTML pages whose file is not in the site, or whose
+    `#fragment` names no id of the HTML page it points at. Absolute paths (404.html's, which
+    mkdocs writes for the site's root) and URLs with a scheme are not checked."""
+    pages = {page: _parsed(page) for page in site.rglob("*.html")}
+    dead = []
+    for page, parsed in sorted(pages.items()):
+        for url in parsed.urls:
+            scheme, netloc, path, _, fragment = urlsplit(url)
+            if scheme or netloc or path.startswith("/") or url.startswith("#") and not fragment:
+                continue
+            where = f"{page.relative_to(site)}: {url}"
+            target = page if not path else Path(posixpath.normpath(posixpath.join(page.parent, unquote(path))))
+            if path.endswith("/") or target.is_dir():
+                target = target / "index.html"
+            if site not in target.parents:
+                dead.append(f"{where} (outside the site)")
+            elif not target.is_file():
+                dead.append(f"{where} (no such file in the site)")
+            elif fragment and target.suffix == ".html" and unquote(fragment) not in pages[target].ids:
+                dead.append(f"{where} (no id '{fragment}' there)")
+    return dead
+
+
+def test_the_site_builds_strictly_with_no_dead_link(tmp_path: Path) -> None:
+    """The manual as `mkdocs build --strict` builds it (warnings fail the build: a link to a page,
+    heading or repository file that is not in the site is one, mkdocs.yml's `validation`), then
+    every relative link of the built HTML, the theme's assets and the API reference included."""
+    missing = [name for name in DOCS_EXTRA if importlib.util.find_spec(name.split(".")[0]) is None]
+    if missing:
+        pytest.skip(f"the docs extra is not installed ({', '.join(missing)}): pip install -e '.[docs]'")
+    from mkdocs.commands.build import build
+    from mkdocs.config import load_config
+    from mkdocs.exceptions import Abort, BuildError
+
+    warnings: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(f"{record.levelname}: {record.getMessage()}")
+
+    handler = Collect(logging.WARNING)
+    logging.getLogger("mkdocs").addHandler(handler)
+    site = tmp_path / "site"
+    try:
+        config = load_config(str(REPO / "mkdocs.yml"), site_dir=str(site), strict=True)
+        config.plugins.on_startup(command="build", dirty=False)
+        try:
+            build(config)
+        finally:
+            config.plugins.on_shutdown()
+    except (Abort, BuildError) as error:
+        pytest.fail(f"mkdocs build --strict failed ({error}):\n" + "\n".join(warnings))
+    finally:
+        logging.getLogger("mkdocs").removeHandler(handler)
+    assert not warnings, "\n".join(warnings)
+    assert (site / "index.html").is_file()
+    # the repository files the manual cites are pages of the site (docs/hooks.py)
+    assert (site / "repo" / "benchmarks" / "results" / "peers" / "index.html").is_file()
+    assert (site / "reference" / "api" / "index.html").is_file()
+    dead = dead_links(site)
+    assert not dead, f"{len(dead)} dead links in the built site:\n" + "\n".join(dead)
+
+
+def test_the_site_checker_sees_dead_links(tmp_path: Path) -> None:
+    """`dead_links` finds a missing file, a missing fragment and a link out of the site, and
+    passes directory URLs, fragments of the same page, assets and URLs with a scheme."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "index.html").write_text('<h2 id="here">x</h2>', encoding="utf-8")
+    (tmp_path / "style.css").write_text("", encoding="utf-8")
+    (tmp_path / "index.html").write_text(
+        '<a href="a/">ok</a> <a href="a/#here">ok</a> <a href="#top" id="top">ok</a> '
+        '<link href="style.css"> <a href="https://example.org/x">ok</a> <img src="/abs.png"> '
+        '<a href="b/">dead</a> <a href="a/#nowhere">dead</a> <script src="../out.js"></script>',
+        encoding="utf-8",
+    )
+    assert dead_links(tmp_path) == [
+        "index.html: b/ (no such file in the site)",
+        "index.html: a/#nowhere (no id 'nowhere' there)",
+        "index.html: ../out.js (outside the site)",
+    ]

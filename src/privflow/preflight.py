@@ -2,10 +2,10 @@
 
 Runs in the CLI before `env.configure`, before Prefect, MLflow or Great Expectations is
 imported (this module imports none of them) and before the ledger reserves anything
-(docs/privacy.md, "Data flow": preflight; privacy rule 7). Each check raises a
+(docs/architecture.md, "Data flow of the training pipeline": preflight; privacy rule 7). Each check raises a
 `PrivflowError` subclass whose message is one paragraph naming the problem and the fix:
 
-- epsilon and delta finite and in range (epsilon at most `privacy.plan.MAX_EPSILON`, delta
+- epsilon and delta finite and in range (epsilon at most `privacy.accounting.plan.MAX_EPSILON`, delta
   below 1/expected_rows and at most the dataset's budget delta);
 - the schema parses;
 - the data path exists, is a file, is readable, and its format (content, gzip, encoding, CSV
@@ -22,7 +22,7 @@ imported (this module imports none of them) and before the ledger reserves anyth
   charged row digests of another dataset: a table half or more of whose rows were charged to
   another dataset is refused (its outcome is for the store's operator; nothing is reserved).
   A streamed run is not checked;
-- the dataset has budget left for the run's plan (`privacy.run_plan.run_plan`), checked
+- the dataset has budget left for the run's plan (`tasks.run_plan.run_plan`), checked
   against the ledger without reserving (`privacy.ledger.check_budget_at`);
 - a warm start's parent (`--init-from`, `check_init_from`): it exists in the store's
   registry and fits the run (tasks/warm_start.py: identical schema columns, the same flow
@@ -61,7 +61,7 @@ class Preflight:
 
     config: RunConfig
     schema: Schema
-    plan: object  # privacy.plan.PrivacyPlan (imported lazily)
+    plan: object  # privacy.accounting.plan.PrivacyPlan (imported lazily)
     data_format: str
     rows: int | None  # counted for a PUBLIC table only (pretraining); a private file's count is never known here
     device: str
@@ -420,8 +420,8 @@ def nvidia_driver() -> bool:
 def resolve_device(choice: str) -> str:
     """'cpu', 'cuda' or 'auto' -> the device training will use; DeviceUnavailable for missing CUDA.
 
-    Without an NVIDIA driver on the machine, CUDA is absent and torch is not imported (3 s);
-    with one, torch decides.
+    Without an NVIDIA driver on the machine, CUDA is absent and torch is not imported (its import
+    is a large part of a run's start-up: benchmarks/results/overhead.md); with one, torch decides.
     """
     if choice not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"--device must be auto, cpu or cuda, got '{choice}'.")
@@ -710,7 +710,7 @@ def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
     """`privflow audit`'s checks before Prefect or MLflow is imported: the privacy parameters,
     the schema, the data file's header and rows, the store (the audit charges no ledger), and
     that the model holds `canaries` gradient canaries (building it imports torch only; in the
-    flow, behind a Prefect server, the refusal took ~18 s)."""
+    flow, the refusal would wait for Prefect's server and MLflow: benchmarks/results/overhead.md)."""
     check_privacy_parameters(config, delta_flag=False)  # audit has no --delta: its delta is the config's
     schema = _check_schema(config)
     check_privacy_parameters(config, schema, delta_flag=False)

@@ -189,7 +189,7 @@ def _ledger_set_budget(dataset: str, epsilon: float, delta: float | None, store:
     if delta is None:
         delta = next(d.budget_delta for d in ledger.datasets() if d.name == dataset)
     # a total across runs, like the schema's `dataset.budget`: any finite positive figure (a single
-    # run's --epsilon has its own limit, privacy.plan.MAX_EPSILON)
+    # run's --epsilon has its own limit, privacy.accounting.plan.MAX_EPSILON)
     if not (math.isfinite(epsilon) and 0 < epsilon):
         raise ConfigError(f"--epsilon must be a finite number above 0, got {epsilon}.")
     if not (math.isfinite(delta) and 0 < delta < 1):

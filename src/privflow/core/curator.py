@@ -3,7 +3,7 @@
 What the data owner needs to look after the data, computed on private rows without a
 mechanism (exact validation counts, the quarantine file, training losses, evaluation
 metrics, the HTML report and figures of real marginals), lives here and only here
-(docs/privacy.md, privacy rule 5; docs/privacy.md, "Trust boundary"). It sits under the store as
+(docs/architecture.md, privacy rule 5; docs/privacy.md, "Trust boundary"). It sits under the store as
 ``curator/<run id>/``, created with owner-only permissions, and nothing in it is logged
 to the MLflow run behind a registered model or printed in the publishable ledger summary.
 """

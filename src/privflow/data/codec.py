@@ -1,8 +1,9 @@
 """The schema-only codec between a typed table and the model's encoded space.
 
 Every map here is fixed by the public schema (bounds, transforms, category lists) and is
-applied row by row, so it uses no statistic of the data and spends no privacy (ARCHITECTURE
-"Privacy rules" 2). Layout, per column in schema order (CONTRACTS.md "The encoded space"):
+applied row by row, so it uses no statistic of the data and spends no privacy (docs/architecture.md,
+privacy rule 2: only the schema and the configuration are public). The encoded space, per column
+in schema order:
 
 - numeric: one continuous feature u = (t(x) - t(lo)) / (t(hi) - t(lo)) in [0, 1],
   t = identity or log1p; if nullable, null -> u = 0 plus a categorical `<col>__missing`

@@ -1,5 +1,5 @@
 """The training pipeline: validated table in, DP flow trained, checkpoint chosen, model and
-cumulative epsilon in MLflow (docs/privacy.md, "Data flow of the training pipeline").
+cumulative epsilon in MLflow (docs/architecture.md, "Data flow of the training pipeline").
 
 The chain runs as a Prefect flow (flows/train.py, `train_pipeline`: each step a task run) or
 in process without Prefect (`train_in_process`, `privflow run` without a Prefect API). This
@@ -528,7 +528,8 @@ def run_pipeline(
 
 def train_in_process(config: RunConfig, show_progress: bool = True, plan: PrivacyPlan | None = None) -> RunSummary:
     """The same chain without Prefect's engine (`privflow run --no-server`): no API, so no
-    temporary server (13-24 s of a run's start here) and no flow or task run records.
+    temporary server (what one adds to a run: benchmarks/results/overhead.md) and no flow or task
+    run records.
 
     Prefect 3.8 cannot run a flow or a task without an API (its engines create their runs
     through a client; with ephemeral mode off and no PREFECT_API_URL they raise), so this calls

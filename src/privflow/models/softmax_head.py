@@ -1,7 +1,7 @@
 """The target head as a torch module: a softmax regression with the flows' training interface.
 
 ``log_prob(x)`` on an encoded batch x = [compact features | class index], so that the one
-DP-SGD trainer (``privacy.dp_sgd.train``: Poisson sampling, per-example clipping, noise,
+DP-SGD trainer (``privacy.dpsgd.dp_sgd.train``: Poisson sampling, per-example clipping, noise,
 EMA) trains it exactly as it trains a flow. The compact features are
 ``privflow.data.features.compact_features`` (one column per block: a scaled number, a missing flag or
 a category's slot index); the one-hot and hat-basis expansion happens per batch inside ``forward``, so a table

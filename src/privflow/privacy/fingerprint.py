@@ -1,4 +1,4 @@
-"""Data fingerprints, keyed with a per-store secret (docs/privacy.md, privacy rules 5 and 9).
+"""Data fingerprints, keyed with a per-store secret (docs/architecture.md, privacy rules 5 and 9).
 
 An unsalted hash of a private file is a release: anyone who knows every row but one can
 hash each guess for the last row and compare. Every fingerprint here is keyed with a random

@@ -1,6 +1,6 @@
 """One place for randomness that touches private values: exact samplers and secret generators.
 
-Exact samplers (docs/privacy.md, privacy rule 6). Textbook floating-point noise (x +
+Exact samplers (docs/architecture.md, privacy rule 6). Textbook floating-point noise (x +
 rng.normal(), x + rng.laplace()) leaks through the gaps and the non-uniform spacing of the
 doubles it can produce (Mironov 2012, "On significance of the least significant bits for
 differential privacy"). The statistics' noise therefore comes from OpenDP 0.16's

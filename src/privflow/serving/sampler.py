@@ -60,7 +60,7 @@ def load_release(artifacts: Mapping[str, str | Path]) -> Release:
 
 
 def sampling_generator(seed: int | None) -> Any:
-    """The one generator a synthetic table is drawn from (docs/privacy.md, privacy rule 6).
+    """The one generator a synthetic table is drawn from (docs/architecture.md, privacy rule 6).
 
     Explicit, never torch's global RNG: after private rows are read, the global state has
     been advanced by data-sized draws, and a table drawn from it would let anyone who can

@@ -326,7 +326,7 @@ def copula_only(
     make: Callable[[dict | None], torch.nn.Module],
     spend: Spend,
 ) -> FitResult:
-    """The small-data release (`privacy.run_plan.copula_only_plan`): no flow is trained; the
+    """The small-data release (`tasks.run_plan.copula_only_plan`): no flow is trained; the
     released flow is the untrained one at its public initial weights, whose samples
     `CopulaCodec.uniformize` turns into exactly independent uniform columns, decoded through the
     DP marginals. Reads no row."""

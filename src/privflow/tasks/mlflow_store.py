@@ -42,8 +42,8 @@ from privflow.privacy.accounting.events import Event, events_to_json
 from privflow.privacy.accounting.plan import PrivacyPlan
 from privflow.tasks.lazy_task import task
 
+# The released model's Python requirements; its code is the whole privflow package but demo/ (_sampler_package).
 _REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
-# The parts of privflow/ the sampler imports; bundled without the demo data or the CLI.
 PROMOTION_TAG = "privflow.promotion"
 
 # -- tracking ---------------------------------------------------------------------------------

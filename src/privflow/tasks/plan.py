@@ -2,7 +2,7 @@
 
 Uses only public inputs (the configuration and the schema's expected row count), so it
 runs, and is recorded, before any private value is read. The plan itself is built by
-``privacy.run_plan`` (also used by the pre-flight check, without Prefect).
+``tasks.run_plan`` (also used by the pre-flight check, without Prefect).
 """
 
 from __future__ import annotations

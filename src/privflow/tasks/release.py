@@ -1,7 +1,7 @@
 """What a run releases to MLflow, and the allowlist that says why each entry may be there.
 
 Released means the MLflow run behind a registered model, the registered version and model,
-the synthetic table and the publishable ledger summary (docs/privacy.md, privacy rule 5).
+the synthetic table and the publishable ledger summary (docs/architecture.md, privacy rule 5).
 Every param, metric, tag and artifact that reaches them must be public (configuration,
 schema, code version) or the output of a recorded mechanism. The allowlist below is the
 single place that says which, entry by entry; `tests/flows/test_release.py` lists a real

@@ -2,8 +2,8 @@
 config's random initialisation (the DP-GAN note, Boob et al. 2018, section 3.2:
 "using relevant publicly available datasets for warm starting").
 
-Which parents are allowed, and what starting from them costs (docs/privacy.md, privacy
-rules 3, 5 and 7):
+Which parents are allowed, and what starting from them costs (docs/architecture.md,
+privacy rules 3, 5 and 7):
 
 - **Public pretraining** (`privflow pretrain`): the weights are a function of data the
   operator declared public and of public settings. Starting from them reads no private row and

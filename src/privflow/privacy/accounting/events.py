@@ -2,7 +2,7 @@
 
 Events carry only mechanism parameters (noise multipliers, sample rates, counts), never
 data, so a run's privacy can be recomputed later from its JSON record alone. The unit of
-privacy is one row, adjacency add/remove one row (docs/privacy.md, privacy rule 1).
+privacy is one row, adjacency add/remove one row (docs/architecture.md, privacy rule 1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Data-parallel DP-SGD: THE trainer (``privacy.dp_sgd.train``) run by W processes under torchrun.
+"""Data-parallel DP-SGD: THE trainer (``privacy.dpsgd.dp_sgd.train``) run by W processes under torchrun.
 
     train_data_parallel(model, rows, settings)   # settings.workers = W > 1
 

@@ -8,15 +8,15 @@ Each step (Abadi et al. 2016; DP-NF, Waites & Cummings 2021, section 3; DP-HFlow
    same), drawn in time and memory of the batch (``poisson_sample``). An empty batch still
    takes a noise-only step.
 2. The per-example gradients of -log_prob(x_i) are clipped by the chosen strategy
-   (``privacy.clipping``: flat, per-layer, per-unit, sparsify) so that every example's
+   (``privacy.dpsgd.clipping``: flat, per-layer, per-unit, sparsify) so that every example's
    total contribution has L2 norm <= C = ``max_grad_norm``.
 3. Gaussian noise with std sigma * C is added to the sum, which is divided by the PUBLIC
    expected batch size (a configured constant, never the number of private rows).
 4. The optimizer (Adam or SGD) steps on that noisy gradient: post-processing.
 5. With ``ema_decay > 0`` the checkpoints hold the exponential moving average of the
-   iterates (``privacy.averaging``), also post-processing; 0 keeps the raw iterates.
+   iterates (``privacy.dpsgd.averaging``), also post-processing; 0 keeps the raw iterates.
 
-Data-parallel (``Replica``; launched by ``privacy.distributed`` under torchrun): the SAME
+Data-parallel (``Replica``; launched by ``privacy.dpsgd.distributed`` under torchrun): the SAME
 step split over W processes. Every rank draws the same Poisson sample (the seeds are broadcast
 from rank 0) and keeps its own rows' (i mod W == rank), so the union of the local batches is one
 Poisson sample of the whole table; the dequantization noise of the whole batch is drawn on
@@ -30,7 +30,7 @@ The privacy event of the whole run is ``PoissonGaussianEvent(q, sigma, steps)``
 (``dp_sgd_event``), whatever W. ``private=False`` trains the non-private baseline on the same sampling
 (no clipping, no noise, mean loss over the actual batch) and records no event.
 
-Randomness (docs/privacy.md, privacy rule 6): the Poisson sampler, the Gaussian noise, the
+Randomness (docs/architecture.md, privacy rule 6): the Poisson sampler, the Gaussian noise, the
 sparsifier's draws and the model's dequantization noise each come from their own explicit
 torch generator, seeded independently from ``secrets.randbits(63)`` for every run. The
 dequantization noise is drawn per batch and passed to ``log_prob(x, noise)``: its stream's
@@ -46,7 +46,7 @@ exact samplers (``privacy.noise``); for the millions of DP-SGD draws per run no 
 sampler on torch tensors is available (torchcsprng, opacus' secure mode, is unmaintained).
 
 Non-finite examples: a row whose loss or per-example gradient is NaN / infinite is zeroed
-before clipping (``privacy.clipping``) so that it contributes nothing and cannot turn the
+before clipping (``privacy.dpsgd.clipping``) so that it contributes nothing and cannot turn the
 model into NaN; ``TrainResult.nonfinite_examples`` counts them.
 
 Not differentially private: the training losses (``TrainResult.losses`` and the values
@@ -92,7 +92,7 @@ class TrainSettings:
     device: str = "cpu"  # "cpu", "cuda", "cuda:1", or "auto"
     seed: int = 0  # the config's public seed (model initialisation, done by the caller); train() draws nothing from it
     private: bool = True
-    workers: int = 1  # data-parallel processes (privacy.distributed launches them when > 1)
+    workers: int = 1  # data-parallel processes (privacy.dpsgd.distributed launches them when > 1)
     # TEST ONLY. None (the default) seeds the sampler, the noise, the sparsifier and the
     # dequantization noise independently from OS entropy: a seed anyone can read (e.g. from
     # the config) would let them regenerate and subtract the noise, voiding the guarantee.
@@ -172,7 +172,7 @@ class Replica:
     """This process's place in a data-parallel run; the default (0, 1) is the single process.
 
     Rank r keeps the rows i with i mod world_size == r; rank 0 alone adds the noise. With
-    world_size > 1 the caller has initialised ``torch.distributed`` (privacy.distributed)."""
+    world_size > 1 the caller has initialised ``torch.distributed`` (privacy.dpsgd.distributed)."""
 
     rank: int = 0
     world_size: int = 1

@@ -2,7 +2,7 @@
 
 One SQLite file (stdlib sqlite3, WAL journal) holds datasets with their total budget and
 runs with their events as JSON. A run reserves its events before it reads a row
-(docs/privacy.md, privacy rules 3 and 6): inside `BEGIN IMMEDIATE` (the database write
+(docs/architecture.md, privacy rules 3 and 6): inside `BEGIN IMMEDIATE` (the database write
 lock, so concurrent reservers are serialised across processes) the ledger composes every
 event already recorded for the dataset (reserved, settled or failed: any of them may have
 read data) with the new ones using the PLD accountant at the dataset's delta, and refuses

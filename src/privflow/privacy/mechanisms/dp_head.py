@@ -1,6 +1,6 @@
 """DP target head: p(target | other columns) by DP-SGD on a softmax regression (privflow/data/target_head.py).
 
-Mechanism. DP-SGD as in ``privacy.dp_sgd`` (Abadi et al. 2016; DP-NF section 3): Poisson
+Mechanism. DP-SGD as in ``privacy.dpsgd.dp_sgd`` (Abadi et al. 2016; DP-NF section 3): Poisson
 sampling of the rows at rate q = expected batch / the schema's PUBLIC expected_rows, the
 per-example gradient of -log p(y_i | f(x_i)) clipped to L2 norm C (flat: the head is one
 linear layer), Gaussian noise of std sigma * C added to the sum, Adam on the noisy mean;

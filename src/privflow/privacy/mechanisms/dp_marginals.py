@@ -12,7 +12,7 @@ of 8, 64, ... consecutive cells. Everything is concatenated into one count vecto
 (`statistic`) and released once with the Gaussian mechanism (exact sampler, `privacy.noise`
 via `gaussian_mechanism`).
 
-Sensitivity (add/remove one row, docs/privacy.md privacy rule 1). Every row lands in exactly
+Sensitivity (add/remove one row, docs/architecture.md, privacy rule 1). Every row lands in exactly
 one cell of every column (out-of-bounds values are clipped to the bounds, null goes to the
 null cell; both are per-row maps fixed by the schema) and, in a tree column, in one block of
 every level above it: adding or removing a row changes sum_j L_j coordinates by exactly 1

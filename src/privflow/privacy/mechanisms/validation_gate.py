@@ -3,7 +3,7 @@
 Whether a run stops because rows fail the schema's checks, or because there are too few rows
 to train on, is a fact about the private rows that shows in a release (a run that never
 produced a model, a ledger line, a message in the orchestrator). So the decision is a
-mechanism (docs/privacy.md, privacy rules 5 and 8):
+mechanism (docs/architecture.md, privacy rules 5 and 8):
 
     f(D)  = rows that fail any row-level check (a line the reader could not read included)
     u(D)  = rows that pass every check with no value changed

@@ -1,4 +1,4 @@
-"""Evaluation diagnostics for the data owner (NOT differentially private; ARCHITECTURE rule 5).
+"""Evaluation diagnostics for the data owner (NOT differentially private: curator-only, never released).
 
 A plain library (no Prefect, no MLflow): fidelity (marginal TV, Kendall's tau and Cramer's V
 matrices), utility (DP-HFlow's nine-classifier train-on-synthetic / test-on-real protocol),

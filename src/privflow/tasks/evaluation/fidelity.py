@@ -7,7 +7,7 @@ and Cramer's V matrices of the categorical columns with the MAE of their differe
 Range fidelity (`range_fidelity`): what the public-bounds bins cannot see when the real rows
 fill a small part of the bounds (synthetic values outside the real range, spread, fine-grained
 TV on the real range, Pearson and Spearman correlation errors).
-These are diagnostics on real rows: not differentially private (ARCHITECTURE rule 5).
+These are diagnostics on real rows: not differentially private, so for the curator only, never released.
 """
 
 from __future__ import annotations

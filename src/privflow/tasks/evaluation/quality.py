@@ -11,7 +11,7 @@ column-pair trends), the figure most synthetic-data papers and tools report besi
 The metadata is built from the PUBLIC schema only (names and types; `sdtype` numerical for
 integer/numeric columns, categorical otherwise), never inferred from a table, so the score
 compares the two tables on the schema's terms. A diagnostic on real rows: NOT differentially
-private (ARCHITECTURE rule 5). `sdmetrics` is an optional dependency (the `bench`/`dev`
+private, so for the curator only, never released. `sdmetrics` is an optional dependency (the `bench`/`dev`
 extras); it is imported when a score is asked for.
 """
 

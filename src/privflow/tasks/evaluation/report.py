@@ -4,8 +4,8 @@ The metrics follow DP-HFlow's Experimental Results (marginals, Kendall's tau RMS
 Table 1, nine-classifier train-on-synthetic / test-on-real utility of Tables 2-3), plus
 held-out likelihood and empirical privacy-risk checks. They are computed on real rows, so
 they are NOT differentially private: they are for the data owner only and are never part of
-the released model or synthetic data (ARCHITECTURE, privacy rule 5). The report says so in a
-banner at its top.
+the released model or synthetic data (diagnostics computed on real rows go to the curator-only
+store, never into a release). The report says so in a banner at its top.
 """
 
 from __future__ import annotations

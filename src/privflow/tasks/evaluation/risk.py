@@ -5,7 +5,7 @@ Both are sanity checks for the data owner, not privacy guarantees: the (epsilon,
 from the ledger is the guarantee; these only flag gross memorisation (a synthetic row much
 closer to training rows than to unseen rows, or a model that scores its training rows much
 higher than unseen rows, cf. the likelihood-ratio attacks bounded by DP). Not differentially
-private themselves (ARCHITECTURE rule 5).
+private themselves: for the curator only, never released.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ scores its last declared one (named in the report), and a target of more classes
 one-vs-rest macro averages (macro-F1, macro AUROC, macro AP over its classes). The same classifiers
 trained on the real training table give the reference. Features are the schema-only encoding
 (numerics scaled by PUBLIC bounds, categoricals one-hot over the PUBLIC list): no scaler or
-vocabulary is fitted on any table. Not differentially private (ARCHITECTURE rule 5).
+vocabulary is fitted on any table. Not differentially private: for the curator only, never released.
 """
 
 from __future__ import annotations

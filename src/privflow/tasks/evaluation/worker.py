@@ -10,7 +10,7 @@ code with the same seeds, only elsewhere.
 
 Privacy: nothing here is released. The worker is a fresh interpreter (spawn: it inherits no
 memory and no RNG state of this one); the rows reach it through a pipe and nothing of it is
-written anywhere. It computes diagnostics only (ARCHITECTURE rule 5), and any failure in it
+written anywhere. It computes diagnostics only (for the curator, never released), and any failure in it
 is answered by computing the same records here (a failure there also fails here and becomes
 the diagnostics' curator-only note). A run that stops ends the worker at once.
 

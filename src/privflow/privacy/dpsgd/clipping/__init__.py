@@ -1,7 +1,7 @@
 """Clipping strategies of DP-HFlow (flat, per-layer, per-unit, stochastic sparsification).
 
 Each strategy keeps every example's total clipped gradient norm <= C, so one Gaussian
-noise scale sigma * C serves all of them (docs/privacy.md, privacy rule 4).
+noise scale sigma * C serves all of them (docs/architecture.md, privacy rule 4).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Two methods give the same result (tested to 1e-6 in float64):
   a few whole-batch operations (``grad_samplers.small``); low-rank layers are materialised.
   LULinear's clipped sum is one d x d product per call. Stochastic sparsification needs
   every entry of every per-example gradient and is materialised in chunks, only the entries
-  a mask or a triangle leaves free. On the CPU fused kernels (``privacy.cpu_kernels``) form
+  a mask or a triangle leaves free. On the CPU fused kernels (``privacy.dpsgd.cpu_kernels``) form
   a masked layer's entries row by row and sparsify, clip and sum them in one pass per
   example (storing none when tau comes from sampled positions), and give per-unit
   clipping's row norms and the squared norms of the masked layers and LULinear.

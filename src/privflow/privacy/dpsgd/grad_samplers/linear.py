@@ -19,7 +19,7 @@ stochastic sparsification selects from, need G_n itself. A MADE mask's distinct 
 nested (a unit of degree m sees every input of degree < m), so with the columns in a
 "staircase" order every row sees a prefix of them: G_n's free entries are those prefixes
 (about half of the dense entries). On the CPU they are formed row by row in a fused kernel
-(``privacy.cpu_kernels``), which reduces them in the same loop for the row norms; elsewhere
+(``privacy.dpsgd.cpu_kernels``), which reduces them in the same loop for the row norms; elsewhere
 group by group, one batched product per group of equal rows.
 nn.Linear's grad sampler is opacus' own; MaskedLinear's is in ``masked_linear.py``.
 """

@@ -11,7 +11,7 @@ the calls of a layer used several times) with three changes the flows need:
   autograd never forms the (unclipped) parameter gradients it would otherwise accumulate.
 
 Per-example gradients then come from opacus' GRAD_SAMPLERS registry (ours are registered
-there by ``privacy.grad_samplers``); a layer without one falls back to torch.func
+there by ``privacy.dpsgd.grad_samplers``); a layer without one falls back to torch.func
 (vmap of a vector-Jacobian product over the examples), as opacus' functorch mode does.
 """
 
