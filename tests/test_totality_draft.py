@@ -159,3 +159,15 @@ def test_categories_holding_five_percent_are_listed_and_the_rest_read_as_other(n
     y = {e.key: e.value for e in filled.columns["y"]}
     assert y["categories"][:3] == ["n", "p", "rare"]  # a target keeps its rare class (0.3% >= 0.2%)
     assert [(e.key, e.value) for e in filled.top] == [("target", "y"), ("target_positive", "p")]
+
+
+def test_a_column_spread_over_two_decades_still_has_a_scale() -> None:
+    """1,600 values in [1, 10) and 1,600 in [10, 100), each under 5 noise sd of a kind cell (sd
+    495): their sum places the bounds' window at 100, the upper edge of the two decades."""
+    counts = dict.fromkeys(dd.KIND_CELLS, 0.0)
+    counts.update({"int+": 3200.0, "group:number": 3200.0, "mag:0": 1600.0, "mag:1": 1600.0})
+    kind = dd.decide_kind("x", [counts[k] for k in dd.KIND_CELLS], 3200.0, 495.0, 10.0)
+    assert kind.suggestion.type in ("integer", "numeric") and kind.decade == 1
+    counts.update({"mag:0": 900.0, "mag:1": 900.0})  # under DECADE_Z noise sd together: no scale
+    kind = dd.decide_kind("x", [counts[k] for k in dd.KIND_CELLS], 3200.0, 495.0, 10.0)
+    assert kind.decade is None

@@ -10,6 +10,7 @@ are DRAFT_PLACEHOLDER unless privflow/tasks/draft.py fills them by DP.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -314,13 +315,14 @@ class KindDecision:
     zeros: float  # noisy count of values that are 0
     negatives: float  # noisy count of negative numbers
     sd: float  # the noise sd of one cell
-    decade: int | None = None  # the decade floor(log10 |x|) holding the most non-zero numbers (noisy counts);
-    # None where no decade's noisy count passes 5 noise sd (the scale is not known)
+    decade: int | None = None  # the upper of the two adjacent decades floor(log10 |x|) holding the most
+    # non-zero numbers (noisy counts); None where their noisy count is under DECADE_Z noise sd (scale unknown)
 
 
 TYPE_SLACK = 0.01  # a kind is chosen when at most this share of the present values (noisy) is of another kind
 TYPE_Z = 6.0  # ... or at most this many noise sd of the difference, where that is larger (a small epsilon)
 SAFE_Z = 3.0  # boolean 1/0 over integer: the other numbers this many noise sd under the slack
+DECADE_Z = 4.0  # the scale is known when two adjacent decades' noisy count passes this many noise sd
 SIGN_SHARE = 0.005  # a number column is non-negative when at most this share (or 2 sd) of its values is negative
 
 
@@ -351,8 +353,10 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
     negatives = c["int-"] + sum(c[f"dec{d}-"] for d in range(1, NUMBER_DECIMALS + 2))
     zeros = c["zero"] + c["bool:0"]
 
-    modal = max(MAGNITUDES, key=lambda k: c[f"mag:{k}"])
-    decade = modal if c[f"mag:{modal}"] > 5.0 * cell_sd else None
+    # the scale: the two adjacent decades holding the most numbers (noisy); a column spread over two
+    # decades, each under the noise at a small epsilon, is still placed by their sum
+    pair, upper = max((c[f"mag:{a}"] + c[f"mag:{b}"], b) for a, b in itertools.pairwise(MAGNITUDES))
+    decade = upper if pair > DECADE_Z * math.sqrt(2.0) * cell_sd else None
 
     def done(sug: Suggestion) -> KindDecision:
         return KindDecision(sug, present, missing, zeros, negatives, cell_sd, decade)

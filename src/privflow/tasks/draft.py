@@ -20,8 +20,9 @@ The split of (epsilon, delta), planned from the header alone (d columns), in thr
   (its first match), L1 sensitivity 3 (`dp_histogram.PublicHistogram`, noise scale 3/epsilon):
   `RepeatedEvent(LaplaceEvent, d)`. The type, `decimals`, a date's format and day/month order, a
   datetime's format and `granularity`, a boolean's labels, `nullable` (true unless |DP missing
-  count| + 3 sd < 0.5), the zero atom, the sign and the scale of a number column (its modal decade)
-  are post-processing of these noisy counts (`data.draft.decide_kind`);
+  count| + 3 sd < 0.5), the zero atom, the sign and the scale of a number column (the upper of
+  its two fullest adjacent decades) are post-processing of these noisy counts
+  (`data.draft.decide_kind`);
 - VALUES_SHARE of epsilon and all of delta: the values' statistics, split over the columns by
   the weights of their DP-decided types (VALUE_WEIGHTS: numbers 3, dates 2, categoricals 4, the
   target 5, booleans and ignored columns 0) and, for delta, equally over the thresholded
@@ -448,7 +449,7 @@ def _fill_number(
         sign = "nonnegative"
     elif kind.present - kind.negatives - kind.zeros <= max(dp_bounds.SIGN_SHARE * kind.present, margin):
         sign = "nonpositive"
-    if kind.decade is not None:  # the upper edge of the decade holding most values (DP kind counts)
+    if kind.decade is not None:  # the upper edge of the two fullest adjacent decades (DP kind counts)
         mech = dp_bounds.QuantileBounds(part * 1.5, 10.0 ** (kind.decade + 1), sign)  # each end 1.5 of the 3 parts
     else:  # no decade stood out of the noise: a wide, flat public window, 1e-3 to 1e6
         mech = dp_bounds.QuantileBounds(part * 1.5, 100.0, sign, below=5, above=4, prior=0.0)
