@@ -1,4 +1,4 @@
-"""The fused CPU kernels against the torch operations they replace (``privacy.dpsgd._numba_kernels``)."""
+"""The fused CPU kernels against the torch operations they replace (``privacy.dpsgd.cpu_kernels``)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ doubles it can produce (Mironov 2012, "On significance of the least significant 
 differential privacy"). The statistics' noise therefore comes from OpenDP 0.16's
 measurements, which sample the discrete Laplace / discrete Gaussian on a grid of 2^k from
 OS entropy and round the input to that grid (Canonne, Kamath & Steinke 2020). Their
-privacy maps include the rounding; `_calibrated` widens the scale by ulps until OpenDP's
+privacy maps include the rounding; `calibrated` widens the scale by ulps until OpenDP's
 own map of the stated sensitivity is within the budget our privacy event claims, so the
 event is never stronger than what OpenDP certifies.
 
@@ -35,7 +35,7 @@ _MAX_WIDEN = 64
 
 
 @lru_cache(maxsize=1)
-def _dp() -> Any:
+def opendp_parts() -> Any:
     """The parts of OpenDP used here as one namespace, like ``opendp.prelude`` without its extras
     (``opendp.prelude`` imports scikit-learn through ``opendp.extras.sklearn``, which slows
     every run's start for nothing privflow uses)."""
@@ -65,7 +65,7 @@ def _check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite positive number, got {value!r}")
 
 
-def _calibrated(build: Callable[[float], Any], d_in: float, budget: float, scale: float) -> Any:
+def calibrated(build: Callable[[float], Any], d_in: float, budget: float, scale: float) -> Any:
     """The measurement at the smallest scale >= `scale` (by ulps) whose OpenDP map(d_in) <= budget.
 
     OpenDP rounds the sensitivity and the map's arithmetic upwards; that can cost an ulp
@@ -88,10 +88,10 @@ def gaussian_measurement(l2_sensitivity: float, noise_multiplier: float) -> Any:
     """
     _check_positive("l2_sensitivity", l2_sensitivity)
     _check_positive("noise_multiplier", noise_multiplier)
-    dp = _dp()
+    dp = opendp_parts()
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l2_distance(T=float)
     rho = 1.0 / (2.0 * noise_multiplier * noise_multiplier)
-    return _calibrated(
+    return calibrated(
         lambda s: dp.m.make_gaussian(*space, scale=s), float(l2_sensitivity), rho, noise_multiplier * l2_sensitivity
     )
 
@@ -105,9 +105,9 @@ def laplace_measurement(l1_sensitivity: float, noise_multiplier: float) -> Any:
     """
     _check_positive("l1_sensitivity", l1_sensitivity)
     _check_positive("noise_multiplier", noise_multiplier)
-    dp = _dp()
+    dp = opendp_parts()
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float)
-    return _calibrated(
+    return calibrated(
         lambda s: dp.m.make_laplace(*space, scale=s),
         float(l1_sensitivity),
         1.0 / noise_multiplier,
@@ -124,10 +124,10 @@ def noisy_max_measurement(sensitivity: float, epsilon: float, monotone: bool) ->
     """
     _check_positive("sensitivity", sensitivity)
     _check_positive("epsilon", epsilon)
-    dp = _dp()
+    dp = opendp_parts()
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.linf_distance(T=float, monotonic=bool(monotone))
     base = (1.0 if monotone else 2.0) * sensitivity / epsilon
-    return _calibrated(
+    return calibrated(
         lambda s: dp.m.make_noisy_max(*space, dp.max_divergence(), scale=s), float(sensitivity), float(epsilon), base
     )
 
@@ -225,6 +225,7 @@ def preprocess_private(model: nn.Module, x: Tensor, generator: torch.Generator |
 
 
 __all__ = [
+    "calibrated",
     "dequantization_noise",
     "exact_gaussian",
     "exact_laplace",
@@ -234,6 +235,7 @@ __all__ = [
     "laplace_measurement",
     "log_prob_with",
     "noisy_max_measurement",
+    "opendp_parts",
     "preprocess_noise",
     "preprocess_private",
     "secret_generator",

@@ -77,7 +77,7 @@ import polars as pl
 
 from privflow.data.row_hash import row_units
 from privflow.privacy.accounting.events import Event, PureDPEvent, RepeatedEvent
-from privflow.privacy.noise import _calibrated, _dp, noisy_max_measurement
+from privflow.privacy.noise import calibrated, noisy_max_measurement, opendp_parts
 
 MAX_PARTITIONS = 1000
 IN, OUT = 0, 1  # candidate indices of the aggregation: in-distribution, anomalous
@@ -226,9 +226,9 @@ def prob_anomalous(votes: np.ndarray | int, partitions: int, epsilon: float) -> 
 @lru_cache(maxsize=64)
 def _int_laplace(d_in: int, budget: float) -> Any:
     """OpenDP's exact discrete Laplace on integer vectors whose map(d_in) <= budget."""
-    dp = _dp()
+    dp = opendp_parts()
     space = dp.vector_domain(dp.atom_domain(T="i64")), dp.l1_distance(T="i64")
-    return _calibrated(lambda s: dp.m.make_laplace(*space, scale=s), int(d_in), float(budget), d_in / budget)
+    return calibrated(lambda s: dp.m.make_laplace(*space, scale=s), int(d_in), float(budget), d_in / budget)
 
 
 def svt_noise(epsilon: float) -> tuple[Any, Any]:

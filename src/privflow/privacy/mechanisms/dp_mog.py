@@ -23,7 +23,7 @@ from scipy.special import logsumexp
 
 from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
 from privflow.privacy.accounting.events import RepeatedEvent
-from privflow.privacy.mechanisms.dp_stats import _clipped
+from privflow.privacy.mechanisms.dp_stats import clipped_rows
 from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
 
 
@@ -58,7 +58,7 @@ def responsibilities(c: np.ndarray, params: MoGParams) -> np.ndarray:
 
 def em_statistics(x: np.ndarray, params: MoGParams, clip: float) -> np.ndarray:
     """Noiseless sufficient statistics [K, 1 + 2d]: per component [sum r, sum r c/clip, sum r c^2/clip^2]."""
-    c = _clipped(x, clip)
+    c = clipped_rows(x, clip)
     r = responsibilities(c, params)
     u = c / clip
     return np.concatenate([r.sum(axis=0)[:, None], r.T @ u, r.T @ (u * u)], axis=1)

@@ -35,7 +35,7 @@ import numpy as np
 
 from privflow.core.limits import MAX_NATS
 from privflow.privacy.accounting.events import Event, PureDPEvent
-from privflow.privacy.noise import _calibrated, _dp, exact_noisy_max
+from privflow.privacy.noise import calibrated, exact_noisy_max, opendp_parts
 
 DEFAULT_GRID_POINTS = 301  # 0.1 nat steps over the default [-20, 10]
 MIN_STEP = 1e-6  # nats between grid points: float32 log-likelihoods of tens of nats resolve no finer
@@ -104,7 +104,7 @@ def clip_scores(scores: np.ndarray, low: float, high: float) -> np.ndarray:
 @lru_cache(maxsize=64)
 def quantile_measurement(q: float, epsilon: float, low: float, high: float, points: int) -> Any:
     """OpenDP's private quantile over the grid, add/remove distance, scale calibrated to epsilon."""
-    dp = _dp()
+    dp = opendp_parts()
     domain = dp.vector_domain(dp.atom_domain(T=float, nan=False))
     candidates = quantile_grid(low, high, points).tolist()
 
@@ -112,7 +112,7 @@ def quantile_measurement(q: float, epsilon: float, low: float, high: float, poin
         return dp.m.make_private_quantile(domain, dp.symmetric_distance(), dp.max_divergence(), candidates, q, scale)
 
     per_unit = float(build(1.0).map(1))  # epsilon at scale 1; the map is proportional to 1/scale
-    return _calibrated(build, 1, epsilon, per_unit / epsilon)
+    return calibrated(build, 1, epsilon, per_unit / epsilon)
 
 
 # -- a quantile over an explicit public candidate list (`privflow schema draft`'s bounds) -------------
@@ -181,7 +181,7 @@ class CandidateQuantile:
 @lru_cache(maxsize=256)
 def candidate_measurement(q: float, epsilon: float, candidates: tuple[float, ...]) -> Any:
     """OpenDP's private quantile over `candidates`, add/remove distance, scale calibrated to epsilon."""
-    dp = _dp()
+    dp = opendp_parts()
     domain = dp.vector_domain(dp.atom_domain(T=float, nan=False))
 
     def build(scale: float) -> Any:
@@ -190,7 +190,7 @@ def candidate_measurement(q: float, epsilon: float, candidates: tuple[float, ...
         )
 
     per_unit = float(build(1.0).map(1))
-    return _calibrated(build, 1, epsilon, per_unit / epsilon)
+    return calibrated(build, 1, epsilon, per_unit / epsilon)
 
 
 __all__ = [

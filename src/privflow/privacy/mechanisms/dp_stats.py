@@ -21,7 +21,7 @@ from privflow.privacy.accounting.events import GaussianEvent
 from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
 
 
-def _clipped(x: np.ndarray, clip: float) -> np.ndarray:
+def clipped_rows(x: np.ndarray, clip: float) -> np.ndarray:
     if not (math.isfinite(clip) and clip > 0):
         raise ValueError(f"clip must be a finite positive number, got {clip!r}")
     arr = np.asarray(x, dtype=np.float64)
@@ -33,7 +33,7 @@ def _clipped(x: np.ndarray, clip: float) -> np.ndarray:
 
 def mean_std_statistics(x: np.ndarray, clip: float) -> np.ndarray:
     """The noiseless vector [n, sum(c)/clip, sum(c^2)/clip^2], c = x clipped to [-clip, clip]."""
-    c = _clipped(x, clip) / clip
+    c = clipped_rows(x, clip) / clip
     return np.concatenate([[float(c.shape[0])], c.sum(axis=0), (c * c).sum(axis=0)])
 
 
@@ -116,6 +116,7 @@ def noise_for_epsilon(epsilon: float, delta: float) -> float:
 
 
 __all__ = [
+    "clipped_rows",
     "dp_mean_std",
     "dp_stats_event",
     "mean_std_from_statistics",

@@ -23,15 +23,15 @@ from privflow.privacy.accounting.events import GaussianEvent
 from privflow.privacy.noise import exact_gaussian
 
 
-def _check_scale(name: str, value: float) -> None:
+def check_scale(name: str, value: float) -> None:
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a finite positive number, got {value!r}")
 
 
 def gaussian_mechanism(value: np.ndarray, l2_sensitivity: float, noise_multiplier: float) -> np.ndarray:
     """value + N(0, (noise_multiplier * l2_sensitivity)^2 I) from an exact sampler: `gaussian_event`."""
-    _check_scale("l2_sensitivity", l2_sensitivity)
-    _check_scale("noise_multiplier", noise_multiplier)
+    check_scale("l2_sensitivity", l2_sensitivity)
+    check_scale("noise_multiplier", noise_multiplier)
     return exact_gaussian(np.asarray(value, dtype=np.float64), float(l2_sensitivity), float(noise_multiplier))
 
 
@@ -40,4 +40,4 @@ def gaussian_event(noise_multiplier: float) -> GaussianEvent:
     return GaussianEvent(float(noise_multiplier))
 
 
-__all__ = ["gaussian_event", "gaussian_mechanism"]
+__all__ = ["check_scale", "gaussian_event", "gaussian_mechanism"]

@@ -17,15 +17,15 @@ from __future__ import annotations
 import numpy as np
 
 from privflow.privacy.accounting.events import LaplaceEvent
-from privflow.privacy.mechanisms.gaussian import _check_scale
+from privflow.privacy.mechanisms.gaussian import check_scale
 from privflow.privacy.noise import exact_laplace
 
 
 def laplace_mechanism(value: np.ndarray, l1_sensitivity: float, noise_multiplier: float) -> np.ndarray:
     """value + Laplace(0, noise_multiplier * l1_sensitivity) per coordinate, exact sampler;
     epsilon = 1/noise_multiplier."""
-    _check_scale("l1_sensitivity", l1_sensitivity)
-    _check_scale("noise_multiplier", noise_multiplier)
+    check_scale("l1_sensitivity", l1_sensitivity)
+    check_scale("noise_multiplier", noise_multiplier)
     return exact_laplace(np.asarray(value, dtype=np.float64), float(l1_sensitivity), float(noise_multiplier))
 
 
