@@ -441,7 +441,9 @@ def _fill_number(
         if distinct >= ID_SHARE * kind.present:
             note = f"an identifier's name and a DP count of distinct values about {distinct:.0f} of {kind.present:.0f}"
             return dd.Suggestion(sug.name, "ignore", dd.BY_DP, note=note), []
-    zero_atom = kind.zeros >= ATOM_SHARE * kind.present + kind.sd  # one noise sd above the share
+    # three noise sd of the two cells (0 and the label '0') above the share: at one sd, a column with
+    # no zero got a zero atom about once in 14 at epsilon 0.3 (results/draft_run_credit.md, Age)
+    zero_atom = kind.zeros >= ATOM_SHARE * kind.present + dd.SAFE_Z * math.sqrt(2.0) * kind.sd
     body = present[present != 0] if zero_atom else present
     margin = 2.0 * math.sqrt(2.0 * dd.NUMBER_DECIMALS + 2.0) * kind.sd
     sign: dp_bounds.Sign = "both"
