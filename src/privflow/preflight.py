@@ -529,9 +529,9 @@ def _check_budget(config: RunConfig, schema: Schema) -> object:
     return plan
 
 
-def _false_stop(config: RunConfig) -> tuple[float, ...]:
-    """The configured false-stop probability, or nothing: the gate's own FALSE_STOP applies."""
-    return () if config.gate.false_stop is None else (config.gate.false_stop,)
+def _false_stop(config: RunConfig) -> dict[str, float]:
+    """The configured false-stop probability as a keyword, or none: the gate's own FALSE_STOP applies."""
+    return {} if config.gate.false_stop is None else {"false_stop": config.gate.false_stop}
 
 
 def gate_limit(config: RunConfig, schema: Schema, plan: object) -> float:
@@ -543,7 +543,7 @@ def gate_limit(config: RunConfig, schema: Schema, plan: object) -> float:
     return validation_gate.threshold(
         fraction * float(schema.dataset.expected_rows or 0),
         plan.stage("validate").event,  # type: ignore[attr-defined]
-        *_false_stop(config),
+        **_false_stop(config),
     )
 
 
@@ -558,7 +558,7 @@ def gate_floor(config: RunConfig, schema: Schema, plan: object) -> float:
         expected,
         config.select.min_rows(expected),
         plan.stage("validate").event,  # type: ignore[attr-defined]
-        *_false_stop(config),
+        **_false_stop(config),
         passing_cells=validation_gate.passing_cells(schema),
     )
 

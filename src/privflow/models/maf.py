@@ -5,7 +5,7 @@ first block's ActNorm is the one initialised from DP statistics (App. B.1).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -96,7 +96,7 @@ class MAF(TabularFlow):
         )
 
     def first_actnorm(self) -> ActNorm:
-        return self.actnorms[0]
+        return cast(ActNorm, self.actnorms[0])
 
     def base_permutation(self) -> list[int]:
         perm = list(range(self.d))

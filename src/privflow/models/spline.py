@@ -11,6 +11,7 @@ under ``torch.func.vmap`` for per-example gradients.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -152,7 +153,7 @@ class SplineInverseTable:
             raise ValueError("minimal bin size too large for the number of bins")
         self.bound, self.min_derivative = bound, min_derivative
         self.shift = _identity_shift(min_derivative)
-        kw = {"dtype": like.dtype, "device": like.device}
+        kw: dict[str, Any] = {"dtype": like.dtype, "device": like.device}
         self.table = torch.empty(5 * k + 3, n, **kw)
         self.table[0].zero_()
         self.table[k + 1].zero_()

@@ -241,7 +241,7 @@ def prepare(
     plan: PrivacyPlan | None,
     spend: Spend,
     as_tasks: bool = False,
-) -> tuple[Codec | CopulaCodec, np.ndarray, np.ndarray]:
+) -> tuple[Codec | CopulaCodec | TargetCodec, np.ndarray, np.ndarray]:
     """The codec rows are trained in, and the encoded training / selection rows.
 
     With marginals enabled, the planned DP marginals stage runs first (its event goes to

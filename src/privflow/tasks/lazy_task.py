@@ -53,9 +53,8 @@ class LazyTask(Generic[P, R]):
         from prefect import task
 
         options = private_options() if self.private else {}
-        return task(
-            self.fn, name=self.name, retries=self.retries, retry_delay_seconds=self.retry_delay_seconds, **options
-        )
+        decorator = task(name=self.name, retries=self.retries, retry_delay_seconds=self.retry_delay_seconds, **options)
+        return decorator(self.fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.task(*args, **kwargs)

@@ -8,7 +8,7 @@ materialised in small chunks of examples. See ``engine`` for the method as a who
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -72,7 +72,7 @@ def layer_sq(
     gradients when they fit in one chunk (kept for the weighted sum that follows)."""
     ops = ghost_ops(layer, calls, method)
     if ops is not None:
-        return sum(ops.sq_norms(layer.module, calls).values()), None  # type: ignore[attr-defined]
+        return cast(Tensor, sum(ops.sq_norms(layer.module, calls).values())), None  # type: ignore[attr-defined]
     parts_sl = chunks(n, layer)
     parts, kept = [], None
     for sl in parts_sl:

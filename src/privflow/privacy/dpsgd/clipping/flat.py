@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from privflow.privacy.dpsgd.clipping._base import factor, flat_view
+from privflow.privacy.dpsgd.clipping._base import factor, layer_sq_norms
 
 
 def flat_factors(sq_norms: Tensor, max_grad_norm: float) -> Tensor:
@@ -20,6 +20,6 @@ def flat_factors(sq_norms: Tensor, max_grad_norm: float) -> Tensor:
 
 def clip_flat(grads: Sequence[Sequence[Tensor]], max_grad_norm: float) -> list[list[Tensor]]:
     """Clip materialised per-example gradients (per layer, per parameter, each [n, *shape])."""
-    sq = torch.stack([sum(flat_view(g).pow(2).sum(1) for g in layer) for layer in grads], 1)
+    sq = torch.stack([layer_sq_norms(layer) for layer in grads], 1)
     f = flat_factors(sq, max_grad_norm)
     return [[g * f.reshape((-1,) + (1,) * (g.dim() - 1)) for g in layer] for layer in grads]

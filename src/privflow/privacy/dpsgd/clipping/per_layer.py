@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from privflow.privacy.dpsgd.clipping._base import factor, flat_view
+from privflow.privacy.dpsgd.clipping._base import factor, layer_sq_norms
 from privflow.privacy.dpsgd.clipping.structure import LayerInfo
 
 
@@ -46,6 +46,6 @@ def per_layer_factors(sq_norms: Tensor, thresholds: Sequence[float]) -> Tensor:
 
 def clip_per_layer(grads: Sequence[Sequence[Tensor]], thresholds: Sequence[float]) -> list[list[Tensor]]:
     """Clip each layer's materialised per-example gradient to its own threshold."""
-    sq = torch.stack([sum(flat_view(g).pow(2).sum(1) for g in layer) for layer in grads], 1)
+    sq = torch.stack([layer_sq_norms(layer) for layer in grads], 1)
     f = per_layer_factors(sq, thresholds)
     return [[g * f[:, i].reshape((-1,) + (1,) * (g.dim() - 1)) for g in layer] for i, layer in enumerate(grads)]

@@ -30,6 +30,7 @@ import functools
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -249,8 +250,9 @@ class LinearGhost:
         """The weight's row prefixes (``Prefixes``), or None when its mask's rows do not nest."""
         mask = self.mask(layer)
         if mask is None:
-            rows, cols = layer.weight.shape
-            return _dense_prefixes(rows, cols, layer.weight.device)
+            weight = cast(Tensor, layer.weight)
+            rows, cols = weight.shape
+            return _dense_prefixes(rows, cols, weight.device)
         return mask_layout(layer, mask).prefixes
 
     def _kernel_inputs(self, layer: nn.Module, calls: Sequence[Call]) -> tuple[Tensor, Tensor, Prefixes] | None:

@@ -9,7 +9,7 @@ activation popped per backward call), and so does our recorder.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from opacus.grad_sample import register_grad_sampler
@@ -40,7 +40,7 @@ def masked_linear_grad_sample(
 @register_ghost(MaskedLinear)
 class MaskedLinearGhost(LinearGhost):
     def mask(self, layer: nn.Module) -> Tensor | None:
-        return layer.mask
+        return cast(Tensor | None, layer.mask)
 
 
 @register_free_numel(MaskedLinear)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -125,12 +126,12 @@ class BlockEmbeddingGhost(SmallGhost):
         if not layer.weight.requires_grad:
             return {}
         g0, _ = split_backprops(calls[0].backprops)
-        n, blocks = g0.shape[0], layer.blocks
-        out = torch.zeros(n * blocks, layer.dim, dtype=g0.dtype, device=g0.device)
+        n, blocks, dim = g0.shape[0], cast(int, layer.blocks), cast(int, layer.dim)
+        out = torch.zeros(n * blocks, dim, dtype=g0.dtype, device=g0.device)
         base = torch.arange(n, device=g0.device) * blocks
         for c in calls:
             g, _ = split_backprops(c.backprops)
             index = c.activations[0]
             rows = base + (index.to(g.device).long() if isinstance(index, Tensor) else int(index))
             out.index_add_(0, rows, g)
-        return {layer.weight: out.reshape(n, blocks * layer.dim)}
+        return {cast(nn.Parameter, layer.weight): out.reshape(n, blocks * dim)}
