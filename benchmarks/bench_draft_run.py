@@ -3,7 +3,7 @@ training split written as CSV,
 
     privflow schema draft --epsilon 0.3 --name N --target T     (unedited)
     privflow check
-    privflow run --epsilon 0.7 --no-server
+    privflow run --epsilon 0.7 --engine local
     privflow generate -n <training rows>
 
 then the version's lineage epsilon from the ledger (the draft and the run composed, PLD), and
@@ -107,7 +107,7 @@ def one_table(name: str, work: Path, seed: int) -> dict[str, Any]:
     model = f"{name}-synth"
     ran = _invoke(
         ["run", "--data", str(data), "--schema", str(schema_path), "--epsilon", f"{RUN_EPSILON:g}"]
-        + ["--store", str(store), "--model-name", model, "--no-server", "--quiet"]
+        + ["--store", str(store), "--model-name", model, "--engine", "local", "--quiet"]
     )
     res["run_tail"] = "\n".join(ran.strip().splitlines()[-40:])
     ledger = Ledger(store / "ledger.db")
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         notes = [
             f"`privflow schema draft --epsilon {DRAFT_EPSILON:g} --name {name} --target {TABLES[name][1]}` on the "
             f"training split ({int(100 * (1 - TEST_SHARE))}%, fixed seed) written as CSV, unedited; `check`; `run "
-            f"--epsilon {RUN_EPSILON:g} --no-server`; `generate` as many rows as the training split "
+            f"--epsilon {RUN_EPSILON:g} --engine local`; `generate` as many rows as the training split "
             "(CLI in process, typer's CliRunner).",
             f"MST: smartnoise-synth 1.0.8 at epsilon {PEER_EPSILON:g}, the drafted schema as its public domain "
             "(benchmarks/peers/driver.py). Every table is scored after privflow's reader (clamp / other).",

@@ -18,7 +18,7 @@ less GX's import and context), training (``prepare`` + ``fit`` less the Prefect 
 overhead inside them and the privacy accounting), sampling (``FitResult.sample``) and
 evaluation (the ``evaluate`` task's function). Fixed overhead is everything else, end to end.
 
-Runs, for each of ``--modes`` (``server``: ``privflow run --prefect``, Prefect's temporary server,
+Runs, for each of ``--modes`` (``server``: ``privflow run --engine prefect``, Prefect's temporary server,
 the flow and its task runs; ``standing-server``: the default CLI with PREFECT_API_URL pointing at
 a ``prefect server start`` this script starts once beforehand, as a deployment's runs meet it;
 ``no-server``: the default CLI with no Prefect API configured, the same pipeline in process):
@@ -131,7 +131,7 @@ class TimedTask:
         self._call = timeline.wrap(name, task, "call")
         task.fn = timeline.wrap(name, task.fn, "fn")  # the engine reads task.fn at call time
         self.fn = task.fn
-        # the in-process pipeline (--no-server) calls .fn with the task's own retry policy
+        # the in-process pipeline (--engine local) calls .fn with the task's own retry policy
         self.retries, self.retry_delay_seconds = task.retries, task.retry_delay_seconds
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -364,11 +364,11 @@ def _env_for(store: Path) -> dict[str, str]:
 
 
 MODES = {
-    "server": "`--prefect` (a temporary Prefect server, the flow and its task runs)",
+    "server": "`--engine prefect` (a temporary Prefect server, the flow and its task runs)",
     "standing-server": "the default with PREFECT_API_URL set to a `prefect server start` already running (started "
     "once before the runs, as the server a deployment's runs report to; its CPU is not counted in the runs')",
     "no-server": "the default with no Prefect API configured (the same pipeline in process, no Prefect engine or "
-    "server; `--no-server` forces it when PREFECT_API_URL is set)",
+    "server; `--engine local` forces it when PREFECT_API_URL is set)",
 }
 
 
@@ -427,7 +427,7 @@ def _mode_runs(tmp: Path, mode: str, run_args: list[str], warm: int) -> dict[str
 
 def _runs_in(tmp: Path, mode: str, run_args: list[str], warm: int, extra_env: dict[str, str]) -> dict[str, Any]:
     store = tmp / f"store-{mode}"
-    args = [*run_args, "--store", str(store)] + (["--prefect"] if mode == "server" else [])
+    args = [*run_args, "--store", str(store)] + (["--engine", "prefect"] if mode == "server" else [])
     env = {**_env_for(store), **extra_env}
     runs = []
     for k in range(1 + warm):

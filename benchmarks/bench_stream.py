@@ -107,7 +107,8 @@ def run_once(data: Path, schema: Path, stream: bool, store: Path, config: Path) 
         "--promote",
         "always",
         "--quiet",
-        "--no-server",
+        "--engine",
+        "local",
         "--stream" if stream else "--no-stream",
     ]
     # every cell composes its own epsilons, as a first run does (not from an earlier cell's cache)
@@ -136,7 +137,7 @@ def render(results: list[dict[str, Any]], started: datetime, load: str, commit: 
     notes = [
         "Adult training table replicated with bench_scaling.py's fixed-seed perturbation, written as Parquet "
         "(categories as strings, integers as Int64); `expected_rows` = the size.",
-        f"`privflow run --epsilon 1 --delta {DELTA:g} --no-server --promote always --quiet`, {epochs:g} epoch(s), "
+        f"`privflow run --epsilon 1 --delta {DELTA:g} --engine local --promote always --quiet`, {epochs:g} epoch(s), "
         f"default model, synthetic table of {SYNTHETIC_ROWS:,} rows, diagnostics: fidelity only; `--no-stream` reads "
         f"the table whole, `--stream` in chunks of {chunk:,} rows with the encoded rows on disk (tasks/stream.py).",
         "Peak RSS: the run process's high-water mark (os.wait4; the tables are written by another process, so the "

@@ -8,7 +8,7 @@ stacks, and each rise of the high-water mark (VmHWM) with where the main thread 
 was seen: where a large run's peak memory comes from, including peaks too short to sample. Linux only (/proc).
 
     .venv/bin/python -m benchmarks.profile_memory -- run --data T.parquet --schema T.yaml \\
-        --epsilon 1 --no-server --stream --quiet
+        --epsilon 1 --engine local --stream --quiet
 
 Not a benchmark of record: the sampler thread adds a few MB and reads other threads' frames
 (sys._current_frames), so use it to find a phase, and bench_stream.py for the figures.

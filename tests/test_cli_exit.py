@@ -1,7 +1,8 @@
 """How `privflow` starts and ends a run ("Fast at every size"):
 
-- without a configured Prefect API the pipeline runs in process unless `--prefect`; with one
-  (PREFECT_API_URL) under Prefect unless `--no-server` (or PRIVFLOW_NO_SERVER=1);
+- without a configured Prefect API the pipeline runs in process unless `--engine prefect`; with
+  one (PREFECT_API_URL) under Prefect unless `--engine local` (or PRIVFLOW_ENGINE=local); the
+  deprecated `--prefect` / `--no-server` still map onto it (tests/cli/test_deprecated.py);
 - the console script skips the interpreter's teardown only after every exit handler has run,
   with the command's exit status and all of its output, and only when it is the process's
   first exit handler (a host process such as a test runner exits normally).
@@ -38,26 +39,34 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 def test_prefect_runs_only_when_asked_for_or_configured(
     recorded: list[bool], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No Prefect API configured: in process unless --prefect; an operator's PREFECT_API_URL: under
-    Prefect unless --no-server (flag or variable); both flags: a usage error (exit 2)."""
+    """No Prefect API configured: in process unless --engine prefect; an operator's PREFECT_API_URL:
+    under Prefect unless --engine local (flag or PRIVFLOW_ENGINE); two that disagree (the engine and
+    a deprecated flag's variable): a usage error (exit 2)."""
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    for name in ("PRIVFLOW_ENGINE", "PRIVFLOW_PREFECT", "PRIVFLOW_NO_SERVER"):
+        monkeypatch.delenv(name, raising=False)
     base = ["run", "--data", str(tmp_path / "a.csv"), "--schema", str(tmp_path / "a.yaml")]
     assert runner.invoke(app, base).exit_code == 0
-    assert runner.invoke(app, [*base, "--prefect"]).exit_code == 0
-    assert runner.invoke(app, ["demo", "--prefect"]).exit_code == 0
+    assert runner.invoke(app, [*base, "--engine", "prefect"]).exit_code == 0
+    assert runner.invoke(app, ["demo", "--engine", "prefect"]).exit_code == 0
+    assert runner.invoke(app, [*base, "--engine", "local"]).exit_code == 0
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     assert runner.invoke(app, base).exit_code == 0
-    assert runner.invoke(app, [*base, "--no-server"]).exit_code == 0
-    assert runner.invoke(app, ["demo", "--no-server"]).exit_code == 0
-    monkeypatch.setenv("PRIVFLOW_NO_SERVER", "1")
+    assert runner.invoke(app, [*base, "--engine", "local"]).exit_code == 0
+    assert runner.invoke(app, ["demo", "--engine", "LOCAL"]).exit_code == 0  # choices ignore case
+    monkeypatch.setenv("PRIVFLOW_ENGINE", "local")
     assert runner.invoke(app, base).exit_code == 0
-    assert recorded == [False, True, True, True, False, False, False]
-    contradiction = runner.invoke(app, [*base, "--prefect"])  # contradicts PRIVFLOW_NO_SERVER
+    assert runner.invoke(app, [*base, "--engine", "prefect"]).exit_code == 0  # the flag wins over its variable
+    assert recorded == [False, True, True, False, True, False, False, False, True]
+    monkeypatch.delenv("PRIVFLOW_ENGINE")
+    monkeypatch.setenv("PRIVFLOW_NO_SERVER", "1")
+    contradiction = runner.invoke(app, [*base, "--engine", "prefect"])  # contradicts PRIVFLOW_NO_SERVER
     assert contradiction.exit_code == 2 and "contradict" in contradiction.output
-    assert "Traceback" not in contradiction.output
-    assert recorded == [False, True, True, True, False, False, False]  # refused before anything ran
+    assert "PRIVFLOW_NO_SERVER" in contradiction.output and "Traceback" not in contradiction.output
+    assert len(recorded) == 9  # refused before anything ran
     help_text = runner.invoke(app, ["run", "--help"]).output
-    assert "--no-server" in help_text and "--prefect" in help_text
+    assert "--engine" in help_text and "prefect|local" in help_text and "PREFECT_API_URL" in help_text
+    assert "--no-server" not in help_text and "--prefect " not in help_text  # hidden, deprecated
 
 
 def _script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:

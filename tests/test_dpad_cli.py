@@ -35,7 +35,7 @@ def cli(tmp_path_factory, demo_dir: Path) -> dict:
     store = tmp / "store"
     res = _invoke(
         "dpad", "fit", "--data", train, "--schema", schema, "--partitions", 3, "--epsilon-per-query", 0.05,
-        "--config", config, "--model", "maf", "--epochs", 1, "--store", store,
+        "--config", config, "--flow", "maf", "--epochs", 1, "--store", store,
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     ensemble = re.search(r"DP-AD ensemble (dpad-[0-9a-f]{12})", res.output).group(1)
@@ -90,7 +90,7 @@ def test_score_over_budget_is_refused_before_anything(cli: dict) -> None:
         before = _runs(store)
         out = cli["tmp"] / "never.csv"
         res = _invoke("dpad", "score", "--ensemble", cli["ensemble"], "--data", cli["new"], "-o", out, "--store", store)
-        assert res.exit_code == 2 and "refused" in res.output and "Traceback" not in res.output
+        assert res.exit_code == 4 and "refused" in res.output and "Traceback" not in res.output  # ExitStatus.BUDGET
         assert _runs(store) == before and not out.exists()
     finally:
         Ledger(store / "ledger.db").set_budget("adult", 10.0, 1e-5)
@@ -183,7 +183,7 @@ def _fit_small(tmp_path: Path, demo_dir: Path, name: str, lines: list[str]) -> t
     store = tmp_path / f"store-{name}"
     res = _invoke(
         "dpad", "fit", "--data", data, "--schema", schema, "--partitions", 3, "--epsilon-per-query", 0.05,
-        "--model", "maf", "--epochs", 1, "--store", store,
+        "--flow", "maf", "--epochs", 1, "--store", store,
     )  # fmt: skip
     text = " ".join(res.output.split())
     ensemble = re.search(r"dpad-[0-9a-f]{12}", text)

@@ -190,23 +190,29 @@ def test_draft_with_epsilon_fills_by_dp_and_charges_the_ledger(tmp_path: Path, n
 
 
 @pytest.mark.parametrize(
-    ("args", "needle"),
+    ("args", "needle", "status"),
     [
-        (["--data", "{tmp}/missing.csv"], "missing.csv"),
-        (["--data", "{tmp}/empty.csv"], "empty"),
-        (["--data", "{tmp}/t.csv", "-o", "{tmp}/exists.yaml"], "already exists"),
-        (["--data", "{tmp}/t.csv", "-o", "{tmp}/s.txt"], ".yaml"),
-        (["--data", "{tmp}/t.csv", "--epsilon", "-1"], "--epsilon"),
-        (["--data", "{tmp}/t.csv", "--epsilon", "nan"], "--epsilon"),
-        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--delta", "0.5"], "--delta"),
-        (["--data", "{tmp}/t.csv", "--delta", "1e-7"], "--epsilon"),
-        (["--data", "{tmp}/t.csv", "--epsilon", "2", "--budget-epsilon", "1"], "refused before reading any row"),
-        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--name", "a b"], "Dataset name"),
-        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--target", "nope"], "--target 'nope' is not a column"),
-        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--positive", "yes"], "give --target"),
+        (["--data", "{tmp}/missing.csv"], "missing.csv", 2),
+        (["--data", "{tmp}/empty.csv"], "empty", 2),
+        (["--data", "{tmp}/t.csv", "-o", "{tmp}/exists.yaml"], "already exists", 2),
+        (["--data", "{tmp}/t.csv", "-o", "{tmp}/s.txt"], ".yaml", 2),
+        (["--data", "{tmp}/t.csv", "--epsilon", "-1"], "--epsilon", 2),
+        (["--data", "{tmp}/t.csv", "--epsilon", "nan"], "--epsilon", 2),
+        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--delta", "0.5"], "--delta", 2),
+        (["--data", "{tmp}/t.csv", "--delta", "1e-7"], "--epsilon", 2),
+        (
+            ["--data", "{tmp}/t.csv", "--epsilon", "2", "--budget-epsilon", "1"],
+            "refused before reading any row",
+            4,  # the ledger's refusal: ExitStatus.BUDGET
+        ),
+        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--name", "a b"], "Dataset name", 2),
+        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--target", "nope"], "--target 'nope' is not a column", 2),
+        (["--data", "{tmp}/t.csv", "--epsilon", "1", "--positive", "yes"], "give --target", 2),
     ],
 )
-def test_bad_inputs_exit_2_and_charge_nothing(tmp_path: Path, args: list[str], needle: str) -> None:
+def test_bad_inputs_exit_with_their_status_and_charge_nothing(
+    tmp_path: Path, args: list[str], needle: str, status: int
+) -> None:
     _table(tmp_path / "t.csv", rows=50)
     (tmp_path / "empty.csv").write_text("")
     (tmp_path / "exists.yaml").write_text("keep: me\n")
@@ -215,7 +221,7 @@ def test_bad_inputs_exit_2_and_charge_nothing(tmp_path: Path, args: list[str], n
     if "-o" not in argv:
         argv += ["-o", str(tmp_path / "new.yaml")]
     result = _draft(*argv, "--store", str(store))
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == status, result.output
     assert needle in " ".join(result.output.split())
     assert result.output.count("error:") == 1
     assert (tmp_path / "exists.yaml").read_text() == "keep: me\n" and not (tmp_path / "new.yaml").exists()
@@ -229,6 +235,6 @@ def test_over_budget_after_an_earlier_charge_leaves_the_ledger_as_it_was(tmp_pat
     assert first.exit_code == 0, first.output
     before = [(r.run_id, r.status, r.epsilon) for r in Ledger(store / "ledger.db").runs()]
     second = _draft("--data", str(data), "-o", str(tmp_path / "b.yaml"), "--epsilon", "9", "--store", str(store))
-    assert second.exit_code == 2 and "refused before reading any row" in " ".join(second.output.split())
+    assert second.exit_code == 4 and "refused before reading any row" in " ".join(second.output.split())
     assert [(r.run_id, r.status, r.epsilon) for r in Ledger(store / "ledger.db").runs()] == before
     assert not (tmp_path / "b.yaml").exists()

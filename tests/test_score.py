@@ -107,7 +107,7 @@ def test_fpr_refused_when_the_budget_cannot_hold_it(trained) -> None:
         str(trained["tmp"] / "never.csv"), "--fpr", "0.05", "--reference", str(trained["ref"]),
         "--epsilon", "50", "--store", str(store),
     )  # fmt: skip
-    assert res.exit_code == 2 and "refused" in res.output and "Traceback" not in res.output
+    assert res.exit_code == 4 and "refused" in res.output and "Traceback" not in res.output
     assert _runs(store, trained["dataset"]) == before
     assert not (trained["tmp"] / "never.csv").exists()
 

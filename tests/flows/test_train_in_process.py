@@ -1,4 +1,4 @@
-"""`privflow run --no-server` (flows/pipeline.py `train_in_process`): the same pipeline without
+"""`privflow run --engine local` (flows/pipeline.py `train_in_process`): the same pipeline without
 Prefect's engine records what the Prefect flow records, and never reaches a Prefect API.
 
 One small run each way, into the same store under two model names: the MLflow run (param

@@ -100,7 +100,7 @@ def test_a_postgres_table_is_checked_and_trained_on_without_showing_the_password
         run = runner.invoke(
             app,
             ["run", "--data", uri, "--schema", str(schema), "--config", str(config), "--store", str(store)]
-            + ["--epsilon", "1", "--no-server", "--quiet"],
+            + ["--epsilon", "1", "--engine", "local", "--quiet"],
         )
         assert run.exit_code == 0, run.output
         assert not _leaks(run.output), run.output

@@ -4,12 +4,15 @@ Heavy libraries (torch, prefect, mlflow) are imported inside the commands, so `-
 stays instant. `run` and `demo` first run the pre-flight checks (`privflow.preflight`):
 before Prefect, MLflow or Great Expectations is imported and before the ledger reserves.
 
-Exit statuses: 0 success; 2 any PrivflowError (a user error, over budget, the validation
-gate stopping a run), printed once as one paragraph with no traceback; 1 an unexpected
-(internal) error, one paragraph, with the traceback under `--verbose`; 3 `privflow audit`'s verdict
-is not the healthy one, or `privflow check` found failing rows (or none at all); 130 Ctrl-C; 143 SIGTERM
-(a scheduler cancelling the job), unwound like Ctrl-C so that the ledger, the MLflow run and
-the working files are closed as they are then.
+Exit statuses are defined once, in `privflow.core.errors.ExitStatus` (each error class names its
+own), and listed in the top-level `--help`: 0 success; 1 an unexpected (internal) error, one
+paragraph, with the traceback under `--verbose`; 2 a usage error (a bad flag, argument, file,
+schema, config, store or device: click's own usage errors and every other `PrivflowError`); 3
+`privflow check` found failing rows (or none at all), or `privflow audit`'s verdict is not the
+healthy one; 4 the ledger refused a spend (`BudgetExceeded`); 5 the DP validation gate stopped a
+run (`GateStopped`); 130 Ctrl-C; 143 SIGTERM (a scheduler cancelling the job), unwound like
+Ctrl-C so that the ledger, the MLflow run and the working files are closed as they are then.
+Every error but click's usage errors is printed once as one paragraph with no traceback.
 
 One module per command group: `run` (run, demo; `summary` prints a run's result), `pretrain`,
 `generate`, `score`, `ledger`, `audit`, `dpad`, `check`; `_common` holds what they share (options, the
@@ -20,13 +23,14 @@ rest of start-up engineering, in `privflow.core.startup`.
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 
 # the command modules: `privflow.cli.run` is the module, `privflow.cli.run.run` its command (a test
 # that replaces a command's body patches it there, where the command looks it up)
 from privflow.cli import audit, check, generate, pretrain, run, score
-from privflow.cli._common import EXIT_INTERNAL, EXIT_OK, _promotion, _stopped, console
+from privflow.cli._common import EXIT_INTERNAL, EXIT_OK, _promotion, _stopped, console, exit_status_epilog
 from privflow.cli.dpad import dpad_app
 from privflow.cli.ledger import ledger_app
 from privflow.cli.schema import schema_app
@@ -40,7 +44,38 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Differentially private normalizing flows for tabular data, with an honest privacy ledger.",
+    epilog=exit_status_epilog(),
 )
+
+
+def _version() -> str:
+    """The installed package's version (importlib.metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("privflow")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from privflow import __version__
+
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"privflow {_version()}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Differentially private normalizing flows for tabular data, with an honest privacy ledger."""
+
+
 app.add_typer(ledger_app, name="ledger")
 app.command()(run.run)
 app.command()(run.demo)

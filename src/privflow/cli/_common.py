@@ -1,12 +1,15 @@
-"""What every `privflow` command shares: the error console, the exit statuses and the mapping of
-errors to them (`_guarded`), the `--store` and `--verbose` options, and the run configuration
-read from `--config` with the command line's flags on top."""
+"""What every `privflow` command shares: the error console, the exit statuses (defined once, in
+`privflow.core.errors.ExitStatus`) and the mapping of errors to them (`_guarded`), the typed
+choices of the options that take one of a fixed set of values, the `--store` and `--verbose`
+options, the deprecation notes of renamed options, and the run configuration read from `--config`
+with the command line's flags on top."""
 
 from __future__ import annotations
 
 import re
 import traceback
 from collections.abc import Callable
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,11 +17,131 @@ import typer
 from rich.console import Console
 
 from privflow.core import interrupts
+from privflow.core.errors import EXIT_STATUS_MEANINGS, ExitStatus
 
 console = Console(stderr=True)
 
-EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
-EXIT_AUDIT = 3  # `privflow audit`: the shipped configuration failed, or a mutant was not caught
+# the names the commands use; the statuses themselves are ExitStatus's (core/errors.py)
+EXIT_OK = ExitStatus.OK
+EXIT_INTERNAL = ExitStatus.INTERNAL
+EXIT_USER = ExitStatus.USAGE
+EXIT_INTERRUPTED = ExitStatus.INTERRUPTED
+EXIT_TERMINATED = ExitStatus.TERMINATED
+# `privflow audit`: the shipped configuration failed, or a mutant was not caught; `privflow check`
+# (its EXIT_ROWS_FAIL): rows fail. The command ran; its verdict is not the healthy one.
+EXIT_AUDIT = ExitStatus.CHECK_FAILED
+
+
+def exit_status_epilog() -> str:
+    """The top-level `--help`'s list of exit statuses, from ExitStatus (paragraphs: one line each)."""
+    lines = ["Exit statuses:"]
+    lines += [f"{int(status)}: {meaning}." for status, meaning in EXIT_STATUS_MEANINGS.items()]
+    return "\n\n".join(lines)
+
+
+# -- typed choices: `--help` lists them, a bad value is click's usage error (exit 2) ---------------
+
+
+class Flow(StrEnum):
+    """The flow family (the config's model.name)."""
+
+    dphflow = "dphflow"
+    maf = "maf"
+
+
+class Policy(StrEnum):
+    """What the validation gate does with failing rows (the config's policy)."""
+
+    strict = "strict"
+    quarantine = "quarantine"
+
+
+class Device(StrEnum):
+    """Where torch runs (the config's train.device)."""
+
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Promote(StrEnum):
+    """When the registry alias moves to the new version (the config's promotion)."""
+
+    if_better = "if-better"
+    always = "always"
+    never = "never"
+
+
+class Mutation(StrEnum):
+    """`privflow audit --mutate`: none, or a deliberately broken DP-SGD the audit must catch."""
+
+    none = "none"
+    noise_10 = "noise/10"
+    no_clip = "no-clip"
+
+
+class Engine(StrEnum):
+    """How `privflow run` and `demo` run the pipeline: under Prefect's engine or in this process."""
+
+    prefect = "prefect"
+    local = "local"
+
+
+def _value(choice: Enum | str | None) -> str | None:
+    """A typed choice's value as the config spells it (None: not given)."""
+    return choice.value if isinstance(choice, Enum) else choice
+
+
+def _note(text: str) -> None:
+    """One line on stderr (a deprecation note, never wrapped)."""
+    from rich.markup import escape
+
+    console.print(f"[bold yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
+def _from_environment(ctx: typer.Context, name: str) -> bool:
+    """Whether the command's parameter `name` took its value from its environment variable."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "ENVIRONMENT"
+
+
+# click's usage error, as typer runs it (its own copy of click in recent typer): its usage line and
+# message, exit 2; `privflow` raises it for flags that contradict each other
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+_CLICK_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _usage_error(ctx: typer.Context | None, message: str) -> Exception:
+    """click's usage error for the command of `ctx`: its usage line, the message, exit 2."""
+    return UsageError(message, ctx)
+
+
+def _flow_choice(ctx: typer.Context | None, flow: Flow | None, model: Flow | None) -> str | None:
+    """--flow, or its deprecated spelling --model (with a one-line note on stderr); both, naming
+    different families: a usage error."""
+    if model is not None:
+        if flow is not None and flow is not model:
+            raise _usage_error(
+                ctx,
+                f"--flow {flow.value} and --model {model.value} (its deprecated spelling) name different flow "
+                "families; give --flow alone.",
+            )
+        _note(
+            f"--model {model.value} is deprecated here: use --flow {model.value} (the flow family). --model names a "
+            "registered model in `privflow generate` and `privflow score`."
+        )
+    return _value(flow if flow is not None else model)
+
+
+FlowOpt = Annotated[
+    Flow | None,
+    typer.Option("--flow", help="The flow family (default dphflow, or --config's model.name).", case_sensitive=False),
+]
+# hidden, deprecated: the family's old spelling, still accepted (scheduled deployments call it)
+ModelFamilyOpt = Annotated[
+    Flow | None,
+    typer.Option("--model", hidden=True, help="Deprecated: use --flow.", case_sensitive=False),
+]
 
 
 def _stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
@@ -58,11 +181,11 @@ def _fail(message: str, code: int = EXIT_USER) -> None:
 def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any:
     """Run a command body with the CLI's exit-status contract (`privflow.cli`'s docstring); `spends`: the
     command can charge the ledger (an interrupted one says where its charges are)."""
-    from privflow.core.errors import PrivflowError, disk_full
+    from privflow.core.errors import PrivflowError, disk_full, status_of
 
     try:
         return body()
-    except (typer.Exit, typer.Abort):
+    except (typer.Exit, typer.Abort, _CLICK_ERROR):  # click's own errors: its message and status (2)
         raise
     except KeyboardInterrupt as exc:
         interrupts.quiet_after_interrupt()  # also where a library's own SIGINT handler raised it
@@ -75,7 +198,7 @@ def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any
     except PrivflowError as exc:
         if verbose:
             traceback.print_exc()
-        _fail(str(exc), EXIT_USER)
+        _fail(str(exc), status_of(exc))
     except Exception as exc:  # noqa: BLE001 - the one place a bug becomes a message
         if verbose:
             traceback.print_exc()
@@ -85,13 +208,13 @@ def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any
                 f"out of disk space ({_paragraph(str(full))[:300]}). Free some space, or point --store (and -o) at a "
                 "disk with room, and rerun. No partial output table is left under its name; any privacy a run had "
                 "already spent stays recorded in the ledger (`privflow ledger show`).",
-                EXIT_USER,
+                status_of(exc),
             )
         detail = _paragraph(f"{type(exc).__name__}: {exc}")[:400]
         _fail(
             f"internal error: privflow hit an unexpected problem ({detail}). This is a bug, not a problem with "
             "your input; rerun with --verbose to see the traceback, and report it with that output.",
-            EXIT_INTERNAL,
+            status_of(exc),
         )
 
 

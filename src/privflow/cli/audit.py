@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from privflow.cli._common import EXIT_AUDIT, StoreOpt, VerboseOpt, _guarded, _load_config
+from privflow.cli._common import EXIT_AUDIT, Mutation, StoreOpt, VerboseOpt, _guarded, _load_config, _value
 
 
 def audit(
@@ -22,7 +22,15 @@ def audit(
             "--canaries", help="Number of gradient canaries m (at least 100: fewer certify no epsilon).", min=100
         ),
     ] = 1000,
-    mutate: Annotated[str, typer.Option("--mutate", help="none | noise/10 | no-clip (a check of the check).")] = "none",
+    mutate: Annotated[
+        Mutation,
+        typer.Option(
+            "--mutate",
+            help="A check of the check: none (the configuration as shipped), or DP-SGD deliberately broken, its "
+            "noise divided by 10 or its clipping off, which the audit must catch.",
+            case_sensitive=False,
+        ),
+    ] = Mutation.none,
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
 ) -> None:
@@ -31,7 +39,8 @@ def audit(
     One-run auditing (Steinke, Nasr & Jagielski 2023). No ledger spend, nothing in MLflow;
     the report goes to <store>/audits/<id>.json.
     """
-    _guarded(verbose, lambda: _audit(data, schema, epsilon, config, canaries, mutate, store, verbose))
+    mutation = _value(mutate) or "none"
+    _guarded(verbose, lambda: _audit(data, schema, epsilon, config, canaries, mutation, store, verbose))
 
 
 def _audit(

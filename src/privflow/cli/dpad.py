@@ -9,7 +9,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from privflow.cli._common import StoreOpt, VerboseOpt, _guarded, _load_config, console
+from privflow.cli._common import (
+    FlowOpt,
+    ModelFamilyOpt,
+    StoreOpt,
+    VerboseOpt,
+    _flow_choice,
+    _guarded,
+    _load_config,
+    console,
+)
 
 dpad_app = typer.Typer(
     no_args_is_help=True,
@@ -19,6 +28,7 @@ dpad_app = typer.Typer(
 
 @dpad_app.command("fit")
 def dpad_fit(
+    ctx: typer.Context,
     data: Annotated[Path, typer.Option("--data", help="Private table (.csv or .parquet).")],
     schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML); its dataset is charged per query.")],
     partitions: Annotated[int, typer.Option("--partitions", "-k", help="Number of disjoint parts k (one flow each).")],
@@ -37,7 +47,8 @@ def dpad_fit(
         typer.Option("--holdout", help="Share of each part's rows held out for its threshold (0.2 with --fpr)."),
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML): model, train.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="dphflow | maf.")] = None,
+    flow: FlowOpt = None,
+    model: ModelFamilyOpt = None,
     epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over each part.")] = None,
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
@@ -46,10 +57,11 @@ def dpad_fit(
 
     k non-private flows on disjoint parts of the rows (a salted hash per row), each with its own
     threshold; every later query is charged to the schema's dataset (DP-NF section 5, Algorithm 2)."""
+    family = _flow_choice(ctx, flow, model)
     _guarded(
         verbose,
         lambda: _dpad_fit(
-            data, schema, partitions, epsilon_per_query, fpr, threshold, holdout, config, model, epochs, store, verbose
+            data, schema, partitions, epsilon_per_query, fpr, threshold, holdout, config, family, epochs, store, verbose
         ),
     )
 

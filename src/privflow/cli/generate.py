@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from privflow.cli._common import StoreOpt, VerboseOpt, _guarded
+from privflow.cli._common import Device, StoreOpt, VerboseOpt, _guarded, _value
 
 
 def generate(
@@ -29,18 +29,20 @@ def generate(
         ),
     ] = None,
     device: Annotated[
-        str,
+        Device,
         typer.Option(
             "--device",
-            help="auto | cpu | cuda: where the flow's inverse runs (auto: CUDA when present). A seed gives the "
-            "same rows on the same kind of device; CPU and GPU arithmetic can differ in the last bits.",
+            help="Where the flow's inverse runs (auto: CUDA when present). A seed gives the same rows on the same "
+            "kind of device; CPU and GPU arithmetic can differ in the last bits.",
+            case_sensitive=False,
         ),
-    ] = "auto",
+    ] = Device.auto,
     store: StoreOpt = Path(".privflow"),
     verbose: VerboseOpt = False,
 ) -> None:
     """Sample synthetic rows from a registered model (never touches the training data)."""
-    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, device, where=where), spends=False)
+    chosen = _value(device) or "auto"
+    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, chosen, where=where), spends=False)
 
 
 def _generate(

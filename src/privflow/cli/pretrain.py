@@ -10,16 +10,36 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from privflow.cli._common import StoreOpt, VerboseOpt, _guarded, _load_config, console
+from privflow.cli._common import (
+    Device,
+    FlowOpt,
+    ModelFamilyOpt,
+    StoreOpt,
+    VerboseOpt,
+    _flow_choice,
+    _guarded,
+    _load_config,
+    _value,
+    console,
+)
 
 
 def pretrain(
+    ctx: typer.Context,
     data: Annotated[Path, typer.Option("--data", help="A PUBLIC table (.csv or .parquet): trained on without DP.")],
     schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML) of the private runs to warm-start.")],
     config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML): model, train.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="dphflow | maf.")] = None,
+    flow: FlowOpt = None,
+    model: ModelFamilyOpt = None,
     epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over the public table.")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")] = None,
+    device: Annotated[
+        Device | None,
+        typer.Option(
+            "--device",
+            help="Where training runs (auto: CUDA when present). Default auto, or --config's train.device.",
+            case_sensitive=False,
+        ),
+    ] = None,
     model_name: Annotated[
         str | None, typer.Option("--model-name", help="Registered model name (default privflow-DATASET-public).")
     ] = None,
@@ -38,8 +58,8 @@ def pretrain(
         "store": store,
         "model_name": model_name,
         "alias": alias,
-        "model": {"name": model},
-        "train": {"epochs": epochs, "device": device},
+        "model": {"name": _flow_choice(ctx, flow, model)},
+        "train": {"epochs": epochs, "device": _value(device)},
     }
     _guarded(verbose, lambda: _pretrain(config, overrides, quiet, verbose))
 

@@ -12,37 +12,83 @@ from typing import Annotated, Any
 
 import typer
 
-from privflow.cli._common import StoreOpt, VerboseOpt, _guarded, _load_config, console
+from privflow.cli._common import (
+    Device,
+    Engine,
+    FlowOpt,
+    ModelFamilyOpt,
+    Policy,
+    Promote,
+    StoreOpt,
+    VerboseOpt,
+    _flow_choice,
+    _from_environment,
+    _guarded,
+    _load_config,
+    _note,
+    _usage_error,
+    _value,
+    console,
+)
 from privflow.cli.summary import _print_summary, print_stage_times
 from privflow.core.startup import use_prefect
 
 PromoteOpt = Annotated[
-    str | None,
+    Promote | None,
     typer.Option(
         "--promote",
         help="When the alias moves to the new version: if-better (default: only when no version holds it yet; "
         "later versions by the DP comparison), always, or never.",
+        case_sensitive=False,
     ),
 ]
+EngineOpt = Annotated[
+    Engine | None,
+    typer.Option(
+        "--engine",
+        envvar="PRIVFLOW_ENGINE",
+        case_sensitive=False,
+        help="prefect: run the pipeline under Prefect's engine, its flow and task runs recorded by the Prefect "
+        "server at PREFECT_API_URL or, with none set, by a temporary local server (a slower start-up). local: the "
+        "same steps in this process, no Prefect records. The ledger, MLflow, the registry and the synthetic table "
+        "are recorded alike. Default: prefect when PREFECT_API_URL is set, else local.",
+    ),
+]
+# hidden, deprecated: the two booleans --engine replaced; each still works, with a note on stderr
 NoServerOpt = Annotated[
     bool,
-    typer.Option(
-        "--no-server",
-        envvar="PRIVFLOW_NO_SERVER",
-        help="Run the pipeline's steps in this process without Prefect's engine even when a Prefect API is "
-        "configured: no Prefect flow-run records; the ledger, MLflow, the registry and the synthetic table are "
-        "recorded exactly as with Prefect. The default when no PREFECT_API_URL is set.",
-    ),
+    typer.Option("--no-server", envvar="PRIVFLOW_NO_SERVER", hidden=True, help="Deprecated: use --engine local."),
 ]
 PrefectOpt = Annotated[
     bool,
-    typer.Option(
-        "--prefect",
-        envvar="PRIVFLOW_PREFECT",
-        help="Run under Prefect's engine even when no Prefect API is configured: a temporary local Prefect "
-        "server records the flow run in the store's Prefect database (a slower start-up).",
-    ),
+    typer.Option("--prefect", envvar="PRIVFLOW_PREFECT", hidden=True, help="Deprecated: use --engine prefect."),
 ]
+
+
+def _engine(ctx: typer.Context, engine: Engine | None, prefect: bool, no_server: bool) -> bool:
+    """Whether the run goes through Prefect's engine. --engine (or PRIVFLOW_ENGINE) decides, and the
+    deprecated --prefect / --no-server (or PRIVFLOW_PREFECT / PRIVFLOW_NO_SERVER) map onto it, each
+    with a one-line note; two that disagree are a usage error. None given: Prefect when
+    PREFECT_API_URL is set, else in this process (`privflow.core.startup.use_prefect`)."""
+    asked: list[tuple[str, str, bool]] = []  # (as the user gave it, engine, deprecated)
+    for param, value, flag, variable, deprecated in (
+        ("engine", _value(engine), f"--engine {_value(engine)}", f"PRIVFLOW_ENGINE={_value(engine)}", False),
+        ("prefect", "prefect" if prefect else None, "--prefect", "PRIVFLOW_PREFECT", True),
+        ("no_server", "local" if no_server else None, "--no-server", "PRIVFLOW_NO_SERVER", True),
+    ):
+        if value is not None:
+            asked.append((variable if _from_environment(ctx, param) else flag, value, deprecated))
+    if len({value for _, value, _ in asked}) > 1:
+        raise _usage_error(
+            ctx,
+            f"{' and '.join(given for given, _, _ in asked)} contradict each other: give one --engine (prefect or "
+            "local).",
+        )
+    for given, value, deprecated in asked:
+        if deprecated:
+            _note(f"{given} is deprecated: use --engine {value} (or PRIVFLOW_ENGINE={value}).")
+    choice = asked[0][1] if asked else None
+    return use_prefect(choice == "prefect", choice == "local")
 
 
 def demo_paths() -> tuple[Path, Path, Path]:
@@ -52,6 +98,7 @@ def demo_paths() -> tuple[Path, Path, Path]:
 
 
 def run(
+    ctx: typer.Context,
     data: Annotated[Path, typer.Option("--data", help="Input table (.csv or .parquet).")],
     schema: Annotated[Path, typer.Option("--schema", help="Public schema (YAML).")],
     epsilon: Annotated[
@@ -68,10 +115,27 @@ def run(
     test_data: Annotated[
         Path | None, typer.Option("--test-data", help="Real test table for utility diagnostics.")
     ] = None,
-    policy: Annotated[str | None, typer.Option("--policy", help="strict | quarantine (bad rows set aside).")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="dphflow | maf.")] = None,
+    policy: Annotated[
+        Policy | None,
+        typer.Option(
+            "--policy",
+            help="Failing rows: strict (the gate stops the run past 1% of rows failing, fewer are dropped) or "
+            "quarantine (set aside in the curator-only quarantine file; the gate stops past 50%). Limits: --config's "
+            "gate section. Default strict, or --config's policy.",
+            case_sensitive=False,
+        ),
+    ] = None,
+    flow: FlowOpt = None,
+    model: ModelFamilyOpt = None,
     epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over the data (public row count).")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="auto | cpu | cuda.")] = None,
+    device: Annotated[
+        Device | None,
+        typer.Option(
+            "--device",
+            help="Where training runs (auto: CUDA when present). Default auto, or --config's train.device.",
+            case_sensitive=False,
+        ),
+    ] = None,
     workers: Annotated[
         int | None,
         typer.Option(
@@ -101,6 +165,7 @@ def run(
     ] = None,
     store: StoreOpt = Path(".privflow"),
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    engine: EngineOpt = None,
     no_server: NoServerOpt = False,
     prefect: PrefectOpt = False,
     verbose: VerboseOpt = False,
@@ -109,28 +174,30 @@ def run(
     overrides = {
         "data": data,
         "schema_path": schema,
-        "policy": policy,
+        "policy": _value(policy),
         "store": store,
         "model_name": model_name,
         "alias": alias,
         "init_from": init_from,
         "privacy": {"epsilon": epsilon, "delta": delta},
-        "model": {"name": model},
-        "train": {"epochs": epochs, "device": device, "workers": workers},
+        "model": {"name": _flow_choice(ctx, flow, model)},
+        "train": {"epochs": epochs, "device": _value(device), "workers": workers},
         "evaluate": {"test_data": test_data},
         "stream": {"enabled": stream},
     }
-    server = _guarded(verbose, lambda: use_prefect(prefect, no_server))
-    _run(config, overrides, quiet, verbose, promote, server=server)
+    server = _engine(ctx, engine, prefect, no_server)
+    _run(config, overrides, quiet, verbose, _value(promote), server=server)
 
 
 def demo(
+    ctx: typer.Context,
     store: StoreOpt = Path(".privflow"),
     epsilon: Annotated[float, typer.Option("--epsilon", help="Total epsilon of this run.", show_default=True)] = 1.0,
     delta: Annotated[float, typer.Option("--delta", help="Total delta of this run.", show_default=True)] = 1e-5,
     config: Annotated[Path | None, typer.Option("--config", help="Run configuration (YAML).")] = None,
     promote: PromoteOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar.")] = False,
+    engine: EngineOpt = None,
     no_server: NoServerOpt = False,
     prefect: PrefectOpt = False,
     verbose: VerboseOpt = False,
@@ -144,8 +211,8 @@ def demo(
         "privacy": {"epsilon": epsilon, "delta": delta},
         "evaluate": {"test_data": test},
     }
-    server = _guarded(verbose, lambda: use_prefect(prefect, no_server))
-    _run(config, overrides, quiet, verbose, promote, server=server)
+    server = _engine(ctx, engine, prefect, no_server)
+    _run(config, overrides, quiet, verbose, _value(promote), server=server)
 
 
 def _run(
@@ -235,13 +302,16 @@ def _start_run(
     for note in checked.notes:
         console.print(f"[bold yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     ready = None
+    pipeline: Callable[..., Any]
     if server:
         # Every cheap check passed: Prefect's temporary server starts now, in its own process,
         # while this one imports torch, MLflow and the pipeline (privflow/core/startup.py).
         from privflow.core.startup import start_early
 
         ready = start_early()
-        from privflow.flows.train import train_pipeline as pipeline  # its own plan step, a task run
+        from privflow.flows.train import train_pipeline  # its own plan step, a task run
+
+        pipeline = train_pipeline
     else:  # the same chain without Prefect's engine, and without importing Prefect
         from functools import partial
 

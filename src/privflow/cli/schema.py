@@ -12,7 +12,10 @@ import typer
 
 from privflow.cli._common import StoreOpt, VerboseOpt, _guarded, console
 
-schema_app = typer.Typer(no_args_is_help=True, help="Draft and check a table's public schema.")
+schema_app = typer.Typer(
+    no_args_is_help=True,
+    help="Draft a table's public schema from the table (`privflow check` checks a table against a schema).",
+)
 
 
 @schema_app.command("draft")

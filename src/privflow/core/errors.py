@@ -1,17 +1,52 @@
-"""User-facing errors: each carries a one-paragraph message the CLI prints without a traceback.
+"""User-facing errors: each carries a one-paragraph message the CLI prints without a traceback,
+and the exit status it ends the `privflow` command with.
 
-Every subclass of `PrivflowError` is a problem the user can fix (input, settings, budget,
-environment); the CLI exits with status 2 for all of them. Anything else is a bug: the CLI
-calls it an internal error and exits with status 1.
+`ExitStatus` is the one place the command's exit statuses are defined (the CLI lists them in its
+top-level `--help`); each subclass of `PrivflowError` names its status in `exit_status`. Every
+`PrivflowError` is a problem the user can fix (input, settings, budget, environment): a usage
+error (2) unless it is the ledger refusing a spend (`BudgetExceeded`, 4) or the DP validation
+gate stopping a run (`GateStopped`, 5). Anything else is a bug: the CLI calls it an internal error
+and exits with status 1 (`status_of`).
 """
 
 from __future__ import annotations
 
 import errno
+from enum import IntEnum
+from typing import ClassVar
+
+
+class ExitStatus(IntEnum):
+    """The exit statuses of the `privflow` command (`EXIT_STATUS_MEANINGS` says what each means)."""
+
+    OK = 0
+    INTERNAL = 1  # an unexpected exception: a bug (also the status of Python's own uncaught exception)
+    USAGE = 2  # a user error: bad flag, argument, file, schema, config, store or device (click's status for them)
+    CHECK_FAILED = 3  # the command ran and its verdict is not the healthy one (`privflow check`, `privflow audit`)
+    BUDGET = 4  # the privacy ledger refused the spend: the dataset's budget cannot hold it
+    GATE_STOPPED = 5  # the DP validation gate stopped the run (only the gate's count was charged)
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    TERMINATED = 143  # SIGTERM (128 + SIGTERM): a scheduler cancelling the job
+
+
+EXIT_STATUS_MEANINGS: dict[ExitStatus, str] = {
+    ExitStatus.OK: "success",
+    ExitStatus.INTERNAL: "internal error: an unexpected problem, a bug (one paragraph; --verbose shows the traceback)",
+    ExitStatus.USAGE: "usage error: a bad flag, argument, data file, schema, config, store or device (one paragraph)",
+    ExitStatus.CHECK_FAILED: "the check ran and found a problem: `privflow check` found failing rows (or none at "
+    "all), or `privflow audit`'s verdict is not the healthy one",
+    ExitStatus.BUDGET: "budget refusal: the privacy ledger refused the spend, the dataset's budget cannot hold it",
+    ExitStatus.GATE_STOPPED: "gate stop: the DP validation gate stopped the run (only its count's epsilon was "
+    "charged; `privflow check` shows the failing rows)",
+    ExitStatus.INTERRUPTED: "interrupted (Ctrl-C)",
+    ExitStatus.TERMINATED: "terminated (SIGTERM), unwound like Ctrl-C",
+}
 
 
 class PrivflowError(Exception):
     """Base class for errors caused by the user's input, settings, budget or machine, not by a bug."""
+
+    exit_status: ClassVar[ExitStatus] = ExitStatus.USAGE
 
 
 class SchemaError(PrivflowError):
@@ -24,6 +59,12 @@ class DataError(PrivflowError):
 
 class ValidationFailed(DataError):
     """Rows fail the schema's expectations under the strict policy."""
+
+
+class GateStopped(ValidationFailed):
+    """The DP validation gate stopped a run: its noisy count of failing (or passing) rows said stop."""
+
+    exit_status = ExitStatus.GATE_STOPPED
 
 
 class ConfigError(PrivflowError):
@@ -45,9 +86,22 @@ class PrivacyPlanError(PrivflowError):
 class BudgetExceeded(PrivflowError):
     """A run would take a dataset past its total privacy budget."""
 
+    exit_status = ExitStatus.BUDGET
+
 
 class ModelNotFound(PrivflowError):
     """A registered model name, version or alias does not exist."""
+
+
+def status_of(exc: BaseException) -> ExitStatus:
+    """The status the `privflow` command exits with for `exc`: a PrivflowError's own, a full disk
+    (`disk_full`) a usage error (the machine's state, which the user can fix), anything else an
+    internal error."""
+    if isinstance(exc, PrivflowError):
+        return exc.exit_status
+    if disk_full(exc) is not None:
+        return ExitStatus.USAGE
+    return ExitStatus.INTERNAL
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)

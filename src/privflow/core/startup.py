@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from privflow.core.errors import ExitStatus
+
 
 @contextmanager
 def imports_without_gc() -> Iterator[None]:
@@ -68,17 +70,15 @@ def meanwhile(work: Callable[[], object]) -> Iterator[None]:
 
 
 def use_prefect(prefect: bool, no_server: bool) -> bool:
-    """Prefect's engine when asked for (--prefect) or when an operator configured a Prefect API
-    (PREFECT_API_URL: a deployment's server records the run); otherwise the same pipeline in this
+    """Prefect's engine when asked for (`prefect`: --engine prefect) or when an operator configured
+    a Prefect API (PREFECT_API_URL: a deployment's server records the run), unless the run is asked
+    to stay in this process (`no_server`: --engine local); otherwise the same pipeline in this
     process, since a temporary server would only add start-up (the fixed overhead). The
     CLI's run and the Python API's `fit` decide by this one rule."""
     if prefect and no_server:
         from privflow.core.errors import ConfigError
 
-        raise ConfigError(
-            "--prefect and --no-server (or PRIVFLOW_PREFECT and PRIVFLOW_NO_SERVER) contradict each other; "
-            "give at most one."
-        )
+        raise ConfigError("Prefect's engine and this process (--engine prefect and local) contradict each other.")
     return not no_server and (prefect or bool(os.environ.get("PREFECT_API_URL")))
 
 
@@ -168,7 +168,7 @@ class FastExit:
     """
 
     def __init__(self) -> None:
-        self.code = 1  # internal error (the CLI's EXIT_INTERNAL) until main() learns the status
+        self.code = int(ExitStatus.INTERNAL)  # until main() learns the status
 
     def arm(self) -> bool:
         count = getattr(atexit, "_ncallbacks", None)

@@ -43,7 +43,7 @@ import torch
 from privflow.core import timing
 from privflow.core.config import RunConfig
 from privflow.core.curator import curator_dir, write_json
-from privflow.core.errors import ValidationFailed
+from privflow.core.errors import GateStopped, ValidationFailed
 from privflow.core.events import report as report_event
 from privflow.data.chunked import scratch, streamed
 from privflow.data.codec import Codec
@@ -179,7 +179,7 @@ def _read_and_gate(
             write_json(curator, "validation.json", report.to_dict())
         if not decisions:
             raise
-        raise ValidationFailed(
+        raise GateStopped(  # its own exit status (core/errors.py, ExitStatus.GATE_STOPPED)
             f"The validation gate stopped the run ({config.policy} policy): {decisions[-1].describe()}. "
             f"The exact per-column counts are in the curator-only report {curator / 'validation.json'}. "
             f"The gate's DP count cost epsilon={decisions[-1].epsilon:.3g}, which the ledger has charged; "
@@ -527,7 +527,7 @@ def run_pipeline(
 
 
 def train_in_process(config: RunConfig, show_progress: bool = True, plan: PrivacyPlan | None = None) -> RunSummary:
-    """The same chain without Prefect's engine (`privflow run --no-server`): no API, so no
+    """The same chain without Prefect's engine (`privflow run --engine local`): no API, so no
     temporary server (what one adds to a run: benchmarks/results/overhead.md) and no flow or task
     run records.
 

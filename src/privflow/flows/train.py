@@ -1,6 +1,6 @@
 """The training pipeline as a Prefect flow: the chain of flows/pipeline.py with each step a
 task run, for a Prefect server, a deployment (infra/deployments.py) and `privflow run
---prefect`. Without a Prefect API, `privflow run` calls `pipeline.train_in_process` instead
+--engine prefect`. Without a Prefect API, `privflow run` calls `pipeline.train_in_process` instead
 and never imports this module (nor Prefect).
 """
 

@@ -293,7 +293,7 @@ def check_parent(parent: Parent, config: RunConfig, schema: Schema, ledger_path:
     if shape:
         raise ConfigError(
             f"{what} is a different flow than this run configures: {'; '.join(shape)}. Set the same model "
-            "section in --config (or --model), or pretrain a parent with this run's model settings."
+            "section in --config (or --flow), or pretrain a parent with this run's model settings."
         )
     copula = parent.loaded.marginals is not None
     if copula != config.marginals.enabled:
