@@ -667,8 +667,8 @@ def preflight(config: RunConfig) -> Preflight:
         t0 = time.perf_counter()
         try:
             return fn(*args)
-        finally:
-            timings[name] = time.perf_counter() - t0
+        finally:  # a check run twice (the privacy parameters, before and with the schema) adds up
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
 
     timed("privacy parameters", check_privacy_parameters, config)
     schema = timed("schema", _check_schema, config)
@@ -703,7 +703,18 @@ def preflight(config: RunConfig) -> Preflight:
     candidates = (gate_note(config, schema, plan), budget_delta_note(schema), atoms_note(config, schema), skipped)
     notes = tuple(n for n in candidates if n)
     # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
-    return Preflight(config, schema, plan, fmt, None, device, test_fmt, timings, notes, streamed)
+    return Preflight(
+        config=config,
+        schema=schema,
+        plan=plan,
+        data_format=fmt,
+        rows=None,
+        device=device,
+        test_format=test_fmt,
+        timings=timings,
+        notes=notes,
+        streamed=streamed,
+    )
 
 
 def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
@@ -747,7 +758,9 @@ def preflight_pretrain(config: RunConfig) -> Preflight:
     check_workers(config.train.workers, device)
     check_public_file(config.data, Path(config.store), schema)
     timings["checks"] = time.perf_counter() - t0
-    return Preflight(config, schema, None, fmt, rows, device, None, timings)
+    return Preflight(
+        config=config, schema=schema, plan=None, data_format=fmt, rows=rows, device=device, timings=timings
+    )
 
 
 __all__ = [
