@@ -96,9 +96,9 @@ def test_sample_arguments_are_checked_before_sampling(schema: Schema, n: object,
 
 
 def test_sample_refuses_a_table_memory_cannot_hold(schema: Schema, monkeypatch) -> None:
-    from privflow import preflight
+    from privflow.core import machine
 
-    monkeypatch.setattr(preflight, "available_memory", lambda: 1e9)
+    monkeypatch.setattr(machine, "available_memory", lambda: 1e9)
     with pytest.raises(ConfigError, match="privflow generate"):
         Synthesizer(schema, flows=[]).sample(10**9)
 

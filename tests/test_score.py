@@ -192,10 +192,10 @@ def test_a_row_that_fails_its_checks_keeps_its_place_with_an_empty_score(trained
 def test_generate_refuses_a_table_the_disk_cannot_hold(trained, monkeypatch) -> None:
     import shutil as sh
 
-    from privflow import preflight
+    from privflow.core import machine
 
     usage = sh.disk_usage(trained["tmp"])
-    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda _p: usage._replace(free=10_000_000))  # 10 MB free
+    monkeypatch.setattr(machine.shutil, "disk_usage", lambda _p: usage._replace(free=10_000_000))  # 10 MB free
     out = trained["tmp"] / "huge.csv"
     res = _invoke(
         "generate", "--model", f"{MODEL}@champion", "-n", "1000000", "-o", str(out), "--store", str(trained["store"])

@@ -532,7 +532,7 @@ def test_every_numeric_storage_pre_flight_accepts_is_read_as_numbers() -> None:
     read them: it used to fail every row of a Decimal column, a charged gate stop."""
     from decimal import Decimal
 
-    from privflow.preflight import _type_fits
+    from privflow.preflight.files import _type_fits
 
     n = 6
     df = toy(n).with_columns(
@@ -548,7 +548,7 @@ def test_every_numeric_storage_pre_flight_accepts_is_read_as_numbers() -> None:
 def test_numeric_labels_stored_as_floats_take_their_declared_label() -> None:
     """A Parquet column of 0.0 / 1.0 for categories '0' / '1' (pre-flight accepts it) is read as
     those labels; it used to read '0.0' and fail every row at the charged gate."""
-    from privflow.preflight import _type_fits
+    from privflow.preflight.files import _type_fits
 
     schema = Schema.model_validate(
         {

@@ -53,7 +53,7 @@ from privflow.data.schema import Schema
 from privflow.data.surface import lower, to_surface
 from privflow.data.target_head import release_parts
 from privflow.data.validation import CHECK_ADVICE, validate
-from privflow.preflight import gate_floor, gate_limit
+from privflow.privacy.mechanisms.validation_gate import gate_floor, gate_limit
 from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.accounting.events import Event, PoissonGaussianEvent
 from privflow.privacy.accounting.plan import PrivacyPlan

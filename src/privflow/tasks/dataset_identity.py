@@ -4,7 +4,7 @@ declaration").
 
 Each dataset has its own budget, keyed by the schema's `dataset.name`; the same file drafted or
 trained under a second name would get a second budget. Before `privflow run` reserves anything
-(preflight.py) and before a DP `privflow schema draft` does (tasks/draft.py, `plan_draft`), the
+(privflow/preflight) and before a DP `privflow schema draft` does (tasks/draft.py, `plan_draft`), the
 curator's own data-identity check compares the file's keyed row digests (privacy/fingerprint.py,
 the store's key) with the rows the store's ledger charged to OTHER datasets (`row_prints`, kind
 'charged'). It reads the file's rows for this purpose only: no mechanism, nothing recorded, and

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privflow.core.config import RunConfig
 from privflow.data.schema import Schema
 from privflow.data.validation import RowCells
 from privflow.privacy.accounting.events import LaplaceEvent
@@ -235,13 +236,76 @@ def gate(
     )
 
 
+# -- the run's limits, from its config and plan (pre-flight and the flow use the same) -------------
+
+
+def false_stop_keyword(config: RunConfig) -> dict[str, float]:
+    """The configured false-stop probability as a keyword, or none: the gate's own FALSE_STOP applies."""
+    return {} if config.gate.false_stop is None else {"false_stop": config.gate.false_stop}
+
+
+def gate_limit(config: RunConfig, schema: Schema, plan: object) -> float:
+    """The public limit on the validation gate's DP count of failing rows: the policy's fraction
+    of expected_rows, at least the gate's noise floor (privacy/mechanisms/py)."""
+    fraction = config.gate.strict_max_failing if config.policy == "strict" else config.gate.quarantine_max_failing
+    return threshold(
+        fraction * float(schema.dataset.expected_rows or 0),
+        plan.stage("validate").event,  # type: ignore[attr-defined]
+        **false_stop_keyword(config),
+    )
+
+
+def gate_floor(config: RunConfig, schema: Schema, plan: object) -> float:
+    """The public minimum on the validation gate's DP count of passing rows: a fraction of
+    expected_rows, at least the selection split's minimum, below the noise of a table of the
+    expected size (privacy/mechanisms/py); -inf without expected_rows."""
+    expected = schema.dataset.expected_rows
+    return floor(
+        expected,
+        config.select.min_rows(expected),
+        plan.stage("validate").event,  # type: ignore[attr-defined]
+        **false_stop_keyword(config),
+        passing_cells=passing_cells(schema),
+    )
+
+
+def gate_note(config: RunConfig, schema: Schema, plan: object) -> str | None:
+    """A warning when the gate cannot stop the run: without expected_rows it has no minimum of
+    rows and only its noise floor as a limit; with them, its limit (on a small table, the noise
+    floor of its DP count) may be at least the expected row count, so even a table whose every
+    row fails the checks goes on, trained on the rows that pass. From public quantities only."""
+    expected = schema.dataset.expected_rows
+    limit = gate_limit(config, schema, plan)
+    eps = 1.0 / plan.stage("validate").event.noise_multiplier  # type: ignore[attr-defined]
+    if expected is None:
+        return (
+            f"the schema declares no dataset.expected_rows, so the validation gate has no public minimum of rows "
+            f"(a file with few or no rows is not stopped) and stops only above {limit:.0f} failing rows, the noise "
+            f"floor of its DP count at epsilon {eps:.3g}. Declare the table's approximate size as expected_rows."
+        )
+    if limit < expected:
+        return None
+    size = f"{expected} expected rows"
+    return (
+        f"the validation gate cannot stop this run: its limit of {limit:.0f} failing rows (the noise floor of its "
+        f"DP count at epsilon {eps:.3g}) is not below the table's {size}, so however many rows fail the "
+        f"schema's checks the run goes on with the rows that pass ({config.policy} policy), possibly very few. "
+        "Check the table against the schema before spending, or give the gate a larger share "
+        "(privacy.gate_share) to lower the floor."
+    )
+
+
 __all__ = [
     "FALSE_STOP",
     "MIN_ROWS_FRACTION",
     "GateDecision",
     "RowCells",
+    "false_stop_keyword",
     "floor",
     "gate",
+    "gate_floor",
+    "gate_limit",
+    "gate_note",
     "gate_event",
     "laplace_sum_quantile",
     "laplace_sum_tail",
