@@ -151,6 +151,14 @@ def _stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
     return "interrupted (Ctrl-C).", EXIT_INTERRUPTED
 
 
+TrainDeviceOpt = Annotated[
+    Device | None,
+    typer.Option(
+        "--device",
+        help="Where training runs (auto: CUDA when present). Default auto, or --config's train.device.",
+        case_sensitive=False,
+    ),
+]
 StoreOpt = Annotated[
     Path, typer.Option("--store", help="Folder for the MLflow SQLite store, artifacts, ledger and synthetic tables.")
 ]

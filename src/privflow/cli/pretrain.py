@@ -11,10 +11,10 @@ import typer
 from rich.console import Console
 
 from privflow.cli._common import (
-    Device,
     FlowOpt,
     ModelFamilyOpt,
     StoreOpt,
+    TrainDeviceOpt,
     VerboseOpt,
     _flow_choice,
     _guarded,
@@ -32,14 +32,7 @@ def pretrain(
     flow: FlowOpt = None,
     model: ModelFamilyOpt = None,
     epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over the public table.")] = None,
-    device: Annotated[
-        Device | None,
-        typer.Option(
-            "--device",
-            help="Where training runs (auto: CUDA when present). Default auto, or --config's train.device.",
-            case_sensitive=False,
-        ),
-    ] = None,
+    device: TrainDeviceOpt = None,
     model_name: Annotated[
         str | None, typer.Option("--model-name", help="Registered model name (default privflow-DATASET-public).")
     ] = None,

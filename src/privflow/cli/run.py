@@ -13,13 +13,13 @@ from typing import Annotated, Any
 import typer
 
 from privflow.cli._common import (
-    Device,
     Engine,
     FlowOpt,
     ModelFamilyOpt,
     Policy,
     Promote,
     StoreOpt,
+    TrainDeviceOpt,
     VerboseOpt,
     _flow_choice,
     _from_environment,
@@ -128,14 +128,7 @@ def run(
     flow: FlowOpt = None,
     model: ModelFamilyOpt = None,
     epochs: Annotated[float | None, typer.Option("--epochs", help="Passes over the data (public row count).")] = None,
-    device: Annotated[
-        Device | None,
-        typer.Option(
-            "--device",
-            help="Where training runs (auto: CUDA when present). Default auto, or --config's train.device.",
-            case_sensitive=False,
-        ),
-    ] = None,
+    device: TrainDeviceOpt = None,
     workers: Annotated[
         int | None,
         typer.Option(
