@@ -53,13 +53,13 @@ from privflow.data.schema import Schema
 from privflow.data.surface import lower, to_surface
 from privflow.data.target_head import release_parts
 from privflow.data.validation import CHECK_ADVICE, validate
-from privflow.privacy.mechanisms.validation_gate import gate_floor, gate_limit
 from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.accounting.events import Event, PoissonGaussianEvent
 from privflow.privacy.accounting.plan import PrivacyPlan
 from privflow.privacy.fingerprint import keyed_fingerprint, store_key
 from privflow.privacy.ledger import Ledger, Lineage, attempt_run_id
 from privflow.privacy.mechanisms import validation_gate
+from privflow.privacy.mechanisms.validation_gate import gate_floor, gate_limit
 from privflow.tasks import mlflow_store as store_ml
 from privflow.tasks.evaluate import evaluate_run
 from privflow.tasks.evaluation import worker as diagnostics_worker
