@@ -55,7 +55,7 @@ def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monk
     assert np.array_equal(synth.score(valid, seed=np.int64(0)), ll)
     assert ll.shape == (300,) and np.isfinite(ll).all()
     # the same model loaded back from the registry scores the same rows identically
-    again = Synthesizer.load(synth.summary.model_name, synth.summary.model_version, tmp_path / "store")
+    again = Synthesizer.load(f"{synth.summary.model_name}/{synth.summary.model_version}", store=tmp_path / "store")
     assert np.allclose(again.score(valid, seed=0), ll, atol=1e-4)
 
 

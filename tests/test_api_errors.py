@@ -119,7 +119,23 @@ def test_a_store_that_is_not_a_path_is_named(tmp_path: Path, rows: pl.DataFrame,
     with pytest.raises(ConfigError, match="store must be a folder path"):
         fit(rows, schema, 1.0, store=123)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="store must be a folder path"):
-        Synthesizer.load("m", "champion", None)  # type: ignore[arg-type]
+        Synthesizer.load("m", "champion", 123)  # type: ignore[arg-type]
+
+
+def test_fit_and_load_name_their_store_and_load_takes_the_clis_spec(
+    tmp_path: Path, rows: pl.DataFrame, schema: Schema
+) -> None:
+    """fit writes the ledger, the registry and tables into a store: it is never implied."""
+    with pytest.raises(ConfigError, match="store is required"):
+        fit(rows, schema, 1.0)
+    with pytest.raises(ConfigError, match="store is required"):
+        Synthesizer.load("m@champion")
+    with pytest.raises(ConfigError, match="load needs a version"):
+        Synthesizer.load("m", store=tmp_path / "store")
+    for spec in ("nosuch@champion", "nosuch/1"):
+        with pytest.raises(ModelNotFound, match=f"model {spec}"):
+            Synthesizer.load(spec, store=tmp_path / "store")
+    assert not (tmp_path / "store").exists()
 
 
 def test_columns_of_mixed_or_nested_values_are_data_errors(tmp_path: Path, rows: pl.DataFrame, schema: Schema) -> None:

@@ -1,9 +1,10 @@
 """The Python API, in the idiom of SDV and smartnoise-synth: fit once, then sample and score.
 
-    from privflow.api import fit
-    synth = fit("adult_train.csv", "adult.yaml", epsilon=1.0, delta=1e-5, train={"epochs": 2})
+    from privflow.api import Synthesizer, fit
+    synth = fit("adult_train.csv", "adult.yaml", epsilon=1.0, delta=1e-5, store="store", train={"epochs": 2})
     table = synth.sample(1000, seed=7)          # polars DataFrame
     ll = synth.score(table)                     # per-row log-likelihoods (nats)
+    again = Synthesizer.load("privflow-adult@champion", store="store")
 
 `fit` runs the pipeline `privflow run` runs (pre-flight's checks, the plan reserved in the
 ledger, DP validation gate, DP marginals and statistics, [DP prior], DP-SGD, Report-Noisy-Max,
@@ -137,12 +138,22 @@ class Synthesizer:
         return mixture_loglik(np.stack(per)) + conditional_loglik(self.codec, df)
 
     @classmethod
-    def load(cls, model_name: str, version: str | int, store: str | Path = ".privflow") -> Synthesizer:
-        """A registered version from the store's MLflow registry: `version` a number or an alias
-        (e.g. "champion"). ModelNotFound when the store has no such version."""
+    def load(cls, model: str, version: str | int | None = None, store: str | Path | None = None) -> Synthesizer:
+        """A registered version from the store's MLflow registry, named as the CLI names it:
+        `model` "NAME@ALIAS" or "NAME/VERSION" (`Synthesizer.load("privflow-adult@champion",
+        store="store")`), or a model NAME with `version` a number or an alias. `store` is the
+        folder `fit` or `privflow run` wrote to. ModelNotFound when the store has no such version."""
         from privflow.preflight import check_registry
 
-        spec = f"{model_name}/{version}" if str(version).isdigit() else f"{model_name}@{version}"
+        if version is not None:
+            spec = f"{model}/{version}" if str(version).isdigit() else f"{model}@{version}"
+        elif "@" in model or "/" in model:
+            spec = model
+        else:
+            raise ConfigError(
+                f"load needs a version: 'NAME@ALIAS' or 'NAME/VERSION' (e.g. '{model}@champion'), or the "
+                "version as its second argument."
+            )
         store = _store(store)
         check_registry(store, f"model {spec}", "Train and register one first (`fit` or `privflow run`).")
         env.configure(store)
@@ -216,6 +227,11 @@ def _data_path(data: str | Path | pl.DataFrame | Any, tmp: Path) -> Path:
 
 
 def _store(store: Any) -> Path:
+    if store is None:
+        raise ConfigError(
+            "store is required: the folder that holds the privacy ledger, the MLflow registry and the "
+            "synthetic tables (e.g. store='.privflow', what `privflow run` uses by default). Nothing was read."
+        )
     if not isinstance(store, str | Path):
         raise ConfigError(f"store must be a folder path (str or Path), got {type(store).__name__}.")
     return Path(store)
@@ -227,13 +243,24 @@ def fit(
     epsilon: float = 1.0,
     delta: float = 1e-5,
     *,
-    store: str | Path = ".privflow",
+    store: str | Path | None = None,
     show_progress: bool = False,
     prefect: bool | None = None,
     **config: Any,
 ) -> Synthesizer:
     """Train a DP flow on `data` (a CSV/Parquet path, or a polars/pandas DataFrame) described by
     `schema` (a YAML path, a Schema or its dict) at (epsilon, delta), and return the released model.
+
+    Side effects, all in `store` (required: a folder, created if missing), as `privflow run`
+    has them: the run is reserved and then charged in the store's privacy ledger (its epsilon
+    composes with every earlier run on the schema's dataset, and a run the budget cannot hold
+    is refused before any row is read); a new version of the model (`model_name`, default
+    privflow-DATASET) is registered in the store's MLflow registry, and the alias (`alias`,
+    default champion) moves to it by the run's `promotion` rule (the first version always; later
+    ones by a DP comparison, charged too, unless promotion="always" or "never"); the synthetic
+    table and the curator-only reports are written there. A DataFrame is written to a temporary
+    CSV that is removed when fit returns. Nothing is written outside `store` and the temporary
+    folder.
 
     `config` holds RunConfig sections and fields (privflow/core/config.py), e.g.
     `model={"name": "maf"}, train={"epochs": 2}, promotion="never"`. `prefect` runs the
@@ -279,7 +306,7 @@ def fit(
             from privflow.flows.pipeline import train_in_process
 
             summary = train_in_process(run, show_progress=show_progress, plan=checked.plan)
-    synth = Synthesizer.load(summary.model_name, summary.model_version, store)
+    synth = Synthesizer.load(summary.model_name, summary.model_version, store=store)
     synth.summary = summary
     return synth
 

@@ -59,3 +59,22 @@ def test_a_registered_model_loads_with_mlflow_alone(trained_store: dict) -> None
     where, sampled = done.stdout.strip().splitlines()[-2:]
     assert not where.startswith(src)  # the model's own copy, not the installed package
     assert sampled.startswith("7 ") and "age" in sampled
+
+
+def test_predict_takes_n_and_seed_as_mlflow_params(trained_store: dict) -> None:
+    """MLflow's way: predict(data, params={"n", "seed"}); the older DataFrame columns still work
+    and give the same rows for the same seed; without n it says how to ask."""
+    import pandas as pd
+    import pytest
+
+    from privflow.tasks.mlflow_store import load_generator
+
+    name = trained_store["summary"]["model_name"]
+    model = load_generator(f"{name}@champion", trained_store["store"])
+    by_params = model.predict(pd.DataFrame(), params={"n": 6, "seed": 3})
+    by_columns = model.predict(pd.DataFrame({"n": [6], "seed": [3]}))
+    assert len(by_params) == 6
+    pd.testing.assert_frame_equal(by_params, by_columns)
+    assert model.metadata.signature.params is not None
+    with pytest.raises(Exception, match="number of rows"):
+        model.predict(pd.DataFrame())

@@ -17,7 +17,12 @@ from privflow.serving.sampler import load_release, sample_rows
 
 
 class FlowSampler(PythonModel):
-    """predict(DataFrame with column `n` and optional `seed`) -> synthetic rows (pandas).
+    """predict(data, params={"n": N, "seed": S}) -> N synthetic rows (pandas); `seed` optional.
+
+    MLflow's way to pass settings is `params` (the signature declares them, so `mlflow models
+    serve` takes them too); `data` is then any DataFrame, empty included. A `data` holding
+    columns `n` and `seed` (the form models registered before `params` were declared take) is
+    read where `params` leave them unset.
 
     With several selected checkpoints (top-k Report-Noisy-Max, DP-GAN note section 4) the
     table is the union of equal shares sampled from each.
@@ -28,13 +33,23 @@ class FlowSampler(PythonModel):
         self.schema, self.codec, self.flows = release.schema, release.codec, release.flows
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        n = int(model_input["n"].iloc[0])
-        seed = int(model_input["seed"].iloc[0]) if "seed" in model_input.columns else None
+        n, seed = _setting("n", model_input, params), _setting("seed", model_input, params)
+        if n is None:
+            raise ValueError("predict needs the number of rows: predict(pd.DataFrame(), params={'n': 1000}).")
         from privflow.data.codec import to_pandas
         from privflow.data.surface import to_surface
 
         rows = to_surface(sample_rows(self.flows, self.codec, n, seed), self.schema)  # as the input is written
         return to_pandas(rows, self.schema)  # integers stay integers
+
+
+def _setting(name: str, model_input: pd.DataFrame | None, params: dict[str, Any] | None) -> int | None:
+    """`params[name]`, else the first value of the input's column `name`, else None."""
+    value = (params or {}).get(name)
+    if value is None and model_input is not None and name in model_input.columns and len(model_input):
+        first = model_input[name].iloc[0]
+        value = None if pd.isna(first) else first
+    return None if value is None else int(value)
 
 
 __all__ = ["FlowSampler"]

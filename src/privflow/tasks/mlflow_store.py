@@ -28,7 +28,7 @@ import torch
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
-from mlflow.types import ColSpec
+from mlflow.types import ColSpec, ParamSchema, ParamSpec
 from mlflow.types import Schema as MLSchema
 
 import privflow
@@ -342,9 +342,10 @@ def signature_for(schema: Schema) -> Any:
     """The pyfunc signature from the PUBLIC schema (never inferred from rows): the columns of a
     synthetic table (no ignored column; dates and booleans as their text)."""
     kinds = {"numeric": "double", "integer": "long"}
-    inputs = MLSchema([ColSpec("long", "n"), ColSpec("long", "seed", required=False)])
+    inputs = MLSchema([ColSpec("long", "n", required=False), ColSpec("long", "seed", required=False)])
     outputs = MLSchema([ColSpec(kinds.get(c.type, "string"), c.name) for c in schema.columns if c.type != "ignore"])
-    return ModelSignature(inputs=inputs, outputs=outputs)
+    params = ParamSchema([ParamSpec("n", "long", None), ParamSpec("seed", "long", None)])  # predict(params=...)
+    return ModelSignature(inputs=inputs, outputs=outputs, params=params)
 
 
 def _sampler_package(tmp: Path) -> str:
