@@ -2,11 +2,11 @@
 machine's speed): measured here, on the inputs those tests use, and written with command, commit
 and machine.
 
-- the copula codec decoding 1,000,000 rows of tests/test_copula.py's schema (the bound the test
+- the copula codec decoding 1,000,000 rows of tests/data/test_copula.py's schema (the bound the test
   used to assert: under 2 s wall);
 - strict validation of the demo tables, adult_train.csv and adult_test.csv (under 2 s of CPU);
 - pre-flight on the demo in a fresh process, imports included (under 8 s of CPU);
-- every case of the bad-input corpus (tests/test_bad_inputs.py, ``CASES``) through ``privflow
+- every case of the bad-input corpus (tests/cli/test_bad_inputs.py, ``CASES``) through ``privflow
   run`` in process: its exit status and seconds (each under 15 s), and three refusals of the
   installed console script in a fresh process (each under 10 s).
 
@@ -41,7 +41,7 @@ DEMO = ROOT / "src" / "privflow" / "demo"
 OUT = ROOT / "benchmarks" / "results" / "test_bounds.md"
 PRIVFLOW = Path(sys.executable).parent / "privflow"
 
-# the child of tests/test_preflight.py, timed: pre-flight on the demo, imports included
+# the child of tests/preflight/test_preflight.py, timed: pre-flight on the demo, imports included
 PREFLIGHT_CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
@@ -69,14 +69,14 @@ def copula_decode(rounds: int) -> list[str]:
     import numpy as np
 
     from privflow.data.copula import CopulaCodec
-    from tests.test_copula import make_schema, positive_marginals
+    from tests.data.test_copula import make_schema, positive_marginals
 
     schema = make_schema()
     codec = CopulaCodec.from_marginals(schema, positive_marginals(schema))
     u = np.random.default_rng(0).random((1_000_000, codec.dim))
     codec.decode(u[:1000])  # warm-up
     wall, cpu = median_pair([timed(lambda: codec.decode(u)) for _ in range(rounds)])
-    return [f"| copula decode, 1,000,000 rows (tests/test_copula.py's schema) | {wall:.2f} | {cpu:.2f} | 2 s wall |"]
+    return [f"| copula decode, 1,000,000 rows (tests/data/test_copula.py's schema) | {wall:.2f} | {cpu:.2f} | 2 s wall |"]
 
 
 def validation(rounds: int) -> list[str]:
@@ -110,7 +110,7 @@ def preflight_child(rounds: int) -> list[str]:
 
 
 def _workspace(tmp: Path, frame: object) -> dict:
-    """tests/test_bad_inputs.py's `ws` fixture: the first 400 demo rows, the demo schema, a store."""
+    """tests/cli/test_bad_inputs.py's `ws` fixture: the first 400 demo rows, the demo schema, a store."""
     data = tmp / "adult.csv"
     frame.write_csv(data)  # type: ignore[attr-defined]
     schema = tmp / "adult.yaml"
@@ -124,7 +124,7 @@ def corpus(rounds: int) -> list[str]:
     import polars as pl
     import pytest
 
-    from tests import test_bad_inputs as corpus_tests  # its import sets the tests' offline environment
+    from tests.cli import test_bad_inputs as corpus_tests  # its import sets the tests' offline environment
 
     frame = pl.read_csv(DEMO / "adult_train.csv", infer_schema=False, n_rows=400)
     rows = []

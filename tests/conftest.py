@@ -17,7 +17,7 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 # every test composes for itself (tests/privacy/test_composed_cache.py turns the cache on)
 os.environ["PRIVFLOW_ACCOUNTING_CACHE"] = "off"
 # runs in tests compute their diagnostics in their own process: xdist already fills the cores
-# (tests/test_stage_times.py turns the worker on where it tests it)
+# (tests/core/test_timing.py turns the worker on where it tests it)
 os.environ["PRIVFLOW_DIAGNOSTICS_WORKER"] = "0"
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # one thread per xdist worker: the workers already fill the cores, and oversubscribed

@@ -19,7 +19,7 @@ from privflow.privacy.fingerprint import table_rows
 from privflow.privacy.ledger import Ledger
 from privflow.tasks.dataset_identity import SameRowsOtherDataset, check_rows_not_charged_elsewhere
 from privflow.tasks.warm_start import record_charged_rows
-from tests.test_schema_draft import _table
+from tests.cli.test_schema_draft import _table
 
 runner = CliRunner()
 
@@ -118,7 +118,7 @@ def test_a_dp_draft_of_charged_rows_under_a_second_name_is_refused(
     its own drafted schema types them (the identifier column ignored, numbers as numbers)."""
     from privflow.privacy.mechanisms import dp_bounds
 
-    monkeypatch.setattr(dp_bounds, "FALSE_CELL", 1e-4)  # as tests/test_schema_draft.py: no bound far out
+    monkeypatch.setattr(dp_bounds, "FALSE_CELL", 1e-4)  # as tests/cli/test_schema_draft.py: no bound far out
     data, store = tmp_path / "bank.csv", tmp_path / "store"
     _table(data, rows=600)
     assert _draft(data, tmp_path / "bank.yaml", store, "bank").exit_code == 0

@@ -1,7 +1,7 @@
 """The events a run reports to a watcher (privflow/core/events.py): one line each in the file
 PRIVFLOW_EVENTS names, nothing without it; the hold PRIVFLOW_EVENTS_HOLD names; and the trainer's
 "epoch k" lines, each epoch once, at its start (tasks/train.py). A real run's events, and signals
-sent on them, are tested through `privflow run` in tests/test_bad_inputs.py."""
+sent on them, are tested through `privflow run` in tests/cli/test_bad_inputs.py."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from privflow.data.schema import Schema
 from privflow.flows.pipeline import _parent_link
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _schema(draft_run: str | None) -> Schema:

@@ -16,7 +16,7 @@ from privflow.core.config import RunConfig
 from privflow.core.errors import BudgetExceeded, ConfigError, DeviceUnavailable
 from privflow.preflight import nvidia_driver, preflight, resolve_device
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "src" / "privflow" / "demo"
 
 CHILD = """

@@ -13,7 +13,7 @@ from privflow.data.io import read_table, write_table
 from privflow.data.schema import Schema
 from privflow.data.validation import NOT_DP_LABEL, ValidationReport, validate
 
-DEMO = Path(__file__).resolve().parents[1] / "src" / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "src" / "privflow" / "demo"
 
 SMALL = Schema.model_validate(
     {

@@ -14,7 +14,7 @@ import pytest
 from privflow.core.errors import DataError
 from privflow.data.io import UNREADABLE, count_rows, read_header, read_table, sniff, write_table
 
-DEMO = Path(__file__).resolve().parents[1] / "src" / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "src" / "privflow" / "demo"
 
 
 def _write(path: Path, data: bytes | str) -> Path:

@@ -18,7 +18,7 @@ from privflow.data.codec import Codec, Feature
 from privflow.data.io import read_table
 from privflow.data.schema import Schema
 
-DEMO = Path(__file__).resolve().parents[1] / "src" / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "src" / "privflow" / "demo"
 
 MIXED = Schema.model_validate(
     {

@@ -33,7 +33,7 @@ from privflow.data.io import read_table
 from privflow.preflight import preflight
 from tests.conftest import TEST_FALSE_STOP
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "src" / "privflow" / "demo"
 PRIVFLOW = Path(sys.executable).parent / "privflow"
 runner = CliRunner()
@@ -684,8 +684,8 @@ def test_audit_delta_advice_names_the_config_key_not_a_missing_flag(ws: dict) ->
 @pytest.mark.parametrize(
     ("sig", "status", "said"),
     [
-        # Ctrl-C's handler and exit status are tested in process (tests/test_interrupts.py,
-        # tests/test_cli_exit.py); a real process for each signal is the slow tier's
+        # Ctrl-C's handler and exit status are tested in process (tests/core/test_interrupts.py,
+        # tests/cli/test_exit.py); a real process for each signal is the slow tier's
         pytest.param(signal.SIGINT, 130, "interrupted (Ctrl-C)", marks=pytest.mark.slow),
         (signal.SIGTERM, 143, "terminated (SIGTERM)"),
     ],

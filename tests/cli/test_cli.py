@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from privflow.cli import app
 
 runner = CliRunner()
-DEMO = Path(__file__).resolve().parents[1] / "src" / "privflow" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "src" / "privflow" / "demo"
 
 
 @pytest.mark.parametrize(
