@@ -32,7 +32,7 @@ def demo_events(epsilon: float) -> list[Event]:
     """The events `privflow demo` plans at `epsilon` (its schema and configuration, no row read)."""
     from privflow.core.config import RunConfig
     from privflow.data.schema import Schema
-    from privflow.tasks.plan import plan_privacy
+    from privflow.tasks.run_plan import plan_privacy
 
     demo = ROOT / "src" / "privflow" / "demo"
     config = RunConfig.model_validate(

@@ -80,7 +80,7 @@ class MLPHead(nn.Module):
 
 
 def _rows(schema: Any, df: Any, knots: int) -> np.ndarray:
-    from privflow.tasks.dp_head import head_rows
+    from privflow.tasks.head_stage import head_rows
 
     return head_rows(schema, df, knots)
 

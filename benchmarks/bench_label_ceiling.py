@@ -100,7 +100,7 @@ def reference_labels(data: Any, knots: int, seed: int) -> dict[str, dict[str, fl
 
     from privflow.data.features import expand_features
     from privflow.data.target_head import class_count, class_labels, draw_classes, head_widths
-    from privflow.tasks.dp_head import head_rows
+    from privflow.tasks.head_stage import head_rows
 
     schema, target = data.schema, data.schema.target
     rows = head_rows(schema, data.train, knots)

@@ -71,7 +71,7 @@ def release_marginals(path: Path) -> None:
     from privflow.data.io import read_table
     from privflow.data.schema import Schema
     from privflow.data.validation import validate
-    from privflow.tasks.dp_marginals import dp_marginal_codec
+    from privflow.tasks.marginals_stage import dp_marginal_codec
     from privflow.tasks.run_plan import run_plan
 
     data = ROOT / "src" / "privflow" / "demo" / "adult_train.csv"

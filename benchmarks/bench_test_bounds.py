@@ -76,7 +76,9 @@ def copula_decode(rounds: int) -> list[str]:
     u = np.random.default_rng(0).random((1_000_000, codec.dim))
     codec.decode(u[:1000])  # warm-up
     wall, cpu = median_pair([timed(lambda: codec.decode(u)) for _ in range(rounds)])
-    return [f"| copula decode, 1,000,000 rows (tests/data/test_copula.py's schema) | {wall:.2f} | {cpu:.2f} | 2 s wall |"]
+    return [
+        f"| copula decode, 1,000,000 rows (tests/data/test_copula.py's schema) | {wall:.2f} | {cpu:.2f} | 2 s wall |"
+    ]
 
 
 def validation(rounds: int) -> list[str]:

@@ -327,7 +327,7 @@ def copula_cell(data: Any, cell: Cell, cfg: Any, rows: int) -> tuple[Any, list[A
         codec, events, facts = exact_marginal_codec(data.schema, data.train, grid), [], {}
     else:
         sigma = dp_marginals.noise_for_epsilon(cell.epsilon, DELTA)
-        if grid == "auto":  # the pipeline's rule (tasks/dp_marginals.planned_grid_bins)
+        if grid == "auto":  # the pipeline's rule (tasks/marginals_stage.planned_grid_bins)
             grid = DEFAULT_GRID_BINS
         released = dp_marginals.dp_marginals(data.train, data.schema, sigma, grid_bins=int(grid))
         codec = CopulaCodec.from_marginals(data.schema, released)

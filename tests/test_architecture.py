@@ -57,3 +57,31 @@ def test_no_generic_top_level_modules(tmp_path: Path) -> None:
         [sys.executable, "-c", "import models"], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
     assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr
+
+
+# the test modules at the top of tests/: the API's (src/privflow/api.py is a top-level module)
+# and the suites that cross every layer; anything else lives in the folder of what it tests
+TOP_LEVEL_TESTS = {
+    "test_api.py",
+    "test_api_errors.py",
+    "test_architecture.py",
+    "test_docs.py",
+    "test_infra_scale_out.py",
+    "test_seeded_noise.py",
+    "test_totality.py",
+    "test_totality_draft.py",
+    "test_totality_lineage.py",
+    "test_totality_reader.py",
+    "test_totality_score.py",
+}
+
+
+def test_tests_mirror_the_package() -> None:
+    """tests/X/ tests src/privflow/X/: every test folder but integration/ names a package folder,
+    and no other test module sits at the top of tests/."""
+    tests = Path(__file__).resolve().parent
+    package = tests.parent / "src" / "privflow"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    assert folders - {"integration"} <= {p.name for p in package.iterdir() if p.is_dir()}
+    top = {p.name for p in tests.glob("test_*.py")}
+    assert top <= TOP_LEVEL_TESTS, sorted(top - TOP_LEVEL_TESTS)

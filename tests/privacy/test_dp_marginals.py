@@ -333,7 +333,7 @@ def test_large_epsilon_converges_to_the_empirical_marginals(adult: tuple[pl.Data
 
 
 def test_planned_grid_is_the_configured_one_or_the_default() -> None:
-    from privflow.tasks.dp_marginals import planned_grid_bins
+    from privflow.tasks.marginals_stage import planned_grid_bins
 
     assert planned_grid_bins("auto") == mod.DEFAULT_GRID_BINS == 512
     assert planned_grid_bins(64) == 64

@@ -41,7 +41,7 @@ def test_dp_statistics_sum_their_moments_over_chunks_of_rows(monkeypatch: pytest
     continuous features (no dequantization draw) they equal one pass over every row."""
     from privflow.models import build_flow
     from privflow.privacy.mechanisms import dp_stats as mechanism
-    from privflow.tasks import dp_stats
+    from privflow.tasks import stats_stage as dp_stats
 
     model = build_flow("dphflow", [None, None, None], blocks=1, hidden=8)
     x = np.random.default_rng(5).uniform(0.01, 0.99, (1000, 3)).astype(np.float32)
@@ -54,7 +54,7 @@ def test_dp_statistics_sum_their_moments_over_chunks_of_rows(monkeypatch: pytest
 
 
 def test_dp_statistics_leaves_the_global_rng_alone() -> None:
-    from privflow.tasks.dp_stats import dp_statistics
+    from privflow.tasks.stats_stage import dp_statistics
 
     model = _model()
     stage = StagePlan("dp_stats", 0.1, 1.0, GaussianEvent(2.0))
@@ -62,7 +62,7 @@ def test_dp_statistics_leaves_the_global_rng_alone() -> None:
 
 
 def test_dp_prior_leaves_the_global_rng_alone() -> None:
-    from privflow.tasks.dp_prior import dp_prior
+    from privflow.tasks.prior_stage import dp_prior
 
     model = _model("mog")
     d = len(CARDS)

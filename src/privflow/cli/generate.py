@@ -158,8 +158,8 @@ def _load_with_mlflow(model: str, store: Path, verbose: bool) -> Any:
     """The registered pyfunc loaded by MLflow (`privflow.tasks.mlflow_store.load_generator`)."""
     import mlflow  # noqa: F401 - imported here so its event messages can be switched off
 
-    from privflow.cli.registry import load_generator
     from privflow.core import env
+    from privflow.tasks.mlflow_store import load_generator
 
     env.quiet_imported(verbose)
     return load_generator(model, store)

@@ -61,12 +61,12 @@ from privflow.privacy.ledger import Ledger, Lineage, attempt_run_id
 from privflow.privacy.mechanisms import validation_gate
 from privflow.privacy.mechanisms.validation_gate import gate_floor, gate_limit
 from privflow.tasks import mlflow_store as store_ml
-from privflow.tasks.evaluate import evaluate_run
 from privflow.tasks.evaluation import worker as diagnostics_worker
+from privflow.tasks.evaluation.stage import evaluate_run
 from privflow.tasks.fit import FitResult, Spend, fit, prepare
 from privflow.tasks.mlflow_store import Registered, register_model
-from privflow.tasks.plan import plan_privacy
 from privflow.tasks.promote import PromotionSettings, promote_if_better
+from privflow.tasks.run_plan import plan_privacy
 from privflow.tasks.stream import first_pass, stream_prepare
 from privflow.tasks.train import cpu_threads
 from privflow.tasks.validate import validate_data
@@ -232,7 +232,8 @@ def _diagnose(
             schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate, curator / "evaluation"
         )
         parts = {k: v for k, v in evaluation.timings.items() if k != "total"}
-        for part, seconds in parts.items():  # the evaluation's own timings (tasks/evaluate.py, evaluation/report.py)
+        # the evaluation's own timings (tasks/evaluation/stage.py, evaluation/report.py)
+        for part, seconds in parts.items():
             timing.record(f"evaluate/{part}", seconds)
         timing.record("evaluate/other (HTML, checks)", max(0.0, time.perf_counter() - t0 - sum(parts.values())))
     except Exception as exc:  # noqa: BLE001 - the release stands; the curator is told what failed

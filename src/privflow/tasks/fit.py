@@ -33,13 +33,13 @@ from privflow.privacy.accounting.plan import PrivacyPlan
 from privflow.privacy.dpsgd.dp_sgd import TrainResult, TrainSettings
 from privflow.privacy.mechanisms import dp_mog, dp_stats, report_noisy_max
 from privflow.serving.sampler import iter_samples, sample_rows
-from privflow.tasks.dp_head import dp_target_head, fit_head, head_rows
-from privflow.tasks.dp_marginals import dp_marginal_codec, planned_grid_bins
-from privflow.tasks.dp_prior import PRIOR_CLIP, dp_prior
-from privflow.tasks.dp_stats import STATS_CLIP, dp_statistics, preprocessed_statistics
 from privflow.tasks.encode import encode_rows
+from privflow.tasks.head_stage import dp_target_head, fit_head, head_rows
+from privflow.tasks.marginals_stage import dp_marginal_codec, planned_grid_bins
+from privflow.tasks.prior_stage import PRIOR_CLIP, dp_prior
 from privflow.tasks.run_plan import head_planned, head_shape, run_plan, sgd_shape
 from privflow.tasks.select import loglik_matrix, per_pick_epsilon, select_checkpoints
+from privflow.tasks.stats_stage import STATS_CLIP, dp_statistics, preprocessed_statistics
 from privflow.tasks.train import settings_for, train_flow_model
 
 
@@ -176,7 +176,7 @@ def exact_statistics(model: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 def exact_mog_prior(
     model: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray, k: int, iterations: int, seed: int
 ) -> Any:
-    """Non-private only: the EM of tasks/dp_prior.py without noise, on the same clipped,
+    """Non-private only: the EM of tasks/prior_stage.py without noise, on the same clipped,
     standardised features, carried back to the preprocessed space for ``set_prior``."""
     c = np.clip((_preprocessed(model, x) - mean) / std, -PRIOR_CLIP, PRIOR_CLIP)
     params = dp_mog.init_mog(k, c.shape[1], PRIOR_CLIP, np.random.default_rng(seed))

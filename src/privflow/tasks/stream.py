@@ -47,11 +47,11 @@ from privflow.data.target_head import TargetCodec, head_widths
 from privflow.data.validation import Gate, ValidationReport, validate, validate_chunks
 from privflow.privacy.accounting.plan import PrivacyPlan
 from privflow.privacy.mechanisms import dp_marginals as marginals_mechanism
-from privflow.tasks.dp_head import fit_head_planned, head_rows
-from privflow.tasks.dp_marginals import codec_from_counts, planned_grid_bins
 from privflow.tasks.encode import encode_split, selection_coins
 from privflow.tasks.fit import Spend
+from privflow.tasks.head_stage import fit_head_planned, head_rows
 from privflow.tasks.lazy_task import task
+from privflow.tasks.marginals_stage import codec_from_counts, planned_grid_bins
 
 DIAGNOSTIC_SALT = 0x5A3E_D1A6  # public: the diagnostics' coins differ from the selection split's
 
