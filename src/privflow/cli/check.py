@@ -89,6 +89,7 @@ def _check(data: Path, schema_path: Path, examples: int, verbose: bool) -> int:
     from privflow.core import env
     from privflow.core.source_uri import as_data_source
     from privflow.data.io import read_table
+    from privflow.data.rules import curator_lines
     from privflow.data.schema import Schema
     from privflow.data.validation import ROWS
     from privflow.preflight import check_table
@@ -130,6 +131,8 @@ def _check(data: Path, schema_path: Path, examples: int, verbose: bool) -> int:
             say(f"    -> {line}")
     for a in report.adjustments:
         say(f"- column '{a.column}' [{a.change}, kept]: {a.detail}")
+    for line in curator_lines(schema, clean):  # real rows breaking a rule: counted, kept (privflow/data/rules.py)
+        say(f"- {line}")
     notes = _point_masses(clean, schema) + _size_note(report, schema)
     for head, fix in notes:
         say(f"- {head}")

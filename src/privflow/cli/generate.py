@@ -104,10 +104,12 @@ def _generate(
             from privflow.serving.conditions import percent
 
             tally = conditions.tally
-            given = f" where {conditions.describe()}"
-            cost = (
-                f"; {tally.drawn:,} rows drawn from the model to find them ({percent(tally.share)} met the conditions)"
-            )
+            asked = conditions.describe()
+            given = f" where {asked}" if asked else ""
+            met = "met the conditions" if asked else "met the schema's rules"
+            cost = f"; {tally.drawn:,} rows drawn from the model to find them ({percent(tally.share)} {met})"
+            rules_note = tally.rules_note()
+            cost += f"; {rules_note}" if rules_note else ""
         Console().print(f"wrote {n} rows{given} to {out}{replaced}{cost}", highlight=False, soft_wrap=True)
         return
     import pandas as pd
@@ -166,20 +168,22 @@ def _load_with_mlflow(model: str, store: Path, verbose: bool) -> Any:
 
 
 def _conditions(sampler: Any, wanted: Any) -> Any:
-    """`--where`'s conditions checked against the released model's public schema (None without
-    any); a foreign model, sampled only through predict, cannot be conditioned."""
-    if not wanted:
-        return None
-    if sampler is None:
+    """`--where`'s conditions checked against the released model's public schema, with the
+    schema's rules that every row meets (None without either); a foreign model, sampled only
+    through predict, cannot be conditioned."""
+    if wanted and sampler is None:
         from privflow.core.errors import ConfigError
 
         raise ConfigError(
             "--where needs a privflow model (its flows and public schema); this one can only be asked for rows "
             "through MLflow's predict. Sample without --where and filter the table."
         )
-    from privflow.serving.conditions import conditions_for
+    if sampler is None:
+        return None
+    from privflow.serving.conditions import conditions_for, with_rules
 
-    return conditions_for(getattr(sampler, "schema", None) or sampler.codec.schema, wanted)
+    schema = getattr(sampler, "schema", None) or sampler.codec.schema
+    return with_rules(conditions_for(schema, wanted) if wanted else None, schema)
 
 
 def _is_tty() -> bool:

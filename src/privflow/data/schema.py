@@ -7,6 +7,10 @@ dataset's identity and its total budget. Nothing in it is read off the private r
 Columns come in the types a table is written in (its surface): numeric, integer and
 categorical, which the model takes as they are, and date, datetime, boolean and ignore (alias
 `id`), which privflow/data/surface.py lowers to the first three before anything is modelled.
+
+`rules` are public rules between columns (inequality, combinations, conditional,
+missing_together) that every released row meets; their types are here, their check against
+the columns and their evaluation in privflow/data/rules.py.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -26,6 +30,7 @@ from pydantic import (
     ValidationInfo,
     field_serializer,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -575,6 +580,179 @@ class DatasetInfo(BaseModel):
         return v
 
 
+# -- rules between columns: declared here, checked against the columns and evaluated in
+# privflow/data/rules.py ----------------------------------------------------------------------
+
+RuleOp = Literal[">=", ">", "<=", "<", "==", "!="]
+RULE_KINDS = ("inequality", "combinations", "conditional", "missing_together")
+
+
+class _RulePart(BaseModel):
+    """A rule or a part of one: frozen, no unknown field, written without its unset (None) fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: Any) -> Any:
+        out = handler(self)
+        return {k: v for k, v in out.items() if v is not None} if isinstance(out, dict) else out
+
+
+def _label_list(v: object, field: str) -> object:
+    """Labels as written in the data (`yaml_strings`); one bare value is a list of one."""
+    if isinstance(v, str | int | float) and not isinstance(v, bool):
+        v = [v]
+    return yaml_strings(v, field)
+
+
+def _shown_values(values: Sequence[str]) -> str:
+    return f"= {values[0]}" if len(values) == 1 else f"in [{', '.join(values)}]"
+
+
+class InequalityRule(_RulePart):
+    """`low <= high` on every row (`strict`: `low < high`): two numeric or integer columns, two date
+    columns, or two datetime columns of one granularity (SDV's Inequality)."""
+
+    kind: Literal["inequality"]
+    low: str = Field(min_length=1)
+    high: str = Field(min_length=1)
+    strict: bool = False
+    name: str | None = Field(default=None, min_length=1, description="the rule's name in reports (default: its text)")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.low, self.high)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.low} {'<' if self.strict else '<='} {self.high}"
+
+
+class CombinationsRule(_RulePart):
+    """Only the listed combinations of values of several categorical (or boolean) columns appear
+    together (SDV's FixedCombinations, with the combinations declared, not read off the rows)."""
+
+    kind: Literal["combinations"]
+    columns: tuple[str, ...] = Field(min_length=2)
+    allowed: tuple[tuple[str, ...], ...] = Field(min_length=1)
+    name: str | None = Field(default=None, min_length=1, description="the rule's name in reports (default: its text)")
+
+    @field_validator("allowed", mode="before")
+    @classmethod
+    def _texts(cls, v: object) -> object:
+        if not isinstance(v, list | tuple):
+            return v
+        bad = [x for x in v if not isinstance(x, list | tuple)]
+        if bad:
+            raise ValueError(
+                f"each allowed combination is a list of values, one per column (e.g. [US, USD]), got {bad[0]!r}"
+            )
+        return tuple(yaml_strings(list(x), "an allowed combination") for x in v)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"combinations of {', '.join(self.columns)}"
+
+
+class RuleWhen(_RulePart):
+    """A conditional rule's `when`: the row's value of a categorical (or boolean) column is one of `one_of`."""
+
+    column: str = Field(min_length=1)
+    one_of: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("one_of", mode="before")
+    @classmethod
+    def _texts(cls, v: object) -> object:
+        return _label_list(v, "when.one_of")
+
+    @property
+    def text(self) -> str:
+        return f"{self.column} {_shown_values(self.one_of)}"
+
+
+class RuleThen(_RulePart):
+    """A conditional rule's `then`: a categorical (or boolean) column's value is one of `one_of`, or a
+    numeric, integer, date or datetime column's value compares to `value` by `op`."""
+
+    column: str = Field(min_length=1)
+    one_of: tuple[str, ...] | None = None
+    op: RuleOp | None = None
+    value: int | float | str | None = None
+
+    @field_validator("one_of", mode="before")
+    @classmethod
+    def _texts(cls, v: object) -> object:
+        return None if v is None else _label_list(v, "then.one_of")
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _one_value(cls, v: object) -> object:
+        """A number, or a date or datetime as ISO text (YAML's unquoted dates become that text)."""
+        if isinstance(v, bool):
+            raise ValueError(
+                f"then.value must be a number, or a date or datetime as ISO text, got {v!r} (YAML reads unquoted "
+                "yes, no, true, false as booleans)"
+            )
+        if isinstance(v, datetime):
+            return v.isoformat(timespec="seconds")
+        if isinstance(v, date):
+            return v.isoformat()
+        return v
+
+    @model_validator(mode="after")
+    def _either(self) -> RuleThen:
+        compare = self.op is not None or self.value is not None
+        if self.one_of is not None and compare:
+            raise ValueError(
+                f"then on column '{self.column}' gives both `one_of` and `op`/`value`; give `one_of` (a categorical "
+                "column's values) or `op` and `value` (a comparison), not both"
+            )
+        if self.one_of is None and (self.op is None or self.value is None):
+            raise ValueError(
+                f"then on column '{self.column}' needs `one_of: [...]` (a categorical column's values) or both `op` "
+                "(one of >=, >, <=, <, ==, !=) and `value` (a comparison)"
+            )
+        return self
+
+    @property
+    def text(self) -> str:
+        if self.one_of is not None:
+            return f"{self.column} {_shown_values(self.one_of)}"
+        return f"{self.column} {self.op} {self.value}"
+
+
+class ConditionalRule(_RulePart):
+    """`then` holds on every row where `when` does (e.g. if status is HU then wind >= 64)."""
+
+    kind: Literal["conditional"]
+    when: RuleWhen
+    then: RuleThen
+    name: str | None = Field(default=None, min_length=1, description="the rule's name in reports (default: its text)")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (self.when.column, self.then.column)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"if {self.when.text} then {self.then.text}"
+
+
+class MissingTogetherRule(_RulePart):
+    """The columns are all missing or all present on every row."""
+
+    kind: Literal["missing_together"]
+    columns: tuple[str, ...] = Field(min_length=2)
+    name: str | None = Field(default=None, min_length=1, description="the rule's name in reports (default: its text)")
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{', '.join(self.columns)} missing together"
+
+
+Rule = Annotated[InequalityRule | CombinationsRule | ConditionalRule | MissingTogetherRule, Field(discriminator="kind")]
+
+
 class Schema(BaseModel):
     """A table's public schema; `target` names the label used by utility diagnostics and
     `target_positive` the target's class they score as positive."""
@@ -588,6 +766,13 @@ class Schema(BaseModel):
         description="the target's class that binary utility metrics (F1, AUROC, AP) score as positive, one of "
         "its categories (a boolean target's labels); without it a binary target scores its last declared class "
         "(named in the report) and a target of more classes reports one-vs-rest macro averages",
+    )
+    rules: tuple[Rule, ...] = Field(
+        default=(),
+        description="public rules between columns that every released row meets (privflow/data/rules.py): "
+        "inequality (low <= high), combinations (only the listed combinations of categorical values), "
+        "conditional (when a categorical value, then a comparison or a set of values) and missing_together. "
+        "The sampler redraws rows that break one; `privflow check` counts the real rows that do",
     )
 
     @model_validator(mode="after")
@@ -661,7 +846,35 @@ class Schema(BaseModel):
                     f"target_positive {self.target_positive!r} is not one of target '{self.target}' classes "
                     f"{classes}; write it as the category (a boolean target's label) appears in the schema"
                 )
+        if self.rules:
+            from privflow.data.rules import check_rules
+
+            check_rules(self)
         return self
+
+    @field_validator("rules", mode="before")
+    @classmethod
+    def _rule_kinds(cls, v: object) -> object:
+        """Each rule names its `kind` (one of RULE_KINDS), said by the rule's place in the list."""
+        if not isinstance(v, list | tuple):
+            return v
+        for i, rule in enumerate(v, 1):
+            kind = rule.get("kind") if isinstance(rule, dict) else getattr(rule, "kind", None)
+            if kind not in RULE_KINDS:
+                got = f", got {kind!r}" if kind is not None else ""
+                raise ValueError(
+                    f"rule {i} needs a `kind`, one of {', '.join(RULE_KINDS)}{got} (each rule is a mapping such as "
+                    "{kind: inequality, low: start, high: end})"
+                )
+        return v
+
+    @model_serializer(mode="wrap")
+    def _no_empty_rules(self, handler: Any) -> Any:
+        """A schema without rules is written as before (no `rules: []`)."""
+        out = handler(self)
+        if isinstance(out, dict) and not self.rules:
+            out.pop("rules", None)
+        return out
 
     @field_validator("target_positive", mode="before")
     @classmethod
@@ -707,7 +920,8 @@ class Schema(BaseModel):
 
     def without(self, name: str) -> Schema:
         """The same dataset minus one column (and without a target if it was that column): the
-        columns a flow models when the target head takes the target (privflow/data/target_head.py)."""
+        columns a flow models when the target head takes the target (privflow/data/target_head.py).
+        Without the rules: they are read on whole rows, by the codec of the whole schema."""
         self.column(name)
         dropped = self.target == name
         return Schema(
@@ -740,8 +954,18 @@ class Schema(BaseModel):
             # a list whose items failed is also "too short" once they are dropped: say only why they failed
             failed = {e["loc"][:1] for e in errors if len(e["loc"]) > 1}
             errors = [e for e in errors if not (e["type"] == "too_short" and tuple(e["loc"]) in failed)] or errors
-            problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'schema'}: {e['msg']}" for e in errors)
+            problems = "; ".join(f"{_error_place(tuple(e['loc']))}: {e['msg']}" for e in errors)
             raise SchemaError(f"{source} is invalid: {problems}.") from None
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _error_place(loc: tuple[Any, ...]) -> str:
+    """Where a problem is, as `validated` says it: the fields' path ('columns.2.bounds'), a rule by
+    its place counted from 1 and its kind ('rule 2 (inequality).low', as `check_rules` counts them)."""
+    if len(loc) >= 2 and loc[0] == "rules" and isinstance(loc[1], int):
+        kind = f" ({loc[2]})" if len(loc) >= 3 and loc[2] in RULE_KINDS else ""
+        rest = loc[3:] if kind else loc[2:]
+        return f"rule {loc[1] + 1}{kind}" + "".join(f".{x}" for x in rest)
+    return ".".join(str(x) for x in loc) or "schema"

@@ -8,7 +8,9 @@ module is the one place that maps between the two, from the public schema alone 
 - `lower`: the modelled schema. date -> integer (days since 1970-01-01), datetime -> integer
   (units of its granularity since 1970-01-01T00:00:00), both on the public bounds, so the DP
   marginals cover them as any integer column; boolean -> categorical with the categories (true
-  label, false label); ignore -> dropped; numeric, integer and categorical as they are.
+  label, false label); ignore -> dropped; numeric, integer and categorical as they are. The
+  schema's rules between columns are kept (a conditional's date or datetime value in modelled
+  units: privflow/data/rules.py, `lower_rules`), so a codec's schema holds them for the sampler.
 - `read_values`: one raw column of a lowered type -> its modelled values, before the checks
   (privflow/data/validation.py calls it while it coerces a table, so every reader of rows gets
   it). Text that does not parse with the column's format is a failing value of its row, never
@@ -39,8 +41,16 @@ def lower(schema: Schema) -> Schema:
     to lower, so lowering twice is lowering once."""
     if all(c.modelled for c in schema.columns):
         return schema
+    from privflow.data.rules import lower_rules  # the rules, their date values in modelled units
+
     columns = tuple(lower_column(c) for c in schema.columns if c.type != "ignore")
-    return Schema(dataset=schema.dataset, columns=columns, target=schema.target, target_positive=schema.target_positive)
+    return Schema(
+        dataset=schema.dataset,
+        columns=columns,
+        target=schema.target,
+        target_positive=schema.target_positive,
+        rules=lower_rules(schema),
+    )
 
 
 def lower_column(col: Column) -> Column:

@@ -408,15 +408,37 @@ def _chain(lineage: Lineage, model_name: str, version: str) -> str:
 
 def _release_table(
     config: RunConfig, schema: Schema, fitted: FitResult, store: Path, run_id: str
-) -> tuple[pl.DataFrame, Path]:
+) -> tuple[pl.DataFrame, Path, str | None]:
     """The synthetic table from the chosen checkpoint(s): an explicit generator, a public size.
-    Returned as sampled (modelled columns, for the diagnostics), written as the input is."""
+    Returned as sampled (modelled columns, for the diagnostics), written as the input is, with a
+    note when the schema's rules left rows out.
+
+    Every row meets the schema's rules (rows that break one are redrawn). The budget is spent by
+    now, so a model that almost never meets a rule does not fail the run: the table is then the
+    rows of one draw of the public size that meet every rule, and the note says how many were
+    left out (a fact of the released model and the public seed, not of the private rows)."""
+    from privflow.core.errors import ConfigError
+    from privflow.data import rules
+
     n_rows = config.evaluate.rows(schema.dataset.expected_rows)
-    synthetic = fitted.sample(n_rows, seed=config.evaluate.sampling_seed)
+    note = None
+    try:
+        synthetic = fitted.sample(n_rows, seed=config.evaluate.sampling_seed)
+    except ConfigError:
+        if not schema.rules:
+            raise
+        drawn = fitted.sample(n_rows, seed=config.evaluate.sampling_seed, rules=False)
+        breaks = rules.broken(schema, drawn)
+        keep = ~pl.any_horizontal(breaks.columns) if breaks.width else pl.lit(True)
+        synthetic = drawn.filter(breaks.select(keep.alias("keep")).to_series())
+        note = (
+            f"the released model rarely meets the schema's rules: {drawn.height - synthetic.height:,} of the "
+            f"{drawn.height:,} rows drawn for the synthetic table broke one and were left out"
+        )
     table = to_surface(synthetic, schema)  # dates as text in their format, booleans as labels
     path = write_table(table, store / "synthetic" / f"{schema.dataset.name}-{run_id}.csv")  # whole or none
     store_ml.log_synthetic(path)
-    return synthetic, path
+    return synthetic, path, note
 
 
 def _register(
@@ -660,7 +682,7 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
                 with timing.stage("accounting (ledger settle, PLD, MLflow metrics)"):
                     figures, lineage = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
                 with timing.stage("synthetic table (sample, write, log)"):
-                    synthetic, synthetic_path = _release_table(config, schema, fitted, store, run_id)
+                    synthetic, synthetic_path, table_note = _release_table(config, schema, fitted, store, run_id)
                 with timing.stage("register (MLflow model, registry version)"):
                     registered = _register(config, schema, model_name, fitted, figures, lineage, run_id)
                     _record_release(ledger, store, schema, model_name, registered.version, run_id, synthetic_path)
@@ -699,7 +721,7 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
         "curator_dir": str(curator),
         "report_path": report_path,
         "init_from": config.init_from,
-        "release_note": fitted.release_note,
+        "release_note": "; ".join(n for n in (fitted.release_note, table_note) if n) or None,
         "diagnostics_note": diagnostics_note,
     }
     return _summary(

@@ -39,6 +39,13 @@ the conditions, never on the number of worker threads.
 A condition the model almost never meets is refused rather than sampled for hours: when no
 rows are kept within `draw_cap(n)` draws, or the draws still needed at an optimistic estimate of
 the acceptance rate would take the total past it, sampling stops with a ConfigError.
+
+The schema's rules between columns (privflow/data/rules.py) are conditions every released row
+meets, with or without `--where` (`with_rules`; they combine with the conditions by AND): a row
+that breaks one is rejected like a row that misses a condition (through the head, the rules are
+read with the target set to its condition's value). The `Tally` counts the draws that broke a
+rule, and each rule's (curator-facing: not published, not recorded), and the draw cap's
+ConfigError names the rule the model most often breaks.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from typing import Any
 
@@ -54,7 +61,9 @@ import numpy as np
 import polars as pl
 
 from privflow.core.errors import ConfigError
+from privflow.data.rules import broken
 from privflow.data.schema import BOUNDED_TYPES, TEMPORAL_TYPES, Column, Schema, time_number
+from privflow.data.surface import lower
 
 # A conditional table may cost up to this many draws per row asked for, and at least MIN_DRAW_CAP
 # draws in all (a rare condition for a small table): beyond, the condition is refused as too rare.
@@ -628,14 +637,42 @@ def _check_together(numeric: Sequence[NumericCondition], option: str) -> None:
 @dataclass
 class Tally:
     """What a conditional table has cost so far (`Conditions.collect`): the rows drawn from the
-    model and the rows among them that met the conditions."""
+    model and the rows among them that met the conditions; with the schema's rules, the draws that
+    broke at least one (`broke_rules`) and each rule's count (`by_rule`, by label, in the schema's
+    order). Curator-facing: exact counts of the sampler's own draws, never published."""
 
     drawn: int = 0
     kept: int = 0
+    broke_rules: int = 0
+    by_rule: dict[str, int] = field(default_factory=dict)
 
     @property
     def share(self) -> float:
         return self.kept / self.drawn if self.drawn else 0.0
+
+    @property
+    def rule_share(self) -> float:
+        """The share of the draws rejected for breaking a rule (they may miss a condition too)."""
+        return self.broke_rules / self.drawn if self.drawn else 0.0
+
+    def rules_note(self) -> str:
+        """The rules' part of a report of the draws, e.g. "3.1% of the draws broke a rule of the
+        schema (most often 'a <= b', 2.9%)"; '' when no draw broke one. Curator-facing."""
+        if not self.broke_rules or not self.drawn:
+            return ""
+        name, k = max(self.by_rule.items(), key=lambda kv: kv[1])
+        if len(self.by_rule) == 1:
+            return f"{percent(self.rule_share)} of the draws broke the schema's rule '{name}'"
+        return (
+            f"{percent(self.rule_share)} of the draws broke a rule of the schema (most often '{name}', "
+            f"{percent(k / self.drawn)})"
+        )
+
+    def _add_rules(self, labels: Sequence[str], counted: np.ndarray) -> None:
+        """One job's rule counts: [draws that broke any rule, then each rule's]."""
+        self.broke_rules += int(counted[0])
+        for name, k in zip(labels, counted[1:], strict=True):
+            self.by_rule[name] = self.by_rule.get(name, 0) + int(k)
 
 
 def percent(share: float) -> str:
@@ -647,12 +684,14 @@ def percent(share: float) -> str:
 class Conditions:
     """Validated conditions combined with AND (`conditions_for`): {column: label} of the
     categorical and boolean columns, the comparisons and ranges of the others, and `parts`, the
-    conditions as described, in the order given. `tally` counts the draws of the last table."""
+    conditions as described, in the order given. `rules`: the modelled schema whose rules every row
+    meets too (`with_rules`; None: none). `tally` counts the draws of the last table."""
 
     values: dict[str, str]
     option: str = "--where"
     numeric: tuple[NumericCondition, ...] = ()
     parts: tuple[str, ...] = ()
+    rules: Schema | None = None
     tally: Tally = field(default_factory=Tally, compare=False, repr=False)
 
     def describe(self) -> str:
@@ -676,46 +715,63 @@ class Conditions:
             keep &= cond.mask(frame.get_column(cond.name))
         return keep
 
+    def _rule_breaks(self, frame: pl.DataFrame) -> tuple[np.ndarray, np.ndarray | None]:
+        """([rows] whether each row breaks a rule, [draws that broke any, then each rule's count]);
+        (no row, None) without rules (`privflow.data.rules.broken`)."""
+        if self.rules is None or not self.rules.rules:
+            return np.zeros(frame.height, dtype=bool), None
+        table = broken(self.rules, frame).to_numpy().astype(bool)
+        any_rule: np.ndarray = np.asarray(table.any(axis=1), dtype=bool)
+        return any_rule, np.concatenate([[any_rule.sum()], table.sum(axis=0)]).astype(np.int64)
+
     def kept(
         self, rows: Callable[..., pl.DataFrame], flow: Any, codec: Any, t: Any, mapped: bool, jitter: Any, target_u: Any
-    ) -> tuple[pl.DataFrame, float, int]:
-        """One batch of draws -> (the rows that meet the conditions, the expected number kept, the
-        rows drawn). `rows` is the sampler's map-and-decode step (privflow.serving.sampler._rows);
-        runs on a worker thread."""
+    ) -> tuple[pl.DataFrame, float, int, np.ndarray | None]:
+        """One batch of draws -> (the rows that meet the conditions and the rules, the expected
+        number kept, the rows drawn, the rules' counts of `_rule_breaks`). `rows` is the sampler's
+        map-and-decode step (privflow.serving.sampler._rows); runs on a worker thread."""
         if not self._through_head(codec):
             frame = rows(flow, codec, t, mapped, jitter, target_u)
-            keep = self._matches(frame)
-            return frame.filter(pl.Series(keep)), float(keep.sum()), frame.height
+            breaks, counted = self._rule_breaks(frame)
+            keep = self._matches(frame) & ~breaks
+            return frame.filter(pl.Series(keep)), float(keep.sum()), frame.height, counted
         from privflow.data.target_head import class_labels
 
         rest = rows(flow, codec.inner, t, mapped, jitter)  # the flow's columns: the target is not drawn
         drawn = rest.height
-        others = self._matches(rest, skip=codec.target)
-        rest = rest.filter(pl.Series(others))
-        u = np.asarray(target_u, dtype=np.float64)[others]
         labels = list(codec.column.categories or ())
         k = labels.index(self.values[codec.target])
+        if self.rules is not None:  # the rules read each row with its target set to the condition's value
+            rest = rest.with_columns(class_labels(codec.column, np.full(drawn, k, dtype=np.int64)))
+        breaks, counted = self._rule_breaks(rest)
+        others = self._matches(rest, skip=codec.target) & ~breaks
+        rest = rest.filter(pl.Series(others))
+        u = np.asarray(target_u, dtype=np.float64)[others]
         p = np.exp(codec.head_log_probs(rest)[:, k]) if rest.height else np.empty(0)
         accept = u < p  # probability p_head(v | x_-t): the exact conditional of the target's value
         kept = rest.filter(pl.Series(accept))
         target = class_labels(codec.column, np.full(kept.height, k, dtype=np.int64))
-        return kept.with_columns(target).select(codec.schema.names), float(p.sum()), drawn
+        return kept.with_columns(target).select(codec.schema.names), float(p.sum()), drawn, counted
 
     def collect(
-        self, results: Iterator[tuple[pl.DataFrame, float, int]], n: int, per_round: int, rng: np.random.Generator
+        self, results: Iterator[tuple[Any, ...]], n: int, per_round: int, rng: np.random.Generator
     ) -> Iterator[pl.DataFrame]:
         """The kept rows of `results` (`kept` of each job, in job order; `per_round` jobs make a
         round) until `n` are kept: exactly `n` rows. `tally` follows the draws as they come (a
-        progress display may read it). Raises ConfigError when the conditions are too rare to
-        reach `n` within `draw_cap(n)` draws."""
+        progress display may read it), the rules' counts included. Raises ConfigError when the
+        conditions (and rules) are too rare to reach `n` within `draw_cap(n)` draws."""
         cap = draw_cap(n)
         have, drawn, expected = 0, 0, 0.0
-        self.tally.drawn = self.tally.kept = 0
+        self.tally.drawn = self.tally.kept = self.tally.broke_rules = 0
+        self.tally.by_rule = {}
+        names = [r.label for r in self.rules.rules] if self.rules is not None else []
         part: list[pl.DataFrame] = []
-        for frame, e, d in results:
+        for frame, e, d, *counted in results:
             part.append(frame)
             drawn, expected = drawn + d, expected + e
             self.tally.drawn, self.tally.kept = drawn, self.tally.kept + frame.height
+            if counted and counted[0] is not None:
+                self.tally._add_rules(names, counted[0])
             if len(part) < per_round:
                 continue
             got = sum(f.height for f in part)
@@ -750,13 +806,39 @@ class Conditions:
             else f", and the {n - have:,} still needed would bring the draws to about {projected:,.0f} even at an "
             "optimistic rate"
         )
+        cap_text = f"the cap of {cap:,} draws ({DRAWS_PER_ROW} per row asked for, at least {MIN_DRAW_CAP:,})"
+        rules = self.tally.rules_note()
+        rules = (
+            f" {rules[0].upper()}{rules[1:]}: every released row meets the rules of the model's public schema, so "
+            "a model that almost never meets one cannot release rows (is the rule true of the data? `privflow "
+            "check` counts the real rows that break each rule; a model trained longer or with more budget may "
+            "meet it more often)."
+            if rules
+            else ""
+        )
+        if not self.values and not self.numeric:  # the schema's rules alone
+            raise ConfigError(
+                f"The rules of the schema are too rare in this model to sample {n:,} rows: {seen}{more}, beyond "
+                f"{cap_text}.{rules} Ask for fewer rows (-n) or use a better-trained model."
+            )
         raise ConfigError(
             f"{self.option} {self.describe()} is too rare in this model to sample {n:,} rows: {seen}{more}, beyond "
-            f"the cap of {cap:,} draws ({DRAWS_PER_ROW} per row asked for, at least {MIN_DRAW_CAP:,}). The released "
-            "model gives these values (together) almost no mass: widen a condition (a wider range, a looser "
-            "comparison), drop one, ask for fewer rows (-n), or sample without the conditions and look at how "
-            "often they occur (are the values the ones meant?)."
+            f"{cap_text}. The released model gives these values (together) almost no mass: widen a condition (a "
+            "wider range, a looser comparison), drop one, ask for fewer rows (-n), or sample without the conditions "
+            f"and look at how often they occur (are the values the ones meant?).{rules}"
         )
+
+
+def with_rules(conditions: Conditions | None, schema: Schema) -> Conditions | None:
+    """`conditions` that also hold every rule of `schema` (its `lower`: the rules of the rows as
+    decoded), sharing their `tally`; conditions of the rules alone when `conditions` is None
+    (`option` 'rules'); `conditions` as they are when the schema has no rule."""
+    model = lower(schema)
+    if not model.rules:
+        return conditions
+    if conditions is None:
+        return Conditions({}, "rules", rules=model)
+    return replace(conditions, rules=model)
 
 
 def rounds(flows: list[Any], n: int, batch: int) -> Iterator[tuple[Any, int]]:
@@ -791,4 +873,5 @@ __all__ = [
     "percent",
     "rounds",
     "subset_rng",
+    "with_rules",
 ]

@@ -141,6 +141,7 @@ def iter_samples(
     batch: int = 16384,
     workers: int | None = None,
     where: Any = None,
+    rules: bool = True,
 ) -> Any:
     """Decoded frames of at most `batch` rows, `n` rows in all, drawn in equal shares from
     `flows` by the one explicit generator of ``sampling_generator(seed)``.
@@ -151,6 +152,12 @@ def iter_samples(
     ConfigError when they are too rare to reach `n`). A mapping or texts are checked against
     `codec.schema`, the modelled one (a date there is its day number): give `Conditions` from
     `conditions_for(release schema, ...)` to condition on a column as the table writes it.
+
+    The rules of `codec.schema` (privflow/data/rules.py) hold on every row, `where` or not: they
+    are conditions every row meets (`conditions.with_rules`, AND with `where`'s), so a row that
+    breaks one is redrawn, in rounds as for `where`, and the share of draws that broke a rule is
+    counted in the `tally` of a `Conditions` given as `where` (curator-facing). A schema without
+    rules samples as before.
 
     Every random draw happens on the calling thread, in batch order; `workers` threads (default:
     the CPU count, at most 8) only map the draws through the flow and decode them, so the rows
@@ -178,11 +185,13 @@ def iter_samples(
         for start in range(0, share, batch)
     ]
     conditions = None
-    if where:
+    if where or (rules and getattr(getattr(codec, "schema", None), "rules", ())):  # conditions every row meets
         from privflow.serving import conditions as cond
 
-        conditions = cond.conditions_for(codec.schema, where, getattr(where, "option", "where"))
-        jobs, pick = cond.rounds(flows, n, batch), cond.subset_rng(generator)
+        given = cond.conditions_for(codec.schema, where, getattr(where, "option", "where")) if where else None
+        conditions = cond.with_rules(given, codec.schema) if rules else given
+        if conditions is not None:
+            jobs, pick = cond.rounds(flows, n, batch), cond.subset_rng(generator)
     threads = torch.get_num_threads()
     if workers > 1:
         _load_cuda_libraries(flows)
@@ -222,25 +231,28 @@ def sample_rows(
     batch: int = 16384,
     workers: int | None = None,
     where: Any = None,
+    rules: bool = True,
 ) -> Any:
     """Decode `n` rows drawn in equal shares from `flows` as one frame (``iter_samples``;
-    the same seed and batch give the same rows as ``write_samples``; `where`: conditions)."""
+    the same seed and batch give the same rows as ``write_samples``; `where`: conditions;
+    `rules=False`: the schema's rules not enforced)."""
     import polars as pl
 
-    parts = list(iter_samples(flows, codec, n, seed, batch, workers, where))
+    parts = list(iter_samples(flows, codec, n, seed, batch, workers, where, rules))
     return pl.concat(parts, rechunk=False) if parts else pl.DataFrame()
 
 
 def _drawn_column(tally: Any) -> Any:
     """A progress column that reads the rows drawn so far off a conditional table's `Tally` at
     each refresh (privflow/serving/conditions.py), so a long draw shows it is under way between
-    the rounds that keep rows."""
+    the rounds that keep rows (and the share of the draws that broke a rule of the schema)."""
     from rich.progress import ProgressColumn
     from rich.text import Text
 
     class Drawn(ProgressColumn):
         def render(self, task: Any) -> Text:
-            return Text(f"{tally.drawn:,} drawn", style="progress.data")
+            rules = f", {100.0 * tally.rule_share:.3g}% broke a rule" if getattr(tally, "broke_rules", 0) else ""
+            return Text(f"{tally.drawn:,} drawn{rules}", style="progress.data")
 
     return Drawn()
 

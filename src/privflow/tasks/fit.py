@@ -118,9 +118,10 @@ class FitResult:
         warm start, whose step 0 is its parent's trained flow."""
         return self.chosen_steps == [0] and self.warm_start is None
 
-    def sample(self, n: int, seed: int | None = None) -> pl.DataFrame:
-        """`n` synthetic rows in equal shares from the chosen flows (post-processing; explicit generator)."""
-        return sample_rows(self.flows, self.codec, n, seed=seed)
+    def sample(self, n: int, seed: int | None = None, rules: bool = True) -> pl.DataFrame:
+        """`n` synthetic rows in equal shares from the chosen flows (post-processing; explicit
+        generator), each meeting the schema's rules (`rules=False`: drawn without them)."""
+        return sample_rows(self.flows, self.codec, n, seed=seed, rules=rules)
 
     def diagnostics(self) -> dict[str, Any]:
         """Facts computed on private rows WITHOUT a mechanism: curator-only."""
