@@ -413,7 +413,7 @@ def test_target_positive_names_the_class_scored_positive(adult: tuple[Schema, pl
 def test_the_report_names_the_positive_class_or_says_one_vs_rest(
     small: Schema, adult: tuple[Schema, pl.DataFrame, pl.DataFrame]
 ) -> None:
-    from privflow.tasks.evaluation.report import _utility_section
+    from privflow.tasks.evaluation.html import _utility_section
 
     recs = [{"classifier": "LogisticRegression", "repeat": 0, "macro_f1": 0.5, "auroc": 0.6, "ap": 0.4}]
     res = UtilityResult(synthetic=recs, real=recs)

@@ -6,6 +6,7 @@ privacy-risk checks (distance to closest record, likelihood membership inference
 and `evaluate`, which runs what the EvaluateConfig switches on and writes one HTML report.
 """
 
-from privflow.tasks.evaluation.report import BANNER, EvaluationResult, evaluate
+from privflow.tasks.evaluation.html import BANNER
+from privflow.tasks.evaluation.report import EvaluationResult, evaluate
 
 __all__ = ["BANNER", "EvaluationResult", "evaluate"]
