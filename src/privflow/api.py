@@ -20,40 +20,87 @@ from __future__ import annotations
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-import torch
 
 from privflow.core import env
 from privflow.core.config import RunConfig
 from privflow.core.errors import ConfigError, DataError, PrivflowError, SchemaError, first_line
 from privflow.data.schema import Schema
-from privflow.data.surface import lower, to_surface
-from privflow.data.target_head import conditional_loglik, release_codec
-from privflow.privacy.mechanisms.promotion import mixture_loglik
+from privflow.data.surface import to_surface
+from privflow.serving.release import Release, score_rows
 
 if TYPE_CHECKING:
     from privflow.flows.pipeline import RunSummary
 
 
-@dataclass
 class Synthesizer:
-    """A released privflow model: its public schema, its flows and the run that produced it."""
+    """A released privflow model (its `Release`: public schema, flows, codec, DP marginals and
+    target head, and the registered version's tags) and the run that produced it (`summary`,
+    after `fit`).
 
-    schema: Schema
-    flows: list[Any]
-    summary: RunSummary | None = None
-    marginals: dict[str, Any] | None = None
-    head: dict[str, Any] | None = None
-    tags: dict[str, str] = field(default_factory=dict)  # the registered version's tags (`load`)
-    codec: Any = field(init=False)
+    `Synthesizer(schema, flows, ...)` builds the release from its parts; `Synthesizer.load` and
+    `fit` hold the registered version's release as `tasks/mlflow_store.load_version` loads it
+    (`from_release`)."""
 
-    def __post_init__(self) -> None:
-        self.codec = release_codec(self.schema, self.marginals, self.head)
+    release: Release
+    summary: RunSummary | None
+
+    def __init__(
+        self,
+        schema: Schema,
+        flows: list[Any],
+        summary: RunSummary | None = None,
+        marginals: dict[str, Any] | None = None,
+        head: dict[str, Any] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
+        self.release = Release(schema, flows, marginals, head, tags=dict(tags or {}))
+        self.summary = summary
+
+    @classmethod
+    def from_release(cls, release: Release, summary: RunSummary | None = None) -> Synthesizer:
+        """The model of a loaded release (`privflow.serving.release.load_release`)."""
+        synth = cls.__new__(cls)
+        synth.release, synth.summary = release, summary
+        return synth
+
+    def __repr__(self) -> str:
+        version = f", version={self.release.version!r}" if self.release.version is not None else ""
+        return f"Synthesizer(dataset={self.schema.dataset.name!r}, flows={len(self.flows)}{version})"
+
+    @property
+    def schema(self) -> Schema:
+        """The release's public schema."""
+        return self.release.schema
+
+    @property
+    def flows(self) -> list[Any]:
+        """The release's flows (eval mode, CPU)."""
+        return self.release.flows
+
+    @property
+    def codec(self) -> Any:
+        """The codec the flows model (`privflow.data.target_head.release_codec`)."""
+        return self.release.codec
+
+    @property
+    def marginals(self) -> dict[str, Any] | None:
+        """The DP marginals the model was trained through, if any."""
+        return self.release.marginals
+
+    @property
+    def head(self) -> dict[str, Any] | None:
+        """The model's DP target head, if any."""
+        return self.release.head
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """The registered version's tags (`load`; empty otherwise)."""
+        return self.release.tags
 
     @property
     def epsilon(self) -> float | None:
@@ -124,18 +171,10 @@ class Synthesizer:
         has no score."""
         from privflow.data.validation import SCORED_ADVICE, validate
         from privflow.preflight import check_seed
-        from privflow.tasks.select import row_loglik  # imports prefect: after env.configure
 
         seed = check_seed(seed, "seed")
         df, _ = validate(_frame(rows, "rows"), self.schema, "strict", advice=SCORED_ADVICE)
-        x = self.codec.encode(df.select(lower(self.schema).names), np.random.default_rng(seed))
-        if len(x) == 0:
-            return np.empty(0)
-        per = []
-        for k, flow in enumerate(self.flows):  # the dequantization noise: from `seed` when given
-            gen = torch.Generator().manual_seed(seed + k) if seed is not None else None
-            per.append(row_loglik(flow, x, generator=gen).astype(np.float64))
-        return mixture_loglik(np.stack(per)) + conditional_loglik(self.codec, df)
+        return score_rows(self.release, df, seed)
 
     @classmethod
     def load(cls, model: str, version: str | int | None = None, store: str | Path | None = None) -> Synthesizer:
@@ -161,8 +200,7 @@ class Synthesizer:
 
         mlflow_store.tracking(Path(store).resolve())
         name, number, tags = mlflow_store.resolve_version(spec)
-        loaded = mlflow_store.load_version(name, number)
-        return cls(loaded.schema, loaded.flows, marginals=loaded.marginals, head=loaded.head, tags=tags)
+        return cls.from_release(mlflow_store.load_version(name, number, tags))
 
 
 def _check_count(value: Any, name: str, low: int) -> None:

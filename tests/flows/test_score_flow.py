@@ -16,13 +16,13 @@ from privflow.data.codec import Codec
 from privflow.data.schema import Schema
 from privflow.flows import score as score_flow
 from privflow.models import build_flow
-from privflow.tasks.mlflow_store import LoadedVersion
+from privflow.serving.release import Release
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def released(monkeypatch, demo_dir: Path) -> LoadedVersion:
+def released(monkeypatch, demo_dir: Path) -> Release:
     """A stand-in for a registered version (an untrained flow under the Adult schema): the
     flow under test loads it through `load_model`, which is patched to return it."""
     import torch
@@ -30,7 +30,7 @@ def released(monkeypatch, demo_dir: Path) -> LoadedVersion:
     schema = Schema.from_yaml(demo_dir / "adult.yaml")
     torch.manual_seed(0)
     flow = build_flow("maf", Codec.from_schema(schema).cardinalities, blocks=1, hidden=8).eval()
-    loaded = LoadedVersion("3", schema, [flow])
+    loaded = Release(schema, [flow], version="3")
     monkeypatch.setattr(score_flow, "load_model", lambda spec, store: ("privflow-adult", loaded))
     return loaded
 
@@ -43,7 +43,7 @@ def _drop(folder: Path, demo_dir: Path, name: str = "batch-001.csv", rows: int =
 
 
 def test_a_new_file_is_scored_beside_itself_and_counted_for_the_operator_only(
-    tmp_path: Path, demo_dir: Path, released: LoadedVersion, caplog
+    tmp_path: Path, demo_dir: Path, released: Release, caplog
 ) -> None:
     import logging
 
@@ -83,7 +83,7 @@ def test_a_new_file_is_scored_beside_itself_and_counted_for_the_operator_only(
 
 
 def test_failing_rows_are_kept_with_an_empty_score_and_counted_for_the_operator_only(
-    tmp_path: Path, demo_dir: Path, released: LoadedVersion, caplog
+    tmp_path: Path, demo_dir: Path, released: Release, caplog
 ) -> None:
     """Scoring is total: a line the reader cannot read and a row past a public bound stay in
     their places with an empty score; their count and the rows go to the curator store, never
@@ -118,7 +118,7 @@ def test_failing_rows_are_kept_with_an_empty_score_and_counted_for_the_operator_
     assert "18" not in said and "unscored" not in said
 
 
-def test_parquet_input_and_an_output_folder(tmp_path: Path, demo_dir: Path, released: LoadedVersion) -> None:
+def test_parquet_input_and_an_output_folder(tmp_path: Path, demo_dir: Path, released: Release) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
     src = pl.read_csv(demo_dir / "adult_test.csv", n_rows=20)  # numbers typed, as a Parquet file holds them
@@ -130,7 +130,7 @@ def test_parquet_input_and_an_output_folder(tmp_path: Path, demo_dir: Path, rele
 
 
 def test_a_file_of_another_table_reads_no_row_and_writes_nothing(
-    tmp_path: Path, demo_dir: Path, released: LoadedVersion
+    tmp_path: Path, demo_dir: Path, released: Release
 ) -> None:
     path = tmp_path / "incoming" / "wrong.csv"
     path.parent.mkdir()

@@ -14,7 +14,7 @@ from privflow.core.config import RunConfig
 from privflow.data.codec import Codec
 from privflow.data.schema import Schema
 from privflow.models import build_flow
-from privflow.tasks.mlflow_store import LoadedVersion
+from privflow.serving.release import Release
 from privflow.tasks.promote import PromotionSettings, _noisy_margin
 
 
@@ -25,7 +25,7 @@ def test_a_malformed_line_is_a_failing_row_of_the_comparison(tmp_path: Path, dem
     schema = Schema.from_yaml(demo_dir / "adult.yaml")
     torch.manual_seed(0)
     new, old = (
-        LoadedVersion(v, schema, [build_flow("maf", Codec.from_schema(schema).cardinalities, blocks=1, hidden=8)])
+        Release(schema, [build_flow("maf", Codec.from_schema(schema).cardinalities, blocks=1, hidden=8)], version=v)
         for v in ("2", "1")
     )
     data = tmp_path / "rows.csv"

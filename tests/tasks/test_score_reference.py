@@ -17,18 +17,18 @@ from privflow.models import build_flow
 from privflow.privacy.accounting.events import PureDPEvent
 from privflow.privacy.ledger import Ledger
 from privflow.privacy.mechanisms.dp_quantile import DPQuantile
+from privflow.serving.release import Release
 from privflow.tasks import score as score_task
-from privflow.tasks.mlflow_store import LoadedVersion
 
 
 @pytest.fixture
-def released(demo_dir: Path) -> LoadedVersion:
+def released(demo_dir: Path) -> Release:
     import torch
 
     schema = Schema.from_yaml(demo_dir / "adult.yaml")
     torch.manual_seed(0)
     flow = build_flow("maf", Codec.from_schema(schema).cardinalities, blocks=1, hidden=8).eval()
-    return LoadedVersion("3", schema, [flow])
+    return Release(schema, [flow], version="3")
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def _runs(store: Path) -> list:
 
 @pytest.mark.parametrize("which", ["clean", "broken"])
 def test_a_malformed_reference_line_is_a_failing_row_not_a_refusal(
-    tmp_path: Path, released: LoadedVersion, refs: dict[str, Path], which: str
+    tmp_path: Path, released: Release, refs: dict[str, Path], which: str
 ) -> None:
     store = tmp_path / "store"
     got = score_task.dp_threshold(released, refs[which], DPQuantile(0.1, 0.25, -200.0, 10.0), store)
@@ -61,7 +61,7 @@ def test_a_malformed_reference_line_is_a_failing_row_not_a_refusal(
 
 
 def test_a_reference_header_mistake_is_refused_before_the_ledger_reserves(
-    tmp_path: Path, released: LoadedVersion, refs: dict[str, Path]
+    tmp_path: Path, released: Release, refs: dict[str, Path]
 ) -> None:
     store = tmp_path / "store"
     Ledger(store / "ledger.db").ensure_dataset("adult", 5.0, 1e-6)
@@ -73,7 +73,7 @@ def test_a_reference_header_mistake_is_refused_before_the_ledger_reserves(
 
 
 @pytest.fixture
-def cli(monkeypatch, tmp_path: Path, released: LoadedVersion, refs: dict[str, Path]):
+def cli(monkeypatch, tmp_path: Path, released: Release, refs: dict[str, Path]):
     """`privflow score` in process, with the registry lookup patched to the stand-in version."""
     import privflow.preflight
     from privflow.cli import app

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from privflow.cli._common import Device, StoreOpt, VerboseOpt, _guarded, _value
+
+if TYPE_CHECKING:
+    from privflow.serving.release import Release
 
 
 def generate(
@@ -73,32 +76,24 @@ def _generate(
 
         # A privflow release in the store's own registry is read from its files, without MLflow
         # (seconds of start-up); anything else loads through MLflow as before.
-        sampler = load_local(model, store)
-        generator = None if sampler is not None else _load_with_mlflow(model, store, verbose)
-    if sampler is None:
-        sampler = _generator_sampler(generator)
-    schema = sampler.codec.schema if sampler is not None else _generator_schema(generator)
-    conditions = _conditions(sampler, wanted)  # against the public schema, before sampling
+        release = load_local(model, store)
+        generator = None if release is not None else _load_with_mlflow(model, store, verbose)
+    if release is None:
+        release = _generator_release(generator)
+    schema = release.codec.schema if release is not None else _generator_schema(generator)
+    conditions = _conditions(release, wanted)  # against the public schema, before sampling
     check_room(out, n, len(schema.columns) if schema is not None else 1)
-    if sampler is not None:
+    if release is not None:
         # Stream: the released flows sample batch by batch straight into the file (bounded
         # memory, one explicit generator from `--seed` or the OS CSPRNG, privflow.serving.sampler).
         from privflow.serving.sampler import write_samples
 
-        flows = [flow.to(device) for flow in sampler.flows]
+        flows = [flow.to(device) for flow in release.flows]
         progress = not verbose and _is_tty()
         write_samples(
-            flows,
-            sampler.codec,
-            n,
-            out,
-            seed=seed,
-            progress=progress,
-            schema=getattr(sampler, "schema", None),
-            where=conditions,
+            flows, release.codec, n, out, seed=seed, progress=progress, schema=release.schema, where=conditions
         )
-        schema = getattr(sampler, "schema", None) or sampler.codec.schema
-        _record(model, store, out, schema, mlflow_loaded=generator is not None)
+        _record(model, store, out, release.schema, mlflow_loaded=generator is not None)
         given, cost = "", ""
         if conditions is not None:
             from privflow.serving.conditions import percent
@@ -167,37 +162,38 @@ def _load_with_mlflow(model: str, store: Path, verbose: bool) -> Any:
     return load_generator(model, store)
 
 
-def _conditions(sampler: Any, wanted: Any) -> Any:
+def _conditions(release: Release | None, wanted: Any) -> Any:
     """`--where`'s conditions checked against the released model's public schema, with the
     schema's rules that every row meets (None without either); a foreign model, sampled only
     through predict, cannot be conditioned."""
-    if wanted and sampler is None:
+    if wanted and release is None:
         from privflow.core.errors import ConfigError
 
         raise ConfigError(
             "--where needs a privflow model (its flows and public schema); this one can only be asked for rows "
             "through MLflow's predict. Sample without --where and filter the table."
         )
-    if sampler is None:
+    if release is None:
         return None
     from privflow.serving.conditions import conditions_for, with_rules
 
-    schema = getattr(sampler, "schema", None) or sampler.codec.schema
-    return with_rules(conditions_for(schema, wanted) if wanted else None, schema)
+    return with_rules(conditions_for(release.schema, wanted) if wanted else None, release.schema)
 
 
 def _is_tty() -> bool:
     return sys.stderr.isatty()
 
 
-def _generator_sampler(generator: Any) -> Any:
-    """The privflow FlowSampler inside a loaded pyfunc (its flows and codec), or None for a
-    foreign model, which is then asked for its rows through predict."""
+def _generator_release(generator: Any) -> Release | None:
+    """The release a loaded privflow pyfunc (`FlowSampler`) holds, or None for a foreign model,
+    which is then asked for its rows through predict."""
+    from privflow.serving.release import Release
+
     try:
-        inner = generator.unwrap_python_model()
+        release = getattr(generator.unwrap_python_model(), "release", None)
     except Exception:  # noqa: BLE001
         return None
-    return inner if getattr(inner, "flows", None) and getattr(inner, "codec", None) is not None else None
+    return release if isinstance(release, Release) and release.flows else None
 
 
 def _generator_schema(generator: Any) -> Any:

@@ -224,6 +224,27 @@ def preprocess_private(model: nn.Module, x: Tensor, generator: torch.Generator |
     return model.preprocess(x) if noise is None else model.preprocess(x, noise)
 
 
+def row_loglik(
+    model: nn.Module, x: np.ndarray, batch: int = 4096, generator: torch.Generator | None = None
+) -> np.ndarray:
+    """Per-row log-likelihoods under one model, in batches (bounded memory); [] for no rows.
+
+    The dequantization noise comes from `generator` (default: a fresh secret one), never from
+    the global torch RNG, whose state would otherwise depend on the private row count.
+    """
+    if len(x) == 0:
+        return np.empty(0, dtype=np.float32)
+    import torch
+
+    gen = generator if generator is not None else secret_generator()
+    parts = []
+    with torch.no_grad():
+        for i in range(0, len(x), batch):  # slices: x may be rows on disk (privflow.data.chunked.DiskRows)
+            chunk = torch.as_tensor(x[i : i + batch], dtype=torch.float32)
+            parts.append(log_prob_with(model, chunk, dequantization_noise(model, len(chunk), chunk, gen)))
+    return torch.cat(parts).numpy()
+
+
 __all__ = [
     "calibrated",
     "dequantization_noise",
@@ -238,6 +259,7 @@ __all__ = [
     "opendp_parts",
     "preprocess_noise",
     "preprocess_private",
+    "row_loglik",
     "secret_generator",
     "secret_seed",
 ]

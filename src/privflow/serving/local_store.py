@@ -4,8 +4,9 @@
 as files beside it) needs three facts from the registry: which version NAME@ALIAS (or
 NAME/VERSION) is, where that version's files are, and that they are a privflow sampler. Those
 are read here with the standard library (sqlite3, read-only) and the release is loaded from
-its files by `privflow.serving.sampler.load_release`, the same loader MLflow's pyfunc runs:
-the same schema, codec and weights, so the same rows for a seed. Importing and starting MLflow
+its files by `privflow.serving.release.load_release`, the one loader of a release (MLflow's
+pyfunc and `tasks/mlflow_store.load_version` run it too): the same `Release`, schema, codec and
+weights, so the same rows for a seed. Importing and starting MLflow
 costs seconds of a command that samples a thousand rows in milliseconds.
 
 Anything outside that plain case returns None, and the caller loads the model through MLflow
@@ -20,23 +21,25 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from privflow.core import env
+
+if TYPE_CHECKING:
+    from privflow.serving.release import Release
 
 _DELETED = "Deleted_Internal"  # MLflow's stage of a soft-deleted model version
 _WORKSPACE = "default"  # MLflow's workspace when none is configured
 
 
-def load_local(spec: str, store: Path) -> Any:
-    """The release (`privflow.serving.sampler.Release`: schema, codec, flows) of NAME@ALIAS or
-    NAME/VERSION in the store's own registry, or None where MLflow must load it (module
-    docstring)."""
+def load_local(spec: str, store: Path) -> Release | None:
+    """The release (`privflow.serving.release.Release`) of NAME@ALIAS or NAME/VERSION in the
+    store's own registry, or None where MLflow must load it (module docstring)."""
     files = local_artifacts(spec, store)
     if files is None:
         return None
-    from privflow.serving.sampler import load_release
+    from privflow.serving.release import load_release
 
     return load_release(files)
 

@@ -3,7 +3,8 @@
 Kept apart from `privflow.serving.sampler` (the sampling itself), so that `privflow generate`
 and the Python API sample without importing MLflow or pandas: this module is imported only
 when MLflow loads a registered model (`sampler_model.py`, "models from code"), or by name
-through ``privflow.serving.sampler.FlowSampler`` (resolved lazily there).
+through ``privflow.serving.sampler.FlowSampler`` (the address older versions' code files use).
+It imports the sampler and the release's loader (`privflow.serving.release`); neither imports it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
-from privflow.serving.sampler import load_release, sample_rows
+from privflow.serving.release import Release, load_release
+from privflow.serving.sampler import sample_rows
 
 
 class FlowSampler(PythonModel):
@@ -28,9 +30,25 @@ class FlowSampler(PythonModel):
     table is the union of equal shares sampled from each.
     """
 
+    release: Release
+
     def load_context(self, context: Any) -> None:
-        release = load_release(context.artifacts)
-        self.schema, self.codec, self.flows = release.schema, release.codec, release.flows
+        self.release = load_release(context.artifacts)
+
+    @property
+    def schema(self) -> Any:
+        """The release's public schema (as written)."""
+        return self.release.schema
+
+    @property
+    def codec(self) -> Any:
+        """The release's codec."""
+        return self.release.codec
+
+    @property
+    def flows(self) -> list[Any]:
+        """The release's flows (eval mode, CPU)."""
+        return self.release.flows
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
         n, seed = _setting("n", model_input, params), _setting("seed", model_input, params)
@@ -39,8 +57,9 @@ class FlowSampler(PythonModel):
         from privflow.data.codec import to_pandas
         from privflow.data.surface import to_surface
 
-        rows = to_surface(sample_rows(self.flows, self.codec, n, seed), self.schema)  # as the input is written
-        return to_pandas(rows, self.schema)  # integers stay integers
+        release = self.release
+        rows = to_surface(sample_rows(release.flows, release.codec, n, seed), release.schema)  # as the input is written
+        return to_pandas(rows, release.schema)  # integers stay integers
 
 
 def _setting(name: str, model_input: pd.DataFrame | None, params: dict[str, Any] | None) -> int | None:

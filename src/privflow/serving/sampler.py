@@ -1,62 +1,29 @@
 """Sampling a released generator: synthetic rows by batch, streamed to a file.
 
-Everything a release holds went through a mechanism: the flow weights of the checkpoint(s)
-that Report-Noisy-Max chose, and the public schema. Loading it needs no training data, no
-Prefect and no MLflow (`load_release`); the MLflow pyfunc that a registered version runs,
-``FlowSampler``, lives in privflow/serving/pyfunc.py and is imported from here on first use
-(MLflow bundles `privflow/` with it: code_paths).
+What is sampled is a release's flows and codec (`privflow.serving.release.Release`, loaded by
+`load_release`); sampling needs no training data, no Prefect, no MLflow and no pandas
+(`privflow generate`'s start-up). The MLflow pyfunc that a registered version runs,
+``FlowSampler``, lives in privflow/serving/pyfunc.py, which imports this module, never the
+reverse.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    """``FlowSampler`` (the MLflow pyfunc, privflow/serving/pyfunc.py) on first use: sampling
-    itself imports neither MLflow nor pandas (`privflow generate`'s start-up)."""
+    """``FlowSampler`` by its old address, for the code file of versions registered before the
+    pyfunc moved to privflow/serving/pyfunc.py (their sampler_model.py imports it from here).
+    Resolved by name at run time, so this module neither imports the pyfunc (MLflow, pandas)
+    nor depends on it."""
     if name == "FlowSampler":
-        from privflow.serving.pyfunc import FlowSampler
+        import importlib
 
-        return FlowSampler
+        return importlib.import_module("privflow.serving.pyfunc").FlowSampler
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@dataclass
-class Release:
-    """A released generator as sampled: its public schema (as written), its codec and its flows
-    (eval mode, CPU)."""
-
-    schema: Any
-    codec: Any
-    flows: list[Any]
-
-
-def load_release(artifacts: Mapping[str, str | Path]) -> Release:
-    """The release from its artifact files (``{"meta": meta.json, "checkpoint_0": ..., ...}``, as a
-    registered version stores them): the one loader of MLflow's pyfunc (`FlowSampler`) and of
-    `privflow generate`'s direct read of a local store (privflow/serving/local_store.py)."""
-    import torch
-
-    from privflow.data.schema import Schema
-    from privflow.data.target_head import release_codec
-    from privflow.models import build_flow
-
-    meta = json.loads(Path(artifacts["meta"]).read_text())
-    schema = Schema.model_validate(meta["schema"])
-    codec = release_codec(schema, meta.get("marginals"), meta.get("head"))
-    flows = []
-    for key in meta["checkpoints"]:
-        flow = build_flow(meta["model"]["name"], codec.cardinalities, **meta["model"]["config"])
-        flow.load_state_dict(torch.load(artifacts[key], map_location="cpu", weights_only=True))
-        flow.eval()
-        flows.append(flow)
-    return Release(schema, codec, flows)
 
 
 def sampling_generator(seed: int | None) -> Any:

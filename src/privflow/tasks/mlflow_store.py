@@ -1,8 +1,9 @@
 """Everything MLflow, in one place: tracking set-up, the dataset's experiment, what a run
-logs (the release), the registry (versions, tags, aliases), and loading a version back.
+logs (the release), the registry (versions, tags, aliases), and loading a version back (as the
+one released-model type, `privflow.serving.release.Release`).
 
 What may be logged, and why, is the allowlist in `tasks/release.py` (privacy rule 5); the
-sampler that a registered version runs is the pyfunc in `privflow/serving/sampler.py`. The flows and
+sampler that a registered version runs is the pyfunc in `privflow/serving/pyfunc.py`. The flows and
 tasks call these functions; nothing else in privflow imports mlflow.
 """
 
@@ -36,10 +37,9 @@ from privflow.core import env
 from privflow.core.config import RunConfig
 from privflow.core.errors import ModelNotFound
 from privflow.data.schema import Schema
-from privflow.data.target_head import release_codec
-from privflow.models import build_flow
 from privflow.privacy.accounting.events import Event, events_to_json
 from privflow.privacy.accounting.plan import PrivacyPlan
+from privflow.serving.release import Release, load_release
 from privflow.tasks.lazy_task import task
 
 # The released model's Python requirements; its code is the whole privflow package but demo/ (_sampler_package).
@@ -513,41 +513,18 @@ def record_promotion(client: MlflowClient, decision: Any) -> Any:
 # -- loading a version ------------------------------------------------------------------------
 
 
-@dataclass
-class LoadedVersion:
-    """A registered generator's public description and its flows (eval mode, CPU)."""
-
-    version: str
-    schema: Schema
-    flows: list[torch.nn.Module]
-    marginals: dict[str, Any] | None = None  # DP marginals the version was trained through, if any
-    model: dict[str, Any] | None = None  # the flow family and shape it was built with: {"name", "config"}
-    head: dict[str, Any] | None = None  # its target head (privflow/data/target_head.py), if any
-
-    @property
-    def codec(self) -> Any:
-        """The codec the version was trained in (`privflow.data.target_head.release_codec`)."""
-        return release_codec(self.schema, self.marginals, self.head)
-
-
-def load_version(name: str, version: str) -> LoadedVersion:
-    """Rebuild a registered version's flows from its artifacts (meta.json + checkpoints).
+def load_version(name: str, version: str, tags: dict[str, str] | None = None) -> Release:
+    """A registered version as its `Release` (`privflow.serving.release.load_release` on its
+    artifacts, meta.json + checkpoints), with its number and the `tags` the caller read
+    (`resolve_version`).
 
     Reads the artifacts directly instead of `mlflow.pyfunc.load_model`, so the bundled copies
     of `models/` and `privflow/` are not put on sys.path of this process.
     """
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=tmp))
-        art = root / "artifacts"
-        meta = json.loads((art / "meta.json").read_text())
-        schema = Schema.model_validate(meta["schema"])
-        codec = release_codec(schema, meta.get("marginals"), meta.get("head"))
-        flows = []
-        for key in meta["checkpoints"]:
-            flow = build_flow(meta["model"]["name"], codec.cardinalities, **meta["model"]["config"])
-            flow.load_state_dict(torch.load(art / f"{key}.pt", map_location="cpu", weights_only=True))
-            flows.append(flow.eval())
-    return LoadedVersion(version, schema, flows, meta.get("marginals"), meta["model"], meta.get("head"))
+        files = {path.stem: path for path in (root / "artifacts").iterdir() if path.is_file()}
+        return load_release(files, str(version), tags)
 
 
 def resolve_version(spec: str) -> tuple[str, str, dict[str, str]]:
@@ -622,7 +599,6 @@ def load_generator(spec: str, store: Path) -> Any:
 
 
 __all__ = [
-    "LoadedVersion",
     "Registered",
     "alias_holder",
     "coarsen_registry_times",

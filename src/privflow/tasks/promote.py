@@ -44,9 +44,10 @@ from privflow.privacy.mechanisms.promotion import (
     release_margin,
 )
 from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator, secret_seed
+from privflow.serving.release import Release
 from privflow.tasks.encode import selection_coins
 from privflow.tasks.lazy_task import task, task_run_count
-from privflow.tasks.mlflow_store import PROMOTION_TAG, LoadedVersion, alias_holder, load_version, store_lock
+from privflow.tasks.mlflow_store import PROMOTION_TAG, alias_holder, load_version, store_lock
 from privflow.tasks.mlflow_store import record_promotion as record
 
 TAG = PROMOTION_TAG
@@ -129,8 +130,8 @@ def version_loglik(flows: list[torch.nn.Module], x: np.ndarray, batch: int = 409
 def _noisy_margin(
     config: RunConfig,
     schema: Schema,
-    new: LoadedVersion,
-    old: LoadedVersion,
+    new: Release,
+    old: Release,
     settings: PromotionSettings,
     promotion_id: str,
 ) -> tuple[float, float]:
@@ -161,7 +162,7 @@ def _noisy_margin(
     return release_margin(statistic, sensitivity, settings), sensitivity  # exact sampler, OS entropy
 
 
-def copula_loglik(version: LoadedVersion, schema: Schema, rows: pl.DataFrame, seed: int) -> np.ndarray:
+def copula_loglik(version: Release, schema: Schema, rows: pl.DataFrame, seed: int) -> np.ndarray:
     """A version's per-row log-likelihood in the copula reference (`CopulaCodec.log_mass`): its
     flows on the rows encoded through its own marginals, plus the rows' log cell masses (and its
     target head's term, privflow/data/target_head.py). The encoding draws (positions inside atoms)
@@ -171,7 +172,7 @@ def copula_loglik(version: LoadedVersion, schema: Schema, rows: pl.DataFrame, se
     return version_loglik(version.flows, x) + codec.log_mass(rows) + conditional_loglik(codec, rows)
 
 
-def codecs_comparable(new: LoadedVersion, old: LoadedVersion, schema: Schema) -> bool:
+def codecs_comparable(new: Release, old: Release, schema: Schema) -> bool:
     """Both with a target head or both without (the flows then model the same columns), and the
     same marginals (or none), or DP marginals over the same public cells."""
     if (new.head is None) != (old.head is None):
@@ -233,8 +234,8 @@ def promote_if_better(
 def _compare(
     config: RunConfig,
     schema: Schema,
-    new: LoadedVersion,
-    old: LoadedVersion,
+    new: Release,
+    old: Release,
     settings: PromotionSettings,
     ledger_path: str,
     promotion_id: str,
@@ -281,7 +282,6 @@ def _compare(
 
 
 __all__ = [
-    "LoadedVersion",
     "PromotionDecision",
     "PromotionSettings",
     "alias_holder",

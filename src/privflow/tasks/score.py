@@ -34,13 +34,11 @@ from privflow.core.curator import curator_dir, write_json
 from privflow.core.errors import DataError
 from privflow.data.io import UNREADABLE, read_header, read_table
 from privflow.data.schema import SCORE_COLUMNS, Schema
-from privflow.data.surface import lower
-from privflow.data.target_head import conditional_loglik
 from privflow.data.validation import ROW_COLUMN, ValidationReport, validate
 from privflow.privacy.ledger import Ledger
 from privflow.privacy.mechanisms.dp_quantile import DPQuantile
-from privflow.tasks.mlflow_store import LoadedVersion, load_version, model_uri, open_registry, resolve_version
-from privflow.tasks.promote import version_loglik
+from privflow.serving.release import Release, score_rows
+from privflow.tasks.mlflow_store import load_version, model_uri, open_registry, resolve_version
 
 LOGLIK, ANOMALY = SCORE_COLUMNS  # appended to the scored table (the schema reserves both names)
 REFERENCE_QUARANTINE = "reference_quarantine.csv"  # curator-only: the reference's failing rows
@@ -77,23 +75,13 @@ class ScoredTable:
         return int(self.table[ANOMALY].sum())
 
 
-def load_model(spec: str, store: Path) -> tuple[str, LoadedVersion]:
-    """NAME@ALIAS or NAME/VERSION -> (name, the loaded version); ModelNotFound otherwise."""
+def load_model(spec: str, store: Path) -> tuple[str, Release]:
+    """NAME@ALIAS or NAME/VERSION -> (name, the release, with its version and tags); ModelNotFound
+    otherwise."""
     model_uri(spec)  # raises ModelNotFound on a malformed reference, before the store is touched
     open_registry(store)
-    name, version, _ = resolve_version(spec)
-    return name, load_version(name, version)
-
-
-def score_rows(model: LoadedVersion, df: pl.DataFrame) -> np.ndarray:
-    """Per-row log-likelihood (nats, encoded space) of validated rows under the released model:
-    the equal-weight mixture of its checkpoints, plus its target head's term when it has one,
-    as `Synthesizer.score` computes it."""
-    if df.height == 0:
-        return np.empty(0)
-    codec = model.codec
-    x = codec.encode(df.select(lower(model.schema).names), np.random.default_rng())
-    return version_loglik(model.flows, x) + conditional_loglik(codec, df)
+    name, version, tags = resolve_version(spec)
+    return name, load_version(name, version, tags)
 
 
 def _never_stop(_failing: int, _passing: int) -> bool:
@@ -116,9 +104,7 @@ def _failing_positions(quarantine: Path, report: ValidationReport, rows: int) ->
     return failing
 
 
-def scored_rows(
-    model: LoadedVersion, path: Path, quarantine: Path
-) -> tuple[pl.DataFrame, np.ndarray, ValidationReport]:
+def scored_rows(model: Release, path: Path, quarantine: Path) -> tuple[pl.DataFrame, np.ndarray, ValidationReport]:
     """The user's table as read (its columns only), each row's log-likelihood in file order (NaN
     on a failing row: one the reader could not read, or that fails the schema's checks), and
     the exact validation report. Total: a row decides only its own score; the failing rows
@@ -139,7 +125,7 @@ def flag(raw: pl.DataFrame, loglik: np.ndarray, threshold: float) -> pl.DataFram
     return raw.with_columns(scores).with_columns((pl.col(LOGLIK) < float(threshold)).alias(ANOMALY))
 
 
-def score_table(model: LoadedVersion, path: Path, threshold: float, quarantine: Path) -> ScoredTable:
+def score_table(model: Release, path: Path, threshold: float, quarantine: Path) -> ScoredTable:
     """The user's table with `loglik` and `anomaly` (loglik < threshold) appended, in file order,
     every row kept (empty scores on failing rows, which also go to `quarantine`)."""
     raw, loglik, report = scored_rows(model, path, quarantine)
@@ -162,7 +148,7 @@ def check_reference(reference: Path, schema: Schema) -> None:
         )
 
 
-def dp_threshold(model: LoadedVersion, reference: Path, mechanism: DPQuantile, store: Path) -> DPThreshold:
+def dp_threshold(model: Release, reference: Path, mechanism: DPQuantile, store: Path) -> DPThreshold:
     """The DP q-quantile of the reference's passing rows' log-likelihoods, charged to the
     schema's dataset.
 

@@ -19,7 +19,7 @@ from privflow.core.config import SelectConfig
 from privflow.privacy.accounting.events import PureDPEvent, RepeatedEvent
 from privflow.privacy.accounting.plan import StagePlan
 from privflow.privacy.mechanisms import report_noisy_max
-from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator
+from privflow.privacy.noise import row_loglik
 from privflow.tasks.lazy_task import task
 
 
@@ -30,25 +30,6 @@ def per_pick_epsilon(stage: StagePlan) -> float:
     if not isinstance(event, PureDPEvent):
         raise TypeError(f"selection must plan a pure-DP event, got {stage.event!r}")
     return event.epsilon
-
-
-def row_loglik(
-    model: torch.nn.Module, x: np.ndarray, batch: int = 4096, generator: torch.Generator | None = None
-) -> np.ndarray:
-    """Per-row log-likelihoods under one model, in batches (bounded memory); [] for no rows.
-
-    The dequantization noise comes from `generator` (default: a fresh secret one), never from
-    the global torch RNG, whose state would otherwise depend on the private row count.
-    """
-    if len(x) == 0:
-        return np.empty(0, dtype=np.float32)
-    gen = generator if generator is not None else secret_generator()
-    parts = []
-    with torch.no_grad():
-        for i in range(0, len(x), batch):  # slices: x may be rows on disk (privflow.data.chunked.DiskRows)
-            chunk = torch.as_tensor(x[i : i + batch], dtype=torch.float32)
-            parts.append(log_prob_with(model, chunk, dequantization_noise(model, len(chunk), chunk, gen)))
-    return torch.cat(parts).numpy()
 
 
 def loglik_matrix(make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray) -> np.ndarray:

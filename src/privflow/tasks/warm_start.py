@@ -83,7 +83,7 @@ if TYPE_CHECKING:  # MLflow (and Prefect) load only where the registry is read: 
     import polars as pl
     import torch
 
-    from privflow.tasks.mlflow_store import LoadedVersion
+    from privflow.serving.release import Release
 
 PRETRAINED_TAG = "privflow.pretrained"  # "public" on versions registered by `privflow pretrain`
 DATA_TAG = "privflow.data"  # "public" (or "generated"): what the weights were trained on
@@ -120,7 +120,7 @@ class Parent:
     # a private parent's ledger node (the ledger's record, never a tag): its run, or for a
     # pretraining on generated rows `pretrain:NAME/VERSION`, which links the runs behind them
     ledger_run: str | None
-    loaded: LoadedVersion
+    loaded: Release
     sampled_from: tuple[str, ...] = ()  # a pretraining on generated rows: the versions that wrote them
 
     @property
@@ -148,7 +148,7 @@ class Parent:
         )
 
 
-def weights_digest(loaded: LoadedVersion) -> str:
+def weights_digest(loaded: Release) -> str:
     """SHA-256 of what a registered version holds: every checkpoint's tensors (names, dtypes,
     shapes, bytes), its DP marginals and its target head. The ledger's public declaration names
     it, so a version re-registered under a declared name and number does not pass as declared."""
@@ -181,7 +181,7 @@ def record_registered_version(ledger: Ledger, name: str, version: str, run_id: s
     ledger.record_version(name, version, run_id, weights_digest(load_version(name, version)))
 
 
-def _declared(spec: str, name: str, version: str, loaded: LoadedVersion, ledger_path: Path | None) -> bool:
+def _declared(spec: str, name: str, version: str, loaded: Release, ledger_path: Path | None) -> bool:
     """Whether the ledger holds `pretrain`'s declaration of exactly this version (same weights)."""
     if ledger_path is None or not ledger_path.is_file():
         return False
