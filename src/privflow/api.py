@@ -153,7 +153,7 @@ class Synthesizer:
         before sampling; a condition too rare to reach `n` rows is refused (ConfigError)."""
         from privflow.preflight import check_memory, check_seed
         from privflow.serving.conditions import conditions_for
-        from privflow.serving.sampler import sample_rows  # imports mlflow: after env.configure
+        from privflow.serving.sampler import sample_rows
 
         _check_count(n, "n", 1)
         n, seed = int(n), check_seed(seed, "seed")
