@@ -187,17 +187,17 @@ class TestBadDataBeforeTheFlow:
 
 
 def test_promote_values_map_to_the_config() -> None:
-    from privflow.cli import _promotion
+    from privflow.cli import promotion_rule
     from privflow.core.config import RunConfig
 
     for flag in ("if-better", "always", "never"):
-        value = _promotion(flag)
+        value = promotion_rule(flag)
         RunConfig.build(data="x.csv", schema_path="s.yaml", promotion=value)  # accepted by the config
-    assert _promotion(None) is None
+    assert promotion_rule(None) is None
 
 
 def _run_summary(**fields: object) -> object:
-    """A run summary as `_print_summary` reads it: a plain run's fields, with `fields` on top."""
+    """A run summary as `print_summary` reads it: a plain run's fields, with `fields` on top."""
     from types import SimpleNamespace
 
     base = {
@@ -211,10 +211,10 @@ def _run_summary(**fields: object) -> object:
 
 
 def test_summary_prints_every_path_in_full(capsys) -> None:
-    from privflow.cli import _print_summary
+    from privflow.cli import print_summary
 
     long = "/very/long/" + "x" * 150 + "/synthetic/adult-0123.csv"
-    _print_summary(_run_summary(synthetic_path=long))
+    print_summary(_run_summary(synthetic_path=long))
     out = capsys.readouterr().out
     assert long in out
     assert "registered model privflow-adult v3" in out
@@ -226,13 +226,13 @@ def test_summary_prints_every_path_in_full(capsys) -> None:
 
 def test_summary_of_a_private_warm_start_heads_with_the_lineages_epsilon(capsys) -> None:
     """Privacy rule 9: the version's epsilon is its private chain's; the run's own is labelled."""
-    from privflow.cli import _print_summary
+    from privflow.cli import print_summary
 
     summary = _run_summary(
         epsilon=1.3432, epsilon_run=0.9929, delta_run=1e-5, lineage="m/1 -> m/2", lineage_runs=("r1", "r2"),
         init_from="m/1", epsilon_rdp=1.1, dataset_epsilon=1.5, dataset_delta=1e-5, model_name="m", model_version="2",
     )  # fmt: skip
-    _print_summary(summary)
+    print_summary(summary)
     out = " ".join(capsys.readouterr().out.split())
     assert "epsilon (PLD, reported, lineage of 2 runs) │ 1.3432 at delta=1e-05" in out, out
     assert "m/1 -> m/2" in out and "epsilon (this run alone, PLD) │ 0.9929 at delta=1e-05" in out, out
@@ -240,9 +240,9 @@ def test_summary_of_a_private_warm_start_heads_with_the_lineages_epsilon(capsys)
 
 def test_summary_labels_rdp_as_a_looser_bound_not_the_spend(capsys) -> None:
     """RDP's figure may exceed the requested epsilon (1.2 above 0.99 here): it must not read as a spend."""
-    from privflow.cli import _print_summary
+    from privflow.cli import print_summary
 
-    _print_summary(_run_summary())
+    print_summary(_run_summary())
     out = " ".join(capsys.readouterr().out.split())
     assert "RDP bound (this run alone) │ 1.2000 (looser cross-check; the PLD" in out, out  # the value folds
     assert "figure is the spend)" in out
@@ -250,21 +250,21 @@ def test_summary_labels_rdp_as_a_looser_bound_not_the_spend(capsys) -> None:
 
 
 def test_summary_says_where_to_see_the_prefect_flow_run(capsys, monkeypatch) -> None:
-    from privflow.cli import _print_summary
+    from privflow.cli import print_summary
     from privflow.cli.summary import prefect_ui_url
 
     monkeypatch.delenv("PREFECT_UI_URL", raising=False)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    _print_summary(_run_summary())  # in process: no Prefect line
+    print_summary(_run_summary())  # in process: no Prefect line
     assert "Prefect" not in capsys.readouterr().out
     monkeypatch.setenv("PREFECT_HOME", "/store/prefect")
-    _print_summary(_run_summary(), prefect=True)  # --engine prefect without an API: a temporary server
+    print_summary(_run_summary(), prefect=True)  # --engine prefect without an API: a temporary server
     out = " ".join(capsys.readouterr().out.split())
     assert "temporary local Prefect server that stops when this command exits" in out, out
     assert "/store/prefect" in out and "`prefect server start`" in out
     assert "PREFECT_API_URL=http://127.0.0.1:4200/api" in out
     monkeypatch.setenv("PREFECT_API_URL", "http://prefect-server:4200/api")
-    _print_summary(_run_summary(), prefect=True)
+    print_summary(_run_summary(), prefect=True)
     out = " ".join(capsys.readouterr().out.split())
     assert "see it in the UI at http://prefect-server:4200 (Runs)" in out and "temporary" not in out, out
     cloud = "https://api.prefect.cloud/api/accounts/a1/workspaces/w2"

@@ -219,7 +219,7 @@ def test_range_figures_reach_the_curator_report_not_only_the_function(tmp_path: 
 def test_the_run_summary_names_the_column_most_outside(capsys) -> None:
     from types import SimpleNamespace
 
-    from privflow.cli import _print_summary
+    from privflow.cli import print_summary
 
     metrics = {
         "fidelity/tv_mean": 0.007,
@@ -233,8 +233,8 @@ def test_the_run_summary_names_the_column_most_outside(capsys) -> None:
         alias_version="1", promotion=None, curator_dir="/c", synthetic_path="/s.csv", report_path=None,
         mlflow_run_id="x", run_id="r",
     )  # fmt: skip
-    _print_summary(summary)
+    print_summary(summary)
     out = " ".join(capsys.readouterr().out.split())
     assert "synthetic outside the real range (not DP) │ max 2.6% (a)" in out, out
-    _print_summary(SimpleNamespace(**{**vars(summary), "metrics": {"fidelity/tv_mean": 0.007}}))
+    print_summary(SimpleNamespace(**{**vars(summary), "metrics": {"fidelity/tv_mean": 0.007}}))
     assert "outside the real range" not in capsys.readouterr().out

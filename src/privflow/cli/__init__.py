@@ -30,15 +30,15 @@ import typer
 # the command modules: `privflow.cli.run` is the module, `privflow.cli.run.run` its command (a test
 # that replaces a command's body patches it there, where the command looks it up)
 from privflow.cli import audit, check, generate, pretrain, run, score
-from privflow.cli._common import EXIT_INTERNAL, EXIT_OK, _promotion, _stopped, console, exit_status_epilog
+from privflow.cli._common import EXIT_INTERNAL, EXIT_OK, console, exit_status_epilog, promotion_rule, stopped
 from privflow.cli.dpad import dpad_app
 from privflow.cli.ledger import ledger_app
 from privflow.cli.schema import schema_app
-from privflow.cli.summary import _print_summary
+from privflow.cli.summary import print_summary
 from privflow.core import interrupts
 from privflow.core.startup import FAST_EXIT
 
-__all__ = ["_print_summary", "_promotion", "app", "main"]
+__all__ = ["print_summary", "promotion_rule", "app", "main"]
 
 app = typer.Typer(
     add_completion=False,
@@ -95,7 +95,7 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt as exc:
-        what, status = _stopped(exc)
+        what, status = stopped(exc)
         console.print(what, highlight=False)
         FAST_EXIT.code = status
         sys.exit(status)

@@ -1,5 +1,5 @@
 """What every `privflow` command shares: the error console, the exit statuses (defined once, in
-`privflow.core.errors.ExitStatus`) and the mapping of errors to them (`_guarded`), the typed
+`privflow.core.errors.ExitStatus`) and the mapping of errors to them (`guarded`), the typed
 choices of the options that take one of a fixed set of values, the `--store` and `--verbose`
 options, the deprecation notes of renamed options, and the run configuration read from `--config`
 with the command line's flags on top."""
@@ -87,19 +87,19 @@ class Engine(StrEnum):
     local = "local"
 
 
-def _value(choice: Enum | str | None) -> str | None:
+def choice_value(choice: Enum | str | None) -> str | None:
     """A typed choice's value as the config spells it (None: not given)."""
     return choice.value if isinstance(choice, Enum) else choice
 
 
-def _note(text: str) -> None:
+def deprecation_note(text: str) -> None:
     """One line on stderr (a deprecation note, never wrapped)."""
     from rich.markup import escape
 
     console.print(f"[bold yellow]note:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
 
-def _from_environment(ctx: typer.Context, name: str) -> bool:
+def from_environment(ctx: typer.Context, name: str) -> bool:
     """Whether the command's parameter `name` took its value from its environment variable."""
     source = ctx.get_parameter_source(name)
     return source is not None and source.name == "ENVIRONMENT"
@@ -111,26 +111,26 @@ UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__
 _CLICK_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
-def _usage_error(ctx: typer.Context | None, message: str) -> Exception:
+def usage_error(ctx: typer.Context | None, message: str) -> Exception:
     """click's usage error for the command of `ctx`: its usage line, the message, exit 2."""
     return UsageError(message, ctx)
 
 
-def _flow_choice(ctx: typer.Context | None, flow: Flow | None, model: Flow | None) -> str | None:
+def flow_choice(ctx: typer.Context | None, flow: Flow | None, model: Flow | None) -> str | None:
     """--flow, or its deprecated spelling --model (with a one-line note on stderr); both, naming
     different families: a usage error."""
     if model is not None:
         if flow is not None and flow is not model:
-            raise _usage_error(
+            raise usage_error(
                 ctx,
                 f"--flow {flow.value} and --model {model.value} (its deprecated spelling) name different flow "
                 "families; give --flow alone.",
             )
-        _note(
+        deprecation_note(
             f"--model {model.value} is deprecated here: use --flow {model.value} (the flow family). --model names a "
             "registered model in `privflow generate` and `privflow score`."
         )
-    return _value(flow if flow is not None else model)
+    return choice_value(flow if flow is not None else model)
 
 
 FlowOpt = Annotated[
@@ -144,7 +144,7 @@ ModelFamilyOpt = Annotated[
 ]
 
 
-def _stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
+def stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
     """The message and exit status of an interrupted command."""
     if isinstance(exc, interrupts.Terminated):
         return "terminated (SIGTERM).", EXIT_TERMINATED
@@ -168,7 +168,7 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show library 
 _LONG_WORD = 300  # characters: longer runs (a garbage header echoed from a file) are cut to 120
 
 
-def _paragraph(text: str) -> str:
+def paragraph(text: str) -> str:
     """One line; any run of non-space characters longer than _LONG_WORD shortened, saying so."""
 
     def cut(m: re.Match[str]) -> str:
@@ -182,11 +182,11 @@ def _fail(message: str, code: int = EXIT_USER) -> None:
     from rich.markup import escape
 
     # the message is text, not markup: "[low, high]" or a value in brackets must print as it is
-    console.print(f"[bold red]error:[/] {escape(_paragraph(message))}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(paragraph(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
-def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any:
+def guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any:
     """Run a command body with the CLI's exit-status contract (`privflow.cli`'s docstring); `spends`: the
     command can charge the ledger (an interrupted one says where its charges are)."""
     from privflow.core.errors import PrivflowError, disk_full, status_of
@@ -199,7 +199,7 @@ def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any
         interrupts.quiet_after_interrupt()  # also where a library's own SIGINT handler raised it
         if verbose:
             traceback.print_exc()
-        what, status = _stopped(exc)
+        what, status = stopped(exc)
         spent = " Any privacy already spent by the run stays recorded in the ledger; see `privflow ledger show`."
         console.print(f"{what}{spent if spends else ''}", highlight=False, soft_wrap=True)
         raise typer.Exit(status) from None
@@ -213,12 +213,12 @@ def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any
         full = disk_full(exc)
         if full is not None:
             _fail(
-                f"out of disk space ({_paragraph(str(full))[:300]}). Free some space, or point --store (and -o) at a "
+                f"out of disk space ({paragraph(str(full))[:300]}). Free some space, or point --store (and -o) at a "
                 "disk with room, and rerun. No partial output table is left under its name; any privacy a run had "
                 "already spent stays recorded in the ledger (`privflow ledger show`).",
                 status_of(exc),
             )
-        detail = _paragraph(f"{type(exc).__name__}: {exc}")[:400]
+        detail = paragraph(f"{type(exc).__name__}: {exc}")[:400]
         _fail(
             f"internal error: privflow hit an unexpected problem ({detail}). This is a bug, not a problem with "
             "your input; rerun with --verbose to see the traceback, and report it with that output.",
@@ -226,7 +226,7 @@ def _guarded(verbose: bool, body: Callable[[], Any], spends: bool = True) -> Any
         )
 
 
-def _promotion(value: str | None) -> str | None:
+def promotion_rule(value: str | None) -> str | None:
     """--promote if-better|always|never -> the config's value (one the config accepts)."""
     if value is None:
         return None
@@ -262,7 +262,7 @@ def _merge(base: dict, overrides: dict, where: str = "") -> dict:
     return out
 
 
-def _load_config(config_path: Path | None, overrides: dict, promote: str | None) -> Any:
+def load_config(config_path: Path | None, overrides: dict, promote: str | None) -> Any:
     from privflow.core.config import RunConfig
     from privflow.core.errors import ConfigError
 
@@ -273,7 +273,7 @@ def _load_config(config_path: Path | None, overrides: dict, promote: str | None)
         if not config_path.is_file():
             raise ConfigError(f"Config file '{config_path}' does not exist or is not a file.")
         base = read_mapping(config_path, "Config file", ConfigError)
-    promotion = _promotion(promote)
+    promotion = promotion_rule(promote)
     if promotion is not None:
         overrides = {**overrides, "promotion": promotion}
     return RunConfig.build(**_merge(base, overrides))

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from privflow.cli._common import EXIT_AUDIT, Mutation, StoreOpt, VerboseOpt, _guarded, _load_config, _value
+from privflow.cli._common import EXIT_AUDIT, Mutation, StoreOpt, VerboseOpt, choice_value, guarded, load_config
 
 
 def audit(
@@ -39,8 +39,8 @@ def audit(
     One-run auditing (Steinke, Nasr & Jagielski 2023). No ledger spend, nothing in MLflow;
     the report goes to <store>/audits/<id>.json.
     """
-    mutation = _value(mutate) or "none"
-    _guarded(verbose, lambda: _audit(data, schema, epsilon, config, canaries, mutation, store, verbose))
+    mutation = choice_value(mutate) or "none"
+    guarded(verbose, lambda: _audit(data, schema, epsilon, config, canaries, mutation, store, verbose))
 
 
 def _audit(
@@ -60,7 +60,7 @@ def _audit(
     if mutate not in ("none", "noise/10", "no-clip"):
         raise ConfigError(f"--mutate must be none, noise/10 or no-clip, not '{mutate}'.")
     overrides = {"data": data, "schema_path": schema, "store": store, "privacy": {"epsilon": epsilon}}
-    cfg = _load_config(config, overrides, None)
+    cfg = load_config(config, overrides, None)
     from privflow.preflight import preflight_audit
 
     preflight_audit(cfg, canaries)  # before Prefect or MLflow are imported

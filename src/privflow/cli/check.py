@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from privflow.cli._common import EXIT_AUDIT, VerboseOpt, _guarded
+from privflow.cli._common import EXIT_AUDIT, VerboseOpt, guarded
 
 if TYPE_CHECKING:
     import polars as pl
@@ -67,7 +67,7 @@ def check(
 
     Exact counts and values: not for publication. Exit status 0: every row passes; 3: rows fail; 2: bad input.
     """
-    status = _guarded(verbose, lambda: _check(data, schema, examples, verbose), spends=False)
+    status = guarded(verbose, lambda: _check(data, schema, examples, verbose), spends=False)
     if status:
         raise typer.Exit(status)
 

@@ -14,10 +14,10 @@ from privflow.cli._common import (
     ModelFamilyOpt,
     StoreOpt,
     VerboseOpt,
-    _flow_choice,
-    _guarded,
-    _load_config,
     console,
+    flow_choice,
+    guarded,
+    load_config,
 )
 
 dpad_app = typer.Typer(
@@ -57,8 +57,8 @@ def dpad_fit(
 
     k non-private flows on disjoint parts of the rows (a salted hash per row), each with its own
     threshold; every later query is charged to the schema's dataset (DP-NF section 5, Algorithm 2)."""
-    family = _flow_choice(ctx, flow, model)
-    _guarded(
+    family = flow_choice(ctx, flow, model)
+    guarded(
         verbose,
         lambda: _dpad_fit(
             data, schema, partitions, epsilon_per_query, fpr, threshold, holdout, config, family, epochs, store, verbose
@@ -113,7 +113,7 @@ def _dpad_fit(
         "model": {"name": model},
         "train": {"epochs": epochs},
     }
-    cfg = _load_config(config_path, overrides, None)  # its model and train sections; marginals do not apply
+    cfg = load_config(config_path, overrides, None)  # its model and train sections; marginals do not apply
     sch = Schema.from_yaml(schema_path)
     check_store(store)
     # format and header only: no row is read or counted (a minimum on private rows would be a
@@ -188,7 +188,7 @@ def dpad_score(
 
     The ensemble's votes go through Report-Noisy-Max (or the sparse vector technique); the call is
     reserved in the ledger before any vote is counted and refused when the budget cannot hold it."""
-    _guarded(verbose, lambda: _dpad_score(ensemble, data, out, svt, max_flags, svt_threshold, store, verbose))
+    guarded(verbose, lambda: _dpad_score(ensemble, data, out, svt, max_flags, svt_threshold, store, verbose))
 
 
 def _dpad_score(

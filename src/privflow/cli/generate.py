@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from privflow.cli._common import Device, StoreOpt, VerboseOpt, _guarded, _value
+from privflow.cli._common import Device, StoreOpt, VerboseOpt, choice_value, guarded
 
 if TYPE_CHECKING:
     from privflow.serving.release import Release
@@ -44,8 +44,8 @@ def generate(
     verbose: VerboseOpt = False,
 ) -> None:
     """Sample synthetic rows from a registered model (never touches the training data)."""
-    chosen = _value(device) or "auto"
-    _guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, chosen, where=where), spends=False)
+    chosen = choice_value(device) or "auto"
+    guarded(verbose, lambda: _generate(model, n, out, seed, store, verbose, chosen, where=where), spends=False)
 
 
 def _generate(

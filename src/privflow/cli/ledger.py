@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from privflow.cli._common import StoreOpt, VerboseOpt, _guarded
+from privflow.cli._common import StoreOpt, VerboseOpt, guarded
 
 ledger_app = typer.Typer(no_args_is_help=True, help="Inspect the per-dataset privacy ledger.")
 
@@ -29,7 +29,7 @@ def ledger_show(
     """Charged runs (settled, abandoned, open reservations), their privacy events and the
     cumulative (epsilon, delta) by PLD and by the bound valid for adaptively chosen runs, per
     dataset: the publishable summary (no data fingerprints, no time finer than the day)."""
-    _guarded(verbose, lambda: _ledger_show(dataset, store, verbose), spends=False)
+    guarded(verbose, lambda: _ledger_show(dataset, store, verbose), spends=False)
 
 
 def _ledger_at(store: Path, dataset: str | None = None) -> Any:
@@ -72,7 +72,7 @@ def ledger_curator_notes(
     recorded for each, the generated tables recorded per model/version, the public declarations,
     and the notes that depend on the files' bytes (a content fingerprint changed or came back, a
     curator's link of two datasets). Not part of the publishable summary; do not publish."""
-    _guarded(verbose, lambda: _ledger_curator_notes(dataset, store, verbose), spends=False)
+    guarded(verbose, lambda: _ledger_curator_notes(dataset, store, verbose), spends=False)
 
 
 def _ledger_curator_notes(dataset: str | None, store: Path, verbose: bool = False) -> None:
@@ -115,7 +115,7 @@ def ledger_link(
     """CURATOR ONLY: record the data owner's decision that DATASET may be spent on rows OTHER was
     charged for (a curator-only note on both). Their budgets stay separate: a person in both is
     protected by the two budgets' sum. Prefer one dataset name per table (or `ledger rename`)."""
-    _guarded(verbose, lambda: _ledger_link(dataset, other, store, verbose), spends=False)
+    guarded(verbose, lambda: _ledger_link(dataset, other, store, verbose), spends=False)
 
 
 def _ledger_link(dataset: str, other: str, store: Path, verbose: bool) -> None:
@@ -143,7 +143,7 @@ def ledger_rename(
     """Rename a dataset in the ledger (its runs, budget, row digests, versions and notes move with
     it, in one transaction), recorded as a publishable note; then change the schema's dataset.name
     to NEW: its draft_run still resolves. Refused when NEW is already in the ledger."""
-    _guarded(verbose, lambda: _ledger_rename(old, new, store, verbose))
+    guarded(verbose, lambda: _ledger_rename(old, new, store, verbose))
 
 
 def _ledger_rename(old: str, new: str, store: Path, verbose: bool) -> None:
@@ -176,7 +176,7 @@ def ledger_set_budget(
     """Change a dataset's total privacy budget on purpose (the data owner's decision): recorded in
     the ledger's notes, every run recomposed at the new delta. A schema can lower the budget by
     itself; only this raises it."""
-    _guarded(verbose, lambda: _ledger_set_budget(dataset, epsilon, delta, store, verbose))
+    guarded(verbose, lambda: _ledger_set_budget(dataset, epsilon, delta, store, verbose))
 
 
 def _ledger_set_budget(dataset: str, epsilon: float, delta: float | None, store: Path, verbose: bool) -> None:

@@ -16,11 +16,11 @@ from privflow.cli._common import (
     StoreOpt,
     TrainDeviceOpt,
     VerboseOpt,
-    _flow_choice,
-    _guarded,
-    _load_config,
-    _value,
+    choice_value,
     console,
+    flow_choice,
+    guarded,
+    load_config,
 )
 
 
@@ -51,10 +51,10 @@ def pretrain(
         "store": store,
         "model_name": model_name,
         "alias": alias,
-        "model": {"name": _flow_choice(ctx, flow, model)},
-        "train": {"epochs": epochs, "device": _value(device)},
+        "model": {"name": flow_choice(ctx, flow, model)},
+        "train": {"epochs": epochs, "device": choice_value(device)},
     }
-    _guarded(verbose, lambda: _pretrain(config, overrides, quiet, verbose))
+    guarded(verbose, lambda: _pretrain(config, overrides, quiet, verbose))
 
 
 def _pretrain(config_path: Path | None, overrides: dict, quiet: bool, verbose: bool) -> None:
@@ -66,7 +66,7 @@ def _pretrain(config_path: Path | None, overrides: dict, quiet: bool, verbose: b
     env.set_verbosity(verbose)
     from privflow.preflight import preflight_pretrain
 
-    checked = preflight_pretrain(_load_config(config_path, overrides, None))
+    checked = preflight_pretrain(load_config(config_path, overrides, None))
     cfg = checked.config
     from privflow.tasks.warm_start import check_public_file
 

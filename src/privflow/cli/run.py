@@ -21,16 +21,16 @@ from privflow.cli._common import (
     StoreOpt,
     TrainDeviceOpt,
     VerboseOpt,
-    _flow_choice,
-    _from_environment,
-    _guarded,
-    _load_config,
-    _note,
-    _usage_error,
-    _value,
+    choice_value,
     console,
+    deprecation_note,
+    flow_choice,
+    from_environment,
+    guarded,
+    load_config,
+    usage_error,
 )
-from privflow.cli.summary import _print_summary, print_stage_times
+from privflow.cli.summary import print_stage_times, print_summary
 from privflow.core.startup import use_prefect
 
 PromoteOpt = Annotated[
@@ -72,21 +72,27 @@ def _engine(ctx: typer.Context, engine: Engine | None, prefect: bool, no_server:
     PREFECT_API_URL is set, else in this process (`privflow.core.startup.use_prefect`)."""
     asked: list[tuple[str, str, bool]] = []  # (as the user gave it, engine, deprecated)
     for param, value, flag, variable, deprecated in (
-        ("engine", _value(engine), f"--engine {_value(engine)}", f"PRIVFLOW_ENGINE={_value(engine)}", False),
+        (
+            "engine",
+            choice_value(engine),
+            f"--engine {choice_value(engine)}",
+            f"PRIVFLOW_ENGINE={choice_value(engine)}",
+            False,
+        ),
         ("prefect", "prefect" if prefect else None, "--prefect", "PRIVFLOW_PREFECT", True),
         ("no_server", "local" if no_server else None, "--no-server", "PRIVFLOW_NO_SERVER", True),
     ):
         if value is not None:
-            asked.append((variable if _from_environment(ctx, param) else flag, value, deprecated))
+            asked.append((variable if from_environment(ctx, param) else flag, value, deprecated))
     if len({value for _, value, _ in asked}) > 1:
-        raise _usage_error(
+        raise usage_error(
             ctx,
             f"{' and '.join(given for given, _, _ in asked)} contradict each other: give one --engine (prefect or "
             "local).",
         )
     for given, value, deprecated in asked:
         if deprecated:
-            _note(f"{given} is deprecated: use --engine {value} (or PRIVFLOW_ENGINE={value}).")
+            deprecation_note(f"{given} is deprecated: use --engine {value} (or PRIVFLOW_ENGINE={value}).")
     choice = asked[0][1] if asked else None
     return use_prefect(choice == "prefect", choice == "local")
 
@@ -167,19 +173,19 @@ def run(
     overrides = {
         "data": data,
         "schema_path": schema,
-        "policy": _value(policy),
+        "policy": choice_value(policy),
         "store": store,
         "model_name": model_name,
         "alias": alias,
         "init_from": init_from,
         "privacy": {"epsilon": epsilon, "delta": delta},
-        "model": {"name": _flow_choice(ctx, flow, model)},
-        "train": {"epochs": epochs, "device": _value(device), "workers": workers},
+        "model": {"name": flow_choice(ctx, flow, model)},
+        "train": {"epochs": epochs, "device": choice_value(device), "workers": workers},
         "evaluate": {"test_data": test_data},
         "stream": {"enabled": stream},
     }
     server = _engine(ctx, engine, prefect, no_server)
-    _run(config, overrides, quiet, verbose, _value(promote), server=server)
+    _run(config, overrides, quiet, verbose, choice_value(promote), server=server)
 
 
 def demo(
@@ -205,13 +211,13 @@ def demo(
         "evaluate": {"test_data": test},
     }
     server = _engine(ctx, engine, prefect, no_server)
-    _run(config, overrides, quiet, verbose, _value(promote), server=server)
+    _run(config, overrides, quiet, verbose, choice_value(promote), server=server)
 
 
 def _run(
     config_path: Path | None, overrides: dict, quiet: bool, verbose: bool, promote: str | None, server: bool = True
 ) -> None:
-    _guarded(verbose, lambda: _run_body(config_path, overrides, quiet, verbose, promote, server))
+    guarded(verbose, lambda: _run_body(config_path, overrides, quiet, verbose, promote, server))
 
 
 def _run_body(
@@ -238,7 +244,7 @@ def _run_body(
     for stage, seconds in (getattr(summary, "stage_seconds", None) or {}).items():
         times.add(stage, seconds)
     with times.stage("summary print"):
-        _print_summary(summary, prefect=server)
+        print_summary(summary, prefect=server)
     if verbose:
         print_stage_times(times.as_dict(), timing.process_age())
 
@@ -272,7 +278,7 @@ def _start_run(
     started = time.perf_counter()
     from privflow.preflight import preflight
 
-    cfg = _load_config(config_path, overrides, promote)
+    cfg = load_config(config_path, overrides, promote)
     # Everything checkable up front, before any library starts a server or the ledger reserves.
     checked = preflight(cfg)
     timing.record("pre-flight (config, checks, privacy plan)", time.perf_counter() - started)

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from privflow.cli._common import StoreOpt, VerboseOpt, _guarded, console
+from privflow.cli._common import StoreOpt, VerboseOpt, console, guarded
 
 schema_app = typer.Typer(
     no_args_is_help=True,
@@ -61,7 +61,7 @@ def draft(
 ) -> None:
     """Draft a schema from a table. Everything a mistake can fail (the path, the header, the output,
     epsilon, the dataset's budget left) is refused before a row is read and nothing is charged."""
-    _guarded(
+    guarded(
         verbose,
         lambda: _draft(
             data, out, epsilon, delta, name, budget_epsilon, budget_delta, force, store, verbose, target, positive

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from privflow.cli._common import StoreOpt, VerboseOpt, _guarded
+from privflow.cli._common import StoreOpt, VerboseOpt, guarded
 
 SCORING_REPORT = "scoring.json"  # in the run's curator-only folder: the exact counts, for the operator only
 
@@ -55,7 +55,7 @@ def score(
     Scoring is post-processing of the released model (free); a DP threshold from --fpr spends
     --epsilon of the reference dataset's budget. A row that fails the schema's checks is kept
     with an empty score; the exact counts go to the curator-only folder."""
-    _guarded(
+    guarded(
         verbose,
         lambda: _score(model, data, out, threshold, fpr, reference, epsilon, score_low, score_high, store, verbose),
     )

@@ -7,10 +7,10 @@ import os
 
 from rich.console import Console
 
-from privflow.cli._common import _paragraph
+from privflow.cli._common import paragraph
 
 
-def _print_summary(summary: object, prefect: bool = False) -> None:
+def print_summary(summary: object, prefect: bool = False) -> None:
     """The run's figures as a table, then the registry decision and every path in full; with
     `prefect` (the run went through Prefect's engine), where to see its flow run."""
     from rich.table import Table
@@ -70,7 +70,7 @@ def _print_summary(summary: object, prefect: bool = False) -> None:
     else:
         alias_line = f"alias @{alias} -> v{alias_version}"
     if promotion:
-        alias_line += f" ({_paragraph(promotion)})"
+        alias_line += f" ({paragraph(promotion)})"
     lines.append(alias_line)
     lines.append(f"synthetic table: {s.synthetic_path}")
     if get("release_note"):
