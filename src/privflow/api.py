@@ -176,13 +176,32 @@ class Synthesizer:
         df, _ = validate(_frame(rows, "rows"), self.schema, "strict", advice=SCORED_ADVICE)
         return score_rows(self.release, df, seed)
 
+    def save(self, folder: str | Path) -> Path:
+        """Write the released model to a new folder that `Synthesizer.load(folder)` reads back:
+        its flows, public schema, DP marginals and target head, and the registry's version and
+        tags where it came from there. Nothing private: every part went through a mechanism
+        already; the ledger stays in the store. ConfigError for a folder that is not new and
+        empty, or a model that does not name the flow it was built as (nothing is written)."""
+        from privflow.serving.release import save_release
+
+        try:
+            return save_release(self.release, folder)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
     @classmethod
-    def load(cls, model: str, version: str | int | None = None, store: str | Path | None = None) -> Synthesizer:
+    def load(cls, model: str | Path, version: str | int | None = None, store: str | Path | None = None) -> Synthesizer:
         """A registered version from the store's MLflow registry, named as the CLI names it:
         `model` "NAME@ALIAS" or "NAME/VERSION" (`Synthesizer.load("privflow-adult@champion",
         store="store")`), or a model NAME with `version` a number or an alias. `store` is the
-        folder `fit` or `privflow run` wrote to. ModelNotFound when the store has no such version."""
+        folder `fit` or `privflow run` wrote to. ModelNotFound when the store has no such version.
+        Or a folder `save` wrote (`Synthesizer.load("saved-model")`: no store needed)."""
         from privflow.preflight import check_registry
+        from privflow.serving.release import is_saved, load_saved
+
+        if version is None and is_saved(model):
+            return cls.from_release(load_saved(model))
+        model = str(model)
 
         if version is not None:
             spec = f"{model}/{version}" if str(version).isdigit() else f"{model}@{version}"

@@ -71,3 +71,24 @@ def test_the_sampler_does_not_import_the_pyfunc() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_save_writes_a_folder_load_reads_back_and_nothing_is_overwritten(tmp_path: Path, release: Release) -> None:
+    """`Synthesizer.save(folder)` and `Synthesizer.load(folder)`: the same rows for a seed, the
+    version and tags kept; a folder that is not new and empty, or a model that does not name its
+    flow, is refused before anything is written."""
+    from privflow.api import Synthesizer
+    from privflow.core.errors import ConfigError
+
+    release.tags = {"epsilon": "0.9"}
+    synth = Synthesizer.from_release(release)
+    folder = synth.save(tmp_path / "saved")
+    again = Synthesizer.load(folder)
+    assert again.schema == synth.schema and again.release.version == "4" and again.release.tags == {"epsilon": "0.9"}
+    assert again.sample(200, seed=3).equals(synth.sample(200, seed=3))
+    with pytest.raises(ConfigError, match="not an empty folder"):
+        synth.save(folder)
+    bare = Synthesizer.from_release(Release(release.schema, release.flows))
+    with pytest.raises(ConfigError, match="does not name the flow"):
+        bare.save(tmp_path / "other")
+    assert not (tmp_path / "other").exists()

@@ -15,7 +15,7 @@ flow). Loading needs no training data, no Prefect and no MLflow; torch is import
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     import polars as pl
 
     from privflow.data.schema import Schema
+
+
+SAVED_META = "meta.json"  # a release's description among its artifact files
 
 
 @dataclass
@@ -106,4 +109,77 @@ def score_rows(release: Release, rows: pl.DataFrame, seed: int | None = None) ->
     return mixture_loglik(np.stack(per)) + conditional_loglik(codec, rows)
 
 
-__all__ = ["Release", "load_release", "score_rows"]
+def write_artifacts(
+    folder: Path,
+    schema: Schema,
+    model: Mapping[str, Any],
+    states: Sequence[Mapping[str, Any]],
+    marginals: dict[str, Any] | None = None,
+    head: dict[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """A release's artifact files in `folder`: one ``checkpoint_K.pt`` per flow state and
+    ``meta.json`` (the schema, the flow family and shape, the DP marginals and head, `extra`);
+    returns the map `load_release` reads. What a registered version stores and what `save` writes."""
+    import torch
+
+    artifacts: dict[str, str] = {}
+    for i, state in enumerate(states):
+        path = Path(folder) / f"checkpoint_{i}.pt"
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
+        artifacts[f"checkpoint_{i}"] = str(path)
+    meta: dict[str, Any] = {
+        "schema": schema.model_dump(mode="json"),
+        "model": dict(model),
+        "checkpoints": list(artifacts),
+    }
+    if marginals is not None:  # the DP marginals' output (privacy/mechanisms/dp_marginals.py)
+        meta["marginals"] = marginals
+    if head is not None:  # the DP target head (privacy/mechanisms/dp_head.py), calibrated
+        meta["head"] = head
+    meta.update(extra or {})
+    (Path(folder) / SAVED_META).write_text(json.dumps(meta))
+    artifacts["meta"] = str(Path(folder) / SAVED_META)
+    return artifacts
+
+
+def save_release(release: Release, folder: str | Path) -> Path:
+    """Write `release` to a new folder (`write_artifacts`, with its version and tags), which
+    `load_saved` reads back: the released model alone, no ledger, no registry. ValueError when
+    the folder exists and is not empty, or the release does not say what flow it was built as."""
+    folder = Path(folder)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ValueError(f"'{folder}' exists and is not an empty folder; save to a new folder (nothing was written).")
+    if release.model is None:
+        raise ValueError("this model does not name the flow it was built as: save a loaded or fitted model.")
+    folder.mkdir(parents=True, exist_ok=True)
+    states = [flow.state_dict() for flow in release.flows]
+    extra = {"saved": {"version": release.version, "tags": dict(release.tags)}}
+    write_artifacts(folder, release.schema, release.model, states, release.marginals, release.head, extra)
+    return folder
+
+
+def is_saved(folder: str | Path) -> bool:
+    """Whether `folder` holds a release `save_release` wrote."""
+    meta = Path(folder) / SAVED_META
+    return meta.is_file() and "saved" in json.loads(meta.read_text())
+
+
+def load_saved(folder: str | Path) -> Release:
+    """The release `save_release` wrote to `folder`."""
+    meta = json.loads((Path(folder) / SAVED_META).read_text())
+    artifacts = {"meta": str(Path(folder) / SAVED_META)}
+    artifacts.update({key: str(Path(folder) / f"{key}.pt") for key in meta["checkpoints"]})
+    saved = meta.get("saved") or {}
+    return load_release(artifacts, saved.get("version"), saved.get("tags"))
+
+
+__all__ = [
+    "Release",
+    "is_saved",
+    "load_release",
+    "load_saved",
+    "save_release",
+    "score_rows",
+    "write_artifacts",
+]

@@ -25,7 +25,6 @@ from typing import Any
 
 import mlflow
 import mlflow.artifacts
-import torch
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
@@ -376,23 +375,11 @@ def _log_generator(
     head: dict[str, Any] | None = None,
 ) -> str:
     """Log the checkpoints as a pyfunc sampler ("models from code") and register a version."""
+    from privflow.serving.release import write_artifacts
+
     with tempfile.TemporaryDirectory() as tmp:
-        artifacts: dict[str, str] = {}
-        for i, state in enumerate(states):
-            path = Path(tmp) / f"checkpoint_{i}.pt"
-            torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
-            artifacts[f"checkpoint_{i}"] = str(path)
-        meta = {
-            "schema": schema.model_dump(mode="json"),
-            "model": {"name": model_name, "config": model_config},
-            "checkpoints": list(artifacts),
-        }
-        if marginals is not None:  # the DP marginals' output (privacy/mechanisms/dp_marginals.py)
-            meta["marginals"] = marginals
-        if head is not None:  # the DP target head (privacy/mechanisms/dp_head.py), calibrated
-            meta["head"] = head
-        (Path(tmp) / "meta.json").write_text(json.dumps(meta))
-        artifacts["meta"] = str(Path(tmp) / "meta.json")
+        model = {"name": model_name, "config": model_config}
+        artifacts = write_artifacts(Path(tmp), schema, model, states, marginals, head)
         # mlflow.pyfunc.log_model, with the MLmodel file's creation time set to the day (_DayStampedPyfunc)
         info = Model.log(
             artifact_path=None,
