@@ -381,20 +381,17 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
     if "/" in best_group:
         true, false = best_group.split("/")
         return done(Suggestion(name, "boolean", BY_DP, labels=(true, false)))
-    # boolean 1/0 fails every row holding another number: it is chosen only when those are few by
-    # SAFE_Z noise sd (at a small epsilon, integer wins: no row lost)
-    ints = ("zero", "int+", "int-")
-    decs = tuple(f"dec{d}{sign}" for d in range(1, NUMBER_DECIMALS + 2) for sign in "+-")
-    if (
-        best_group == "number"
-        and sum(c[k] for k in ints + decs) + SAFE_Z * math.sqrt(len(ints + decs)) * cell_sd <= TYPE_SLACK * present
-    ):
-        return done(Suggestion(name, "boolean", BY_DP, labels=("1", "0")))
     if best_group == "number":
+        # above[d]: the numbers written with more than d decimals (noisy; above[0]: every decimal cell)
         above = [sum(c[f"dec{e}{s}"] for e in range(d + 1, NUMBER_DECIMALS + 2) for s in "+-") for d in range(8)]
-        # integer fails every row written with decimals: chosen only when those are few by SAFE_Z
-        # noise sd, so that noise alone never drafts it over a column with a few percent of decimals
-        if above[0] + SAFE_Z * math.sqrt(len(decs)) * cell_sd <= TYPE_SLACK * present:
+        dec_cells, int_cells = 2 * (NUMBER_DECIMALS + 1), ("zero", "int+", "int-")
+        # boolean 1/0 fails every row holding another number, integer every row written with
+        # decimals: each is chosen only when those are few by SAFE_Z noise sd (noise alone never
+        # drafts it over a column with a few percent of them; at a small epsilon, no row is lost)
+        others = above[0] + sum(c[k] for k in int_cells)
+        if others + SAFE_Z * math.sqrt(dec_cells + len(int_cells)) * cell_sd <= TYPE_SLACK * present:
+            return done(Suggestion(name, "boolean", BY_DP, labels=("1", "0")))
+        if above[0] + SAFE_Z * math.sqrt(dec_cells) * cell_sd <= TYPE_SLACK * present:
             return done(Suggestion(name, "integer", BY_DP))
         # numeric with 0 decimals where decimals are few but not surely so: written as whole numbers,
         # and a row written with decimals is read, not failed
