@@ -171,3 +171,28 @@ def test_a_column_spread_over_two_decades_still_has_a_scale() -> None:
     counts.update({"mag:0": 900.0, "mag:1": 900.0})  # under DECADE_Z noise sd together: no scale
     kind = dd.decide_kind("x", [counts[k] for k in dd.KIND_CELLS], 3200.0, 495.0, 10.0)
     assert kind.decade is None
+
+
+def _noisy_kinds(values: list[str], shift_sd: float, cell_sd: float) -> np.ndarray:
+    """The exact kind counts with every decimal cell moved by `shift_sd` noise sd: one plausible draw
+    of the noise, the same for every cell, so the rule is tested against a known worst case."""
+    counts = dd.kind_counts(pl.Series(values))
+    for i, cell in enumerate(dd.KIND_CELLS):
+        if cell.startswith("dec"):
+            counts[i] += shift_sd * cell_sd
+    return counts
+
+
+@pytest.mark.parametrize("shift", [-0.5, 0.0, 0.5])
+def test_decimals_follow_the_values_where_each_cell_carries_noise(shift: float) -> None:
+    """At a small epsilon every decimal cell carries noise of a tenth of the rows: whole numbers stay
+    whole (half an sd up in each of the 14 decimal cells once drafted them with decimals) and
+    values written with one or two decimals keep them."""
+    rows, sd = 4000, 400.0
+    rng = np.random.default_rng(3)
+    whole = [str(v) for v in rng.integers(0, 60, rows)]
+    tenths = [f"{v:.1f}" for v in rng.uniform(10, 60, rows)]
+    cents = [f"{v:.2f}" for v in rng.uniform(100, 900, rows)]
+    for values, want in ((whole, 0), (tenths, 1), (cents, 2)):
+        got = dd.decide_kind("x", _noisy_kinds(values, shift, sd), float(rows), sd, sd)
+        assert got.suggestion.type == "numeric" and got.suggestion.decimals == want, (want, shift, got.suggestion)

@@ -322,6 +322,7 @@ class KindDecision:
 TYPE_SLACK = 0.01  # a kind is chosen when at most this share of the present values (noisy) is of another kind
 TYPE_Z = 6.0  # ... or at most this many noise sd of the difference, where that is larger (a small epsilon)
 SAFE_Z = 3.0  # boolean 1/0 over integer: the other numbers this many noise sd under the slack
+DECIMALS_Z = 2.0  # numeric decimals: the longer values under the slack by this many noise sd
 DECADE_Z = 4.0  # the scale is known when two adjacent decades' noisy count passes this many noise sd
 SIGN_SHARE = 0.005  # a number column is non-negative when at most this share (or 2 sd) of its values is negative
 
@@ -333,10 +334,11 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
     (or TYPE_Z noise sd of the difference), else the column is text (categorical, or ignore after its category
     histogram). A number column is boolean 1/0 when its numbers other than 0 and 1 are at most TYPE_SLACK by SAFE_Z
     noise sd, integer when the non-integers are at most TYPE_SLACK by SAFE_Z noise sd, else numeric with `decimals`
-    the smallest d (0 included) with at most TYPE_SLACK written with more; a date is ISO or d/m/Y against m/d/Y by
-    the counts with a first vs a second field above 12; a datetime's granularity is the coarsest unit with at most
-    TYPE_SLACK needing a finer one. Where noise decides, the safer choice wins (integer over boolean, numeric over
-    integer, more decimals, a finer unit)."""
+    the smallest d (0 included) with at most TYPE_SLACK (by DECIMALS_Z noise sd) written with more; a date is ISO or
+    d/m/Y against m/d/Y by the counts with a first vs a second field above 12; a datetime's granularity is the
+    coarsest unit with at most TYPE_SLACK needing a finer one. Where noise decides, the choice that fails no row
+    wins (integer over boolean, numeric over integer, a finer unit); decimals round, so fewer decimals win there
+    (a rounded value is kept)."""
     c = dict(zip(KIND_CELLS, (float(v) for v in noisy), strict=True))
 
     def total(prefix: str | tuple[str, ...]) -> tuple[float, int]:
@@ -382,20 +384,26 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
         true, false = best_group.split("/")
         return done(Suggestion(name, "boolean", BY_DP, labels=(true, false)))
     if best_group == "number":
-        # above[d]: the numbers written with more than d decimals (noisy; above[0]: every decimal cell)
-        above = [sum(c[f"dec{e}{s}"] for e in range(d + 1, NUMBER_DECIMALS + 2) for s in "+-") for d in range(8)]
+        above = [_more_decimals(c, d, cell_sd) for d in range(NUMBER_DECIMALS + 1)]
         dec_cells, int_cells = 2 * (NUMBER_DECIMALS + 1), ("zero", "int+", "int-")
         # boolean 1/0 fails every row holding another number, integer every row written with
         # decimals: each is chosen only when those are few by SAFE_Z noise sd (noise alone never
         # drafts it over a column with a few percent of them; at a small epsilon, no row is lost)
-        others = above[0] + sum(c[k] for k in int_cells)
+        decimal = sum(c[f"dec{e}{s}"] for e in range(1, NUMBER_DECIMALS + 2) for s in "+-")
+        others = decimal + sum(c[k] for k in int_cells)
         if others + SAFE_Z * math.sqrt(dec_cells + len(int_cells)) * cell_sd <= TYPE_SLACK * present:
             return done(Suggestion(name, "boolean", BY_DP, labels=("1", "0")))
-        if above[0] + SAFE_Z * math.sqrt(dec_cells) * cell_sd <= TYPE_SLACK * present:
+        if above[0][0] + SAFE_Z * above[0][1] <= TYPE_SLACK * present:
             return done(Suggestion(name, "integer", BY_DP))
         # numeric with 0 decimals where decimals are few but not surely so: written as whole numbers,
-        # and a row written with decimals is read, not failed
-        decimals = next((d for d in range(0, NUMBER_DECIMALS + 1) if above[d] <= TYPE_SLACK * present), None)
+        # and a row written with decimals is read, not failed. Decimals: the fewest d whose longer
+        # values are under TYPE_SLACK by DECIMALS_Z noise sd: a value rounded to d decimals is kept
+        # (a per-row map, like a clamp), while decimals the values do not have turn a column of whole
+        # numbers or round amounts into a continuous one, losing its spikes (at epsilon 0.3, 1 to 5
+        # decimals were drafted over whole numbers: results/draft_run_credit.md)
+        decimals = next(
+            (d for d, (more, sd) in enumerate(above) if more <= TYPE_SLACK * present + DECIMALS_Z * sd), None
+        )
         return done(Suggestion(name, "numeric", BY_DP, decimals=decimals))
     if best_group == "date":
         iso, slash = c["date:iso"], c["date:dm"] + c["date:md"] + c["date:amb"]
@@ -416,6 +424,18 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
             unit = UNITS[k]
             break
     return done(Suggestion(name, "datetime", BY_DP, granularity=unit, **extra))  # type: ignore[arg-type]
+
+
+def _more_decimals(c: dict[str, float], d: int, cell_sd: float) -> tuple[float, float]:
+    """(noisy count, its noise sd) of the numbers written with more than d decimals: the inverse-
+    variance mean of two independent estimates, the sum of the decimal cells above d and the number
+    group's cell less the cells at or below d (at d = 0 the first sums 14 cells, the second 6)."""
+    above = [f"dec{e}{s}" for e in range(d + 1, NUMBER_DECIMALS + 2) for s in "+-"]
+    below = ["zero", "int+", "int-", "bool:1", "bool:0"] + [f"dec{e}{s}" for e in range(1, d + 1) for s in "+-"]
+    direct, k1 = sum(c[k] for k in above), len(above)
+    by_group, k2 = c["group:number"] - sum(c[k] for k in below), len(below) + 1
+    mean = (direct * k2 + by_group * k1) / (k1 + k2)  # weights 1/k1 and 1/k2, normalised
+    return mean, math.sqrt(k1 * k2 / (k1 + k2)) * cell_sd
 
 
 def _day_month(dm: float, md: float, fmt: str, cell_sd: float) -> dict[str, object]:
