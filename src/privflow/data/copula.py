@@ -118,6 +118,7 @@ class Cells:
     bounds: tuple[float, float] | None = None
     atoms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # numeric: declared point masses, sorted
     atom_cells: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # and their cells
+    step: float | None = None  # numeric: 10^-decimals where the schema declares decimals (the values' lattice)
 
     @property
     def n_values(self) -> int:
@@ -179,6 +180,7 @@ def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int
             bounds=(float(lo), float(hi)),
             atoms=atoms,
             atom_cells=cells,
+            step=None if col.decimals is None else 10.0 ** -int(col.decimals),
         )
     lo_i, hi_i = math.ceil(lo), math.floor(hi)  # at least one integer: the schema refuses bounds without
     if hi_i - lo_i + 1 <= max_atoms:
@@ -515,6 +517,8 @@ class CopulaCodec:
             e = c.edges
             lo, hi = c.bounds  # type: ignore[misc]
             x = np.clip(_t_inv(e[k] + r * (e[k + 1] - e[k]), c.transform), lo, hi)
+            if c.step is not None:
+                x = _on_lattice(x, _t_inv(e[k], c.transform), _t_inv(e[k + 1], c.transform), c.step)
             if c.atoms.size:  # an atom's cell gives the atom itself (no round trip through the t-scale)
                 at = np.isin(k, c.atom_cells)
                 x[at] = c.atoms[np.searchsorted(c.atom_cells, k[at])]
@@ -522,6 +526,19 @@ class CopulaCodec:
         if isnull.any():
             s = s.scatter(np.flatnonzero(isnull), None)
         return s
+
+
+def _on_lattice(x: np.ndarray, a: np.ndarray, b: np.ndarray, step: float) -> np.ndarray:
+    """Each value rounded to the lattice of multiples of `step` (the declared decimals), kept inside
+    its cell [a, b): to the lattice point nearest it among those in the cell, or rounded where the
+    cell holds none. Rounding alone moves a value past its cell's edge (a cell [50, 50.6) of whole
+    numbers wrote a fifth of the rows at 50 as 51), so a spike on a lattice point stays where its
+    DP marginal put it. Post-processing of a released value with the public schema."""
+    tol = 1e-9
+    first = np.ceil(a / step - tol) * step  # the first lattice point >= a
+    last = np.ceil(b / step - tol) * step - step  # the last one < b
+    near = np.round(x / step) * step
+    return np.where(first <= last + tol * step, np.clip(near, first, last), near)
 
 
 def marginal_of(df: pl.DataFrame, cells: Cells) -> np.ndarray:
