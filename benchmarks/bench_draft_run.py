@@ -73,7 +73,7 @@ def typed(schema: Any, df: pl.DataFrame) -> pl.DataFrame:
 
 def evaluate(schema: Any, train: pl.DataFrame, test: pl.DataFrame, synthetic: pl.DataFrame) -> dict[str, float]:
     from benchmarks.tables import utility_scores
-    from privflow.data.surface import lower
+    from privflow.data.lowering import lower
     from privflow.tasks.evaluation.fidelity import marginal_tv, range_fidelity
 
     schema = lower(schema)  # the modelled columns (ignored ones dropped), as the evaluation reads them
@@ -127,7 +127,7 @@ def score(name: str, work: Path, res: dict[str, Any], seed: int) -> dict[str, An
     """privflow's synthetic table (`work`) and MST's, scored on the real split."""
     from benchmarks.peers import driver
     from privflow.data.schema import Schema
-    from privflow.data.surface import lower, to_surface
+    from privflow.data.lowering import lower, to_surface
 
     train, test = split(name)
     schema = Schema.from_yaml(work / f"{name}.yaml")

@@ -38,7 +38,7 @@ def demo_events(epsilon: float) -> list[Event]:
     config = RunConfig.model_validate(
         {"data": demo / "adult_train.csv", "schema_path": demo / "adult.yaml", "privacy": {"epsilon": epsilon}}
     )
-    return list(plan_privacy.fn(config, Schema.from_yaml(demo / "adult.yaml")).events)  # the plain function: no Prefect
+    return list(plan_privacy(config, Schema.from_yaml(demo / "adult.yaml")).events)  # the plain function: no Prefect
 
 
 def rows(name: str, run: list[Event], counts: tuple[int, ...], alone: float) -> list[str]:

@@ -7,7 +7,8 @@ trained, fidelity diagnostics only, ``--promote always`` so that runs stay compa
 fresh subprocess per run. Each run's child is this script in ``--child`` mode: it puts timing
 wrappers around module attributes the CLI and the train flow look up at call time (the
 pre-flight function, ``privflow.core.env`` hooks the CLI calls just before and after it imports the
-flow, the pipeline's steps in ``privflow.flows.pipeline``, each Prefect task and its ``.fn``, Great
+flow, the pipeline's steps in ``privflow.flows.pipeline``, each step's function and the runner's call
+of it (``privflow.flows.steps``: the Prefect task run, or the plain call in process), Great
 Expectations' ``get_context``), then calls ``privflow.cli.main()``. Nothing in the package is
 edited; the wrappers only read the clock (``time.monotonic``: one clock for parent and child,
 so the interpreter's start and the exit after ``main`` returns, with Prefect's atexit shutdown
@@ -123,19 +124,23 @@ class Timeline:
         Path(path).write_text(json.dumps(doc))
 
 
-class TimedTask:
-    """A Prefect task stand-in: calling it times the task call (engine included), `.fn` is the
-    task's function (timed too, through the task object itself)."""
+def _time_step_calls(timeline: Timeline, names: set[str]) -> None:
+    """Each runner's call of the steps `names` timed as the task call: the Prefect engine included
+    under Prefect, the plain call in process (flows/steps.py). The steps' functions are timed
+    wrappers (functools.wraps: the runner finds their options), which the Prefect task calls."""
+    from privflow.flows import steps
 
-    def __init__(self, timeline: Timeline, name: str, task: Any) -> None:
-        self._call = timeline.wrap(name, task, "call")
-        task.fn = timeline.wrap(name, task.fn, "fn")  # the engine reads task.fn at call time
-        self.fn = task.fn
-        # the in-process pipeline (--engine local) calls .fn with the task's own retry policy
-        self.retries, self.retry_delay_seconds = task.retries, task.retry_delay_seconds
+    def timed_call(call: Callable[..., Any]) -> Callable[..., Any]:
+        def runner_call(self: Any, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+            name = getattr(fn, "__name__", "")
+            if name not in names:
+                return call(self, fn, *args, **kwargs)
+            return timeline.wrap(name, functools.partial(call, self, fn), "call")(*args, **kwargs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(*args, **kwargs)
+        return runner_call
+
+    for runner in (steps.LocalRunner, steps.PrefectRunner):
+        runner.__call__ = timed_call(runner.__call__)  # type: ignore[method-assign]
 
 
 def _instrument_flow(tl: Timeline) -> None:
@@ -143,7 +148,7 @@ def _instrument_flow(tl: Timeline) -> None:
     a Prefect server, privflow.flows.train, the flow that runs it)."""
     import mlflow
 
-    from privflow.data import validation
+    from privflow.data.validation import table as validation_table
     from privflow.flows import pipeline
     from privflow.tasks import fit, mlflow_store
 
@@ -154,14 +159,16 @@ def _instrument_flow(tl: Timeline) -> None:
     for name in ("tracking", "experiment_for", "log_run_header", "log_synthetic"):
         setattr(mlflow_store, name, tl.wrap(f"mlflow.{name}", getattr(mlflow_store, name)))
     mlflow.start_run = tl.wrap("mlflow.start_run", mlflow.start_run)
-    for name in ("plan_privacy", "validate_data", "evaluate_run", "register_model"):
-        setattr(pipeline, name, TimedTask(tl, name, getattr(pipeline, name)))
-    for name in ("dp_marginal_codec", "encode_rows", "dp_statistics", "dp_prior", "train_flow_model"):
-        setattr(fit, name, TimedTask(tl, name, getattr(fit, name)))
-    fit.select_checkpoints = TimedTask(tl, "select_checkpoints", fit.select_checkpoints)
+    pipeline_steps = ("plan_privacy", "validate_data", "evaluate_run", "register_model")
+    fit_steps = ("dp_marginal_codec", "encode_rows", "dp_statistics", "dp_prior", "train_flow_model")
+    fit_steps += ("select_checkpoints",)
+    for module, names in ((pipeline, pipeline_steps), (fit, fit_steps)):
+        for name in names:
+            setattr(module, name, tl.wrap(name, getattr(module, name), "fn"))
+    _time_step_calls(tl, {*pipeline_steps, *fit_steps})
     fit.cumulative_epsilon = tl.wrap("cumulative_epsilon", fit.cumulative_epsilon)
     fit.FitResult.sample = tl.wrap("sample", fit.FitResult.sample)
-    run_gx = validation._run_gx
+    run_gx = validation_table.run_gx
 
     def gx_imported_first(*args: Any, **kwargs: Any) -> Any:
         """Great Expectations is imported where privflow imports it (here, first); its context timed."""
@@ -173,7 +180,7 @@ def _instrument_flow(tl: Timeline) -> None:
             gx.get_context = tl.wrap("gx.get_context", gx.get_context)
         return run_gx(*args, **kwargs)
 
-    validation._run_gx = gx_imported_first
+    validation_table.run_gx = gx_imported_first
 
 
 def child(timeline_path: str, cli_args: list[str]) -> int:
@@ -218,7 +225,7 @@ def child(timeline_path: str, cli_args: list[str]) -> int:
     env.set_verbosity, env.quiet_imported = after_verbosity, after_flow_import
     from privflow.cli import run as run_command  # the module whose `run` prints the summary
 
-    run_command._print_summary = tl.wrap("print_summary", run_command._print_summary)
+    run_command.print_summary = tl.wrap("print_summary", run_command.print_summary)
     sys.argv = ["privflow", *cli_args]
     code = 0
     try:

@@ -79,7 +79,7 @@ def release_marginals(path: Path) -> None:
     config = RunConfig.build(data=data, schema_path=SCHEMA)
     stage = run_plan(config, schema).stage("dp_marginals")
     df, _ = validate(read_table(data), schema, "quarantine", path.with_suffix(".quarantine.csv"))
-    codec = dp_marginal_codec.fn(df, schema, stage, config.marginals.grid_bins)
+    codec = dp_marginal_codec(df, schema, stage, config.marginals.grid_bins)
     path.write_text(json.dumps(codec.marginals.to_dict()))
 
 

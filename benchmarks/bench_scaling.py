@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -51,7 +50,7 @@ SEED = 20261123  # public: the perturbation's only randomness
 JITTER = 0.01  # share of a numeric column's public width
 RESAMPLE = 0.01  # share of categorical cells redrawn
 EPSILON, DELTA = 1.0, 1e-8
-# the module attributes of privflow.tasks.fit that the phases run through (Prefect tasks: their .fn)
+# the module attributes of privflow.tasks.fit that the phases run through (the steps' plain functions)
 TASK_PHASES = {
     "dp_marginal_codec": "dp_marginals",
     "dp_target_head": "dp_head",
@@ -162,7 +161,7 @@ def child(rows: int, path: str, epochs: float) -> None:
     )
     torch.set_num_threads(config.train.threads)  # as the train flow does (tasks/train.py: cpu_threads)
     for attr, phase in TASK_PHASES.items():
-        setattr(fit_module, attr, SimpleNamespace(fn=_timed(phase, getattr(fit_module, attr).fn)))
+        setattr(fit_module, attr, _timed(phase, getattr(fit_module, attr)))
     fit_module.cumulative_epsilon = _timed("epsilon_curve", fit_module.cumulative_epsilon)
     fit_module.calibrated = _timed("head_calibration", fit_module.calibrated)
     plan = run_plan(config, schema)

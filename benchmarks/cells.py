@@ -42,6 +42,7 @@ from benchmarks.peers import driver as peers
 from privflow.core.config import RunConfig
 from privflow.data.copula import DEFAULT_GRID_BINS, CopulaCodec, cell_positions
 from privflow.data.target_head import TargetCodec, conditional_loglik
+from privflow.flows.steps import private_options
 from privflow.privacy.accounting.accountant import PLDAccountant
 from privflow.privacy.accounting.plan import Remainder, make_plan
 from privflow.privacy.mechanisms import dp_marginals, dp_mog, dp_stats
@@ -52,7 +53,6 @@ from privflow.tasks.evaluation.quality import quality_scores
 from privflow.tasks.evaluation.report import likelihood_metrics
 from privflow.tasks.evaluation.utility import utility
 from privflow.tasks.fit import Spend, exact_marginal_codec, fit, initial_model, initialise, prepare
-from privflow.tasks.lazy_task import private_options
 from privflow.tasks.run_plan import run_plan
 from privflow.tasks.select import row_loglik
 
@@ -209,7 +209,7 @@ def fit_model(data: Any, cell: Cell, cfg: Any) -> tuple[Any, Any, list[Any], dic
     config enables it), the events spent and facts about the run."""
     if cell.model == "dpmog":
         share = cfg.select.fraction(data.schema.dataset.expected_rows)
-        x_train, _ = encode_rows.fn(data.train, data.codec, share, cell.seed)
+        x_train, _ = encode_rows(data.train, data.codec, share, cell.seed)
         model, events, facts = fit_dpmog(data, cell, cfg, x_train)
         return model, data.codec, events, facts
     private = cell.epsilon is not None

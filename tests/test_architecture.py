@@ -1,6 +1,6 @@
 """The layout's rules, checked: layers only point down, the library imports neither Prefect
-nor MLflow (import-linter contracts in pyproject.toml), and an installed privflow adds no
-generic top-level module to a user's environment."""
+nor MLflow (import-linter contracts in pyproject.toml), nothing below flows/ imports Prefect (an
+AST scan), and an installed privflow adds no generic top-level module to a user's environment."""
 
 from __future__ import annotations
 
@@ -85,3 +85,37 @@ def test_tests_mirror_the_package() -> None:
     assert folders - {"integration"} <= {p.name for p in package.iterdir() if p.is_dir()}
     top = {p.name for p in tests.glob("test_*.py")}
     assert top <= TOP_LEVEL_TESTS, sorted(top - TOP_LEVEL_TESTS)
+
+
+# Prefect stays in flows/ (and the CLI and API that start flows): every layer below runs plain
+# functions (flows/steps.py gives the steps their task options). core/startup.py is the one
+# exception: the CLI's start-up engineering, which spawns Prefect's temporary server early.
+NO_PREFECT = ("preflight", "tasks", "serving", "models", "privacy", "data", "core")
+PREFECT_ALLOWED = {"core/startup.py"}
+
+
+def _imports(path: Path) -> set[str]:
+    """The top-level names of every module `path` imports, at any depth (lazy imports too)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_only_flows_import_prefect() -> None:
+    package = REPO / "src" / "privflow"
+    offenders = [
+        path.relative_to(package).as_posix()
+        for layer in NO_PREFECT
+        for path in sorted((package / layer).rglob("*.py"))
+        if "prefect" in _imports(path) and path.relative_to(package).as_posix() not in PREFECT_ALLOWED
+    ]
+    assert not offenders, offenders
+    # the scan sees lazy imports (flows/steps.py imports Prefect inside functions only), and the
+    # exception is still needed
+    assert all("prefect" in _imports(package / p) for p in {"flows/steps.py", *PREFECT_ALLOWED})

@@ -206,7 +206,7 @@ def test_a_parent_the_ledger_does_not_record_is_refused_before_any_reservation(w
     state = initial_model(config, Codec.from_schema(schema)).state_dict()
     tags = {"dataset": "adult", "privflow_run_id": v1["run_id"]}
     with mlflow.start_run():
-        version = register_model.fn(
+        version = register_model(
             "unrecorded", "champion", schema, "maf", config.model.model_dump(exclude={"name"}), [state], tags
         ).version
     runs = world["ledger"].runs()

@@ -29,8 +29,8 @@ import polars as pl
 from privflow.core import env
 from privflow.core.config import RunConfig
 from privflow.core.errors import ConfigError, DataError, PrivflowError, SchemaError, first_line
+from privflow.data.lowering import to_surface
 from privflow.data.schema import Schema
-from privflow.data.surface import to_surface
 from privflow.serving.release import Release, score_rows
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class Synthesizer:
         """`n` synthetic rows; `seed` makes the draw reproducible (else a CSPRNG seed). The table
         is built in memory: `n` it could not hold is refused before sampling (stream larger
         tables to a file with `privflow generate`). Rows come as the input is written
-        (privflow/data/surface.py): dates as text in their format, booleans as their labels,
+        (privflow/data/lowering.py): dates as text in their format, booleans as their labels,
         numeric columns rounded to their `decimals`, no ignored column.
 
         `where` (conditions combined with AND): only rows that meet them, drawn from the model's

@@ -74,7 +74,7 @@ def test_the_trainer_reports_each_epoch_once_at_its_start(
 
     monkeypatch.setattr(train_task, "train", fake_train)
     settings = TrainSettings(sample_rate=sample_rate, steps=steps, noise_multiplier=1.0, max_grad_norm=1.0)
-    train_task.train_flow_model.fn(torch.nn.Linear(2, 2), np.zeros((4, 2), np.float32), settings, False)
+    train_task.train_flow_model(torch.nn.Linear(2, 2), np.zeros((4, 2), np.float32), settings, False)
     epochs = [train_task.epoch_of(step, sample_rate) for step in range(1, steps + 1)]
     last = epochs[-1] if epochs else 1
     assert _lines(log) == [f"epoch {k}" for k in range(1, last + 1)]

@@ -134,8 +134,8 @@ def test_the_worker_gives_the_same_utility_records(
     """Classifiers trained ahead (the real reference) and shared with the worker (the synthetic
     side) give the records of one process, in the same order."""
     monkeypatch.setenv("PRIVFLOW_DIAGNOSTICS_WORKER", "1")  # tests/conftest.py turns it off
+    from privflow.data.lowering import lower
     from privflow.data.schema import Schema
-    from privflow.data.surface import lower
     from privflow.data.validation import validate
     from privflow.tasks.evaluation import utility, worker
 

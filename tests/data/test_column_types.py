@@ -1,4 +1,4 @@
-"""Date, datetime, boolean and ignore (id) columns, and numeric `decimals` (privflow/data/surface.py):
+"""Date, datetime, boolean and ignore (id) columns, and numeric `decimals` (privflow/data/lowering.py):
 the schema's checks of each new field, lowering to the modelled types, the round trip through
 validation, the codec and the output conversion, an unparseable date failing its row (never the
 file), and one small real run whose `privflow generate` writes dates in the input's format."""
@@ -18,8 +18,8 @@ import yaml
 from privflow.core.errors import SchemaError, ValidationFailed
 from privflow.data.codec import Codec
 from privflow.data.io import read_table, write_table
+from privflow.data.lowering import lower, output_names, read_values, to_surface
 from privflow.data.schema import Schema
-from privflow.data.surface import lower, output_names, read_values, to_surface
 from privflow.data.validation import validate
 
 SCHEMA_YAML = """

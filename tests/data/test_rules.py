@@ -17,9 +17,9 @@ import yaml
 from typer.testing import CliRunner
 
 from privflow.core.errors import ConfigError, SchemaError
+from privflow.data.lowering import lower
 from privflow.data.rules import broken, counts, curator_lines
 from privflow.data.schema import Schema, time_number
-from privflow.data.surface import lower
 from privflow.serving import conditions as cond
 from privflow.serving.conditions import Conditions, conditions_for, with_rules
 

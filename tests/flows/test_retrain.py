@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -197,7 +198,7 @@ def _register(name: str, state: dict, reg: dict) -> str:
     tracking(reg["store"])
     experiment_for("adult-promote", reg["store"])
     with mlflow.start_run():
-        return register_model.fn(
+        return register_model(
             name, "candidate", Schema.from_yaml(reg["schema"]), "maf", {"blocks": 1, "hidden": 8}, [state], {}
         ).version
 
@@ -239,7 +240,7 @@ def test_first_version_becomes_champion_at_no_cost(registry: dict) -> None:
     v1 = _register(name, _model(0), registry)
     ledger_path = registry["store"] / "ledger.db"
     before = len(Ledger(ledger_path).runs()) if ledger_path.exists() else 0
-    d = promote_if_better.fn(
+    d = promote_if_better(
         name, v1, _config(registry), PromotionSettings(epsilon=1.0), str(ledger_path), "first:promote"
     )
     assert d.promoted and d.epsilon == 0.0 and d.champion_version is None
@@ -273,7 +274,7 @@ def test_a_promotion_waits_for_the_stores_lock(registry: dict, monkeypatch: pyte
 
     monkeypatch.setattr(promote, "store_lock", lock_asked_for)
     run = lambda: decided.append(  # noqa: E731
-        promote_if_better.fn(name, v1, _config(registry), PromotionSettings(epsilon=1.0), ledger_path, "lock:promote")
+        promote_if_better(name, v1, _config(registry), PromotionSettings(epsilon=1.0), ledger_path, "lock:promote")
     )
     with store_lock(registry["store"]):
         worker = threading.Thread(target=run)
@@ -302,7 +303,7 @@ def test_better_version_is_promoted_and_the_comparison_is_in_the_ledger(registry
     ledger.ensure_dataset(schema.dataset.name, schema.dataset.budget.epsilon, schema.dataset.budget.delta)
     spent_before = ledger.spent(schema.dataset.name)[0]
     settings = PromotionSettings(epsilon=2.0)
-    d = promote_if_better.fn(name, new, _config(registry), settings, str(ledger.path), "better:promote")
+    d = promote_if_better(name, new, _config(registry), settings, str(ledger.path), "better:promote")
     assert d.promoted and d.champion_version == old and d.noisy_margin is not None and d.noisy_margin > 0
     assert str(client.get_model_version_by_alias(name, "champion").version) == new
     tags = client.get_model_version(name, new).tags
@@ -332,7 +333,7 @@ def test_worse_version_is_not_promoted_and_still_pays(registry: dict) -> None:
     client.set_registered_model_alias(name, "champion", good)
     bad = _register(name, _model(4, bad=True), registry)
     ledger = Ledger(registry["store"] / "ledger.db")
-    d = promote_if_better.fn(
+    d = promote_if_better(
         name, bad, _config(registry), PromotionSettings(epsilon=2.0), str(ledger.path), "worse:promote"
     )
     assert not d.promoted and d.noisy_margin is not None and d.noisy_margin < 0
@@ -364,7 +365,7 @@ def test_comparison_refused_by_the_budget_reads_nothing(registry: dict, monkeypa
     ledger.set_budget(dataset.name, ledger.spent(dataset.name)[0] + 0.01, dataset.budget.delta)  # almost spent
     before = len(ledger.runs())
     try:
-        d = promote.promote_if_better.fn(
+        d = promote.promote_if_better(
             name, b, _config(registry), PromotionSettings(epsilon=1.0), str(ledger.path), "broke:promote"
         )
     finally:
@@ -381,6 +382,7 @@ def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, m
     from prefect import flow
 
     import privflow.tasks.promote as promote
+    from privflow.flows.steps import PREFECT, prefect_task
 
     name = "pf-retry"
     client = MlflowClient()
@@ -400,10 +402,10 @@ def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, m
     monkeypatch.setattr(promote, "record", flaky)
 
     @flow
-    def run_promotion() -> PromotionDecision:
-        return promote.promote_if_better.with_options(retry_delay_seconds=0)(
-            name, b, _config(registry), PromotionSettings(epsilon=1.0), str(ledger.path), "retry:promote"
-        )
+    def run_promotion() -> PromotionDecision:  # the promotion task as the flows run it (flows/steps.py)
+        task = prefect_task(promote.promote_if_better).with_options(retry_delay_seconds=0)
+        settings = PromotionSettings(epsilon=1.0)
+        return task(name, b, _config(registry), settings, str(ledger.path), "retry:promote", PREFECT.attempt)
 
     decision = run_promotion()
     assert calls["n"] == 2 and decision.ledger_run_id == "retry:promote#attempt2"
@@ -519,10 +521,12 @@ def test_retraining_runs_the_clis_pre_flight(tmp_path: Path, prefect_server) -> 
 
 
 def _flaky(monkeypatch: pytest.MonkeyPatch, module: object, attr: str, exc: Exception) -> dict:
-    """Make module.attr raise `exc` on its first call only."""
+    """Make module.attr raise `exc` on its first call only (a pipeline step stays one: the
+    wrapper names it, functools.wraps, so a runner finds its task options, flows/steps.py)."""
     real = getattr(module, attr)
     calls = {"n": 0}
 
+    @functools.wraps(real)
     def wrapper(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 1:
@@ -588,7 +592,7 @@ def test_a_diagnostics_crash_keeps_the_release(tmp_path: Path, monkeypatch: pyte
     import privflow.flows.pipeline as pipeline
 
     config = _train_config(tmp_path, "adult-diagnostics-crash")
-    _flaky(monkeypatch, pipeline.evaluate_run, "fn", RuntimeError("diagnostics crashed"))  # in process: the task's fn
+    _flaky(monkeypatch, pipeline, "evaluate_run", RuntimeError("diagnostics crashed"))
     summary = pipeline.train_in_process(config, show_progress=False)
     assert summary.model_version and "diagnostics failed (RuntimeError: diagnostics crashed)" in (
         summary.diagnostics_note or ""

@@ -130,11 +130,9 @@ def test_the_synthetic_table_is_released_the_same_way(runs) -> None:
     assert Path(local.curator_dir).is_dir() and Path(local.curator_dir).name == local.run_id
 
 
-def test_the_plan_preflight_made_is_the_one_reserved(tmp_path: Path, demo_dir: Path, monkeypatch) -> None:
+def test_the_plan_preflight_made_is_the_one_reserved(tmp_path: Path, demo_dir: Path) -> None:
     """One plan: pre-flight computes it and the in-process run reserves exactly it, without
     planning again."""
-    from types import SimpleNamespace
-
     from privflow.flows import pipeline
     from privflow.preflight import preflight
 
@@ -142,11 +140,10 @@ def test_the_plan_preflight_made_is_the_one_reserved(tmp_path: Path, demo_dir: P
     cfg = RunConfig.build(data=data, schema_path=schema_path, store=tmp_path / "store")
     checked = preflight(cfg)
 
-    def plan_again(*args: object) -> None:
-        raise AssertionError("planned twice")
+    def no_step(fn: object, *args: object, **kwargs: object) -> None:  # a runner: any step is the plan again
+        raise AssertionError(f"planned twice ({fn})")
 
-    monkeypatch.setattr(pipeline, "plan_privacy", SimpleNamespace(fn=plan_again, retries=0))
     schema = Schema.from_yaml(schema_path)
-    plan, ledger = pipeline._reserve(checked.config, schema, tmp_path / "store", "run-1", plan=checked.plan)
+    plan, ledger = pipeline._reserve(checked.config, schema, tmp_path / "store", "run-1", no_step, plan=checked.plan)
     assert plan is checked.plan
     assert list(ledger.runs(schema.dataset.name)[0].reserved_events) == checked.plan.events

@@ -15,8 +15,8 @@ import torch
 import yaml
 
 from privflow.data.codec import Codec
+from privflow.data.lowering import _map_unique, _time_texts, _vector_format, _writer, csv_text, lower, to_surface
 from privflow.data.schema import Schema
-from privflow.data.surface import _map_unique, _time_texts, _vector_format, _writer, csv_text, lower, to_surface
 from privflow.models import build_flow
 from privflow.serving.sampler import sample_rows, write_samples
 

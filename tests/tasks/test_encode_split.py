@@ -39,7 +39,7 @@ def test_rows_are_encoded_in_chunks_into_the_two_splits(demo_dir, monkeypatch) -
     df, _ = validate(pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=1000), schema, "strict")
     codec = Codec.from_schema(schema)
     monkeypatch.setattr(encode, "ENCODE_CHUNK_ROWS", 97)
-    x_train, x_val = encode.encode_rows.fn(df, codec, 0.2, seed=4)
+    x_train, x_val = encode.encode_rows(df, codec, 0.2, seed=4)
     coin = encode.selection_coins(df, 0.2, seed=4)
     whole = codec.encode(df, np.random.default_rng(0))
     exact = [j for j, f in enumerate(codec.features) if f.kind == "categorical"]
@@ -97,10 +97,10 @@ def test_a_streamed_encoding_splits_as_the_whole_table_does(
     for chunk in parquet_chunks(data, 1000):  # the first pass's record of the clean rows
         ranks.record(validate(chunk, schema, "strict")[0])
     assert ranks.partitions == 16
-    x_train, x_val, _ = stream.encode_chunks.fn(config, schema, codec, tmp_path, ranks)
+    x_train, x_val, _ = stream.encode_chunks(config, schema, codec, tmp_path, ranks)
     share = config.select.fraction(schema.dataset.expected_rows)
     assert share == (0.2 if max_validation_rows == 100_000 else 300 / schema.dataset.expected_rows)
-    whole_train, whole_val = encode.encode_rows.fn(df, codec, share, seed=4)
+    whole_train, whole_val = encode.encode_rows(df, codec, share, seed=4)
     assert abs(len(whole_val) - df.height * share) < 5 * (df.height * share) ** 0.5  # 5 sd of the coins
     exact = [j for j, f in enumerate(codec.features) if f.kind == "categorical"]
     streamed_val = x_val[:]  # the selection file, in table order

@@ -58,7 +58,7 @@ def test_dp_statistics_leaves_the_global_rng_alone() -> None:
 
     model = _model()
     stage = StagePlan("dp_stats", 0.1, 1.0, GaussianEvent(2.0))
-    _unchanged_global_rng(lambda: dp_statistics.fn(model, _rows(300), stage))
+    _unchanged_global_rng(lambda: dp_statistics(model, _rows(300), stage))
 
 
 def test_dp_prior_leaves_the_global_rng_alone() -> None:
@@ -67,7 +67,7 @@ def test_dp_prior_leaves_the_global_rng_alone() -> None:
     model = _model("mog")
     d = len(CARDS)
     stage = StagePlan("dp_prior", 0.1, 1.0, RepeatedEvent(GaussianEvent(5.0), 3))
-    _unchanged_global_rng(lambda: dp_prior.fn(model, _rows(300), np.zeros(d), np.ones(d), stage, 2))
+    _unchanged_global_rng(lambda: dp_prior(model, _rows(300), np.zeros(d), np.ones(d), stage, 2))
 
 
 def test_row_loglik_uses_its_generator_not_the_global_rng() -> None:
@@ -109,7 +109,7 @@ def test_select_runs_with_and_without_validation_rows(rows: int) -> None:
     assert loglik_matrix(_make, [s for _, s in checkpoints], x).shape == (4, rows)
     holder: dict[str, list[int]] = {}
     _unchanged_global_rng(
-        lambda: holder.update(p=select_checkpoints.fn(_make, checkpoints, x, stage, SelectConfig(top_k=2)))
+        lambda: holder.update(p=select_checkpoints(_make, checkpoints, x, stage, SelectConfig(top_k=2)))
     )
     picks = holder["p"]
     assert len(picks) == 2 == len(set(picks)) and all(0 <= i < 4 for i in picks)
@@ -124,7 +124,7 @@ def test_select_with_zero_rows_is_uniform() -> None:
     model = _model()
     checkpoints = _checkpoints(model, 3)
     stage = StagePlan("select", 0.1, 1.0, PureDPEvent(1.0))
-    picks = [select_checkpoints.fn(_make, checkpoints, _rows(0), stage, SelectConfig())[0] for _ in range(600)]
+    picks = [select_checkpoints(_make, checkpoints, _rows(0), stage, SelectConfig())[0] for _ in range(600)]
     assert stats.chisquare(np.bincount(picks, minlength=3)).pvalue > FALSE_ALARM
 
 

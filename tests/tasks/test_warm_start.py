@@ -7,7 +7,7 @@ ledger's record of the version (`Ledger.record_version`), never its registry tag
 of a warm start: the from-scratch plan minus its initialisation stages, DP-SGD unchanged; and the
 ledger's lineage composition (privacy rule 9).
 
-Parents are registered directly (`register_model.fn`, as the pipeline logs them), so no
+Parents are registered directly (`register_model`, as the pipeline logs them), so no
 Prefect server is needed; the end-to-end runs are in tests/flows/test_warm_start.py.
 """
 
@@ -61,7 +61,7 @@ def _register(store: Path, name: str, schema: Path, tags: dict[str, str], model:
     experiment_for("warm-start-test", store)
     state = initial_model(cfg, Codec.from_schema(sch)).state_dict()
     with mlflow.start_run():
-        return register_model.fn(
+        return register_model(
             name, "champion", sch, cfg.model.name, cfg.model.model_dump(exclude={"name"}), [state], tags
         ).version
 

@@ -235,7 +235,7 @@ def _run_body(
         pipeline, ready, cfg = _start_run(config_path, overrides, verbose, promote, server)
         if ready is not None:
             from privflow.core.startup import waits
-            from privflow.data.validation import import_gx
+            from privflow.data.validation.expectations import import_gx
 
             # while Prefect's temporary server starts, this process would wait idle: import GX meanwhile
             with times.stage("Prefect server start"), meanwhile(import_gx) if waits(ready) else nullcontext():

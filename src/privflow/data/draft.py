@@ -71,7 +71,7 @@ def missing_tokens(frame: pl.DataFrame) -> tuple[str, ...]:
 
 def normalised(frame: pl.DataFrame, tokens: Sequence[str]) -> pl.DataFrame:
     """Text values without the spaces around them, empty text and `tokens` as missing (as
-    privflow/data/validation.py reads a table with those missing_values)."""
+    privflow/data/validation/ reads a table with those missing_values)."""
     drop = pl.Series(["", *tokens], dtype=pl.String)
     exprs = []
     for name, dtype in frame.schema.items():

@@ -76,6 +76,7 @@ from datetime import date, datetime
 
 import polars as pl
 
+from privflow.data.lowering import lower, rounded
 from privflow.data.schema import (
     BOUNDED_TYPES,
     TEMPORAL_TYPES,
@@ -88,7 +89,6 @@ from privflow.data.schema import (
     Schema,
     time_number,
 )
-from privflow.data.surface import lower, rounded
 
 _NUMBERS = ("numeric", "integer")
 
@@ -319,7 +319,7 @@ def _listed(values: Sequence[str], most: int = 20) -> str:
 
 
 def lower_rules(schema: Schema) -> tuple[object, ...]:
-    """The rules of `privflow.data.surface.lower(schema)`: the same rules, under the same labels,
+    """The rules of `privflow.data.lowering.lower(schema)`: the same rules, under the same labels,
     with a conditional's date or datetime value in the modelled units of its column (days, units of
     its granularity since 1970-01-01). An inequality of two dates or two datetimes of one
     granularity compares the modelled units as they are; booleans keep their labels."""

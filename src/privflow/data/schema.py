@@ -6,7 +6,7 @@ dataset's identity and its total budget. Nothing in it is read off the private r
 
 Columns come in the types a table is written in (its surface): numeric, integer and
 categorical, which the model takes as they are, and date, datetime, boolean and ignore (alias
-`id`), which privflow/data/surface.py lowers to the first three before anything is modelled.
+`id`), which privflow/data/lowering.py lowers to the first three before anything is modelled.
 
 `rules` are public rules between columns (inequality, combinations, conditional,
 missing_together) that every released row meets; their types are here, their check against
@@ -85,7 +85,7 @@ def yaml_strings(v: object, field: str) -> object:
 
 def _refuse_spaced(values: Sequence[str], what: str) -> None:
     """Text the data is matched against, which would never match: the data's text values are read
-    with the spaces around them removed (privflow/data/validation.py)."""
+    with the spaces around them removed (privflow/data/validation/coerce.py)."""
     spaced = [t for t in values if t != t.strip()]
     if spaced:
         raise ValueError(
@@ -147,7 +147,7 @@ class Budget(BaseModel):
 
 class Column(BaseModel):
     """One column: numeric/integer with public bounds, categorical with a public list, or one of
-    the types lowered to those (privflow/data/surface.py): date and datetime with public bounds
+    the types lowered to those (privflow/data/lowering.py): date and datetime with public bounds
     and a text format, boolean with its two labels, ignore (alias `id`), which is not modelled.
 
     A date column's bounds and atoms are held as whole days since 1970-01-01, a datetime column's
@@ -473,7 +473,7 @@ class Column(BaseModel):
         """Whether the model takes this column as it is (not lowered first, not ignored)."""
         return self.type in MODELLED_TYPES
 
-    # -- the lowered types' public facts (privflow/data/surface.py) --------------------------------
+    # -- the lowered types' public facts (privflow/data/lowering.py) --------------------------------
 
     @property
     def true_false(self) -> tuple[str, ...]:

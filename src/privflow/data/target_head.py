@@ -48,8 +48,8 @@ from privflow.core.errors import DataError
 from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec, Marginals
 from privflow.data.features import block_size, category_codes, compact_features, expand_features, feature_widths
+from privflow.data.lowering import lower
 from privflow.data.schema import Column, Schema
-from privflow.data.surface import lower
 
 # Calibration stops when every class rate is within this of its target (or after the cap).
 _CALIBRATION_TOLERANCE = 1e-6
@@ -385,7 +385,7 @@ def release_codec(schema: Schema, marginals: Mapping[str, Any] | None, head: Map
     """The codec a released model was trained in, from what is stored beside its weights: the
     schema-only Codec, or the copula codec of its DP marginals (`Marginals.to_dict()`), joined
     with its target head (`TargetHead.to_dict()`) when it has one. A release keeps the schema
-    as written (its surface); the codec is the modelled schema's (`privflow.data.surface.lower`)."""
+    as written (its surface); the codec is the modelled schema's (`privflow.data.lowering.lower`)."""
     schema = lower(schema)
     codec: Any = Codec.from_schema(schema) if marginals is None else CopulaCodec(schema, Marginals.from_dict(marginals))
     if head is None:

@@ -21,8 +21,8 @@ from prefect import flow
 from privflow.core.config import RunConfig
 from privflow.data.codec import Codec
 from privflow.data.io import read_table
+from privflow.data.lowering import lower
 from privflow.data.schema import Schema
-from privflow.data.surface import lower
 from privflow.data.validation import validate
 from privflow.privacy import audit
 from privflow.privacy.accounting.accountant import PLDAccountant
@@ -72,7 +72,7 @@ def audit_pipeline(
     r = guesses if guesses is not None else max(2, canaries // 5)
     k_pos, k_neg = (r + 1) // 2, r // 2
     schema = Schema.from_yaml(config.schema_path)
-    codec = Codec.from_schema(lower(schema))  # the modelled columns (privflow/data/surface.py)
+    codec = Codec.from_schema(lower(schema))  # the modelled columns (privflow/data/lowering.py)
     # The audit checks DP-SGD's configuration (clipping and noise of the grad samplers), in the
     # schema codec; the DP marginals' release has its own certificate test (OpenDP's maps), and
     # leaving them on would let a small table's plan train no flow at all.
@@ -89,7 +89,7 @@ def audit_pipeline(
         df, _ = validate(
             read_table(config.data, max_line_bytes=schema.dataset.max_line_bytes), schema, config.policy, quarantine
         )
-        x_train, _ = encode_rows.fn(df, codec, config.select.fraction(schema.dataset.expected_rows), config.train.seed)
+        x_train, _ = encode_rows(df, codec, config.select.fraction(schema.dataset.expected_rows), config.train.seed)
         initialise(model, config, plan, x_train, Spend())  # in memory only: no ledger, no MLflow
         shipped = settings_for(config.train, plan.stage("train"))
         settings = audit.mutate(shipped, mutation)
@@ -100,7 +100,7 @@ def audit_pipeline(
         coins = audit.inclusion_coins(canaries, seed)
         norm = audit.CANARY_NORM_FACTOR * shipped.max_grad_norm
         with audit.inject_canaries(slots, coins, settings.sample_rate, norm, seed) as run:
-            train_flow_model.fn(model, x_train, settings, show_progress)
+            train_flow_model(model, x_train, settings, show_progress)
     r, v = audit.guesses(run.scores, coins, k_pos, k_neg)
     delta = config.privacy.delta
     bound = audit.epsilon_lower_bound(canaries, r, v, delta, confidence)

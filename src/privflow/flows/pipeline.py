@@ -2,8 +2,10 @@
 cumulative epsilon in MLflow (docs/architecture.md, "Data flow of the training pipeline").
 
 The chain runs as a Prefect flow (flows/train.py, `train_pipeline`: each step a task run) or
-in process without Prefect (`train_in_process`, `privflow run` without a Prefect API). This
-module does not import Prefect, so the second path never pays for it (tasks/lazy_task.py).
+in process without Prefect (`train_in_process`, `privflow run` without a Prefect API).
+`run_pipeline` picks the runner once (flows/steps.py: `PREFECT` or `LOCAL`) and passes it to
+everything that calls a step. This module does not import Prefect, so the second path never
+pays for it.
 
 Privacy bookkeeping: the plan is made and the dataset's ledger reserves its events before
 any row is read; the run settles with the events actually spent (a run the validation gate
@@ -29,9 +31,8 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack, nullcontext
-from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -45,14 +46,16 @@ from privflow.core.config import RunConfig
 from privflow.core.curator import curator_dir, write_json
 from privflow.core.errors import GateStopped, ValidationFailed
 from privflow.core.events import report as report_event
+from privflow.core.steps import StepRunner
 from privflow.data.chunked import scratch, streamed
 from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec
 from privflow.data.io import read_table, write_table
+from privflow.data.lowering import lower, to_surface
 from privflow.data.schema import Schema
-from privflow.data.surface import lower, to_surface
 from privflow.data.target_head import release_parts
 from privflow.data.validation import CHECK_ADVICE, validate
+from privflow.flows.steps import Runner, runner_for
 from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.accounting.events import Event, PoissonGaussianEvent
 from privflow.privacy.accounting.plan import PrivacyPlan
@@ -152,6 +155,7 @@ def _read_and_gate(
     plan: PrivacyPlan,
     curator: Path,
     spend: Spend,
+    runner: StepRunner,
     work: Path | None = None,
     show_progress: bool = False,
 ) -> tuple[Any, validation_gate.GateDecision]:
@@ -170,9 +174,10 @@ def _read_and_gate(
 
     try:
         if work is None:
-            df, report = _step(validate_data)(config.data, schema, config.policy, curator / "quarantine.csv", gate)
+            df, report = runner(validate_data, config.data, schema, config.policy, curator / "quarantine.csv", gate)
         else:
-            df, report = _step(first_pass)(config, schema, plan, work, gate, curator / "quarantine.csv", show_progress)
+            quarantine = curator / "quarantine.csv"
+            df, report = runner(first_pass, config, schema, plan, work, gate, quarantine, show_progress)
     except ValidationFailed as exc:
         report = getattr(exc, "report", None)
         if report is not None:
@@ -213,6 +218,7 @@ def _diagnose(
     curator: Path,
     extra: dict[str, Any],
     test: _TestTable,
+    runner: StepRunner,
 ) -> tuple[dict[str, float], str | None, str | None]:
     """Evaluation on the real rows, written to the curator-only folder (never to MLflow):
     (metrics, report path, a note for the curator when part or all of it was skipped).
@@ -228,8 +234,18 @@ def _diagnose(
         if df.height == 0:
             return {}, None, _note(curator, notes)
         t0 = time.perf_counter()
-        evaluation = _step(evaluate_run)(
-            schema, codec, flow, df, x_train, x_val, test_df, synthetic, config.evaluate, curator / "evaluation"
+        evaluation = runner(
+            evaluate_run,
+            schema,
+            codec,
+            flow,
+            df,
+            x_train,
+            x_val,
+            test_df,
+            synthetic,
+            config.evaluate,
+            curator / "evaluation",
         )
         parts = {k: v for k, v in evaluation.timings.items() if k != "total"}
         # the evaluation's own timings (tasks/evaluation/stage.py, evaluation/report.py)
@@ -311,16 +327,23 @@ def _settle_failure(ledger: Ledger, run_id: str, spend: Spend) -> None:
 
 
 def _compare_with_holder(
-    config: RunConfig, model_name: str, registered: Registered, store: Path, run_id: str
+    config: RunConfig, model_name: str, registered: Registered, store: Path, run_id: str, runner: Runner
 ) -> Registered:
     """`--promote if-better` with a holder: the DP comparison decides (its own ledger entry)."""
     holder = registered.alias_version
     if config.promotion != "if_better" or holder is None or holder == registered.version:
         return registered
     settings = PromotionSettings(alias=config.alias)
-    # Without the engine the comparison runs once: its retry would reserve under Prefect's run count.
-    decision = _step(promote_if_better, retry=False)(
-        model_name, registered.version, config, settings, str(store / "ledger.db"), f"{run_id}:promote"
+    # each attempt reserves under its own number (Prefect's task run count; in process it runs once)
+    decision = runner(
+        promote_if_better,
+        model_name,
+        registered.version,
+        config,
+        settings,
+        str(store / "ledger.db"),
+        f"{run_id}:promote",
+        runner.attempt,
     )
     now = registered.version if decision.promoted else (decision.champion_version or holder)  # read under the lock
     return Registered(
@@ -335,16 +358,17 @@ def _reserve(
     schema: Schema,
     store: Path,
     run_id: str,
+    runner: StepRunner,
     lineage: str | None = None,
     links: Sequence[tuple[str, str | None]] = (),
     plan: PrivacyPlan | None = None,
 ) -> tuple[PrivacyPlan, Ledger]:
     """Plan and reserve: public inputs only, before any row is read. `plan` is pre-flight's,
     handed down (computed once); without it (a flow a server or a deployment started) the plan
-    step computes it. A warm start's ledger entry names its parent (`lineage`), and the ledger
-    links the run to each of its parents (`links`, `_parent_link`) for the version's lineage
-    epsilon."""
-    plan = plan if plan is not None else _step(plan_privacy)(config, schema)
+    step computes it, through `runner`. A warm start's ledger entry names its parent
+    (`lineage`), and the ledger links the run to each of its parents (`links`, `_parent_link`)
+    for the version's lineage epsilon."""
+    plan = plan if plan is not None else runner(plan_privacy, config, schema)
     ledger = Ledger(store / "ledger.db")
     budget = schema.dataset.budget
     ledger.ensure_dataset(schema.dataset.name, budget.epsilon, budget.delta, None)
@@ -447,8 +471,10 @@ def _register(
     figures: dict[str, float],
     lineage: Lineage,
     run_id: str,
+    runner: StepRunner,
 ) -> Registered:
-    registered = _step(register_model)(
+    registered = runner(
+        register_model,
         model_name,
         config.alias,
         schema,
@@ -535,16 +561,13 @@ def run_pipeline(
     config: RunConfig, show_progress: bool = True, engine: bool = False, plan: PrivacyPlan | None = None
 ) -> RunSummary:
     """The chain once; `engine`: its steps as Prefect tasks (only inside a Prefect flow run,
-    flows/train.py), otherwise as their plain functions (`train_in_process`). `plan`: the
-    privacy plan pre-flight made from the same configuration, used as it is."""
-    token = _ENGINE.set(engine)
-    try:
-        with timing.collecting() as times:  # the run's own stage times, handed back in the summary
-            summary = _pipeline(config, show_progress, plan)
-            times.add("pipeline total", summary.wall_seconds)
-        return replace(summary, stage_seconds=times.as_dict())
-    finally:
-        _ENGINE.reset(token)
+    flows/train.py), otherwise as their plain functions (`train_in_process`); the runner
+    (flows/steps.py) is picked here, once, and passed down. `plan`: the privacy plan pre-flight
+    made from the same configuration, used as it is."""
+    with timing.collecting() as times:  # the run's own stage times, handed back in the summary
+        summary = _pipeline(config, show_progress, runner_for(engine), plan)
+        times.add("pipeline total", summary.wall_seconds)
+    return replace(summary, stage_seconds=times.as_dict())
 
 
 def train_in_process(config: RunConfig, show_progress: bool = True, plan: PrivacyPlan | None = None) -> RunSummary:
@@ -554,52 +577,18 @@ def train_in_process(config: RunConfig, show_progress: bool = True, plan: Privac
 
     Prefect 3.8 cannot run a flow or a task without an API (its engines create their runs
     through a client; with ephemeral mode off and no PREFECT_API_URL they raise), so this calls
-    the flow's steps as the plain functions behind the tasks (`task.fn`). Everything privflow
-    records is the same: plan, ledger reservation and settlement, MLflow run, registered version,
-    synthetic table; the ledger run id is a fresh UUID, as a flow run's id is. Steps keep their
-    retry policy (registration: 2 retries) except the promotion comparison, which runs once.
+    the flow's steps as plain functions (flows/steps.py, `LOCAL`). Everything privflow records is
+    the same: plan, ledger reservation and settlement, MLflow run, registered version, synthetic
+    table; the ledger run id is a fresh UUID, as a flow run's id is. Registration keeps its retry
+    policy (2 retries, flows/steps.py); every other step, the promotion comparison included, runs
+    once.
     """
     return run_pipeline(config, show_progress, engine=False, plan=plan)
 
 
-# Whether the pipeline's steps run as Prefect tasks (inside flows/train.py's `train_pipeline`)
-# or as their plain functions (`train_in_process`).
-_ENGINE: ContextVar[bool] = ContextVar("privflow_train_engine", default=False)
-
-
-def _step(task: Any, retry: bool = True) -> Callable[..., Any]:
-    """A pipeline step: the Prefect task itself inside the flow; without the engine, the task's
-    function, retried as the task would be (its retries and delay) when `retry`."""
-    if _ENGINE.get():
-        return task
-    fn = task.fn
-    retries = int(getattr(task, "retries", 0) or 0) if retry else 0
-    delay = getattr(task, "retry_delay_seconds", 0) or 0
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        for attempt in range(retries + 1):
-            try:
-                return fn(*args, **kwargs)
-            except Exception:
-                if attempt == retries:
-                    raise
-                wait = delay[min(attempt, len(delay) - 1)] if isinstance(delay, list | tuple) else delay
-                time.sleep(float(wait))
-        raise AssertionError("unreachable")
-
-    return call
-
-
-def _flow_run() -> tuple[str | None, int | None]:
-    """The Prefect flow run's (id, attempt): asked only inside one (Prefect is imported there)."""
-    from prefect.runtime import flow_run
-
-    return flow_run.id, flow_run.run_count
-
-
-def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | None = None) -> RunSummary:
-    """The chain itself (module docstring); steps through `_step`, so with or without Prefect.
-    Each stage's wall time goes to the open stage-time collector (core/timing.py)."""
+def _pipeline(config: RunConfig, show_progress: bool, runner: Runner, planned: PrivacyPlan | None = None) -> RunSummary:
+    """The chain itself (module docstring); every step through `runner`, so with or without
+    Prefect. Each stage's wall time goes to the open stage-time collector (core/timing.py)."""
     started = time.monotonic()
     schema = Schema.from_yaml(config.schema_path)
     store = config.store.resolve()
@@ -614,13 +603,14 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
     # One ledger entry per attempt: a retried flow run that reruns the mechanisms spends
     # again and is counted again; an attempt that read nothing releases its reservation.
     # Without the engine no flow run exists: prefect.runtime is not asked (it may call the API).
-    flow_id, attempt = _flow_run() if _ENGINE.get() else (None, 1)
+    flow_id, attempt = runner.flow_run()
     run_id = attempt_run_id(str(flow_id or uuid.uuid4()), attempt)
     plan, ledger = _reserve(
         config,
         schema,
         store,
         run_id,
+        runner,
         parent.lineage() if parent is not None else None,
         _parent_link(parent, schema),
         planned,
@@ -653,14 +643,14 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
                 # (a fresh interpreter: nothing of this one) and ended after them
                 outer.enter_context(diagnostics_worker.diagnostics_worker(_wants_worker(config, schema)))
                 with timing.stage("read + validate + gate"):
-                    df, decision = _read_and_gate(config, schema, plan, curator, spend, work, show_progress)
+                    df, decision = _read_and_gate(config, schema, plan, curator, spend, runner, work, show_progress)
                     _record_charged(ledger, store, schema, run_id, df if work is None else None)
                 with timing.remainder("encode rows"):
                     if work is None:
-                        codec, x_train, x_val = prepare(config, schema, df, plan, spend, as_tasks=_ENGINE.get())
+                        codec, x_train, x_val = prepare(config, schema, df, plan, spend, runner)
                     else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
                         codec, x_train, x_val, df = stream_prepare(
-                            config, schema, plan, spend, df, work, _ENGINE.get(), show_progress
+                            config, schema, plan, spend, df, work, runner, show_progress
                         )
                 test = _read_test(config, schema, curator)
                 _utility_ahead(config, schema, df, test)
@@ -674,7 +664,7 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
                         plan=plan,
                         spend=spend,
                         show_progress=show_progress,
-                        as_tasks=_ENGINE.get(),
+                        runner=runner,
                         init_state=parent.state if parent is not None else None,
                     )
                 with timing.stage("accounting (ledger settle, PLD, MLflow metrics)"):
@@ -682,12 +672,12 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
                 with timing.stage("synthetic table (sample, write, log)"):
                     synthetic, synthetic_path, table_note = _release_table(config, schema, fitted, store, run_id)
                 with timing.stage("register (MLflow model, registry version)"):
-                    registered = _register(config, schema, model_name, fitted, figures, lineage, run_id)
+                    registered = _register(config, schema, model_name, fitted, figures, lineage, run_id, runner)
                     _record_release(ledger, store, schema, model_name, registered.version, run_id, synthetic_path)
                 closing = time.perf_counter()
             timing.record("MLflow run close", time.perf_counter() - closing)
             with timing.stage("promotion comparison"):
-                registered = _compare_with_holder(config, model_name, registered, store, run_id)
+                registered = _compare_with_holder(config, model_name, registered, store, run_id, runner)
                 # the DP comparison with the holder is charged to the same dataset: the total counts it
                 figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(schema.dataset.name)
             # Everything released is out (model, version, alias, synthetic table, ledger): the
@@ -710,6 +700,7 @@ def _pipeline(config: RunConfig, show_progress: bool, planned: PrivacyPlan | Non
                     curator,
                     fitted.diagnostics(),
                     test,
+                    runner,
                 )
     except BaseException:
         _settle_failure(ledger, run_id, spend)

@@ -23,8 +23,9 @@ Otherwise "public" is the operator's declaration, recorded in the store's ledger
 version, its weights' digest, the table's keyed row fingerprint). Warm starts accept a public
 parent on that record only; the version tags are information.
 
-`pretrain_pipeline` is the Prefect flow (`privflow pretrain`); `pretrain_in_process` runs the
-same steps as plain functions, without Prefect's engine.
+`pretrain_pipeline` is the Prefect flow (`privflow pretrain`), each step a task run
+(flows/steps.py, `PREFECT`); `pretrain_in_process` runs the same steps as plain functions,
+without Prefect's engine (`LOCAL`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from privflow.data.io import read_table
 from privflow.data.schema import Schema
 from privflow.data.target_head import release_parts
 from privflow.data.validation import validate
+from privflow.flows.steps import LOCAL, PREFECT, Runner
 from privflow.tasks import mlflow_store as store_ml
 from privflow.tasks.fit import FitResult, Spend, fit, prepare
 from privflow.tasks.select import row_loglik
@@ -84,17 +86,18 @@ def public_schema(schema: Schema, rows: int) -> Schema:
 
 
 def pretrain_fit(
-    config: RunConfig, schema: Schema, df: pl.DataFrame, show_progress: bool = False, as_tasks: bool = False
+    config: RunConfig, schema: Schema, df: pl.DataFrame, show_progress: bool = False, runner: Runner = LOCAL
 ) -> tuple[FitResult, np.ndarray]:
-    """Non-private fit of the configured flow on public rows (the benchmark calls it too);
-    returns the fit and the encoded selection rows it chose its checkpoint on."""
+    """Non-private fit of the configured flow on public rows (the benchmark calls it too), its
+    steps through `runner`; returns the fit and the encoded selection rows it chose its
+    checkpoint on."""
     if config.init_from is not None:
         raise ConfigError(
             "Pretraining starts from the config's random initialisation; remove 'init_from' from --config."
         )
     public = public_schema(schema, df.height)
-    codec, x_train, x_val = prepare(config, public, df, None, Spend(), as_tasks=as_tasks)
-    fitted = fit(config, public, codec, x_train, x_val, private=False, show_progress=show_progress, as_tasks=as_tasks)
+    codec, x_train, x_val = prepare(config, public, df, None, Spend(), runner)
+    fitted = fit(config, public, codec, x_train, x_val, private=False, show_progress=show_progress, runner=runner)
     return fitted, x_val
 
 
@@ -107,15 +110,15 @@ def _validation_nats(fitted: FitResult, x_val: np.ndarray) -> float:
 @flow(name="privflow-pretrain")
 def pretrain_pipeline(config: RunConfig, show_progress: bool = True) -> PretrainSummary:
     """Train on the public table, register the version; raises a PrivflowError on bad input."""
-    return _pretrain(config, show_progress, as_tasks=True)
+    return _pretrain(config, show_progress, PREFECT)
 
 
 def pretrain_in_process(config: RunConfig, show_progress: bool = True) -> PretrainSummary:
     """`pretrain_pipeline` without Prefect's engine: the same steps as plain functions."""
-    return _pretrain(config, show_progress, as_tasks=False)
+    return _pretrain(config, show_progress, LOCAL)
 
 
-def _pretrain(config: RunConfig, show_progress: bool, as_tasks: bool) -> PretrainSummary:
+def _pretrain(config: RunConfig, show_progress: bool, runner: Runner) -> PretrainSummary:
     started = time.monotonic()
     schema = Schema.from_yaml(config.schema_path)
     store = config.store.resolve()
@@ -140,7 +143,7 @@ def _pretrain(config: RunConfig, show_progress: bool, as_tasks: bool) -> Pretrai
         mlflow.log_params(store_ml.flat_params(config))
         mlflow.set_tags({**tags, "privflow.dataset": dataset, "privflow.code_version": privflow.__version__})
         with torch.random.fork_rng(devices=[]):
-            fitted, x_val = pretrain_fit(config, schema, df, show_progress=show_progress, as_tasks=as_tasks)
+            fitted, x_val = pretrain_fit(config, schema, df, show_progress=show_progress, runner=runner)
             nats = _validation_nats(fitted, x_val)
         facts = {
             "pretrain.rows": df.height,
@@ -149,8 +152,8 @@ def _pretrain(config: RunConfig, show_progress: bool, as_tasks: bool) -> Pretrai
             "pretrain.validation_nats_per_row": nats,
         }
         mlflow.log_metrics({k: float(v) for k, v in facts.items() if np.isfinite(v)})
-        register = store_ml.register_model if as_tasks else store_ml.register_model.fn
-        registered = register(
+        registered = runner(
+            store_ml.register_model,
             model_name,
             config.alias,
             schema,

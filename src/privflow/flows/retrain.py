@@ -30,6 +30,7 @@ from prefect.states import Failed, State
 from privflow.core.config import RunConfig
 from privflow.core.errors import BudgetExceeded
 from privflow.data.schema import Schema
+from privflow.flows.steps import PREFECT
 from privflow.flows.train import train_pipeline
 from privflow.preflight import preflight
 from privflow.privacy.accounting.events import Event
@@ -169,8 +170,15 @@ def retrain_on_new_data(
         champion_before, promotion_epsilon = holder, None
     else:
         promotion_id = f"{flow_run.id or uuid.uuid4()}:promote"
-        decision = promote_if_better(
-            summary.model_name, summary.model_version, config, settings, ledger_path, promotion_id
+        decision = PREFECT(  # a task run, retried with a fresh ledger reservation per attempt
+            promote_if_better,
+            summary.model_name,
+            summary.model_version,
+            config,
+            settings,
+            ledger_path,
+            promotion_id,
+            PREFECT.attempt,
         )
         log.info("promotion of version %s: %s", summary.model_version, decision.reason)
         promoted, reason = decision.promoted, decision.reason

@@ -165,7 +165,7 @@ def preflight_audit(config: RunConfig, canaries: int | None = None) -> None:
     check_store(config.store)
     if canaries is not None:
         from privflow.data.codec import Codec
-        from privflow.data.surface import lower
+        from privflow.data.lowering import lower
         from privflow.models import initial_flow
         from privflow.privacy.audit import canary_slots
 

@@ -15,7 +15,7 @@ def _type_fits(col: Column, dtype: object) -> bool:
     """Whether a Parquet column's physical dtype can hold the schema's type (values not read)."""
     import polars as pl
 
-    from privflow.data.validation import numeric_dtype  # the rule validation reads such a column by
+    from privflow.data.validation.coerce import numeric_dtype  # the rule validation reads such a column by
 
     if col.type == "ignore" or dtype == pl.Null:  # an ignored column's values are never read
         return True

@@ -156,7 +156,7 @@ def found_in(digests: np.ndarray, recorded: np.ndarray) -> np.ndarray:
 
 def surface_schema(schema: Schema) -> Schema:
     """`schema` without its ignored columns: the columns of a table privflow writes
-    (`surface.output_names`), to read such a table back as validation reads the input."""
+    (`lowering.output_names`), to read such a table back as validation reads the input."""
     from privflow.data.schema import Schema
 
     kept = tuple(c for c in schema.columns if c.type != "ignore")

@@ -61,9 +61,9 @@ import numpy as np
 import polars as pl
 
 from privflow.core.errors import ConfigError
+from privflow.data.lowering import lower
 from privflow.data.rules import broken
 from privflow.data.schema import BOUNDED_TYPES, TEMPORAL_TYPES, Column, Schema, time_number
-from privflow.data.surface import lower
 
 # A conditional table may cost up to this many draws per row asked for, and at least MIN_DRAW_CAP
 # draws in all (a rare condition for a small table): beyond, the condition is refused as too rare.
@@ -79,7 +79,7 @@ def draw_cap(n: int) -> int:
 
 def modelled_categories(col: Column) -> tuple[str, ...] | None:
     """The labels of a column whose modelled form is categorical: a categorical column's declared
-    list, a boolean column's two labels (privflow/data/surface.py lowers it to a categorical of
+    list, a boolean column's two labels (privflow/data/lowering.py lowers it to a categorical of
     them); None for any other column."""
     if col.type == "categorical":
         return tuple(col.categories or ())
@@ -385,12 +385,12 @@ class NumericCondition:
 
 
 def _written(s: pl.Series, column: Column) -> pl.Series:
-    """Decoded (modelled) values as the table is written (privflow/data/surface.py): a temporal
+    """Decoded (modelled) values as the table is written (privflow/data/lowering.py): a temporal
     column's units as days / seconds since 1970-01-01, a numeric column rounded to its decimals."""
     if column.type in TEMPORAL_TYPES:
         return s.cast(pl.Int64) * column.step
     if column.type == "numeric" and column.decimals is not None:
-        from privflow.data.surface import rounded
+        from privflow.data.lowering import rounded
 
         return rounded(s, column)
     return s

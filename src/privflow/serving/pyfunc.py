@@ -55,7 +55,7 @@ class FlowSampler(PythonModel):
         if n is None:
             raise ValueError("predict needs the number of rows: predict(pd.DataFrame(), params={'n': 1000}).")
         from privflow.data.codec import to_pandas
-        from privflow.data.surface import to_surface
+        from privflow.data.lowering import to_surface
 
         release = self.release
         rows = to_surface(sample_rows(release.flows, release.codec, n, seed), release.schema)  # as the input is written

@@ -93,7 +93,7 @@ def score_rows(release: Release, rows: pl.DataFrame, seed: int | None = None) ->
     import numpy as np
     import torch
 
-    from privflow.data.surface import lower
+    from privflow.data.lowering import lower
     from privflow.data.target_head import conditional_loglik
     from privflow.privacy.mechanisms.promotion import mixture_loglik
     from privflow.privacy.noise import row_loglik

@@ -241,13 +241,13 @@ def write_samples(
     group per batch). Memory stays bounded by `batch` whatever `n` is. `progress` shows a
     rich progress bar (with `where` as `Conditions`, the rows drawn so far beside it). Integer
     columns are written as integers (nulls as empty fields). With the release's `schema` (as
-    written), rows are written as its input is (privflow/data/surface.py:
+    written), rows are written as its input is (privflow/data/lowering.py:
     dates as text in their format, booleans as labels, rounded decimals, no ignored column); in a
     CSV a numeric column that declares `decimals` is written with exactly that many (`csv_text`),
     one without keeps float64's shortest round-trip text. The file holds the same rows whatever
     the batches are written as (one CSV chunk or Parquet row group per batch)."""
     from privflow.data.io import TABLE_SUFFIXES
-    from privflow.data.surface import csv_text, to_surface
+    from privflow.data.lowering import csv_text, to_surface
 
     out = Path(path)
     suffix = out.suffix.lower()

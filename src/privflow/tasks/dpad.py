@@ -44,8 +44,8 @@ from privflow.core.curator import curator_dir, write_json
 from privflow.core.errors import ModelNotFound, PrivacyPlanError
 from privflow.data.codec import Codec
 from privflow.data.io import read_table
+from privflow.data.lowering import lower
 from privflow.data.schema import Schema
-from privflow.data.surface import lower
 from privflow.data.validation import SCORED_ADVICE, validate
 from privflow.models import build_flow
 from privflow.privacy.accounting.events import Event

@@ -7,7 +7,6 @@ import polars as pl
 
 from privflow.data.codec import Codec
 from privflow.data.row_hash import row_units
-from privflow.tasks.lazy_task import task
 
 
 def selection_coins(
@@ -32,7 +31,6 @@ def encode_split(
     return x[~coin], x[coin]
 
 
-@task(name="encode", private=True)
 def encode_rows(df: pl.DataFrame, codec: Codec, validation_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Encode every row (float32, what the flows train on) and split off the selection rows
     (`selection_coins`), chunk by chunk into the two outputs. Integer columns and atoms are

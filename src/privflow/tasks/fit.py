@@ -21,10 +21,11 @@ import polars as pl
 import torch
 
 from privflow.core.config import RunConfig
+from privflow.core.steps import StepRunner, plain_call
 from privflow.data.codec import Codec
 from privflow.data.copula import DEFAULT_GRID_BINS, CopulaCodec, Marginals, marginal_of, schema_cells
+from privflow.data.lowering import lower
 from privflow.data.schema import Schema
-from privflow.data.surface import lower
 from privflow.data.target_head import TargetCodec, calibration_shift
 from privflow.models import build_flow, initial_flow
 from privflow.privacy.accounting.accountant import PLDAccountant
@@ -198,9 +199,10 @@ def initialise(
     plan: PrivacyPlan | None,
     x_train: np.ndarray,
     spend: Spend,
-    as_tasks: bool = False,
+    runner: StepRunner = plain_call,
 ) -> tuple[np.ndarray, np.ndarray]:
     """DP statistics (actnorm) and, when planned, the DP prior; exact ones when `plan` is None.
+    The DP steps go through `runner` (core/steps.py).
 
     A warm start (`config.init_from`) keeps the parent's actnorm and prior and spends nothing
     here: its plan has no such stages (tasks/run_plan.py, `without_initialisation`).
@@ -214,13 +216,12 @@ def initialise(
                 model, x_train, mean, std, config.model.mog_components, config.model.mog_iterations, config.train.seed
             )
         return mean, std
-    stats, prior = (dp_statistics, dp_prior) if as_tasks else (dp_statistics.fn, dp_prior.fn)
     spend.start()
-    mean, std = stats(model, x_train, plan.stage("dp_stats"))
+    mean, std = runner(dp_statistics, model, x_train, plan.stage("dp_stats"))
     spend.add(plan.stage("dp_stats").event)
     if plan.has("dp_prior"):
         spend.start()
-        prior(model, x_train, mean, std, plan.stage("dp_prior"), config.model.mog_components)
+        runner(dp_prior, model, x_train, mean, std, plan.stage("dp_prior"), config.model.mog_components)
         spend.add(plan.stage("dp_prior").event)
     return mean, std
 
@@ -241,7 +242,7 @@ def prepare(
     df: pl.DataFrame,
     plan: PrivacyPlan | None,
     spend: Spend,
-    as_tasks: bool = False,
+    runner: StepRunner = plain_call,
 ) -> tuple[Codec | CopulaCodec | TargetCodec, np.ndarray, np.ndarray]:
     """The codec rows are trained in, and the encoded training / selection rows.
 
@@ -250,20 +251,20 @@ def prepare(
     target head planned, the head is trained next (its event goes to `spend`) and the codec is
     a `TargetCodec`: the flow's rows are every column but the target. `plan=None` is the
     non-private reference (exact marginals, a head without noise). `df` is validated (its
-    columns the modelled schema's, `privflow.data.surface.lower`), and so is what is built.
+    columns the modelled schema's, `privflow.data.lowering.lower`), and so is what is built.
+    Each step goes through `runner` (core/steps.py; a Prefect task run inside a flow).
     """
     schema = lower(schema)
     codec: Codec | CopulaCodec | TargetCodec = Codec.from_schema(schema)
     if plan is not None and plan.has("dp_marginals"):
         spend.start()
-        release = dp_marginal_codec if as_tasks else dp_marginal_codec.fn
-        codec = release(df, schema, plan.stage("dp_marginals"), config.marginals.grid_bins)
+        codec = runner(dp_marginal_codec, df, schema, plan.stage("dp_marginals"), config.marginals.grid_bins)
         spend.add(plan.stage("dp_marginals").event)
     elif plan is None and config.marginals.enabled:
         codec = exact_marginal_codec(schema, df, config.marginals.grid_bins)
     if plan is not None and plan.has("dp_head"):
         spend.start()
-        head = (dp_target_head if as_tasks else dp_target_head.fn)(df, schema, config.head, plan.stage("dp_head"))
+        head = runner(dp_target_head, df, schema, config.head, plan.stage("dp_head"))
         spend.add(plan.stage("dp_head").event)
         codec = TargetCodec.around(schema, codec, head)
     elif plan is None and head_planned(config, schema):
@@ -274,8 +275,8 @@ def prepare(
                 head_rows(schema, df, config.head.numeric_knots), schema, config.head, head_shape(config, schema), None
             ),
         )
-    encode = encode_rows if as_tasks else encode_rows.fn
-    x_train, x_val = encode(df, codec, config.select.fraction(schema.dataset.expected_rows), config.train.seed)
+    fraction = config.select.fraction(schema.dataset.expected_rows)
+    x_train, x_val = runner(encode_rows, df, codec, fraction, config.train.seed)
     return codec, x_train, x_val
 
 
@@ -363,13 +364,14 @@ def fit(
     private: bool = True,
     spend: Spend | None = None,
     show_progress: bool = False,
-    as_tasks: bool = False,
+    runner: StepRunner = plain_call,
     init_state: dict | None = None,
 ) -> FitResult:
     """Train the configured flow on encoded rows and choose its checkpoint(s).
 
     `plan` defaults to the configuration's plan (tasks/run_plan.py); the train flow passes
-    the plan its ledger reserved. `as_tasks` runs the steps as Prefect tasks (inside a flow).
+    the plan its ledger reserved. Each step goes through `runner` (core/steps.py; a Prefect task
+    run inside a flow, flows/steps.py).
     `init_state`: a warm start's parent weights (tasks/warm_start.py); it comes with
     `config.init_from`, which is what shapes the plan, so the two must be given together.
     """
@@ -381,16 +383,15 @@ def fit(
     if plan is not None and not plan.has("train"):
         return copula_only(config, schema, codec, make, spend)
     model = initial_model(config, codec, init_state)
-    mean, std = initialise(model, config, plan, x_train, spend, as_tasks)
+    mean, std = initialise(model, config, plan, x_train, spend, runner)
     if plan is not None:  # the trainer keeps only the states selection will score (dp_sgd.checkpoint_steps)
         keep = config.select.max_candidates
         settings = replace(settings_for(config.train, plan.stage("train")), max_checkpoints=keep)
     else:
         settings = nonprivate_settings(config, schema)
     start = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    trainer = train_flow_model if as_tasks else train_flow_model.fn
     spend.start()
-    result = trainer(model, x_train, settings, show_progress)
+    result = runner(train_flow_model, model, x_train, settings, show_progress)
     points: list[tuple[int, float]] = []
     if plan is None:
         spend.in_mechanism = False
@@ -405,9 +406,7 @@ def fit(
             result.checkpoints.insert(0, (0, start))
         stage = plan.stage("select")
         spend.start()
-        chosen = (select_checkpoints if as_tasks else select_checkpoints.fn)(
-            make, result.checkpoints, x_val, stage, config.select
-        )
+        chosen = runner(select_checkpoints, make, result.checkpoints, x_val, stage, config.select)
         spend.add(report_noisy_max.rnm_event(per_pick_epsilon(stage), len(chosen)))
     flows = [make(result.checkpoints[i][1]) for i in chosen]
     codec = calibrated(codec, flows, config.train.seed)

@@ -15,7 +15,6 @@ from privflow.data.schema import Schema
 from privflow.data.target_head import TargetHead, class_count, head_widths, target_codes
 from privflow.privacy.accounting.plan import SGDShape, StagePlan
 from privflow.privacy.mechanisms import dp_head as mechanism
-from privflow.tasks.lazy_task import task
 
 
 def head_rows(schema: Schema, df: pl.DataFrame, knots: int) -> np.ndarray:
@@ -47,7 +46,6 @@ def fit_head(
     return TargetHead(schema.target, weight, bias, cfg.numeric_knots)
 
 
-@task(name="dp_head", private=True)
 def dp_target_head(df: pl.DataFrame, schema: Schema, cfg: HeadConfig, stage: StagePlan) -> TargetHead:
     """Spend the planned stage: the head's DP-SGD run of the stage's shape and noise."""
     return fit_head_planned(head_rows(schema, df, cfg.numeric_knots), schema, cfg, stage)

@@ -11,7 +11,6 @@ from privflow.data.copula import DEFAULT_GRID_BINS, CopulaCodec, schema_cells
 from privflow.data.schema import Schema
 from privflow.privacy.accounting.plan import StagePlan
 from privflow.privacy.mechanisms import dp_marginals as mechanism
-from privflow.tasks.lazy_task import task
 
 
 def planned_grid_bins(grid_bins: int | Literal["auto"]) -> int:
@@ -20,7 +19,6 @@ def planned_grid_bins(grid_bins: int | Literal["auto"]) -> int:
     return DEFAULT_GRID_BINS if grid_bins == "auto" else int(grid_bins)
 
 
-@task(name="dp_marginals", private=True)
 def dp_marginal_codec(
     df: pl.DataFrame, schema: Schema, stage: StagePlan, grid_bins: int | Literal["auto"]
 ) -> CopulaCodec:

@@ -39,7 +39,6 @@ from privflow.data.schema import Schema
 from privflow.privacy.accounting.events import Event, events_to_json
 from privflow.privacy.accounting.plan import PrivacyPlan
 from privflow.serving.release import Release, load_release
-from privflow.tasks.lazy_task import task
 
 # The released model's Python requirements; its code is the whole privflow package but demo/ (_sampler_package).
 _REQUIREMENTS = ["torch>=2.13", "polars>=2.1", "pydantic>=2.6", "pyyaml>=6", "numpy", "pandas", "mlflow>=3.17,<3.18"]
@@ -421,7 +420,6 @@ class _DayStampedPyfunc:
         return mlflow.pyfunc.save_model(path=path, mlflow_model=mlflow_model, **kwargs)
 
 
-@task(name="register", retries=2, retry_delay_seconds=2)
 def register_model(
     name: str,
     alias: str,

@@ -12,7 +12,6 @@ from privflow.privacy.accounting.events import GaussianEvent, RepeatedEvent
 from privflow.privacy.accounting.plan import StagePlan
 from privflow.privacy.mechanisms import dp_mog
 from privflow.privacy.noise import preprocess_private, secret_generator
-from privflow.tasks.lazy_task import task
 
 # DP-EM runs on features standardised by the DP statistics; a public box of +-4 keeps
 # the sufficient statistics bounded while covering nearly all standardised mass.
@@ -38,7 +37,6 @@ def _standardised(model: torch.nn.Module, x: np.ndarray | DiskRows, mean: np.nda
     return out
 
 
-@task(name="dp_prior", private=True)
 def dp_prior(
     model: torch.nn.Module, x: np.ndarray, mean: np.ndarray, std: np.ndarray, stage: StagePlan, components: int
 ) -> dp_mog.MoGParams:

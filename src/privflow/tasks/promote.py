@@ -16,6 +16,7 @@ read and nothing is spent.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,12 @@ from mlflow import MlflowClient
 from privflow.core.config import RunConfig
 from privflow.core.curator import curator_dir
 from privflow.core.errors import BudgetExceeded
+from privflow.core.steps import first_attempt
 from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec
 from privflow.data.io import read_table
+from privflow.data.lowering import lower
 from privflow.data.schema import Schema
-from privflow.data.surface import lower
 from privflow.data.target_head import TargetCodec, conditional_loglik
 from privflow.data.validation import validate
 from privflow.privacy.ledger import Ledger, attempt_run_id
@@ -46,7 +48,6 @@ from privflow.privacy.mechanisms.promotion import (
 from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator, secret_seed
 from privflow.serving.release import Release
 from privflow.tasks.encode import selection_coins
-from privflow.tasks.lazy_task import task, task_run_count
 from privflow.tasks.mlflow_store import PROMOTION_TAG, alias_holder, load_version, store_lock
 from privflow.tasks.mlflow_store import record_promotion as record
 
@@ -185,7 +186,6 @@ def codecs_comparable(new: Release, old: Release, schema: Schema) -> bool:
     return isinstance(a, CopulaCodec | TargetCodec) and type(a) is type(b) and a.same_cells(b)
 
 
-@task(name="promote", retries=1, retry_delay_seconds=2, private=True)
 def promote_if_better(
     model_name: str,
     candidate_version: str,
@@ -193,11 +193,15 @@ def promote_if_better(
     settings: PromotionSettings,
     ledger_path: str,
     promotion_id: str,
+    attempt: Callable[[], int] = first_attempt,
 ) -> PromotionDecision:
     """Decide and record whether `settings.alias` moves to `candidate_version`.
 
-    Reads rows only after the ledger reserved the comparison under `promotion_id` (a retried
-    attempt reserves again under its own id: the mechanism reruns, so it is counted again).
+    Reads rows only after the ledger reserved the comparison under `promotion_id` and the
+    attempt's number, asked of `attempt` when the reservation is made (a retried attempt reserves
+    again under its own id: the mechanism reruns, so it is counted again). A retried Prefect task
+    gets the same arguments, so `attempt` is a function: under Prefect's engine the task run's
+    count (flows/steps.py, `PrefectRunner.attempt`), otherwise 1.
     Refuses to compare, keeping the champion, when the budget cannot hold the comparison or
     the two versions encode rows differently.
 
@@ -228,7 +232,7 @@ def promote_if_better(
             )
             return record(client, PromotionDecision(False, reason, **base))
 
-        return _compare(config, schema, new, old, settings, ledger_path, promotion_id, base)
+        return _compare(config, schema, new, old, settings, ledger_path, promotion_id, attempt(), base)
 
 
 def _compare(
@@ -239,13 +243,14 @@ def _compare(
     settings: PromotionSettings,
     ledger_path: str,
     promotion_id: str,
+    attempt: int,
     base: dict[str, Any],
 ) -> PromotionDecision:
     """Reserve the comparison in the ledger, release the noisy margin once, record the decision."""
     client, alias, champion = MlflowClient(), settings.alias, base["champion_version"]
     ledger = Ledger(ledger_path)
     event = settings.event()
-    lid = attempt_run_id(promotion_id, task_run_count())
+    lid = attempt_run_id(promotion_id, attempt)
     try:
         ledger.reserve(
             schema.dataset.name, lid, [event], {"promote": f"{settings.mechanism} epsilon={settings.epsilon:g}"}

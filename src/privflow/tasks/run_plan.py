@@ -18,7 +18,6 @@ from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
 from privflow.privacy.accounting.events import Event
 from privflow.privacy.accounting.plan import MAX_STEPS, PrivacyPlan, Remainder, SGDShape, make_plan
 from privflow.privacy.mechanisms import dp_head, dp_marginals, dp_mog, dp_stats, report_noisy_max, validation_gate
-from privflow.tasks.lazy_task import task
 
 
 def _expected_rows(schema: Schema) -> int:
@@ -179,10 +178,9 @@ def without_initialisation(plan: PrivacyPlan) -> PrivacyPlan:
     )
 
 
-@task(name="plan")
 def plan_privacy(config: RunConfig, schema: Schema) -> PrivacyPlan:
-    """The pipeline's plan step (a Prefect task inside a flow, `run_plan` itself in process): it
-    reads only public inputs, so it runs, and is recorded, before any private value is read."""
+    """The pipeline's plan step (a Prefect task run inside a flow, flows/steps.py): it reads only
+    public inputs, so it runs, and is recorded, before any private value is read."""
     return run_plan(config, schema)
 
 

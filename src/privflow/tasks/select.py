@@ -20,7 +20,6 @@ from privflow.privacy.accounting.events import PureDPEvent, RepeatedEvent
 from privflow.privacy.accounting.plan import StagePlan
 from privflow.privacy.mechanisms import report_noisy_max
 from privflow.privacy.noise import row_loglik
-from privflow.tasks.lazy_task import task
 
 
 def per_pick_epsilon(stage: StagePlan) -> float:
@@ -39,7 +38,6 @@ def loglik_matrix(make_model: Callable[[dict], torch.nn.Module], states: list[di
     return np.stack([row_loglik(make_model(state), x).astype(np.float64) for state in states])
 
 
-@task(name="select", private=True)
 def select_checkpoints(
     make_model: Callable[[dict], torch.nn.Module],
     checkpoints: list[tuple[int, dict]],

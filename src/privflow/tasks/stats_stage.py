@@ -8,7 +8,6 @@ import torch
 from privflow.privacy.accounting.plan import StagePlan
 from privflow.privacy.mechanisms import dp_stats
 from privflow.privacy.noise import preprocess_private, secret_generator
-from privflow.tasks.lazy_task import task
 
 # Public clip for the features the first actnorm sees: the logit map sends [0, 1] into
 # roughly [-7, 7], so clipping there bounds each row's contribution without touching most.
@@ -41,7 +40,6 @@ def preprocessed_statistics(model: torch.nn.Module, x: np.ndarray) -> np.ndarray
     return stats
 
 
-@task(name="dp_stats", private=True)
 def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tuple[np.ndarray, np.ndarray]:
     """Release the clipped mean/std with the planned Gaussian noise and set the actnorm from them.
 

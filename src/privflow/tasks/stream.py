@@ -36,13 +36,14 @@ import polars as pl
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from privflow.core.config import RunConfig
+from privflow.core.steps import StepRunner, plain_call
 from privflow.data.chunked import DiskRows, parquet_chunks, parquet_rows
 from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec
+from privflow.data.lowering import lower
 from privflow.data.rank_spill import SpilledRanks
 from privflow.data.row_hash import row_units
 from privflow.data.schema import Schema
-from privflow.data.surface import lower
 from privflow.data.target_head import TargetCodec, head_widths
 from privflow.data.validation import Gate, ValidationReport, validate, validate_chunks
 from privflow.privacy.accounting.plan import PrivacyPlan
@@ -50,7 +51,6 @@ from privflow.privacy.mechanisms import dp_marginals as marginals_mechanism
 from privflow.tasks.encode import encode_split, selection_coins
 from privflow.tasks.fit import Spend
 from privflow.tasks.head_stage import fit_head_planned, head_rows
-from privflow.tasks.lazy_task import task
 from privflow.tasks.marginals_stage import codec_from_counts, planned_grid_bins
 
 DIAGNOSTIC_SALT = 0x5A3E_D1A6  # public: the diagnostics' coins differ from the selection split's
@@ -79,7 +79,6 @@ def _chunks(config: RunConfig, schema: Schema, what: str, show_progress: bool) -
             progress.advance(bar, chunk.height)
 
 
-@task(name="validate", private=True)
 def first_pass(
     config: RunConfig,
     schema: Schema,
@@ -93,7 +92,7 @@ def first_pass(
     releases need (module docstring, step 1). `gate` is called as `validate_chunks` calls it: with
     the rows' cells (`cells=RowCells`) where it takes that keyword. The chunks are checked under
     the schema as written, the statistics taken over its modelled columns
-    (`privflow.data.surface.lower`)."""
+    (`privflow.data.lowering.lower`)."""
     model = lower(schema)
     grid = None
     if plan.has("dp_marginals"):
@@ -124,37 +123,30 @@ def stream_prepare(
     spend: Spend,
     first: FirstPass,
     work: Path,
-    as_tasks: bool = False,
+    runner: StepRunner = plain_call,
     show_progress: bool = False,
 ) -> tuple[Codec | CopulaCodec | TargetCodec, DiskRows, DiskRows, pl.DataFrame]:
     """The releases and the encoding pass (module docstring, step 2): the codec, the training
-    and selection rows on disk, and the diagnostics' sample of clean rows. `as_tasks` runs the
-    steps as Prefect tasks (inside a flow), as `tasks.fit.prepare` does. The codec is the modelled
-    schema's; the encoding pass checks the chunks again under `schema` as written."""
+    and selection rows on disk, and the diagnostics' sample of clean rows. Each step goes through
+    `runner` (core/steps.py; a Prefect task run inside a flow, flows/steps.py), as in
+    `tasks.fit.prepare`. The codec is the modelled schema's; the encoding pass checks the chunks
+    again under `schema` as written."""
     model = lower(schema)
     codec: Any = Codec.from_schema(model)
     if first.counts is not None:
         assert first.grid is not None
         spend.start()
-        release = dp_marginals_from_counts if as_tasks else dp_marginals_from_counts.fn
-        codec = release(first.counts, model, plan.stage("dp_marginals"), first.grid)
+        codec = runner(codec_from_counts, first.counts, model, plan.stage("dp_marginals"), first.grid)
         spend.add(plan.stage("dp_marginals").event)
     if first.head is not None:
         spend.start()
-        fit_head = dp_head_from_rows if as_tasks else dp_head_from_rows.fn
-        head = fit_head(first.head, model, config.head, plan.stage("dp_head"))
+        head = runner(fit_head_planned, first.head, model, config.head, plan.stage("dp_head"))
         spend.add(plan.stage("dp_head").event)
         codec = TargetCodec.around(model, codec, head)
-    encode = encode_chunks if as_tasks else encode_chunks.fn
-    x_train, x_val, sample = encode(config, schema, codec, work, first.ranks, show_progress)
+    x_train, x_val, sample = runner(encode_chunks, config, schema, codec, work, first.ranks, show_progress)
     return codec, x_train, x_val, sample
 
 
-dp_marginals_from_counts = task(name="dp_marginals", private=True)(codec_from_counts)
-dp_head_from_rows = task(name="dp_head", private=True)(fit_head_planned)
-
-
-@task(name="encode", private=True)
 def encode_chunks(
     config: RunConfig, schema: Schema, codec: Any, work: Path, ranks: SpilledRanks, show_progress: bool = False
 ) -> tuple[DiskRows, DiskRows, pl.DataFrame]:

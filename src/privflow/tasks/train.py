@@ -21,7 +21,6 @@ from privflow.privacy.accounting.events import PoissonGaussianEvent
 from privflow.privacy.accounting.plan import SGDShape, StagePlan
 from privflow.privacy.dpsgd.distributed import train_data_parallel
 from privflow.privacy.dpsgd.dp_sgd import TrainResult, TrainSettings, train
-from privflow.tasks.lazy_task import task
 
 
 def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | None = None) -> TrainSettings:
@@ -54,7 +53,6 @@ def settings_for(cfg: TrainConfig, stage: StagePlan | None, shape: SGDShape | No
     )
 
 
-@task(name="train", private=True)
 def train_flow_model(
     model: torch.nn.Module, x: np.ndarray | DiskRows, settings: TrainSettings, show_progress: bool = True
 ) -> TrainResult:

@@ -9,10 +9,8 @@ import polars as pl
 from privflow.data.io import read_table
 from privflow.data.schema import Schema
 from privflow.data.validation import Gate, ValidationReport, validate
-from privflow.tasks.lazy_task import task
 
 
-@task(name="validate", private=True)
 def validate_data(
     data_path: Path,
     schema: Schema,

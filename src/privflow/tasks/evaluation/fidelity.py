@@ -19,8 +19,8 @@ import polars as pl
 from scipy.stats import kendalltau, rankdata
 
 from privflow.data.features import N_BINS, binned_counts, category_codes, check_columns, numeric_values
+from privflow.data.lowering import lower
 from privflow.data.schema import Column, Schema
-from privflow.data.surface import lower
 
 
 def tv_distance(p_counts: np.ndarray, q_counts: np.ndarray) -> float:

@@ -12,10 +12,9 @@ import torch
 
 from privflow.core.config import EvaluateConfig
 from privflow.data.codec import Codec
+from privflow.data.lowering import lower
 from privflow.data.schema import Schema
-from privflow.data.surface import lower
 from privflow.tasks.evaluation.report import EvaluationResult, evaluate
-from privflow.tasks.lazy_task import task
 from privflow.tasks.select import row_loglik
 
 _MIA_ROWS = 4000  # rows per side for the membership test: enough for a stable AUROC
@@ -27,7 +26,6 @@ def _some_rows(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.sort(rng.choice(n, size=min(n, _MIA_ROWS), replace=False))
 
 
-@task(name="evaluate", private=True)
 def evaluate_run(
     schema: Schema,
     codec: Codec,
@@ -41,7 +39,7 @@ def evaluate_run(
     out_dir: Path,
 ) -> EvaluationResult:
     """Fidelity, utility, likelihood and privacy-risk diagnostics, with an HTML report, on the
-    modelled columns (`privflow.data.surface.lower`: a date as its day number), as the validated
+    modelled columns (`privflow.data.lowering.lower`: a date as its day number), as the validated
     and the sampled frames hold them."""
     loglik, t0 = None, time.perf_counter()
     if cfg.likelihood or cfg.privacy_risk:

@@ -1,9 +1,11 @@
-"""The table's surface types lowered to the modelled ones, and values converted both ways.
+"""Lowering: the table's surface types lowered to the modelled ones, and values converted both ways.
 
-A schema is written in the types of the table (privflow/data/schema.py); the codec, the copula,
-the DP marginals and the target head take only numeric, integer and categorical columns. This
-module is the one place that maps between the two, from the public schema alone (privacy rule
-2: nothing here is read off the rows as a statistic):
+A schema is written in the types of the table, its surface (privflow/data/schema.py): dates and
+datetimes as text in their formats, booleans as their labels, numbers to their `decimals`,
+identifiers to ignore. The codec, the copula, the DP marginals and the target head take only
+numeric, integer and categorical columns. This module is the one place that maps between the
+two, from the public schema alone (privacy rule 2: nothing here is read off the rows as a
+statistic):
 
 - `lower`: the modelled schema. date -> integer (days since 1970-01-01), datetime -> integer
   (units of its granularity since 1970-01-01T00:00:00), both on the public bounds, so the DP
@@ -12,9 +14,9 @@ module is the one place that maps between the two, from the public schema alone 
   schema's rules between columns are kept (a conditional's date or datetime value in modelled
   units: privflow/data/rules.py, `lower_rules`), so a codec's schema holds them for the sampler.
 - `read_values`: one raw column of a lowered type -> its modelled values, before the checks
-  (privflow/data/validation.py calls it while it coerces a table, so every reader of rows gets
-  it). Text that does not parse with the column's format is a failing value of its row, never
-  a refusal of the file (privacy rule 8).
+  (privflow/data/validation/coerce.py calls it while it coerces a table, so every reader of
+  rows gets it). Text that does not parse with the column's format is a failing value of its
+  row, never a refusal of the file (privacy rule 8).
 - `to_surface`: a decoded (modelled) frame -> the table as the input is written: dates and
   datetimes as text in the column's format (for CSV and Parquet alike, so a written table reads
   back under the same schema), booleans as their labels, numeric columns rounded to their
