@@ -109,3 +109,19 @@ def test_a_streamed_run_releases_a_valid_table_and_leaves_no_working_file(runs) 
     assert validate(table, schema, policy="strict", quarantine_path=None)[0].height == 300
     assert not (Path(streamed.curator_dir) / "scratch").exists()
     assert set(streamed.metrics) == set(whole.metrics) and streamed.metrics  # diagnostics ran, on the sample
+
+
+def test_a_streamed_run_records_the_keyed_sample_of_the_rows_it_was_charged_for(runs) -> None:
+    """The streamed run never holds its rows whole: the ledger keeps the keyed sample of their
+    digests, exactly the sampled part of what the whole run over the same rows recorded."""
+    from privflow.privacy.fingerprint import digests_from_blob, is_sample, sampled
+
+    (whole_cfg, whole), (_, streamed) = runs
+    prints = {p.run_id: p for p in Ledger(whole_cfg.store / "ledger.db").row_prints("charged")}
+    full, part = prints[whole.run_id], prints[streamed.run_id]
+    assert not is_sample(full.fingerprint) and is_sample(part.fingerprint)
+    assert len(part.digests) > 0
+    assert set(digests_from_blob(part.digests)) == set(sampled(digests_from_blob(full.digests)))
+    assert f"of {full.rows} rows" in part.fingerprint  # every clean row read, though only the sample is kept
+    (summary,) = Ledger(whole_cfg.store / "ledger.db").curator_summary()
+    assert {run: rows for run, rows, _ in summary["charged"]}[streamed.run_id] == full.rows  # the table's rows

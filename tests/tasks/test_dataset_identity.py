@@ -7,6 +7,7 @@ import gzip
 import shutil
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 import yaml
@@ -142,7 +143,9 @@ def test_a_dp_draft_of_charged_rows_under_a_second_name_is_refused(
     assert _draft(other, tmp_path / "other.yaml", store, "other").exit_code == 0
 
 
-def test_a_streamed_run_is_not_checked_and_says_so(charged: dict, tmp_path: Path) -> None:
+def test_a_streamed_run_is_checked_by_its_rows_keyed_sample(charged: dict, tmp_path: Path) -> None:
+    """The charged rows as Parquet under a second name: refused read whole, and refused streamed
+    (read chunk by chunk, compared through the keyed sample of its rows' digests)."""
     from privflow.core.config import RunConfig
     from privflow.preflight import preflight
 
@@ -150,10 +153,50 @@ def test_a_streamed_run_is_not_checked_and_says_so(charged: dict, tmp_path: Path
     parquet = tmp_path / "adult.parquet"
     charged["frame"].with_columns(pl.col(c).str.strip_chars().cast(pl.Int64) for c in ints).write_parquet(parquet)
     common = {"data": parquet, "schema_path": _renamed(charged["schema"], "adult2"), "store": charged["store"]}
-    streamed = preflight(RunConfig.build(stream={"enabled": True}, **common))
-    assert streamed.streamed and any("streamed run is not checked" in n for n in streamed.notes)
-    with pytest.raises(SameRowsOtherDataset):  # the same Parquet rows read whole are refused
-        preflight(RunConfig.build(stream={"enabled": False}, **common))
+    for enabled in (True, False):
+        with pytest.raises(SameRowsOtherDataset):
+            preflight(RunConfig.build(stream={"enabled": enabled}, **common))
+
+
+def test_rows_a_streamed_run_was_charged_for_are_refused_under_another_name(tmp_path: Path, demo_dir: Path) -> None:
+    """A streamed run keeps only the keyed sample of its rows' digests; the same rows under a second
+    dataset name, and as a pretraining table, are still refused (through their own rows in the
+    sample), and other rows are not."""
+    from privflow.privacy.fingerprint import row_digests, sampled, store_key
+    from privflow.tasks.warm_start import check_pretraining_rows, record_charged_sample
+
+    frame = pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=8000)
+    data, other = tmp_path / "adult.csv", tmp_path / "other.csv"
+    frame.head(4000).write_csv(data)
+    frame.tail(4000).write_csv(other)
+    schema = Schema.from_yaml(shutil.copy(demo_dir / "adult.yaml", tmp_path / "adult.yaml"))
+    store = tmp_path / "store"
+    ledger = Ledger(store / "ledger.db")
+    ledger.ensure_dataset("adult", 10.0, 1e-5)
+    rows = table_rows(data, schema)
+    record_charged_sample(ledger, "adult", "run-s", sampled(row_digests(rows, store_key(store))), rows.height)
+    second = Schema.from_yaml(_renamed(tmp_path / "adult.yaml", "adult2"))
+    with pytest.raises(SameRowsOtherDataset, match="dataset 'adult'"):
+        check_rows_not_charged_elsewhere(data, second, store, "adult2")
+    with pytest.raises(PrivflowError, match="dataset 'adult'"):
+        check_pretraining_rows(rows, store, "adult.csv")
+    check_rows_not_charged_elsewhere(other, second, store, "adult2")  # other rows: no refusal
+    check_pretraining_rows(table_rows(other, schema), store, "other.csv")
+
+
+def test_the_keyed_sample_holds_the_same_rows_of_every_table() -> None:
+    """A digest is in the sample by its value: the same rows are sampled in two tables, about one
+    row in SAMPLE_EVERY, so a table's sampled share found in another's sample is its share (keyed
+    digests are uniform 64-bit values: drawn here from a seeded generator)."""
+    from privflow.privacy.fingerprint import SAMPLE_EVERY, found_in, sampled
+
+    rng = np.random.default_rng(0)
+    digests = rng.integers(0, np.iinfo(np.uint64).max, 200_000, dtype=np.uint64, endpoint=True)
+    other = np.concatenate([digests[:60_000], rng.integers(0, 2**63, 40_000, dtype=np.uint64)])
+    whole, part = sampled(digests), sampled(other)
+    assert abs(len(whole) / len(digests) - 1 / SAMPLE_EVERY) < 4 * np.sqrt(1 / SAMPLE_EVERY / len(digests))
+    assert set(sampled(digests[:60_000])) <= set(whole) and set(part) >= set(sampled(digests[:60_000]))
+    assert float(np.mean(found_in(part, whole))) == pytest.approx(0.6, abs=0.05)  # 60% of `other`'s rows
 
 
 def test_reordered_columns_and_digits_read_as_labels_are_the_same_rows(charged: dict, tmp_path: Path) -> None:

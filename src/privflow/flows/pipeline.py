@@ -70,12 +70,13 @@ from privflow.tasks.fit import FitResult, Spend, fit, prepare
 from privflow.tasks.mlflow_store import Registered, register_model
 from privflow.tasks.promote import PromotionSettings, promote_if_better
 from privflow.tasks.run_plan import plan_privacy
-from privflow.tasks.stream import first_pass, stream_prepare
+from privflow.tasks.stream import FirstPass, first_pass, stream_prepare
 from privflow.tasks.train import cpu_threads
 from privflow.tasks.validate import validate_data
 from privflow.tasks.warm_start import (
     Parent,
     record_charged_rows,
+    record_charged_sample,
     record_generated_table,
     record_registered_version,
     resolve_parent,
@@ -510,12 +511,15 @@ def _record_release(
     record_generated_table(store, model_name, version, synthetic, schema)
 
 
-def _record_charged(ledger: Ledger, store: Path, schema: Schema, run_id: str, df: pl.DataFrame | None) -> None:
+def _record_charged(ledger: Ledger, store: Path, schema: Schema, run_id: str, read: pl.DataFrame | FirstPass) -> None:
     """The keyed digests of the rows this run read that passed validation (curator-only, in the
-    ledger), so that `privflow pretrain` refuses them as public data. A streamed run's clean rows
-    are never held whole (`df` is None) and its digests are not recorded."""
-    if df is not None:
-        record_charged_rows(ledger, store, schema.dataset.name, run_id, df)
+    ledger), so that `privflow pretrain` and a run under another dataset name refuse them: all of
+    them, or for a streamed run (`read` is its first pass; its rows are never held whole) their
+    keyed sample (privacy/fingerprint.py, `sampled`)."""
+    if isinstance(read, FirstPass):
+        record_charged_sample(ledger, schema.dataset.name, run_id, read.row_sample, read.rows)
+    else:
+        record_charged_rows(ledger, store, schema.dataset.name, run_id, read)
 
 
 def _summary(
@@ -644,7 +648,7 @@ def _pipeline(config: RunConfig, show_progress: bool, runner: Runner, planned: P
                 outer.enter_context(diagnostics_worker.diagnostics_worker(_wants_worker(config, schema)))
                 with timing.stage("read + validate + gate"):
                     df, decision = _read_and_gate(config, schema, plan, curator, spend, runner, work, show_progress)
-                    _record_charged(ledger, store, schema, run_id, df if work is None else None)
+                    _record_charged(ledger, store, schema, run_id, df)
                 with timing.remainder("encode rows"):
                     if work is None:
                         codec, x_train, x_val = prepare(config, schema, df, plan, spend, runner)

@@ -21,7 +21,7 @@ imported (this module imports none of them) and before the ledger reserves anyth
   that reads the file's rows, for this purpose only, and only when the store's ledger holds
   charged row digests of another dataset: a table half or more of whose rows were charged to
   another dataset is refused (its outcome is for the store's operator; nothing is reserved).
-  A streamed run is not checked;
+  A streamed run is read chunk by chunk and compared by its rows' keyed sample;
 - the dataset has budget left for the run's plan (`tasks.run_plan.run_plan`), checked
   against the ledger without reserving (`privacy.ledger.check_budget_at`);
 - a warm start's parent (`--init-from`, `check_init_from`): it exists in the store's
@@ -123,20 +123,20 @@ def preflight(config: RunConfig) -> Preflight:
         config = config.model_copy(update={"init_from": timed("warm start", check_init_from, config, schema)})
     if "promotion" not in config.model_fields_set:  # neither --promote nor the config's `promotion`: the schema's
         config = config.model_copy(update={"promotion": schema.dataset.promotion})
-    if not streamed:  # a streamed run reads its table in chunks: not checked (tasks/dataset_identity.py)
-        from privflow.tasks.dataset_identity import check_rows_not_charged_elsewhere
+    from privflow.tasks.dataset_identity import check_rows_not_charged_elsewhere
 
-        timed(
-            "dataset identity", check_rows_not_charged_elsewhere, config.data, schema, config.store, schema.dataset.name
-        )
-    plan = timed("plan and budget", check_budget, config, schema)
-    skipped = (
-        "a streamed run is not checked against rows the ledger charged to other datasets: run it under "
-        "the dataset name its rows were charged to"
-        if streamed
-        else None
+    # a streamed run is read chunk by chunk and compared by its rows' keyed sample (tasks/dataset_identity.py)
+    timed(
+        "dataset identity",
+        check_rows_not_charged_elsewhere,
+        config.data,
+        schema,
+        config.store,
+        schema.dataset.name,
+        streamed,
     )
-    candidates = (gate_note(config, schema, plan), budget_delta_note(schema), atoms_note(config, schema), skipped)
+    plan = timed("plan and budget", check_budget, config, schema)
+    candidates = (gate_note(config, schema, plan), budget_delta_note(schema), atoms_note(config, schema))
     notes = tuple(n for n in candidates if n)
     # `config` carries a warm start's parent resolved to NAME/VERSION: run the flow with it.
     return Preflight(

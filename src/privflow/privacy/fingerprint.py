@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -147,6 +148,45 @@ def digests_from_blob(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype="<u8").copy()
 
 
+SAMPLE_EVERY = 64  # a sampled record keeps the digests that are 0 modulo this (about 1 row in 64)
+SAMPLED = "blake2b-rows-sample:"  # the fingerprint field of a sampled record: no table fingerprint
+# a whole table is compared with a sampled record when this many of its own rows are in the sample
+# (fewer: the share's estimate is too rough to refuse on)
+MIN_SAMPLED = 32
+
+
+def in_sample(digests: np.ndarray) -> np.ndarray:
+    """Which digests are in the keyed sample: those that are 0 modulo SAMPLE_EVERY. A digest is keyed
+    and uniform, so the sample is a random ~1/SAMPLE_EVERY of any table's rows that no one without
+    the store's key can steer, and the same rows of two tables are in both samples or in neither: the
+    share of a table's sampled rows found among another's sampled rows estimates the share of its
+    rows found among the other's. What a table too large to hold whole (a streamed run) keeps."""
+    return np.asarray(digests, dtype="<u8") % np.uint64(SAMPLE_EVERY) == 0
+
+
+def sampled(digests: np.ndarray) -> np.ndarray:
+    """The digests in the keyed sample (`in_sample`)."""
+    d = np.asarray(digests, dtype="<u8")
+    return d[in_sample(d)]
+
+
+def sample_mark(rows: int) -> str:
+    """The fingerprint field of a sampled record of a table of `rows` rows (no table fingerprint)."""
+    return f"{SAMPLED}1/{SAMPLE_EVERY} of {rows} rows"
+
+
+def is_sample(fingerprint: str | None) -> bool:
+    return bool(fingerprint) and str(fingerprint).startswith(SAMPLED)
+
+
+def sampled_rows(fingerprint: str | None) -> int | None:
+    """The rows of the table a sampled record was taken from (`sample_mark`); None for a whole record."""
+    if not is_sample(fingerprint):
+        return None
+    found = re.search(r" of (\d+) rows$", str(fingerprint))
+    return int(found.group(1)) if found else None
+
+
 def found_in(digests: np.ndarray, recorded: np.ndarray) -> np.ndarray:
     """Which of `digests` (one per row) are among `recorded`: a boolean mask, row by row."""
     if len(digests) == 0 or len(recorded) == 0:
@@ -181,6 +221,13 @@ __all__ = [
     "digests_blob",
     "digests_from_blob",
     "found_in",
+    "in_sample",
+    "is_sample",
+    "MIN_SAMPLED",
+    "sample_mark",
+    "sampled",
+    "sampled_rows",
+    "SAMPLE_EVERY",
     "keyed_fingerprint",
     "row_digests",
     "store_key",

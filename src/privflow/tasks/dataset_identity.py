@@ -26,13 +26,16 @@ The digests compared:
 
 A table half or more of whose rows (`PUBLIC_ROW_SHARE`) are one other dataset's charged rows, or
 whose fingerprint equals such a table's, is refused (`SameRowsOtherDataset`, exit 2). A streamed
-run (`--stream`) is not checked: reading the whole table would defeat streaming (the run reads it
-in chunks); streamed runs record no row digests either. Datasets linked by the curator
-(`privflow ledger link`) are not refused for each other's rows.
+run (`--stream`) never holds its table whole: it records, and is checked by, the keyed sample of its
+rows' digests (`fingerprint.sampled`: about 1 row in `SAMPLE_EVERY`, the same rows in every table),
+read chunk by chunk; a whole table is compared with such a sample through its own rows in the
+sample. A database source is read for the check as the run reads it. Datasets linked by the
+curator (`privflow ledger link`) are not refused for each other's rows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,9 +43,12 @@ import numpy as np
 
 from privflow.core.errors import ConfigError
 from privflow.privacy.fingerprint import (
+    MIN_SAMPLED,
     digests_from_blob,
     found_in,
+    is_sample,
     row_digests,
+    sampled,
     store_key,
     table_fingerprint,
     table_rows,
@@ -84,36 +90,57 @@ def raw_typed(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(exprs) if exprs else frame
 
 
-def _charged_elsewhere(ledger: Ledger, dataset: str) -> dict[str, list[tuple[bytes, str]]]:
+@dataclass(frozen=True)
+class _Charged:
+    """Another dataset's charged rows as the ledger keeps them: the digests of its whole tables, the
+    keyed samples of its streamed ones (`fingerprint.sampled`), and its tables' fingerprints."""
+
+    whole: np.ndarray
+    sample: np.ndarray
+    fingerprints: frozenset[str]
+
+
+def _charged_elsewhere(ledger: Ledger, dataset: str) -> dict[str, _Charged]:
     linked = set(ledger.linked(dataset))
-    out: dict[str, list[tuple[bytes, str]]] = {}
+    records: dict[str, list[tuple[bytes, str]]] = {}
     for p in ledger.row_prints("charged"):
         if p.dataset != dataset and p.dataset not in linked:
-            out.setdefault(p.dataset, []).append((p.digests, p.fingerprint))
+            records.setdefault(p.dataset, []).append((p.digests, p.fingerprint))
+    out: dict[str, _Charged] = {}
+    for other, recs in sorted(records.items()):
+        whole = [digests_from_blob(b) for b, f in recs if not is_sample(f)]
+        part = [digests_from_blob(b) for b, f in recs if is_sample(f)]
+        out[other] = _Charged(
+            np.unique(np.concatenate(whole)) if whole else np.zeros(0, dtype="<u8"),
+            np.unique(np.concatenate(part)) if part else np.zeros(0, dtype="<u8"),
+            frozenset(f for _, f in recs if not is_sample(f)),
+        )
     return out
 
 
 def check_rows_not_charged_elsewhere(
-    data: str | Path, schema_or_none: Schema | None, store: Path, dataset: str
+    data: str | Path, schema_or_none: Schema | None, store: Path, dataset: str, streamed: bool = False
 ) -> None:
     """Refuse (`SameRowsOtherDataset`) a table half or more of whose rows, or whose fingerprint,
     are charged rows of a dataset other than `dataset` in `store`'s ledger. Returns at once, reading
     nothing, when the ledger does not exist or holds no charged row prints of another dataset.
-    A database source has no rows to compare before the run and is not checked."""
-    from privflow.core.source_uri import is_database_uri
-
+    `streamed` (a run that reads its table in chunks, with its schema): the table is read chunk by
+    chunk and only its rows in the keyed sample are compared (`fingerprint.sampled`), never held whole."""
     ledger_path = Path(store) / "ledger.db"
-    if not ledger_path.is_file() or is_database_uri(data):
+    if not ledger_path.is_file():
         return
     ledger = Ledger(ledger_path)
     others = _charged_elsewhere(ledger, dataset)
     if not others:
         return
     key = store_key(Path(store))
-    recorded = {
-        other: (np.unique(np.concatenate([digests_from_blob(b) for b, _ in records])), {f for _, f in records})
-        for other, records in sorted(others.items())
-    }
+    if streamed and schema_or_none is not None:
+        part = _sampled_rows(data, schema_or_none, key)
+        for other, charged in others.items():
+            rows = np.union1d(charged.whole, charged.sample)
+            if len(part) and float(np.mean(found_in(part, rows))) >= PUBLIC_ROW_SHARE:
+                _refuse(data, dataset, other, ledger_path)
+        return
     if schema_or_none is None:
         from privflow.data.io import read_table
 
@@ -125,9 +152,28 @@ def check_rows_not_charged_elsewhere(
         if len(digests) == 0:
             continue
         fingerprint = table_fingerprint(digests, key)
-        for other, (rows, fingerprints) in recorded.items():
-            if float(np.mean(found_in(digests, rows))) >= PUBLIC_ROW_SHARE or fingerprint in fingerprints:
+        part = sampled(digests)
+        for other, charged in others.items():
+            whole = len(charged.whole) and float(np.mean(found_in(digests, charged.whole))) >= PUBLIC_ROW_SHARE
+            some = len(charged.sample) and len(part) >= MIN_SAMPLED
+            if (
+                whole
+                or fingerprint in charged.fingerprints
+                or (some and float(np.mean(found_in(part, charged.sample))) >= PUBLIC_ROW_SHARE)
+            ):
                 _refuse(data, dataset, other, ledger_path)
+
+
+def _sampled_rows(data: str | Path, schema: Schema, key: bytes) -> np.ndarray:
+    """The keyed sample of the digests of a streamed table's typed passing rows, read chunk by chunk."""
+    from privflow.data.chunked import parquet_chunks
+    from privflow.data.validation import typed_rows
+
+    parts = [
+        sampled(row_digests(typed_rows(chunk, schema), key))
+        for chunk in parquet_chunks(data, max_line_bytes=schema.dataset.max_line_bytes)
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype="<u8")
 
 
 def _projections(frame: pl.DataFrame) -> list[pl.DataFrame]:

@@ -47,6 +47,7 @@ from privflow.data.schema import Schema
 from privflow.data.target_head import TargetCodec, head_widths
 from privflow.data.validation import Gate, ValidationReport, validate, validate_chunks
 from privflow.privacy.accounting.plan import PrivacyPlan
+from privflow.privacy.fingerprint import row_digests, sampled, store_key
 from privflow.privacy.mechanisms import dp_marginals as marginals_mechanism
 from privflow.tasks.encode import encode_split, selection_coins
 from privflow.tasks.fit import Spend
@@ -66,6 +67,8 @@ class FirstPass:
     grid: int | None
     head: DiskRows | None
     ranks: SpilledRanks
+    row_sample: np.ndarray  # the keyed sample of the clean rows' digests (privacy/fingerprint.py, `sampled`)
+    rows: int  # the clean rows read
 
 
 def _chunks(config: RunConfig, schema: Schema, what: str, show_progress: bool) -> Iterator[pl.DataFrame]:
@@ -102,9 +105,13 @@ def first_pass(
         head = DiskRows(work / "head.f32", len(head_widths(model, config.head.numeric_knots)) + 1)
     counts: list[np.ndarray] = []  # one vector of cell counts per chunk (their sum is the statistic)
     ranks = SpilledRanks(work / "ranks", parquet_rows(config.data))
+    key, sample, rows = store_key(config.store), [], 0  # the charged rows' keyed sample, for the ledger
 
     def consume(clean: pl.DataFrame) -> None:
+        nonlocal rows
         ranks.record(clean)
+        sample.append(sampled(row_digests(clean, key)))
+        rows += clean.height
         if grid is not None:
             counts.append(marginals_mechanism.marginal_counts(clean, model, grid_bins=grid))
         if head is not None:
@@ -113,7 +120,8 @@ def first_pass(
     chunks = _chunks(config, schema, "Validating (pass 1 of 2)", show_progress)
     report = validate_chunks(chunks, schema, config.policy, quarantine, gate, consume)
     # validate_chunks hands consume every chunk it checks (clean rows or none) or raises: counts is set
-    return FirstPass(np.sum(counts, axis=0) if grid is not None else None, grid, head, ranks), report
+    keyed = np.concatenate(sample) if sample else np.zeros(0, dtype="<u8")
+    return FirstPass(np.sum(counts, axis=0) if grid is not None else None, grid, head, ranks, keyed, rows), report
 
 
 def stream_prepare(

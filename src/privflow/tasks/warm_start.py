@@ -66,10 +66,14 @@ from privflow.core.config import RunConfig
 from privflow.core.errors import ConfigError, PrivacyPlanError
 from privflow.data.schema import Column, Schema
 from privflow.privacy.fingerprint import (
+    MIN_SAMPLED,
     digests_blob,
     digests_from_blob,
     found_in,
+    in_sample,
+    is_sample,
     row_digests,
+    sample_mark,
     store_key,
     surface_schema,
     table_fingerprint,
@@ -422,8 +426,13 @@ def check_pretraining_rows(typed: pl.DataFrame, store: Path, label: str) -> Pret
     for p in prints:
         if p.kind == "charged":
             charged.setdefault(p.dataset, []).append(p)
+    keyed = in_sample(digests)  # a streamed run recorded only its rows in the keyed sample
     for dataset, records in charged.items():
-        share = float(np.mean(found_in(digests, _union(records)) & ~sampled))
+        whole = [p for p in records if not is_sample(p.fingerprint)]
+        part = [p for p in records if is_sample(p.fingerprint)]
+        share = float(np.mean(found_in(digests, _union(whole)) & ~sampled)) if whole else 0.0
+        if part and int(keyed.sum()) >= MIN_SAMPLED:
+            share = max(share, float(np.mean(found_in(digests[keyed], _union(part)) & ~sampled[keyed])))
         if share >= PUBLIC_ROW_SHARE or any(p.fingerprint == fingerprint for p in records):
             raise ConfigError(
                 f"'{label}' holds rows that runs on dataset '{dataset}' were charged for in the privacy ledger "
@@ -472,6 +481,14 @@ def record_pretrained(store: Path, name: str, version: str, rows: PretrainingRow
     weights = weights_digest(load_version(name, version))
     links = [(f"{spec}{_SAMPLED}", node) for spec, node in rows.sampled_from]
     Ledger(store / "ledger.db").record_derived_version(name, version, weights, dataset, links)
+
+
+def record_charged_sample(ledger: Ledger, dataset: str, run_id: str, sample: np.ndarray, rows: int) -> None:
+    """Keep the keyed sample (`fingerprint.sampled`) of the digests of the `rows` rows a streamed run
+    `run_id` was charged for, curator-only in the ledger: a table too large to hold whole keeps about
+    one row in SAMPLE_EVERY, and the checks compare other tables with it through their own rows
+    in the sample."""
+    ledger.record_rows("charged", dataset, digests_blob(sample), sample_mark(rows), run_id)
 
 
 def record_charged_rows(ledger: Ledger, store: Path, dataset: str, run_id: str, typed: pl.DataFrame) -> None:
@@ -532,6 +549,7 @@ __all__ = [
     "declare_public_version",
     "find_parent",
     "record_charged_rows",
+    "record_charged_sample",
     "record_generated_table",
     "record_pretrained",
     "record_registered_version",

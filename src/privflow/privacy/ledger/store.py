@@ -26,7 +26,7 @@ from typing import Any
 
 from privflow.core.errors import PrivacyPlanError, StoreError
 from privflow.privacy.accounting.events import Event, events_from_json, events_to_json
-from privflow.privacy.fingerprint import ROW_DIGEST_BYTES
+from privflow.privacy.fingerprint import ROW_DIGEST_BYTES, sampled_rows
 from privflow.privacy.ledger.compose import REL_TOL, budget_verdict, check_budget, compose_epsilon
 
 log = logging.getLogger(__name__)
@@ -922,7 +922,9 @@ class Ledger:
         with self._tx(immediate=False) as con:
             where, args = (" WHERE dataset = ?", (dataset,)) if dataset else ("", ())
             prints = con.execute(
-                f"SELECT kind, dataset, run_id, model, version, rows, recorded FROM row_prints{where} ORDER BY id", args
+                f"SELECT kind, dataset, run_id, model, version, rows, fingerprint, recorded FROM row_prints{where} "
+                "ORDER BY id",
+                args,
             ).fetchall()
             declared = con.execute(
                 f"SELECT model, version, dataset, declared FROM public_sources{where} ORDER BY declared", args
@@ -938,7 +940,7 @@ class Ledger:
         for r in prints:
             e = entry(r["dataset"])
             if r["kind"] == "charged":
-                e["charged"].append((r["run_id"], int(r["rows"]), r["recorded"][:10]))
+                e["charged"].append((r["run_id"], sampled_rows(r["fingerprint"]) or int(r["rows"]), r["recorded"][:10]))
             else:
                 key = f"{r['model']}/{r['version']}"
                 tables, rows, last = e["generated"].get(key, (0, 0, ""))
