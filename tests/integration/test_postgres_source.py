@@ -122,6 +122,21 @@ def test_a_postgres_table_is_checked_and_trained_on_without_showing_the_password
             assert not _leaks(value), name
         leaked = [str(p) for p, blob in _files_text(store) if _leaks(blob)]
         assert not leaked, leaked  # MLflow's database and artifacts, the ledger, the curator folder
+
+        # the same rows under a second dataset name: read for the identity check, refused before spending
+        doc["dataset"]["name"] = "adult-pg2"
+        second = tmp_path / "second.yaml"
+        second.write_text(yaml.safe_dump(doc))
+        again = runner.invoke(
+            app,
+            ["run", "--data", uri, "--schema", str(second), "--config", str(config), "--store", str(store)]
+            + ["--epsilon", "1", "--engine", "local", "--quiet"],
+        )
+        assert again.exit_code == 2 and "dataset 'adult-pg'" in " ".join(again.output.split()), again.output
+        assert not _leaks(again.output)
+        from privflow.privacy.ledger import Ledger
+
+        assert Ledger(store / "ledger.db").runs("adult-pg2") == []
         # last, as it needs cli/check.py to show --data as `as_data_source(data)` does (masked)
         assert not _leaks(out), out
     finally:
