@@ -557,7 +557,7 @@ def format_entries(sug: Suggestion) -> list[Entry]:
         out.append(Entry("labels", list(sug.labels), said))
     if sug.decimals is not None:
         said = (
-            "the smallest d holding 99% of the values (DP counts)"
+            "the fewest d with at most 1% of the values written with more, by 2 noise sd (DP counts)"
             if sug.origin == BY_DP
             else "the most decimals the values are written with"
         )
