@@ -73,6 +73,7 @@ from privflow.privacy.accounting.events import ApproxDPEvent, Event, RepeatedEve
 from privflow.privacy.accounting.plan import MAX_EPSILON
 from privflow.privacy.ledger import Ledger, check_budget_at, compose_epsilon
 from privflow.privacy.mechanisms import dp_bounds, dp_histogram
+from privflow.privacy.mechanisms.dp_quantile import CandidateQuantile
 from privflow.privacy.mechanisms.laplace import laplace_event, laplace_mechanism
 
 ROWS_DIGITS = 2  # expected_rows: the DP row count rounded to this many significant digits
@@ -456,6 +457,8 @@ def _fill_number(
     else:  # no decade stood out of the noise: a wide, flat public window, 1e-3 to 1e6
         mech = dp_bounds.QuantileBounds(part * 1.5, 100.0, sign, below=5, above=4, prior=0.0)
     rel = mech.release(body)
+    lows, _, highs, _ = mech.candidates()
+    rank_error = CandidateQuantile(dp_bounds.HIGH_Q, mech.epsilon, tuple(max(lows, highs, key=len))).rank_error()
     low, high = dp_bounds.round_out(rel.low, rel.high, integer)
     atoms: list[float] = [0.0] if zero_atom else []
     if shares["atoms"]:
@@ -478,8 +481,10 @@ def _fill_number(
             "bounds",
             bound,
             f"DP bounds: the {dp_bounds.LOW_Q:.1%} and {dp_bounds.HIGH_Q:.1%} DP quantiles of the {where} (exponential "
-            f"mechanism on a public log grid, eps {part * 1.5:.3g} each), rounded outward: about {dp_bounds.LOW_Q:.1%} "
-            "clamped at each end by construction",
+            f"mechanism on a public log grid, eps {part * 1.5:.3g} each), rounded outward; at this epsilon a pick "
+            f"lies within about {rank_error:,.0f} rows ({rank_error / max(kind.present, 1.0):.0%} of the values) of "
+            "its quantile with 95% probability, so more or fewer may be clamped: `privflow check` counts them "
+            "(curator-only)",
         ),
         _nullable(kind, eps_kinds),
     ]

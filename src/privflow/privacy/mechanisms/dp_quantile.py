@@ -166,6 +166,15 @@ class CandidateQuantile:
         below = np.searchsorted(v, np.asarray(self.candidates, dtype=np.float64), side="left")
         return -np.abs(below - float(self.q) * v.size)
 
+    def rank_error(self, beta: float = 0.05) -> float:
+        """Rows: with probability at least 1 - beta the pick's utility is within this of the best
+        candidate's, i.e. about this many rows from the q-quantile's rank where the candidates are
+        fine enough (the exponential mechanism's accuracy at scale 2/epsilon, sensitivity 1: 2 (ln
+        |candidates| + ln(1/beta)) / epsilon; McSherry & Talwar 2007, Theorem 8). Without a prior."""
+        if not 0.0 < beta < 1.0:
+            raise ValueError(f"beta must lie strictly between 0 and 1, got {beta!r}")
+        return 2.0 * (math.log(len(self.candidates)) + math.log(1.0 / beta)) / float(self.epsilon)
+
     def release(self, values: np.ndarray) -> float:
         """The DP q-quantile of `values` (one of the candidates). Without a prior: OpenDP's
         `make_private_quantile`; with one: Report-Noisy-Max with exponential noise (OpenDP's exact
