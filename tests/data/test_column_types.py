@@ -406,3 +406,19 @@ def test_a_run_and_generate_write_dates_in_the_inputs_format(tmp_path: Path, cli
         assert all(re.fullmatch(r"\d+\.\d", w) for w in rows.get_column("weight"))
         _, report = validate(rows.with_columns(pl.lit("P").alias("patient_id")), schema(), "strict")
         assert report.passed  # what privflow writes reads back under the same schema
+
+
+def test_an_iso_utc_datetime_is_drafted_read_and_written_back_with_its_z() -> None:
+    """'2013-01-01T06:00:00Z' (ISO 8601 in UTC, as exports write it) is a datetime to the draft's
+    kind counts, not text, and a column with that format reads and writes the same text."""
+    from privflow.data import draft as dd
+
+    texts = [f"2013-01-{1 + i // 24:02d}T{i % 24:02d}:00:00Z" for i in range(240)]
+    kind = dd.decide_kind("time_hour", dd.kind_counts(pl.Series(texts)), 240.0, 1.0, 1.0).suggestion
+    assert (kind.type, kind.format, kind.granularity) == ("datetime", "%Y-%m-%dT%H:%M:%SZ", "hour")
+    col = {"name": "time_hour", "type": "datetime", "format": kind.format, "granularity": "hour"}
+    col["bounds"] = ["2013-01-01T00:00:00", "2013-12-31T23:00:00"]
+    s = Schema.model_validate({"dataset": {"name": "weather"}, "columns": [col]})
+    typed, report = validate(pl.DataFrame({"time_hour": texts}), s, "strict")
+    assert report.passed
+    assert to_surface(typed, s).get_column("time_hour").to_list() == texts

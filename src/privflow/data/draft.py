@@ -31,6 +31,7 @@ DATE_FORMATS = ("%Y-%m-%d", "%d/%m/%Y", "%m/%d/%Y")
 # (format, granularity): the finest unit the format writes is the granularity it is modelled at
 DATETIME_FORMATS = (
     ("%Y-%m-%dT%H:%M:%S", "second"),
+    ("%Y-%m-%dT%H:%M:%SZ", "second"),
     ("%Y-%m-%d %H:%M:%S", "second"),
     ("%Y-%m-%dT%H:%M", "minute"),
     ("%Y-%m-%d %H:%M", "minute"),
@@ -170,6 +171,7 @@ BOOLEAN_LABELS = tuple(label for pair in BOOLEAN_PAIRS for label in pair)
 # a datetime family: (format, regex of its text, whether it writes seconds)
 DATETIME_FAMILIES = (
     ("%Y-%m-%dT%H:%M:%S", r"^\d{4}-\d{1,2}-\d{1,2}T\d{1,2}:\d{2}:\d{2}$", True),
+    ("%Y-%m-%dT%H:%M:%SZ", r"^\d{4}-\d{1,2}-\d{1,2}T\d{1,2}:\d{2}:\d{2}Z$", True),  # ISO 8601 in UTC (exports)
     ("%Y-%m-%d %H:%M:%S", r"^\d{4}-\d{1,2}-\d{1,2} \d{1,2}:\d{2}:\d{2}$", True),
     ("%Y-%m-%dT%H:%M", r"^\d{4}-\d{1,2}-\d{1,2}T\d{1,2}:\d{2}$", False),
     ("%Y-%m-%d %H:%M", r"^\d{4}-\d{1,2}-\d{1,2} \d{1,2}:\d{2}$", False),
