@@ -61,7 +61,16 @@ def txhousing() -> pl.DataFrame:
     return _rdata("ggplot2", "txhousing")
 
 
-TABLES = {"credit": (credit, "Status"), "storms": (storms, "status"), "txhousing": (txhousing, "city")}
+def weather() -> pl.DataFrame:
+    return _rdata("nycflights13", "weather")
+
+
+TABLES = {
+    "credit": (credit, "Status"),
+    "storms": (storms, "status"),
+    "txhousing": (txhousing, "city"),
+    "weather": (weather, "origin"),
+}
 
 
 def _text(df: pl.DataFrame) -> pl.DataFrame:

@@ -146,7 +146,54 @@ def score(name: str, work: Path, res: dict[str, Any], seed: int) -> dict[str, An
     res["mst"] = evaluate(schema, real_train, real_test, mst)
     res["real"] = evaluate(schema, real_train, real_test, real_train)  # the real training rows as "synthetic"
     res["columns_tvd20"] = decomposition(name, schema, work / "store", real_train, synth, mst, seed)
+    res["structure"] = structure(schema, {"real train": real_train, "privflow": synth, "MST": mst})
     return res
+
+
+def _tvd(a: np.ndarray, b: np.ndarray, n: int) -> float:
+    p = np.bincount(a, minlength=n) / max(a.size, 1)
+    q = np.bincount(b, minlength=n) / max(b.size, 1)
+    return 0.5 * float(np.abs(p - q).sum())
+
+
+def structure(schema: Any, frames: dict[str, pl.DataFrame]) -> list[tuple[str, dict[str, float]]]:
+    """What a data owner checks first (issue 44), per table: for each date or datetime column the TVD
+    to the real training rows of the hour of day (24 cells), the weekday (7) and the month (12); for
+    each pair of columns missing together in the real rows (both missing in at least 1% of rows,
+    exactly one in under 0.1%), the share of rows with exactly one of them missing."""
+    from datetime import UTC, datetime
+
+    out: list[tuple[str, dict[str, float]]] = []
+    real = frames["real train"]
+    for col in schema.columns:
+        if col.type not in ("date", "datetime"):
+            continue
+        parts: dict[str, dict[str, np.ndarray]] = {}
+        for label, frame in frames.items():
+            units = frame.get_column(col.name).drop_nulls().to_numpy().astype(np.int64)
+            seconds = units * col.step * (86_400 if col.type == "date" else 1)
+            t = [datetime.fromtimestamp(int(x), UTC) for x in seconds]
+            parts[label] = {
+                "hour": np.array([d.hour for d in t], dtype=np.int64),
+                "weekday": np.array([d.weekday() for d in t], dtype=np.int64),
+                "month": np.array([d.month - 1 for d in t], dtype=np.int64),
+            }
+        for what, n in (("hour", 24), ("weekday", 7), ("month", 12)):
+            if what == "hour" and col.type == "date":
+                continue
+            out.append((f"{col.name}: {what} TVD ({n} cells)", {
+                label: _tvd(parts["real train"][what], p[what], n) for label, p in parts.items()
+            }))  # fmt: skip
+    names = [c.name for c in schema.columns if c.nullable and c.name in real.columns]
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            ma, mb = real.get_column(a).is_null(), real.get_column(b).is_null()
+            if float((ma & mb).mean()) >= 0.01 and float((ma ^ mb).mean()) < 0.001:
+                out.append((f"{a} / {b}: rows with exactly one missing", {
+                    label: float((f.get_column(a).is_null() ^ f.get_column(b).is_null()).mean())
+                    for label, f in frames.items()
+                }))  # fmt: skip
+    return out
 
 
 def _through_marginals(schema: Any, marginals: Any, rows: int, seed: int) -> pl.DataFrame:
@@ -264,6 +311,12 @@ def report(name: str, r: dict[str, Any]) -> list[str]:
         means = [np.mean([f[k] for f in per.values() if k in f]) if any(k in f for f in per.values()) else None
                  for k in labels]  # fmt: skip
         lines.append("| mean | " + " | ".join("-" if m is None else f"**{m:.4f}**" for m in means) + " |")
+    if r.get("structure"):
+        lines += ["", "Calendar time and missingness (issue 44; exact figures of the real rows):", ""]
+        lines += ["| what | real train | privflow | MST |", "| --- | ---: | ---: | ---: |"]
+        for what, figures in r["structure"]:
+            cells = [f"{figures[k]:.3f}" for k in ("real train", "privflow", "MST")]
+            lines.append(f"| {what} | " + " | ".join(cells) + " |")
     lines += ["", "<details><summary>the run's summary</summary>", "", "```", r["run_tail"], "```", ""]
     lines += ["</details>", ""]
     return lines
