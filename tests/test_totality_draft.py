@@ -196,3 +196,28 @@ def test_decimals_follow_the_values_where_each_cell_carries_noise(shift: float) 
     for values, want in ((whole, 0), (tenths, 1), (cents, 2)):
         got = dd.decide_kind("x", _noisy_kinds(values, shift, sd), float(rows), sd, sd)
         assert got.suggestion.type == "numeric" and got.suggestion.decimals == want, (want, shift, got.suggestion)
+
+
+def test_columns_missing_together_are_drafted_as_a_rule(no_noise: None) -> None:
+    """Two measurements missing in the same 40% of rows, a third missing at random: the draft
+    declares the pair `missing_together` from the DP pair counts, not the third, and the drafted
+    schema loads with the rule; one adversarial row changes nothing."""
+    rng = np.random.default_rng(8)
+    rows = 4000
+    gone = rng.random(rows) < 0.4
+    other = rng.random(rows) < 0.3
+    frame = pl.DataFrame(
+        {
+            "size_a": [None if g else f"{v:.1f}" for g, v in zip(gone, rng.uniform(1, 9, rows), strict=True)],
+            "size_b": [None if g else str(v) for g, v in zip(gone, rng.integers(5, 50, rows), strict=True)],
+            "gust": [None if o else str(v) for o, v in zip(other, rng.integers(10, 60, rows), strict=True)],
+            "kind": rng.choice(["a", "b"], rows).tolist(),
+        }
+    )
+
+    def rules(f: pl.DataFrame) -> list:
+        filled = td._fill(_plan(tuple(f.columns), 1.0), dd.normalised(f, ()), [])
+        return [e.value for e in filled.top if e.key == "rules"]
+
+    assert rules(frame) == [[{"kind": "missing_together", "columns": ["size_a", "size_b"]}]]
+    assert rules(_with(frame, "3.5", "size_a")) == rules(frame)  # one row with only size_a present

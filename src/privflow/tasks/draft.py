@@ -90,6 +90,11 @@ COVER_SHARE = 0.5  # a text column whose listed categories cover less than this 
 ID_SHARE = 0.95  # an integer column with an identifier's name and this share of distinct values: ignore
 NOISE_WARN = 0.01  # warn when a kind count's noise sd passes this share of the DP row count
 OTHER_LABELS = ("other", "(other)", "other_")  # the first that is no category (case-blind) is `other`
+PAIRS_SHARE = 0.05  # of the values' epsilon, when some columns may go missing together
+PAIR_MISSING_SHARE = 0.05  # a column is a missing-together candidate when this share of it is missing (DP)
+MAX_PAIR_COLUMNS = 6  # ... the most missing of them: at most 15 pairs
+TOGETHER_SHARE = 0.001  # a pair goes missing together when at most this share of rows has one missing
+PAIR_Z = 2.0  # ... by this many noise sd
 EXACT_INTEGER_SUPPORT = 1024  # integer columns this narrow keep every value exactly: no atoms needed
 DELTA_SHARE = 0.1  # the default delta: this share of the dataset budget's delta
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -384,7 +389,9 @@ def _fill(plan: DraftPlan, frame: pl.DataFrame, suggestions: list[dd.Suggestion]
             sug = dd.Suggestion(name, "categorical", "categorical: the target (--target)")
         kinds[name] = dd.KindDecision(sug, kind.present, kind.missing, kind.zeros, kind.negatives, kind.sd, kind.decade)
     weights = {n: _weight(k.suggestion, n == plan.target) for n, k in kinds.items()}
-    unit = plan.eps_values / max(sum(weights.values()), 1e-12)
+    pairs = _missing_pair_candidates(kinds)
+    eps_pairs = PAIRS_SHARE * plan.eps_values if pairs else 0.0
+    unit = (plan.eps_values - eps_pairs) / max(sum(weights.values()), 1e-12)
     histograms = sum(1 for n, k in kinds.items() if k.suggestion.type in ("categorical", "integer") and weights[n] > 0)
     hdelta = plan.delta / max(histograms, 1)
     columns: dict[str, list[dd.Entry]] = {}
@@ -407,7 +414,50 @@ def _fill(plan: DraftPlan, frame: pl.DataFrame, suggestions: list[dd.Suggestion]
         columns[name] = entries
     if plan.target is not None:
         top += _target_entries(plan, out_suggestions, columns, notes)
+    if pairs:
+        top += _missing_together(frame, pairs, eps_pairs, noisy_rows)
     return _Filled(rows, rows_comment, columns, out_suggestions, notes, top)
+
+
+def _missing_pair_candidates(kinds: dict[str, dd.KindDecision]) -> list[tuple[str, str]]:
+    """Pairs of modelled columns that may go missing together: each with a DP missing share of at
+    least PAIR_MISSING_SHARE (post-processing of the kind counts), at most MAX_PAIR_COLUMNS of them
+    (the most missing first), so that the pairs' count vector stays short."""
+    shares = {
+        n: k.missing / max(k.missing + k.present, 1.0)
+        for n, k in kinds.items()
+        if k.suggestion.type != "ignore" and k.missing / max(k.missing + k.present, 1.0) >= PAIR_MISSING_SHARE
+    }
+    names = sorted(shares, key=lambda n: -shares[n])[:MAX_PAIR_COLUMNS]
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+
+
+def _missing_together(frame: pl.DataFrame, pairs: list[tuple[str, str]], eps: float, rows: float) -> list[dd.Entry]:
+    """`missing_together` rules from one Laplace release of, per candidate pair, the rows with
+    exactly one of the two missing (a row is in every pair's count at most once: L1 sensitivity
+    len(pairs)); a pair whose noisy count is under TOGETHER_SHARE of the rows by PAIR_Z noise sd
+    goes missing together, and pairs sharing a column join one rule. Public once declared: the
+    sampler keeps them on every released row (privflow/data/rules.py)."""
+    missing = {n: frame.get_column(n).is_null().to_numpy() for pair in pairs for n in pair}
+    counts = np.array([float(np.sum(missing[a] ^ missing[b])) for a, b in pairs])
+    scale = len(pairs) / eps
+    noisy = laplace_mechanism(counts, float(len(pairs)), 1.0 / eps)
+    limit = TOGETHER_SHARE * max(rows, 1.0) + PAIR_Z * math.sqrt(2.0) * scale
+    groups: dict[str, set[str]] = {}
+    for (a, b), n in zip(pairs, noisy, strict=True):
+        if n <= limit:
+            merged = groups.get(a, {a}) | groups.get(b, {b})
+            for c in merged:
+                groups[c] = merged
+    rules = {tuple(sorted(g)) for g in groups.values()}
+    if not rules:
+        return []
+    said = (
+        f"DP counts of rows with exactly one of a pair missing (Laplace, eps {eps:.3g} over {len(pairs)} pair(s)) "
+        f"under {TOGETHER_SHARE:.1%} of the rows by {PAIR_Z:g} noise sd: kept on every synthetic row"
+    )
+    value = [{"kind": "missing_together", "columns": list(r)} for r in sorted(rules)]
+    return [dd.Entry("rules", value, said)]
 
 
 def _weight(sug: dd.Suggestion, target: bool) -> float:
