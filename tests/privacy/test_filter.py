@@ -220,3 +220,19 @@ def test_three_runs_at_half_an_epsilon_each() -> None:
     assert compose_epsilon(run * 3, DELTA) == pytest.approx(0.9114, abs=1e-4)
     assert adaptive_epsilon([run] * 3, DELTA) == pytest.approx(1.1978, abs=1e-4)
     assert sum(compose_epsilon(run, DELTA) for _ in range(3)) == pytest.approx(1.5, abs=1e-4)  # basic composition
+
+
+def test_a_draft_past_the_approx_share_is_refused_naming_delta_not_epsilon() -> None:
+    """Drafts' (epsilon, delta) releases share a fixed part of delta (APPROX_DELTA_SHARE): one that
+    would pass it is refused at any epsilon, and the refusal says so and how much delta is left;
+    at the draft's default delta (2% of the budget's) twelve drafts fit."""
+    from privflow.tasks.draft import DELTA_SHARE
+
+    delta = 1e-5
+    draft = [ApproxDPEvent(0.01, DELTA_SHARE * delta)]
+    fits = int(APPROX_DELTA_SHARE / DELTA_SHARE + 1e-9)
+    assert fits >= 12
+    budget_verdict("d", 10.0, delta, [draft] * (fits - 1), draft, "This draft")  # the last one that fits
+    with pytest.raises(BudgetExceeded, match=r"whatever the epsilon") as refused:
+        budget_verdict("d", 10.0, delta, [draft] * fits, draft, "This draft")
+    assert "--delta" in str(refused.value) and "can ask for" not in str(refused.value)

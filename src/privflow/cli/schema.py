@@ -32,7 +32,11 @@ def draft(
     ] = None,
     delta: Annotated[
         float | None,
-        typer.Option("--delta", help="The DP draft's delta (default a tenth of the dataset budget's delta)."),
+        typer.Option(
+            "--delta",
+            help="The DP draft's delta (default 2% of the dataset budget's delta: the ledger keeps a quarter of "
+            "that delta for all drafts together, so about twelve drafts fit).",
+        ),
     ] = None,
     name: Annotated[
         str | None, typer.Option("--name", help="dataset.name, the ledger's key (default: from the file's name).")

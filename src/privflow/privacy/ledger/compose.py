@@ -193,6 +193,8 @@ def budget_verdict(
     adaptive = adaptive_epsilon([*earlier_runs, list(events)], delta)
     limit = budget * (1 + REL_TOL)
     over_pld, over_adaptive = not total <= limit, not adaptive <= limit
+    if over_adaptive and not over_pld:
+        _refuse_past_the_approx_share(dataset, delta, earlier_runs, events, who)
     if over_pld or over_adaptive:
         which = (
             "both figures pass it"
@@ -210,6 +212,35 @@ def budget_verdict(
             f"deliberately (`privflow ledger set-budget {dataset} --epsilon E --delta D`) if the data owner agrees."
         )
     return requested, total
+
+
+def _refuse_past_the_approx_share(
+    dataset: str, delta: float, earlier_runs: Sequence[Sequence[Event]], events: Sequence[Event], who: str
+) -> None:
+    """BudgetExceeded naming the cause when the adaptive bound is infinite only because the
+    (epsilon, delta) releases' deltas (DP drafts' thresholded histograms) would sum past the share
+    of delta the filter keeps for them (`filter.APPROX_DELTA_SHARE`): a smaller epsilon cannot help."""
+    from privflow.privacy.ledger.filter import APPROX_DELTA_SHARE, rdp_curve
+
+    _, before = rdp_curve([e for run in earlier_runs for e in run])
+    _, this = rdp_curve(list(events))
+    cap = APPROX_DELTA_SHARE * delta
+    if this == 0 or before + this <= cap * (1 + 1e-9):
+        return
+    left = max(cap - before, 0.0)
+    raise BudgetExceeded(
+        f"{who} was refused before reading any row: its (epsilon, delta) releases (a DP schema draft's "
+        f"thresholded histograms) add delta={this:.3g}, and the earlier ones of dataset '{dataset}' hold "
+        f"{before:.3g} of the {cap:.3g} ({APPROX_DELTA_SHARE:.0%} of the dataset's delta={delta:g}) that the "
+        "ledger's bound for adaptively chosen runs keeps for them, whatever the epsilon. "
+        + (
+            f"Draft with --delta {left * 0.999:.2g} or less, "
+            if left > 0
+            else "Draft no more under this dataset name (the schema you have keeps its draft's charge), "
+        )
+        + f"or raise the dataset's delta deliberately (`privflow ledger set-budget {dataset} --epsilon E "
+        "--delta D`) if the data owner agrees."
+    )
 
 
 def check_budget(dataset: str, events: Sequence[Event], budget: tuple[float, float], who: str = "This run") -> None:
