@@ -285,12 +285,12 @@ def kind_counts(values: pl.Series) -> np.ndarray:
             b = t.str.to_datetime(fmt.replace("%d/%m", "%m/%d"), strict=False)
             ok_a, ok_b = a.is_not_null().to_numpy() & shape, b.is_not_null().to_numpy() & shape
             unit = np.where(ok_a, _unit_of(a), _unit_of(b))
-            groups = (("dm", ok_a & ~ok_b), ("md", ok_b & ~ok_a), ("amb", ok_a & ok_b))
+            orders: list[tuple[str, np.ndarray]] = [("dm", ok_a & ~ok_b), ("md", ok_b & ~ok_a), ("amb", ok_a & ok_b)]
         else:
             a = t.str.to_datetime(fmt, strict=False)
             unit = _unit_of(a)
-            groups = (("", a.is_not_null().to_numpy() & shape),)
-        for order, ok in groups:
+            orders = [("", a.is_not_null().to_numpy() & shape)]
+        for order, ok in orders:
             for u, name in enumerate(UNITS):
                 if not seconds and name == "second":
                     continue
