@@ -200,8 +200,8 @@ def test_decimals_follow_the_values_where_each_cell_carries_noise(shift: float) 
 
 def test_columns_missing_together_are_drafted_as_a_rule(no_noise: None) -> None:
     """Two measurements missing in the same 40% of rows, a third missing at random: the draft
-    declares the pair `missing_together` from the DP pair counts, not the third, and the drafted
-    schema loads with the rule; one adversarial row changes nothing."""
+    declares the pair `missing_together` from the DP pair counts, not the third; one adversarial
+    row changes nothing; where the counts' noise is too large to tell, no rule is drafted."""
     rng = np.random.default_rng(8)
     rows = 4000
     gone = rng.random(rows) < 0.4
@@ -215,9 +215,12 @@ def test_columns_missing_together_are_drafted_as_a_rule(no_noise: None) -> None:
         }
     )
 
-    def rules(f: pl.DataFrame) -> list:
-        filled = td._fill(_plan(tuple(f.columns), 1.0), dd.normalised(f, ()), [])
-        return [e.value for e in filled.top if e.key == "rules"]
+    def rules(f: pl.DataFrame, epsilon: float = 4.0) -> tuple[list, list[str]]:
+        filled = td._fill(_plan(tuple(f.columns), epsilon), dd.normalised(f, ()), [])
+        return [e.value for e in filled.top if e.key == "rules"], filled.notes
 
-    assert rules(frame) == [[{"kind": "missing_together", "columns": ["size_a", "size_b"]}]]
-    assert rules(_with(frame, "3.5", "size_a")) == rules(frame)  # one row with only size_a present
+    assert rules(frame)[0] == [[{"kind": "missing_together", "columns": ["size_a", "size_b"]}]]
+    assert rules(_with(frame, "3.5", "size_a"))[0] == rules(frame)[0]  # one row with only size_a present
+    # at a small epsilon the pair counts' noise could not tell the pairs apart: no rule, and a note says so
+    few, notes = rules(frame, 0.3)
+    assert few == [] and any("missing together were not drafted" in n for n in notes)

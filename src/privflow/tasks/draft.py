@@ -90,11 +90,12 @@ COVER_SHARE = 0.5  # a text column whose listed categories cover less than this 
 ID_SHARE = 0.95  # an integer column with an identifier's name and this share of distinct values: ignore
 NOISE_WARN = 0.01  # warn when a kind count's noise sd passes this share of the DP row count
 OTHER_LABELS = ("other", "(other)", "other_")  # the first that is no category (case-blind) is `other`
-PAIRS_SHARE = 0.05  # of the values' epsilon, when some columns may go missing together
-PAIR_MISSING_SHARE = 0.05  # a column is a missing-together candidate when this share of it is missing (DP)
-MAX_PAIR_COLUMNS = 6  # ... the most missing of them: at most 15 pairs
-TOGETHER_SHARE = 0.001  # a pair goes missing together when at most this share of rows has one missing
+PAIRS_SHARE = 0.15  # of the values' epsilon, when some columns may go missing together
+PAIR_MISSING_SHARE = 0.05  # a missing-together candidate: this share of its values missing (DP, by PAIR_Z sd)
+MAX_PAIR_COLUMNS = 4  # ... the most missing of them: at most 6 pairs
+TOGETHER_SHARE = 0.005  # a pair goes missing together when at most this share of rows has one missing
 PAIR_Z = 2.0  # ... by this many noise sd
+POWER_SHARE = 0.01  # no rule is drafted where PAIR_Z noise sd of a pair count pass this share of the rows
 EXACT_INTEGER_SUPPORT = 1024  # integer columns this narrow keep every value exactly: no atoms needed
 # the default delta: this share of the dataset budget's delta. The ledger's bound for adaptively
 # chosen runs keeps a quarter of the dataset's delta for all (epsilon, delta) releases together
@@ -418,37 +419,47 @@ def _fill(plan: DraftPlan, frame: pl.DataFrame, suggestions: list[dd.Suggestion]
     if plan.target is not None:
         top += _target_entries(plan, out_suggestions, columns, notes)
     if pairs:
-        top += _missing_together(frame, pairs, eps_pairs, noisy_rows)
+        top += _missing_together(frame, pairs, eps_pairs, noisy_rows, notes)
     return _Filled(rows, rows_comment, columns, out_suggestions, notes, top)
 
 
 def _missing_pair_candidates(kinds: dict[str, dd.KindDecision]) -> list[tuple[str, str]]:
     """Pairs of modelled columns that may go missing together: each with a DP missing share of at
-    least PAIR_MISSING_SHARE (post-processing of the kind counts), at most MAX_PAIR_COLUMNS of them
-    (the most missing first), so that the pairs' count vector stays short."""
-    shares = {
-        n: k.missing / max(k.missing + k.present, 1.0)
-        for n, k in kinds.items()
-        if k.suggestion.type != "ignore" and k.missing / max(k.missing + k.present, 1.0) >= PAIR_MISSING_SHARE
-    }
+    least PAIR_MISSING_SHARE by PAIR_Z noise sd (post-processing of the kind counts: a column whose
+    missing count is noise alone is no candidate), at most MAX_PAIR_COLUMNS of them (the most
+    missing first), so that the pairs' count vector stays short."""
+    shares = {}
+    for n, k in kinds.items():
+        rows = max(k.missing + k.present, 1.0)
+        if k.suggestion.type != "ignore" and k.missing - PAIR_Z * k.sd >= PAIR_MISSING_SHARE * rows:
+            shares[n] = k.missing / rows
     names = sorted(shares, key=lambda n: -shares[n])[:MAX_PAIR_COLUMNS]
     return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
 
 
-def _missing_together(frame: pl.DataFrame, pairs: list[tuple[str, str]], eps: float, rows: float) -> list[dd.Entry]:
+def _missing_together(
+    frame: pl.DataFrame, pairs: list[tuple[str, str]], eps: float, rows: float, notes: list[str]
+) -> list[dd.Entry]:
     """`missing_together` rules from one Laplace release of, per candidate pair, the rows with
     exactly one of the two missing (a row is in every pair's count at most once: L1 sensitivity
     len(pairs)); a pair whose noisy count is under TOGETHER_SHARE of the rows by PAIR_Z noise sd
-    goes missing together, and pairs sharing a column join one rule. Public once declared: the
-    sampler keeps them on every released row (privflow/data/rules.py)."""
+    goes missing together, and pairs sharing a column join one rule. Where PAIR_Z noise sd pass
+    POWER_SHARE of the rows, the counts cannot tell a pair apart and no rule is drafted (a note
+    says so). Public once declared: the sampler keeps them on every released row (data/rules.py)."""
     missing = {n: frame.get_column(n).is_null().to_numpy() for pair in pairs for n in pair}
     counts = np.array([float(np.sum(missing[a] ^ missing[b])) for a, b in pairs])
-    scale = len(pairs) / eps
     noisy = laplace_mechanism(counts, float(len(pairs)), 1.0 / eps)
-    limit = TOGETHER_SHARE * max(rows, 1.0) + PAIR_Z * math.sqrt(2.0) * scale
+    sd = math.sqrt(2.0) * len(pairs) / eps
+    if PAIR_Z * sd > POWER_SHARE * max(rows, 1.0):
+        notes.append(
+            f"columns missing together were not drafted: the DP pair counts' noise sd (about {sd:,.0f} rows) is "
+            f"too large for {len(pairs)} pair(s) at this epsilon; declare `missing_together` rules from the data's "
+            "documentation, or draft with a larger --epsilon"
+        )
+        return []
     groups: dict[str, set[str]] = {}
     for (a, b), n in zip(pairs, noisy, strict=True):
-        if n <= limit:
+        if n <= TOGETHER_SHARE * max(rows, 1.0) + PAIR_Z * sd:
             merged = groups.get(a, {a}) | groups.get(b, {b})
             for c in merged:
                 groups[c] = merged
