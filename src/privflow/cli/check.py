@@ -96,9 +96,9 @@ def _check(data: Path, schema_path: Path, examples: int, verbose: bool) -> int:
 
     env.set_verbosity(verbose)
     schema = Schema.from_yaml(schema_path)  # the checks `privflow run` does before reading a row
-    data = as_data_source(data)  # a database URI's password masked in every message
-    fmt = check_table(data, schema, "Data file")
-    df = read_table(data, max_line_bytes=schema.dataset.max_line_bytes)
+    source = as_data_source(data)  # a database URI's password masked in every message
+    fmt = check_table(source, schema, "Data file")
+    df = read_table(source, max_line_bytes=schema.dataset.max_line_bytes)
     out = Console(highlight=False, soft_wrap=True)
 
     def say(text: str = "") -> None:
@@ -108,7 +108,7 @@ def _check(data: Path, schema_path: Path, examples: int, verbose: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="privflow-check-") as scratch:
         clean, report, failing = _validate(df, schema, Path(scratch) / "quarantine.csv")
     say(
-        f"{data} ({fmt}) against schema '{schema.dataset.name}': {_rows(report.total_rows)} read, "
+        f"{source} ({fmt}) against schema '{schema.dataset.name}': {_rows(report.total_rows)} read, "
         f"{report.total_rows - report.failing_rows:,} pass{_kept(report)}, {report.failing_rows:,} fail."
     )
     if report.total_rows == 0:

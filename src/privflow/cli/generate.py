@@ -110,6 +110,7 @@ def _generate(
     import pandas as pd
     import polars as pl
 
+    assert generator is not None, "no privflow release in the store: MLflow loaded the model"
     frame = generator.predict(pd.DataFrame({"n": [n], **({"seed": [seed]} if seed is not None else {})}))
     table = pl.from_pandas(frame)
     if schema is not None:

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import math
 import os
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from privflow.cli._common import paragraph
 
+if TYPE_CHECKING:
+    from privflow.flows.pipeline import RunSummary
 
-def print_summary(summary: object, prefect: bool = False) -> None:
+
+def print_summary(summary: RunSummary, prefect: bool = False) -> None:
     """The run's figures as a table, then the registry decision and every path in full; with
     `prefect` (the run went through Prefect's engine), where to see its flow run."""
     from rich.table import Table
 
-    s = summary  # RunSummary
+    s = summary
     get = lambda name, default=None: getattr(s, name, default)  # noqa: E731 - fields other engineers add
     out = Console(soft_wrap=True)
     table = Table(title="privflow run", show_header=False)

@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, cast
 
 import polars as pl
 
@@ -301,7 +301,7 @@ def _byte_chunks(p: Path, size: int | None = None) -> Iterator[bytes]:
         try:
             gz = fh.read(2) == b"\x1f\x8b"
             fh.seek(0)
-            source: IO[bytes] = gzip.GzipFile(fileobj=fh) if gz else fh
+            source: io.BufferedIOBase = gzip.GzipFile(fileobj=fh) if gz else fh
             while chunk := source.read(size):
                 yield chunk
         except (OSError, EOFError, zlib.error) as exc:
@@ -705,7 +705,8 @@ def parquet_frame(table: Any, cap: int = MAX_LINE_BYTES, first_row: int = 0) -> 
     import numpy as np
     import pyarrow as pa
 
-    target = pl.from_arrow(table.schema.empty_table()).schema  # polars' types for the file's columns
+    # polars' types for the file's columns (a pyarrow Table converts to a DataFrame, not a Series)
+    target = cast(pl.DataFrame, pl.from_arrow(table.schema.empty_table())).schema
     bad: dict[int, str] = {}
     decode: list[str] = []
     for name in table.column_names:

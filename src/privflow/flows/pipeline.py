@@ -47,7 +47,7 @@ from privflow.core.curator import curator_dir, write_json
 from privflow.core.errors import GateStopped, ValidationFailed
 from privflow.core.events import report as report_event
 from privflow.core.steps import StepRunner
-from privflow.data.chunked import scratch, streamed
+from privflow.data.chunked import DiskRows, scratch, streamed
 from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec
 from privflow.data.io import read_table, write_table
@@ -173,6 +173,7 @@ def _read_and_gate(
         spend.add(stage.event)
         return decisions[-1].stop
 
+    df: pl.DataFrame | FirstPass
     try:
         if work is None:
             df, report = runner(validate_data, config.data, schema, config.policy, curator / "quarantine.csv", gate)
@@ -180,9 +181,9 @@ def _read_and_gate(
             quarantine = curator / "quarantine.csv"
             df, report = runner(first_pass, config, schema, plan, work, gate, quarantine, show_progress)
     except ValidationFailed as exc:
-        report = getattr(exc, "report", None)
-        if report is not None:
-            write_json(curator, "validation.json", report.to_dict())
+        failed = getattr(exc, "report", None)
+        if failed is not None:
+            write_json(curator, "validation.json", failed.to_dict())
         if not decisions:
             raise
         raise GateStopped(  # its own exit status (core/errors.py, ExitStatus.GATE_STOPPED)
@@ -650,6 +651,8 @@ def _pipeline(config: RunConfig, show_progress: bool, runner: Runner, planned: P
                     df, decision = _read_and_gate(config, schema, plan, curator, spend, runner, work, show_progress)
                     _record_charged(ledger, store, schema, run_id, df)
                 with timing.remainder("encode rows"):
+                    x_train: np.ndarray | DiskRows
+                    x_val: np.ndarray | DiskRows
                     if work is None:
                         codec, x_train, x_val = prepare(config, schema, df, plan, spend, runner)
                     else:  # the table in chunks: df becomes the diagnostics' sample of clean rows

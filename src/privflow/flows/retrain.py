@@ -167,7 +167,7 @@ def retrain_on_new_data(
             f"'{champion_alias}' moved without a comparison" if promoted else f"'{champion_alias}' not moved"
         )
         log.info("promotion of version %s: %s", summary.model_version, reason)
-        champion_before, promotion_epsilon = holder, None
+        champion_before, promotion_spent = holder, None
     else:
         promotion_id = f"{flow_run.id or uuid.uuid4()}:promote"
         decision = PREFECT(  # a task run, retried with a fresh ledger reservation per attempt
@@ -182,7 +182,7 @@ def retrain_on_new_data(
         )
         log.info("promotion of version %s: %s", summary.model_version, decision.reason)
         promoted, reason = decision.promoted, decision.reason
-        champion_before, promotion_epsilon = decision.champion_version, decision.epsilon
+        champion_before, promotion_spent = decision.champion_version, decision.epsilon
     return {
         "model_name": summary.model_name,
         "model_version": summary.model_version,
@@ -191,7 +191,7 @@ def retrain_on_new_data(
         "champion_before": champion_before,
         "epsilon": summary.epsilon,  # the version's: its private lineage composed
         "run_epsilon": summary.epsilon_run,  # this run alone
-        "promotion_epsilon": promotion_epsilon,
+        "promotion_epsilon": promotion_spent,
         "mlflow_run_id": summary.mlflow_run_id,
         "data_path": data_path,
         "wall_seconds": time.monotonic() - started,

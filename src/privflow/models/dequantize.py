@@ -61,6 +61,7 @@ class UniformDequantizer(_PlainTensors):
     """v = (x + u) / K with u ~ U[0, 1)^{d_c}; the bound term is -sum_j log K_j."""
 
     _plain = ("cards",)
+    cards: Tensor  # [d_c] float, set in __init__ as a plain attribute (not a buffer)
 
     def __init__(self, cardinalities: list[int]) -> None:
         super().__init__()
@@ -122,6 +123,8 @@ class VariationalDequantizer(_PlainTensors):
     """
 
     _plain = ("cards", "offsets")
+    cards: Tensor  # [d_c] float and [d_c] int, set in __init__ as plain attributes (not buffers)
+    offsets: Tensor
 
     def __init__(
         self, cardinalities: list[int], hidden: int = 64, components: int = 4, log_scale_bound: float = 7.0
@@ -140,12 +143,12 @@ class VariationalDequantizer(_PlainTensors):
         object.__setattr__(self, "offsets", offsets)
         self.one_hot_dim = int(sum(self.cardinalities))
         self.nn_phi = nn.Sequential(nn.Linear(self.one_hot_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
-        self.nn_psi = nn.Sequential(
-            nn.Linear(self.split + hidden, hidden), nn.ReLU(), nn.Linear(hidden, self.d2 * 3 * components)
-        )
+        psi_in = nn.Linear(self.split + hidden, hidden)  # built in this order: the seeded initialisation
+        psi_out = nn.Linear(hidden, self.d2 * 3 * components)
+        self.nn_psi = nn.Sequential(psi_in, nn.ReLU(), psi_out)
         with torch.no_grad():  # start at pi uniform, mu = 0, s = 0: u2 = sigmoid(eps2)
-            self.nn_psi[-1].weight.mul_(0.01)
-            self.nn_psi[-1].bias.zero_()
+            psi_out.weight.mul_(0.01)
+            psi_out.bias.zero_()
 
     def one_hot(self, x: Tensor) -> Tensor:
         """Concatenated one-hot encoding of the codes, [n, sum K] (no data-dependent indexing)."""

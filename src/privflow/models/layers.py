@@ -44,6 +44,7 @@ class MaskedLinear(_PlainTensors):
     """
 
     _plain = ("mask",)
+    mask: Tensor  # [out, in], set in __init__ as a plain attribute (not a buffer)
 
     def __init__(self, in_features: int, out_features: int, mask: Tensor) -> None:
         super().__init__()
@@ -107,6 +108,8 @@ class LULinear(_PlainTensors):
     """
 
     _plain = ("perm", "inv_perm")
+    perm: Tensor  # [d], set in __init__ as plain attributes (not buffers)
+    inv_perm: Tensor
 
     def __init__(self, d: int, seed: int = 0) -> None:
         super().__init__()

@@ -69,12 +69,13 @@ class MADE(nn.Module):
         for _ in range(hidden_layers - 1):
             layers += [act(), MaskedLinear(hidden, hidden, (h_deg[:, None] >= h_deg[None, :]).float())]
         out_deg = in_deg.repeat_interleave(out_per_feature)  # feature-major: unit k -> feature k // P
-        layers += [act(), MaskedLinear(hidden, features * out_per_feature, (out_deg[:, None] > h_deg[None, :]).float())]
+        output = MaskedLinear(hidden, features * out_per_feature, (out_deg[:, None] > h_deg[None, :]).float())
+        layers += [act(), output]
         self.net = nn.Sequential(*layers)
         if zero_init_output:
             with torch.no_grad():
-                self.net[-1].weight.zero_()
-                self.net[-1].bias.zero_()
+                output.weight.zero_()
+                output.bias.zero_()
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
         if self.context_features:

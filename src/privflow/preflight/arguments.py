@@ -68,9 +68,11 @@ def read_schema(config: RunConfig) -> Schema:
 def check_seed(seed: object, name: str = "--seed") -> int | None:
     """A public sampling seed: None, or a whole number in [0, 2**63) (torch's and numpy's range),
     returned as a Python int (torch takes no numpy integer)."""
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**63):
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= int(seed) < 2**63:
         raise ConfigError(f"{name} must be a whole number from 0 to 2**63 - 1 (or none), got {seed!r}.")
-    return None if seed is None else int(seed)  # type: ignore[call-overload]
+    return int(seed)
 
 
 __all__ = ["check_privacy_parameters", "check_seed", "nice_delta", "read_schema"]

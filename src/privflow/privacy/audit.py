@@ -217,11 +217,11 @@ def inject_canaries(
                 run.scores[i] += float(p.grad.reshape(-1)[j])
 
     handle = register_optimizer_step_pre_hook(read_scores)
-    dp_sgd.clipped_gradient_sum = with_canaries  # type: ignore[assignment]
+    dp_sgd.clipped_gradient_sum = with_canaries
     try:
         yield run
     finally:
-        dp_sgd.clipped_gradient_sum = real  # type: ignore[assignment]
+        dp_sgd.clipped_gradient_sum = real
         handle.remove()
 
 

@@ -31,7 +31,7 @@ def dp_marginal_codec(
 def codec_from_counts(counts: np.ndarray, schema: Schema, stage: StagePlan, grid: int) -> CopulaCodec:
     """The release itself, from the noiseless `mechanism.marginal_counts` on a `grid` (a streamed
     run sums them over chunks of rows): the planned Gaussian noise, then post-processing."""
-    noise_multiplier = stage.event.noise_multiplier  # type: ignore[attr-defined]
+    noise_multiplier = stage.noise_multiplier
     noisy = mechanism.release_counts(counts, schema_cells(schema, grid_bins=grid), noise_multiplier)
     return CopulaCodec.from_marginals(
         schema, mechanism.marginals_from_counts(noisy, schema, noise_multiplier, grid_bins=grid)

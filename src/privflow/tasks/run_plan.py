@@ -107,9 +107,9 @@ def effective_batch(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> flo
     """Expected batch size over the DP-SGD noise multiplier: how many examples' worth of signal
     each noisy step carries against noise of one clipped example (the per-coordinate noise of the
     averaged gradient is noise_multiplier * C / batch). Public: config, expected_rows and the plan."""
-    event = plan.stage("train").event
+    noise_multiplier = plan.stage("train").noise_multiplier
     shape = sgd_shape(config, schema)
-    return shape.sample_rate * float(schema.dataset.expected_rows or 0) / event.noise_multiplier  # type: ignore[attr-defined]
+    return shape.sample_rate * float(schema.dataset.expected_rows or 0) / noise_multiplier
 
 
 def flow_can_learn(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> bool:

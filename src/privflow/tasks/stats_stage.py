@@ -47,9 +47,9 @@ def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tu
     torch RNG (whose state must not depend on private rows); the release's noise is exact.
     """
     stats = preprocessed_statistics(model, x)
-    noisy = dp_stats.release_statistics(stats, stage.event.noise_multiplier)
+    noisy = dp_stats.release_statistics(stats, stage.noise_multiplier)
     mean, std = dp_stats.mean_std_from_statistics(
-        noisy, STATS_CLIP, STATS_STD_FLOOR, stage.event.noise_multiplier, STATS_PRIOR_STD
+        noisy, STATS_CLIP, STATS_STD_FLOOR, stage.noise_multiplier, STATS_PRIOR_STD
     )
     model.init_actnorm(torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32))
     return mean, std

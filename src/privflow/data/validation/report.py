@@ -210,9 +210,13 @@ def failure_detail(col: Column | None, check: str, n: int) -> str:
     if check == "integer":
         return f"{_rows(n)} with a number that is not a whole number"
     if check == "bounds":
-        lo, hi = col.bounds  # type: ignore[misc]
-        return f"{_rows(n)} outside the public bounds [{number_text(lo)}, {number_text(hi)}]"
+        if col is None or col.bounds is None:
+            raise ValueError(f"a 'bounds' failure needs a column with bounds, not {col!r}")
+        low, high = col.bounds
+        return f"{_rows(n)} outside the public bounds [{number_text(low)}, {number_text(high)}]"
     if check == "category":
+        if col is None:
+            raise ValueError("a 'category' failure needs its column")
         return f"{_rows(n)} with a category not in the declared list of {len(col.categories or ())}"
     if check == "not_null":
         return f"{_rows(n)} missing a value, but the column is not nullable"

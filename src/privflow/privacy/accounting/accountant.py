@@ -217,6 +217,8 @@ class PLDAccountant(Accountant):
             if count > 1:
                 p = p.self_compose(count)
             total = p if total is None else total.compose(p)
+        if total is None:  # `epsilon` answers 0 for no events before it asks here
+            raise ValueError("the PLD accountant composes at least one event")
         return max(0.0, total.get_epsilon_for_delta(delta))
 
 

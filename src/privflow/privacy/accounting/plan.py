@@ -17,7 +17,13 @@ from dataclasses import dataclass
 
 from privflow.core.errors import PrivacyPlanError
 from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
-from privflow.privacy.accounting.events import Event, PoissonGaussianEvent, event_to_dict
+from privflow.privacy.accounting.events import (
+    Event,
+    GaussianEvent,
+    LaplaceEvent,
+    PoissonGaussianEvent,
+    event_to_dict,
+)
 
 __all__ = ["MAX_EPSILON", "MAX_STEPS", "PrivacyPlan", "Remainder", "SGDShape", "StagePlan", "make_plan"]
 
@@ -40,6 +46,15 @@ class StagePlan:
     share: float
     epsilon_alone: float
     event: Event
+
+    @property
+    def noise_multiplier(self) -> float:
+        """The noise multiplier of the stage's event: a Gaussian, Laplace or Poisson-subsampled
+        Gaussian mechanism's (the other events have none)."""
+        event = self.event
+        if not isinstance(event, GaussianEvent | LaplaceEvent | PoissonGaussianEvent):
+            raise TypeError(f"stage '{self.name}' is a {type(event).__name__}, which has no noise multiplier")
+        return event.noise_multiplier
 
     def to_dict(self) -> dict[str, object]:
         return {

@@ -138,8 +138,8 @@ def describe(ledger: Ledger, dataset: str | None = None) -> str:
                 table.append(tuple(cells[c] for c in table[0]))
             widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
             for row in table:
-                cells = [row[i].ljust(widths[i]) for i in range(len(widths))]
-                lines.append("  " + "  ".join(cells) + "  " + row[-1])
+                padded = [row[i].ljust(widths[i]) for i in range(len(widths))]
+                lines.append("  " + "  ".join(padded) + "  " + row[-1])
             for r in runs:
                 if r.stages:  # the plan's: a run that stopped early (the gate) spent only its events
                     label = "stages" if tuple(r.events) == tuple(r.reserved_events) else "planned stages"

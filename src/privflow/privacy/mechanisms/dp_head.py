@@ -62,7 +62,7 @@ def noise_for_epsilon(epsilon: float, delta: float, shape: SGDShape) -> float:
     """The smallest noise multiplier whose run of `shape` is (epsilon, delta)-DP on its own (PLD,
     within the plan's 1% under the target)."""
     plan = make_plan(epsilon, delta, {}, Remainder("dp_head", shape.event, sigma_range=(0.3, 1e4)))
-    return float(plan.stage("dp_head").event.noise_multiplier)  # type: ignore[attr-defined]
+    return float(plan.stage("dp_head").noise_multiplier)
 
 
 def head_settings(

@@ -50,6 +50,7 @@ from privflow.core.config import RunConfig
 from privflow.data.schema import Schema
 from privflow.data.validation import RowCells
 from privflow.privacy.accounting.events import LaplaceEvent
+from privflow.privacy.accounting.plan import PrivacyPlan
 from privflow.privacy.mechanisms.laplace import laplace_mechanism
 
 FALSE_STOP = 1e-3  # largest probability that a clean table of the expected size is stopped
@@ -244,18 +245,26 @@ def false_stop_keyword(config: RunConfig) -> dict[str, float]:
     return {} if config.gate.false_stop is None else {"false_stop": config.gate.false_stop}
 
 
-def gate_limit(config: RunConfig, schema: Schema, plan: object) -> float:
+def _gate_event(plan: PrivacyPlan) -> LaplaceEvent:
+    """The plan's validation gate: its DP count of failing rows, a Laplace mechanism."""
+    event = plan.stage("validate").event
+    if not isinstance(event, LaplaceEvent):
+        raise TypeError(f"the plan's 'validate' stage is a {type(event).__name__}, not the gate's LaplaceEvent")
+    return event
+
+
+def gate_limit(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> float:
     """The public limit on the validation gate's DP count of failing rows: the policy's fraction
     of expected_rows, at least the gate's noise floor (privacy/mechanisms/py)."""
     fraction = config.gate.strict_max_failing if config.policy == "strict" else config.gate.quarantine_max_failing
     return threshold(
         fraction * float(schema.dataset.expected_rows or 0),
-        plan.stage("validate").event,  # type: ignore[attr-defined]
+        _gate_event(plan),
         **false_stop_keyword(config),
     )
 
 
-def gate_floor(config: RunConfig, schema: Schema, plan: object) -> float:
+def gate_floor(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> float:
     """The public minimum on the validation gate's DP count of passing rows: a fraction of
     expected_rows, at least the selection split's minimum, below the noise of a table of the
     expected size (privacy/mechanisms/py); -inf without expected_rows."""
@@ -263,20 +272,20 @@ def gate_floor(config: RunConfig, schema: Schema, plan: object) -> float:
     return floor(
         expected,
         config.select.min_rows(expected),
-        plan.stage("validate").event,  # type: ignore[attr-defined]
+        _gate_event(plan),
         **false_stop_keyword(config),
         passing_cells=passing_cells(schema),
     )
 
 
-def gate_note(config: RunConfig, schema: Schema, plan: object) -> str | None:
+def gate_note(config: RunConfig, schema: Schema, plan: PrivacyPlan) -> str | None:
     """A warning when the gate cannot stop the run: without expected_rows it has no minimum of
     rows and only its noise floor as a limit; with them, its limit (on a small table, the noise
     floor of its DP count) may be at least the expected row count, so even a table whose every
     row fails the checks goes on, trained on the rows that pass. From public quantities only."""
     expected = schema.dataset.expected_rows
     limit = gate_limit(config, schema, plan)
-    eps = 1.0 / plan.stage("validate").event.noise_multiplier  # type: ignore[attr-defined]
+    eps = 1.0 / _gate_event(plan).noise_multiplier
     if expected is None:
         return (
             f"the schema declares no dataset.expected_rows, so the validation gate has no public minimum of rows "

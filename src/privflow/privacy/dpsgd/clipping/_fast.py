@@ -27,7 +27,7 @@ from privflow.privacy.dpsgd.clipping.sparsify import (
 from privflow.privacy.dpsgd.clipping.structure import LayerInfo
 from privflow.privacy.dpsgd.grad_samplers import GHOST_OPS, materialise
 from privflow.privacy.dpsgd.grad_samplers._common import examples_per_chunk, weighted
-from privflow.privacy.dpsgd.grad_samplers.registry import Call
+from privflow.privacy.dpsgd.grad_samplers.registry import Call, GhostOps, SampledOps
 
 Method = Literal["fast", "hooks"]
 
@@ -46,7 +46,7 @@ def chunks(n: int, layer: LayerInfo, entries: int | None = None) -> list[slice]:
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
 
-def ghost_ops(layer: LayerInfo, calls: Sequence[Call], method: Method) -> object | None:
+def ghost_ops(layer: LayerInfo, calls: Sequence[Call], method: Method) -> GhostOps | None:
     if method != "fast":
         return None
     ops = GHOST_OPS.get(type(layer.module))
@@ -56,7 +56,7 @@ def ghost_ops(layer: LayerInfo, calls: Sequence[Call], method: Method) -> object
 def materialise_chunk(layer: LayerInfo, calls: Sequence[Call], sl: slice, method: Method) -> dict[nn.Parameter, Tensor]:
     ops = ghost_ops(layer, calls, method)
     if ops is not None:
-        return ops.materialise(layer.module, calls, sl)  # type: ignore[attr-defined]
+        return ops.materialise(layer.module, calls, sl)
     return materialise(layer.module, calls, sl)
 
 
@@ -72,7 +72,7 @@ def layer_sq(
     gradients when they fit in one chunk (kept for the weighted sum that follows)."""
     ops = ghost_ops(layer, calls, method)
     if ops is not None:
-        return cast(Tensor, sum(ops.sq_norms(layer.module, calls).values())), None  # type: ignore[attr-defined]
+        return cast(Tensor, sum(ops.sq_norms(layer.module, calls).values())), None
     parts_sl = chunks(n, layer)
     parts, kept = [], None
     for sl in parts_sl:
@@ -95,7 +95,7 @@ def layer_sum(
         return weighted(kept, {p: w for p in kept})
     ops = ghost_ops(layer, calls, method)
     if ops is not None:
-        return ops.weighted_sum(layer.module, calls, {p: w for p in layer.params})  # type: ignore[attr-defined]
+        return ops.weighted_sum(layer.module, calls, {p: w for p in layer.params})
     acc: dict[nn.Parameter, Tensor] = {}
     for sl in chunks(n, layer):
         g = materialise_chunk(layer, calls, sl, method)
@@ -107,8 +107,8 @@ def per_unit_layer(
     layer: LayerInfo, calls: Sequence[Call], n: int, method: Method, thr: float
 ) -> dict[nn.Parameter, Tensor]:
     ops = ghost_ops(layer, calls, method)
-    stats = ops.unit_stats(layer.module, calls) if ops is not None else None  # type: ignore[attr-defined]
-    if stats is not None:
+    stats = ops.unit_stats(layer.module, calls) if ops is not None else None
+    if ops is not None and stats is not None:
         l1 = torch.cat([stats[p][0] for p in layer.params], 1)
         sq = torch.cat([stats[p][1] for p in layer.params], 1)
         f = unit_factors(l1, sq, thr)
@@ -117,7 +117,7 @@ def per_unit_layer(
             rows = stats[p][0].shape[1]
             weights[p] = f[:, start : start + rows]
             start += rows
-        return ops.weighted_sum(layer.module, calls, weights)  # type: ignore[attr-defined]
+        return ops.weighted_sum(layer.module, calls, weights)
     acc: dict[nn.Parameter, Tensor] = {}
     for sl in chunks(n, layer):
         g = materialise_chunk(layer, calls, sl, method)
@@ -143,16 +143,20 @@ def sparsify_layer(
     ops = ghost_ops(layer, calls, method)
     index = free_index(layer)
     k = sparsify_k(layer.complexity, sparsity)
-    sampled = getattr(ops, "sampled_entries", None)
-    sample = sampled(layer.module, calls, positions) if sampled is not None and positions is not None else None
-    if sample is not None:  # the CPU kernel: tau from the sampled entries, then one pass per example, nothing stored
+    # ops with `sampled_entries` have `sparsified_sum` with it (grad_samplers/registry.py, SampledOps)
+    sampling = cast(SampledOps, ops) if hasattr(ops, "sampled_entries") else None
+    sample = None
+    if sampling is not None and positions is not None:
+        sample = sampling.sampled_entries(layer.module, calls, positions)
+    if sampling is not None and sample is not None:
+        # the CPU kernel: tau from the sampled entries, then one pass per example, nothing stored
         tau = sampled_threshold(sample, k, layer.complexity)
-        total = ops.sparsified_sum(layer.module, calls, tau, clamped_gamma(gamma, sample), thr)  # type: ignore[union-attr]
+        total = sampling.sparsified_sum(layer.module, calls, tau, clamped_gamma(gamma, sample), thr)
     else:
         parts = []
         for sl in chunks(n, layer, layer.complexity):
             if ops is not None:
-                v = ops.free_entries(layer.module, calls, sl)  # type: ignore[attr-defined]
+                v = ops.free_entries(layer.module, calls, sl)
             else:
                 g = materialise(layer.module, calls, sl)
                 v = free_rows([g[p] for p in layer.params], [index.get(p) for p in layer.params])
@@ -166,7 +170,7 @@ def free_index(layer: LayerInfo) -> dict[nn.Parameter, Tensor | None]:
     """Flat indices of each parameter's free entries (absent or None: all), from the layer
     type's ghost ops whether or not they apply to this batch (the mask is the module's)."""
     ops = GHOST_OPS.get(type(layer.module))
-    return ops.free_index(layer.module) if ops is not None else {}  # type: ignore[attr-defined]
+    return ops.free_index(layer.module) if ops is not None else {}
 
 
 def thresholds(layers: Sequence[LayerInfo], max_grad_norm: float, active: Sequence[LayerInfo]) -> list[float]:

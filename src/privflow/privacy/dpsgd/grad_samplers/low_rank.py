@@ -48,7 +48,8 @@ def low_rank_grad_sample(layer: LowRankLinear, activations: list[Any], backprops
     with torch.no_grad():
         a_mat = layer.A.to(g.dtype)
         b_mat = layer.B.to(g.dtype)
-        d_log_s, d_a, d_b = _logdet_grads(layer, g.dtype) if ld is not None else (None, None, None)
+        if ld is not None:  # the log-determinant's gradients: read below only where ld is not None
+            d_log_s, d_a, d_b = _logdet_grads(layer, g.dtype)
         out: dict[nn.Parameter, Tensor] = {}
         if layer.log_s.requires_grad:
             gs = g * x * torch.exp(layer.log_s.to(g.dtype))

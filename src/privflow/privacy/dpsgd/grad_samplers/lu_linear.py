@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from opacus.grad_sample import register_grad_sampler
@@ -237,13 +237,9 @@ class LUGhost:
 
     def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
         """Flat indices of the strict triangles; the diagonal and the bias are free (None)."""
-        lower, upper = _triangles(layer.d, layer.lower.device)  # type: ignore[union-attr, arg-type]
-        out: dict[nn.Parameter, Tensor | None] = {
-            layer.lower: lower,  # type: ignore[dict-item]
-            layer.upper: upper,  # type: ignore[dict-item]
-            layer.log_diag: None,  # type: ignore[dict-item]
-            layer.bias: None,  # type: ignore[dict-item]
-        }
+        lu = cast(LULinear, layer)  # registered for LULinear: the only layers it is asked about
+        lower, upper = _triangles(lu.d, lu.lower.device)
+        out: dict[nn.Parameter, Tensor | None] = {lu.lower: lower, lu.upper: upper, lu.log_diag: None, lu.bias: None}
         return {p: v for p, v in out.items() if p.requires_grad}
 
 

@@ -64,6 +64,22 @@ class GhostOps(Protocol):
         ...
 
 
+class SampledOps(Protocol):
+    """The ghost ops of a layer type with CPU kernels for stochastic sparsification (the masked
+    linear layer's): the ops that define ``sampled_entries`` define ``sparsified_sum`` with it."""
+
+    def sampled_entries(self, layer: nn.Module, calls: Sequence[Call], positions: Tensor) -> Tensor | None:
+        """The per-example gradient entries [n, S] at ``positions`` of the free entries; None
+        where the kernels do not apply."""
+        ...
+
+    def sparsified_sum(
+        self, layer: nn.Module, calls: Sequence[Call], tau: Tensor, gamma: Tensor, clip: float
+    ) -> Tensor:
+        """sum_i clip_C(T_{tau_i, gamma_i}(v_i)) over the examples' free entries."""
+        ...
+
+
 GHOST_OPS: dict[type, GhostOps] = {}
 FREE_NUMEL: dict[type, Callable[[nn.Module], dict[nn.Parameter, int]]] = {}
 

@@ -90,18 +90,19 @@ class ActNormGhost(SmallGhost):
         return single_tensor_calls(calls)
 
     def grads(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
+        act = cast(ActNorm, layer)  # registered for ActNorm: the only layers it is asked about
         parts = [split_backprops(c.backprops) for c in calls]
         dtype = parts[0][0].dtype
-        inv = torch.exp(-layer.log_scale.to(dtype))
+        inv = torch.exp(-act.log_scale.to(dtype))
         out: dict[nn.Parameter, Tensor] = {}
-        if layer.loc.requires_grad:
-            out[layer.loc] = call_sum([g for g, _ in parts]) * -inv
-        if layer.log_scale.requires_grad:
+        if act.loc.requires_grad:
+            out[act.loc] = call_sum([g for g, _ in parts]) * -inv
+        if act.log_scale.requires_grad:
             terms = []
             for (g, gld), c in zip(parts, calls, strict=True):
-                t = g * ((c.activations[0].to(dtype) - layer.loc.to(dtype)) * inv)
+                t = g * ((c.activations[0].to(dtype) - act.loc.to(dtype)) * inv)
                 terms.append(t if gld is None else t + gld.reshape(-1, 1).to(dtype))
-            out[layer.log_scale] = call_sum(terms).neg_()
+            out[act.log_scale] = call_sum(terms).neg_()
         return out
 
 
