@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from privflow.models.layers import _PlainTensors
+from privflow.models.layers import PlainTensors
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -57,7 +57,7 @@ def _as_codes(x: Tensor, cards: Tensor) -> Tensor:
     return torch.minimum(torch.floor(x).clamp_min(0.0), cards - 1.0)
 
 
-class UniformDequantizer(_PlainTensors):
+class UniformDequantizer(PlainTensors):
     """v = (x + u) / K with u ~ U[0, 1)^{d_c}; the bound term is -sum_j log K_j."""
 
     _plain = ("cards",)
@@ -115,7 +115,7 @@ def logistic_mixture_inverse_cdf(
     return 0.5 * (lo + hi)
 
 
-class VariationalDequantizer(_PlainTensors):
+class VariationalDequantizer(PlainTensors):
     """q(u | x_c) as DP-HFlow's conditional flow (module docstring); nn.Linear layers only.
 
     eps is split as eps1 = eps[:, :d_c // 2], eps2 = the rest, so d_c = 1 gives an empty eps1

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 
-class _PlainTensors(nn.Module):
+class PlainTensors(nn.Module):
     """Mixin: plain (non-buffer, non-parameter) tensor attributes that follow ``.to()``."""
 
     _plain: tuple[str, ...] = ()
@@ -36,7 +36,7 @@ class _PlainTensors(nn.Module):
         return self
 
 
-class MaskedLinear(_PlainTensors):
+class MaskedLinear(PlainTensors):
     """Linear layer with a fixed binary connectivity mask (MADE, Germain et al. 2015).
 
     y = x @ (weight * mask).T + bias; ``mask[out, in]`` is a plain attribute. Per-example
@@ -99,7 +99,7 @@ class ActNorm(nn.Module):
         return z * torch.exp(self.log_scale) + self.loc
 
 
-class LULinear(_PlainTensors):
+class LULinear(PlainTensors):
     """Invertible linear map z = P L U x + b (DP-HFlow eq. 2; Kingma & Dhariwal 2018).
 
     L = I + strict_lower(lower), U = strict_upper(upper) + diag(exp(log_diag)), and P a
