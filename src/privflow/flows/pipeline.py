@@ -591,9 +591,91 @@ def train_in_process(config: RunConfig, show_progress: bool = True, plan: Privac
     return run_pipeline(config, show_progress, engine=False, plan=plan)
 
 
+@dataclass
+class _Run:
+    """What the run set up before reading a row: the schema, store and model name, the warm
+    start's parent, the ledger run with its reservation, the plan and what it spent so far."""
+
+    config: RunConfig
+    schema: Schema
+    store: Path
+    model_name: str
+    parent: Any
+    run_id: str
+    plan: PrivacyPlan
+    ledger: Ledger
+    spend: _TimedSpend
+    curator: Path
+    started: float
+
+
+@dataclass
+class _Released:
+    """What the run released and what the curator-only diagnostics read after it."""
+
+    df: Any
+    decision: validation_gate.GateDecision
+    codec: Any
+    x_train: Any
+    x_val: Any
+    test: pl.DataFrame | None
+    fitted: FitResult
+    figures: dict[str, float]
+    lineage: Lineage
+    synthetic: pl.DataFrame
+    synthetic_path: Path
+    table_note: str | None
+    registered: Registered
+    mlflow_run_id: str
+
+
 def _pipeline(config: RunConfig, show_progress: bool, runner: Runner, planned: PrivacyPlan | None = None) -> RunSummary:
-    """The chain itself (module docstring); every step through `runner`, so with or without
-    Prefect. Each stage's wall time goes to the open stage-time collector (core/timing.py)."""
+    """The chain itself (module docstring): set up and reserve, read and release, compare with
+    the alias holder, then the curator-only diagnostics; every step through `runner`, so with or
+    without Prefect. Each stage's wall time goes to the open stage-time collector (core/timing.py)."""
+    run = _set_up(config, runner, planned)
+    try:
+        with ExitStack() as outer:  # what outlives the release: the scratch folder and the diagnostics worker
+            out = _read_and_release(run, outer, runner, show_progress)
+            with timing.stage("promotion comparison"):
+                out.registered = _compare_with_holder(
+                    run.config, run.model_name, out.registered, run.store, run.run_id, runner
+                )
+                # the DP comparison with the holder is charged to the same dataset: the total counts it
+                out.figures["dataset_epsilon"], out.figures["dataset_delta"] = run.ledger.spent(run.schema.dataset.name)
+            # Everything released is out (model, version, alias, synthetic table, ledger): the
+            # curator-only diagnostics come last, so that their failure, or a crash no handler
+            # sees (a memory kill, a native fault), cannot decide whether a version is released.
+            metrics, report_path, diagnostics_note = _diagnostics(run, out, runner)
+    except BaseException:
+        _settle_failure(run.ledger, run.run_id, run.spend)
+        raise
+    outputs = {
+        "synthetic_path": str(out.synthetic_path),
+        "curator_dir": str(run.curator),
+        "report_path": report_path,
+        "init_from": run.config.init_from,
+        "release_note": "; ".join(n for n in (out.fitted.release_note, out.table_note) if n) or None,
+        "diagnostics_note": diagnostics_note,
+    }
+    return _summary(
+        run.config,
+        run.plan,
+        run.run_id,
+        out.mlflow_run_id,
+        run.model_name,
+        out.registered,
+        out.figures,
+        out.lineage,
+        outputs,
+        metrics,
+        out.decision,
+        run.started,
+    )
+
+
+def _set_up(config: RunConfig, runner: Runner, planned: PrivacyPlan | None) -> _Run:
+    """Schema, MLflow store, the warm start's parent and the ledger reservation: nothing read yet."""
     started = time.monotonic()
     schema = Schema.from_yaml(config.schema_path)
     store = config.store.resolve()
@@ -620,117 +702,101 @@ def _pipeline(config: RunConfig, show_progress: bool, runner: Runner, planned: P
         _parent_link(parent, schema),
         planned,
     )
-    budget, spend = schema.dataset.budget, _TimedSpend(plan)
+    spend = _TimedSpend(plan)
     try:
+        budget = schema.dataset.budget
         ledger.ensure_dataset(
             schema.dataset.name, budget.epsilon, budget.delta, keyed_fingerprint(config.data, store_key(store))
         )
         curator = curator_dir(store, run_id)
-        timing.record("run setup (schema, MLflow store, ledger reservation)", time.monotonic() - started)
-        # fork_rng + a CSPRNG seed: whatever global draw happens after rows are read is
-        # neither derivable from public values nor left behind in the caller's RNG.
-        opened = time.perf_counter()
-        outer = ExitStack()  # what outlives the release: the scratch folder and the diagnostics worker
-        with outer:
-            with (
-                cpu_threads(config.train.threads),
-                torch.random.fork_rng(devices=[]),
-                store_ml.released_run(
-                    schema.dataset.name, f"{schema.dataset.name}-eps{config.privacy.epsilon:g}"
-                ) as active,
-            ):
-                torch.manual_seed(secrets.randbits(63))
-                store_ml.log_run_header(config, plan, run_id, schema.dataset.name)
-                timing.record("MLflow run open + header", time.perf_counter() - opened)
-                work = curator / "scratch" if streamed(config, schema) else None
-                outer.enter_context(scratch(work) if work is not None else nullcontext())
-                # a second process for the curator-only diagnostics, started before the rows are read
-                # (a fresh interpreter: nothing of this one) and ended after them
-                outer.enter_context(diagnostics_worker.diagnostics_worker(_wants_worker(config, schema)))
-                with timing.stage("read + validate + gate"):
-                    df, decision = _read_and_gate(config, schema, plan, curator, spend, runner, work, show_progress)
-                    _record_charged(ledger, store, schema, run_id, df)
-                with timing.remainder("encode rows"):
-                    x_train: np.ndarray | DiskRows
-                    x_val: np.ndarray | DiskRows
-                    if work is None:
-                        codec, x_train, x_val = prepare(config, schema, df, plan, spend, runner)
-                    else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
-                        codec, x_train, x_val, df = stream_prepare(
-                            config, schema, plan, spend, df, work, runner, show_progress
-                        )
-                test = _read_test(config, schema, curator)
-                _utility_ahead(config, schema, df, test)
-                with timing.remainder("model build + head calibration"):
-                    fitted = fit(
-                        config,
-                        schema,
-                        codec,
-                        x_train,
-                        x_val,
-                        plan=plan,
-                        spend=spend,
-                        show_progress=show_progress,
-                        runner=runner,
-                        init_state=parent.state if parent is not None else None,
-                    )
-                with timing.stage("accounting (ledger settle, PLD, MLflow metrics)"):
-                    figures, lineage = _account(ledger, run_id, schema.dataset.name, plan, fitted, spend)
-                with timing.stage("synthetic table (sample, write, log)"):
-                    synthetic, synthetic_path, table_note = _release_table(config, schema, fitted, store, run_id)
-                with timing.stage("register (MLflow model, registry version)"):
-                    registered = _register(config, schema, model_name, fitted, figures, lineage, run_id, runner)
-                    _record_release(ledger, store, schema, model_name, registered.version, run_id, synthetic_path)
-                closing = time.perf_counter()
-            timing.record("MLflow run close", time.perf_counter() - closing)
-            with timing.stage("promotion comparison"):
-                registered = _compare_with_holder(config, model_name, registered, store, run_id, runner)
-                # the DP comparison with the holder is charged to the same dataset: the total counts it
-                figures["dataset_epsilon"], figures["dataset_delta"] = ledger.spent(schema.dataset.name)
-            # Everything released is out (model, version, alias, synthetic table, ledger): the
-            # curator-only diagnostics come last, so that their failure, or a crash no handler
-            # sees (a memory kill, a native fault), cannot decide whether a version is released.
-            with (
-                timing.stage("evaluate (curator-only diagnostics)"),
-                cpu_threads(config.train.threads),
-                torch.random.fork_rng(devices=[]),
-            ):
-                metrics, report_path, diagnostics_note = _diagnose(
-                    config,
-                    schema,
-                    codec,
-                    fitted.flows[0],
-                    df,
-                    x_train,
-                    x_val,
-                    synthetic,
-                    curator,
-                    fitted.diagnostics(),
-                    test,
-                    runner,
-                )
     except BaseException:
         _settle_failure(ledger, run_id, spend)
         raise
-    outputs = {
-        "synthetic_path": str(synthetic_path),
-        "curator_dir": str(curator),
-        "report_path": report_path,
-        "init_from": config.init_from,
-        "release_note": "; ".join(n for n in (fitted.release_note, table_note) if n) or None,
-        "diagnostics_note": diagnostics_note,
-    }
-    return _summary(
-        config,
-        plan,
-        run_id,
-        active.info.run_id,
-        model_name,
-        registered,
-        figures,
-        lineage,
-        outputs,
-        metrics,
-        decision,
-        started,
-    )
+    timing.record("run setup (schema, MLflow store, ledger reservation)", time.monotonic() - started)
+    return _Run(config, schema, store, model_name, parent, run_id, plan, ledger, spend, curator, started)
+
+
+def _read_and_release(run: _Run, outer: ExitStack, runner: Runner, show_progress: bool) -> _Released:
+    """Inside the released MLflow run: read and gate the rows, the DP releases and the encoding,
+    DP training and selection, the ledger's settlement, the synthetic table and the registered
+    version. `outer` keeps the scratch folder and the diagnostics worker open after it."""
+    config, schema, plan, spend = run.config, run.schema, run.plan, run.spend
+    # fork_rng + a CSPRNG seed: whatever global draw happens after rows are read is
+    # neither derivable from public values nor left behind in the caller's RNG.
+    opened = time.perf_counter()
+    with (
+        cpu_threads(config.train.threads),
+        torch.random.fork_rng(devices=[]),
+        store_ml.released_run(schema.dataset.name, f"{schema.dataset.name}-eps{config.privacy.epsilon:g}") as active,
+    ):
+        torch.manual_seed(secrets.randbits(63))
+        store_ml.log_run_header(config, plan, run.run_id, schema.dataset.name)
+        timing.record("MLflow run open + header", time.perf_counter() - opened)
+        work = run.curator / "scratch" if streamed(config, schema) else None
+        outer.enter_context(scratch(work) if work is not None else nullcontext())
+        # a second process for the curator-only diagnostics, started before the rows are read
+        # (a fresh interpreter: nothing of this one) and ended after them
+        outer.enter_context(diagnostics_worker.diagnostics_worker(_wants_worker(config, schema)))
+        with timing.stage("read + validate + gate"):
+            df, decision = _read_and_gate(config, schema, plan, run.curator, spend, runner, work, show_progress)
+            _record_charged(run.ledger, run.store, schema, run.run_id, df)
+        with timing.remainder("encode rows"):
+            x_train: np.ndarray | DiskRows
+            x_val: np.ndarray | DiskRows
+            if work is None:
+                codec, x_train, x_val = prepare(config, schema, df, plan, spend, runner)
+            else:  # the table in chunks: df becomes the diagnostics' sample of clean rows
+                codec, x_train, x_val, df = stream_prepare(config, schema, plan, spend, df, work, runner, show_progress)
+        test = _read_test(config, schema, run.curator)
+        _utility_ahead(config, schema, df, test)
+        with timing.remainder("model build + head calibration"):
+            fitted = fit(
+                config,
+                schema,
+                codec,
+                x_train,
+                x_val,
+                plan=plan,
+                spend=spend,
+                show_progress=show_progress,
+                runner=runner,
+                init_state=run.parent.state if run.parent is not None else None,
+            )
+        with timing.stage("accounting (ledger settle, PLD, MLflow metrics)"):
+            figures, lineage = _account(run.ledger, run.run_id, schema.dataset.name, plan, fitted, spend)
+        with timing.stage("synthetic table (sample, write, log)"):
+            synthetic, synthetic_path, table_note = _release_table(config, schema, fitted, run.store, run.run_id)
+        with timing.stage("register (MLflow model, registry version)"):
+            registered = _register(config, schema, run.model_name, fitted, figures, lineage, run.run_id, runner)
+            _record_release(
+                run.ledger, run.store, schema, run.model_name, registered.version, run.run_id, synthetic_path
+            )
+        closing = time.perf_counter()
+    timing.record("MLflow run close", time.perf_counter() - closing)
+    return _Released(
+        df, decision, codec, x_train, x_val, test, fitted, figures, lineage, synthetic, synthetic_path, table_note,
+        registered, active.info.run_id,
+    )  # fmt: skip
+
+
+def _diagnostics(run: _Run, out: _Released, runner: Runner) -> tuple[dict[str, float], Any, str | None]:
+    """The curator-only evaluation (never released), in its own threads and RNG fork."""
+    with (
+        timing.stage("evaluate (curator-only diagnostics)"),
+        cpu_threads(run.config.train.threads),
+        torch.random.fork_rng(devices=[]),
+    ):
+        return _diagnose(
+            run.config,
+            run.schema,
+            out.codec,
+            out.fitted.flows[0],
+            out.df,
+            out.x_train,
+            out.x_val,
+            out.synthetic,
+            run.curator,
+            out.fitted.diagnostics(),
+            out.test,
+            runner,
+        )
