@@ -395,6 +395,13 @@ def _fill(plan: DraftPlan, frame: pl.DataFrame, suggestions: list[dd.Suggestion]
     weights = {n: _weight(k.suggestion, n == plan.target) for n, k in kinds.items()}
     pairs = _missing_pair_candidates(kinds)
     eps_pairs = PAIRS_SHARE * plan.eps_values if pairs else 0.0
+    if pairs and PAIR_Z * _pair_sd(len(pairs), eps_pairs) > POWER_SHARE * max(noisy_rows, 1.0):
+        notes.append(  # decided from public settings and DP counts before anything is spent on it
+            f"columns missing together were not drafted: the DP pair counts' noise sd (about "
+            f"{_pair_sd(len(pairs), eps_pairs):,.0f} rows) would be too large for {len(pairs)} pair(s) at this "
+            "epsilon; declare `missing_together` rules from the data's documentation, or draft with a larger --epsilon"
+        )
+        pairs, eps_pairs = [], 0.0
     unit = (plan.eps_values - eps_pairs) / max(sum(weights.values()), 1e-12)
     histograms = sum(1 for n, k in kinds.items() if k.suggestion.type in ("categorical", "integer") and weights[n] > 0)
     hdelta = plan.delta / max(histograms, 1)
@@ -419,7 +426,7 @@ def _fill(plan: DraftPlan, frame: pl.DataFrame, suggestions: list[dd.Suggestion]
     if plan.target is not None:
         top += _target_entries(plan, out_suggestions, columns, notes)
     if pairs:
-        top += _missing_together(frame, pairs, eps_pairs, noisy_rows, notes)
+        top += _missing_together(frame, pairs, eps_pairs, noisy_rows)
     return _Filled(rows, rows_comment, columns, out_suggestions, notes, top)
 
 
@@ -437,26 +444,22 @@ def _missing_pair_candidates(kinds: dict[str, dd.KindDecision]) -> list[tuple[st
     return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
 
 
-def _missing_together(
-    frame: pl.DataFrame, pairs: list[tuple[str, str]], eps: float, rows: float, notes: list[str]
-) -> list[dd.Entry]:
+def _pair_sd(pairs: int, eps: float) -> float:
+    """The noise sd of one pair count: Laplace at L1 sensitivity `pairs` and `eps`."""
+    return math.sqrt(2.0) * pairs / eps
+
+
+def _missing_together(frame: pl.DataFrame, pairs: list[tuple[str, str]], eps: float, rows: float) -> list[dd.Entry]:
     """`missing_together` rules from one Laplace release of, per candidate pair, the rows with
     exactly one of the two missing (a row is in every pair's count at most once: L1 sensitivity
     len(pairs)); a pair whose noisy count is under TOGETHER_SHARE of the rows by PAIR_Z noise sd
-    goes missing together, and pairs sharing a column join one rule. Where PAIR_Z noise sd pass
-    POWER_SHARE of the rows, the counts cannot tell a pair apart and no rule is drafted (a note
-    says so). Public once declared: the sampler keeps them on every released row (data/rules.py)."""
+    goes missing together, and pairs sharing a column join one rule (the caller releases nothing
+    where PAIR_Z noise sd would pass POWER_SHARE of the rows: the counts could not tell a pair
+    apart). Public once declared: the sampler keeps them on every released row (data/rules.py)."""
     missing = {n: frame.get_column(n).is_null().to_numpy() for pair in pairs for n in pair}
     counts = np.array([float(np.sum(missing[a] ^ missing[b])) for a, b in pairs])
     noisy = laplace_mechanism(counts, float(len(pairs)), 1.0 / eps)
-    sd = math.sqrt(2.0) * len(pairs) / eps
-    if PAIR_Z * sd > POWER_SHARE * max(rows, 1.0):
-        notes.append(
-            f"columns missing together were not drafted: the DP pair counts' noise sd (about {sd:,.0f} rows) is "
-            f"too large for {len(pairs)} pair(s) at this epsilon; declare `missing_together` rules from the data's "
-            "documentation, or draft with a larger --epsilon"
-        )
-        return []
+    sd = _pair_sd(len(pairs), eps)
     groups: dict[str, set[str]] = {}
     for (a, b), n in zip(pairs, noisy, strict=True):
         if n <= TOGETHER_SHARE * max(rows, 1.0) + PAIR_Z * sd:
