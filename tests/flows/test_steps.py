@@ -53,20 +53,8 @@ def test_only_the_plan_and_the_registration_are_not_private() -> None:
     The plan reads public inputs only; the registration logs released weights."""
     public = {fn for fn, options in STEPS.items() if not options.private}
     assert public == {plan_privacy, register_model}
-    assert {o.name for o in STEPS.values()} == {
-        "plan",
-        "validate",
-        "dp_marginals",
-        "dp_head",
-        "encode",
-        "dp_stats",
-        "dp_prior",
-        "train",
-        "select",
-        "evaluate",
-        "register",
-        "promote",
-    }
+    names = "plan validate dp_marginals dp_head encode dp_stats dp_prior train select evaluate register promote"
+    assert {o.name for o in STEPS.values()} == set(names.split())
 
 
 def test_the_retry_policies() -> None:
