@@ -151,3 +151,18 @@ def test_a_whole_number_is_one_value_as_an_integer_or_a_float() -> None:
         row_digests(pl.DataFrame({"a": ["x,"], "b": ["y"]}), key)[0]
         != row_digests(pl.DataFrame({"a": ["x"], "b": [",y"]}), key)[0]
     )
+
+
+def test_charged_share_reads_whole_records_and_keyed_samples_alike() -> None:
+    """A table whose first 60% of rows were charged: found 60% against the whole record, about 60%
+    against a streamed run's keyed sample of it, and not at all where those rows are skipped."""
+    from privflow.privacy.fingerprint import charged_share, sampled
+
+    rng = np.random.default_rng(1)
+    digests = rng.integers(0, np.iinfo(np.uint64).max, 100_000, dtype=np.uint64, endpoint=True)
+    charged = digests[:60_000]
+    empty = np.zeros(0, dtype="<u8")
+    assert charged_share(digests, charged, empty) == pytest.approx(0.6)
+    assert charged_share(digests, empty, sampled(charged)) == pytest.approx(0.6, abs=0.03)
+    assert charged_share(digests, charged, empty, skip=np.arange(digests.size) < 60_000) == 0.0
+    assert charged_share(digests[:10], empty, sampled(charged)) == 0.0  # too few of its rows in the sample

@@ -28,6 +28,7 @@ import inspect
 import logging
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -134,20 +135,20 @@ def task_run_count() -> int:
     return int(task_run.run_count or 1)
 
 
-class Runner:
+class Runner(ABC):
     """Calls pipeline steps (a `StepRunner`, core/steps.py) and answers what a run asks of the
     engine it runs under: the flow run and the current attempt."""
 
-    def __call__(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
-        raise NotImplementedError
+    @abstractmethod
+    def __call__(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
+    @abstractmethod
     def attempt(self) -> int:
         """The attempt number of the step running now (a retried step reserves per attempt)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def flow_run(self) -> tuple[str | None, int | None]:
         """The flow run's (id, attempt); (None, 1) where there is none."""
-        raise NotImplementedError
 
 
 class LocalRunner(Runner):

@@ -187,6 +187,23 @@ def sampled_rows(fingerprint: str | None) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def charged_share(digests: np.ndarray, whole: np.ndarray, sample: np.ndarray, skip: np.ndarray | None = None) -> float:
+    """The share of a table's rows (`digests`, one per row) found among charged rows the ledger keeps
+    whole (`whole`) or as keyed samples (`sample`, a streamed run's): over all rows against `whole`,
+    and over the table's own rows in the sample (when at least MIN_SAMPLED are) against both; the
+    larger. `skip` (a mask per row): rows never counted as found."""
+    d = np.asarray(digests, dtype="<u8")
+    if d.size == 0:
+        return 0.0
+    keep = np.ones(d.size, dtype=bool) if skip is None else ~np.asarray(skip, dtype=bool)
+    found = found_in(d, whole) & keep
+    share = float(np.mean(found))
+    keyed = in_sample(d)
+    if len(sample) and int(keyed.sum()) >= MIN_SAMPLED:
+        share = max(share, float(np.mean(found[keyed] | (found_in(d[keyed], sample) & keep[keyed]))))
+    return share
+
+
 def found_in(digests: np.ndarray, recorded: np.ndarray) -> np.ndarray:
     """Which of `digests` (one per row) are among `recorded`: a boolean mask, row by row."""
     if len(digests) == 0 or len(recorded) == 0:
@@ -218,6 +235,7 @@ def table_rows(path: str | Path, schema: Schema) -> pl.DataFrame:
 __all__ = [
     "KEY_FILE",
     "ROW_DIGEST_BYTES",
+    "charged_share",
     "digests_blob",
     "digests_from_blob",
     "found_in",

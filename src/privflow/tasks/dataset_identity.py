@@ -43,9 +43,8 @@ import numpy as np
 
 from privflow.core.errors import ConfigError
 from privflow.privacy.fingerprint import (
-    MIN_SAMPLED,
+    charged_share,
     digests_from_blob,
-    found_in,
     is_sample,
     row_digests,
     sampled,
@@ -137,8 +136,7 @@ def check_rows_not_charged_elsewhere(
     if streamed and schema_or_none is not None:
         part = _sampled_rows(data, schema_or_none, key)
         for other, charged in others.items():
-            rows = np.union1d(charged.whole, charged.sample)
-            if len(part) and float(np.mean(found_in(part, rows))) >= PUBLIC_ROW_SHARE:
+            if charged_share(part, charged.whole, charged.sample) >= PUBLIC_ROW_SHARE:
                 _refuse(data, dataset, other, ledger_path)
         return
     if schema_or_none is None:
@@ -152,15 +150,9 @@ def check_rows_not_charged_elsewhere(
         if len(digests) == 0:
             continue
         fingerprint = table_fingerprint(digests, key)
-        part = sampled(digests)
         for other, charged in others.items():
-            whole = len(charged.whole) and float(np.mean(found_in(digests, charged.whole))) >= PUBLIC_ROW_SHARE
-            some = len(charged.sample) and len(part) >= MIN_SAMPLED
-            if (
-                whole
-                or fingerprint in charged.fingerprints
-                or (some and float(np.mean(found_in(part, charged.sample))) >= PUBLIC_ROW_SHARE)
-            ):
+            same_table = fingerprint in charged.fingerprints
+            if same_table or charged_share(digests, charged.whole, charged.sample) >= PUBLIC_ROW_SHARE:
                 _refuse(data, dataset, other, ledger_path)
 
 

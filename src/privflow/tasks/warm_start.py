@@ -66,11 +66,10 @@ from privflow.core.config import RunConfig
 from privflow.core.errors import ConfigError, PrivacyPlanError
 from privflow.data.schema import Column, Schema
 from privflow.privacy.fingerprint import (
-    MIN_SAMPLED,
+    charged_share,
     digests_blob,
     digests_from_blob,
     found_in,
-    in_sample,
     is_sample,
     row_digests,
     sample_mark,
@@ -426,13 +425,10 @@ def check_pretraining_rows(typed: pl.DataFrame, store: Path, label: str) -> Pret
     for p in prints:
         if p.kind == "charged":
             charged.setdefault(p.dataset, []).append(p)
-    keyed = in_sample(digests)  # a streamed run recorded only its rows in the keyed sample
     for dataset, records in charged.items():
-        whole = [p for p in records if not is_sample(p.fingerprint)]
-        part = [p for p in records if is_sample(p.fingerprint)]
-        share = float(np.mean(found_in(digests, _union(whole)) & ~sampled)) if whole else 0.0
-        if part and int(keyed.sum()) >= MIN_SAMPLED:
-            share = max(share, float(np.mean(found_in(digests[keyed], _union(part)) & ~sampled[keyed])))
+        whole = _union([p for p in records if not is_sample(p.fingerprint)])
+        part = _union([p for p in records if is_sample(p.fingerprint)])  # streamed runs' keyed samples
+        share = charged_share(digests, whole, part, skip=sampled)
         if share >= PUBLIC_ROW_SHARE or any(p.fingerprint == fingerprint for p in records):
             raise ConfigError(
                 f"'{label}' holds rows that runs on dataset '{dataset}' were charged for in the privacy ledger "
