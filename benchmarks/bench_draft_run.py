@@ -204,7 +204,7 @@ def _through_marginals(schema: Any, marginals: Any, rows: int, seed: int) -> pl.
     from privflow.data.target_head import flow_schema
 
     model = lower(schema)
-    if set(model.names) - set(marginals.probs):  # the target comes from the DP head, not a marginal
+    if model.target is not None and model.target not in marginals.probs:  # from the DP head, not a marginal
         model = flow_schema(model)
     codec = CopulaCodec(model, marginals)
     frame = codec.decode(np.random.default_rng(seed).random((rows, codec.dim)))

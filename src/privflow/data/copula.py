@@ -50,6 +50,7 @@ pass one seeded from the OS CSPRNG (`privacy.noise.secret_seed`) and use it for 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ import numpy as np
 import polars as pl
 
 from privflow.core.errors import DataError
+from privflow.data import calendar
 from privflow.data.schema import Column, Schema
 
 DEFAULT_MAX_ATOMS = 1024
@@ -119,6 +121,9 @@ class Cells:
     atoms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # numeric: declared point masses, sorted
     atom_cells: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # and their cells
     step: float | None = None  # numeric: 10^-decimals where the schema declares decimals (the values' lattice)
+    source: str | None = None  # a calendar part's column (privflow/data/calendar.py): the values it is read from
+    part: str | None = None  # ... which part of them
+    unit: int | None = None  # ... and the seconds one of the source's units holds
 
     @property
     def n_values(self) -> int:
@@ -197,9 +202,35 @@ def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int
     )
 
 
-def schema_cells(schema: Schema, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS) -> list[Cells]:
-    """`column_cells` for every column, in schema order."""
-    return [column_cells(c, max_atoms, grid_bins) for c in schema.columns]
+def schema_cells(
+    schema: Schema, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS, calendar_parts: bool = True
+) -> list[Cells]:
+    """`column_cells` for every column, in schema order; a calendar column (a lowered date or
+    datetime) as the cells of its parts (privflow/data/calendar.py) where `calendar_parts`, as one
+    integer column otherwise (releases made before the parts existed)."""
+    parts = calendar.schema_parts(schema, max_atoms) if calendar_parts else {}
+    out: list[Cells] = []
+    for c in schema.columns:
+        if c.name not in parts:
+            out.append(column_cells(c, max_atoms, grid_bins))
+            continue
+        for p in parts[c.name]:
+            cells = column_cells(calendar.part_column(c, p), max_atoms, grid_bins)
+            out.append(dataclasses.replace(cells, source=c.name, part=p.part, unit=c.calendar_unit))
+    return out
+
+
+def cell_series(df: pl.DataFrame, cells: Cells) -> pl.Series:
+    """The values `cells` are read from: the frame's column, or a calendar part of its source."""
+    if cells.source is None:
+        return df.get_column(cells.column)
+    units = _numbers(df.get_column(cells.source), cells.source)
+    return pl.Series(cells.column, calendar.part_values(units, int(cells.unit or 1), str(cells.part)))
+
+
+def frame_columns(cells: Sequence[Cells]) -> list[str]:
+    """The frame's columns that `cells` read, each once, in order."""
+    return list(dict.fromkeys(c.source or c.column for c in cells))
 
 
 def _numbers(s: pl.Series, name: str) -> np.ndarray:
@@ -265,12 +296,12 @@ def cell_positions(s: pl.Series, cells: Cells) -> tuple[np.ndarray, np.ndarray]:
 
 def cell_index(df: pl.DataFrame, cells: Sequence[Cells]) -> np.ndarray:
     """[n, d] int64: the cell of every row in every column (the mechanism's histogram input)."""
-    missing = [c.column for c in cells if c.column not in df.columns]
+    missing = [c for c in frame_columns(cells) if c not in df.columns]
     if missing:
         raise DataError(f"The table lacks the declared column(s) {missing}.")
     out = np.empty((df.height, len(cells)), dtype=np.int64)
     for j, c in enumerate(cells):
-        out[:, j] = cell_positions(df.get_column(c.column), c)[0]
+        out[:, j] = cell_positions(cell_series(df, c), c)[0]
     return out
 
 
@@ -282,18 +313,22 @@ class Marginals:
     """Released per-column probability vectors over the public cells, and the cell parameters.
 
     `probs[name]` has `column_cells(col, max_atoms, grid_bins).n_cells` entries, each >= 0,
-    summing to 1. Produced by `privacy.mechanisms.dp_marginals` (DP) or, in tests, by hand.
+    summing to 1, for every entry of `schema_cells(schema, max_atoms, grid_bins, calendar_parts)`
+    (a calendar column's parts under their own names). Produced by
+    `privacy.mechanisms.dp_marginals` (DP) or, in tests, by hand.
     """
 
     probs: Mapping[str, np.ndarray]
     max_atoms: int = DEFAULT_MAX_ATOMS
     grid_bins: int = DEFAULT_GRID_BINS
+    calendar_parts: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (floats), for the model artifact."""
         return {
             "max_atoms": int(self.max_atoms),
             "grid_bins": int(self.grid_bins),
+            "calendar_parts": bool(self.calendar_parts),
             "probs": {k: [float(x) for x in np.asarray(v)] for k, v in self.probs.items()},
         }
 
@@ -303,6 +338,7 @@ class Marginals:
             {k: np.asarray(v, dtype=np.float64) for k, v in data["probs"].items()},
             int(data["max_atoms"]),
             int(data["grid_bins"]),
+            bool(data.get("calendar_parts", False)),  # a release made before the parts: one cell list per column
         )
 
 
@@ -325,8 +361,8 @@ class CopulaCodec:
         self.schema = schema
         self.marginals = marginals
         self.space: Space = space
-        self.cells = schema_cells(schema, marginals.max_atoms, marginals.grid_bins)
-        extra = sorted(set(marginals.probs) - set(schema.names))
+        self.cells = schema_cells(schema, marginals.max_atoms, marginals.grid_bins, marginals.calendar_parts)
+        extra = sorted(set(marginals.probs) - {c.column for c in self.cells})
         if extra:
             raise ValueError(f"marginals for undeclared column(s) {extra}")
         self.probs: list[np.ndarray] = []
@@ -429,13 +465,13 @@ class CopulaCodec:
         """
         if not isinstance(generator, np.random.Generator):
             raise TypeError("encode needs an explicit numpy Generator (np.random.default_rng(secret_seed()))")
-        missing = [c.column for c in self.cells if c.column not in df.columns]
+        missing = [c for c in frame_columns(self.cells) if c not in df.columns]
         if missing:
             raise DataError(f"Cannot encode: the table lacks the declared column(s) {missing}.")
         n = df.height
         out = np.empty((n, self.dim), dtype=np.float64)
         for j, c in enumerate(self.cells):
-            idx, pos = cell_positions(df.get_column(c.column), c)
+            idx, pos = cell_positions(cell_series(df, c), c)
             draw = np.isnan(pos)
             r = pos.copy()
             if c.kind == "integer":
@@ -468,16 +504,46 @@ class CopulaCodec:
         ut = np.array(u.T, dtype=np.float64, order="C")  # a copy, one contiguous row per column
         np.clip(ut, 0.0, np.nextafter(1.0, 0.0), out=ut)
         cols: dict[str, pl.Series] = {}
+        present: dict[str, np.ndarray] = {}  # a calendar column's rows whose first part is not null
         for j, c in enumerate(self.cells):
             cdf, p = self.cdfs[j], self.probs[j]
             idx = self._cell_of(cdf, ut[j])
             np.clip(idx, 0, c.n_cells - 1, out=idx)
+            if c.source is not None and c.nullable:
+                if c.source not in present:
+                    present[c.source] = idx < c.n_values
+                else:  # the first part decides null: a later one's null cell is redrawn among its values
+                    odd = present[c.source] & (idx >= c.n_values)
+                    ut[j, odd] *= cdf[c.n_values]
+                    idx[odd] = np.minimum(self._cell_of(cdf, ut[j, odd]), c.n_values - 1)
             r = None
             if not c.is_atomic:  # a category or a single integer is its cell: no position needed
                 pk = p[idx]
                 r = np.clip((ut[j] - cdf[idx]) / np.where(pk > 0, pk, 1.0), 0.0, 1.0)
             cols[c.column] = self._values(c, idx, r)
-        return pl.DataFrame(cols)
+        return pl.DataFrame(self._recomposed(cols))
+
+    def _recomposed(self, cols: dict[str, pl.Series]) -> list[pl.Series]:
+        """The decoded columns in schema order, each calendar column written back from its parts
+        (`calendar.recompose`; null where its first part is null)."""
+        parts: dict[str, list[Cells]] = {}
+        for c in self.cells:
+            if c.source is not None:
+                parts.setdefault(c.source, []).append(c)
+        out = []
+        for col in self.schema.columns:
+            if col.name not in parts:
+                out.append(cols[col.name])
+                continue
+            mine = parts[col.name]
+            values = [cols[c.column].fill_null(0).to_numpy() for c in mine]
+            units = calendar.recompose(
+                col, calendar.parts_of(col, self.marginals.max_atoms, frozenset(self.schema.names)), values
+            )
+            s = pl.Series(col.name, units, dtype=pl.Int64)
+            null = cols[mine[0].column].is_null()
+            out.append(s.scatter(np.flatnonzero(null.to_numpy()), None) if null.any() else s)
+        return out
 
     @staticmethod
     def _cell_of(cdf: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -544,7 +610,7 @@ def _on_lattice(x: np.ndarray, a: np.ndarray, b: np.ndarray, step: float) -> np.
 def marginal_of(df: pl.DataFrame, cells: Cells) -> np.ndarray:
     """The empirical distribution of one column over its cells (for tests and curator-only
     diagnostics; never for anything released)."""
-    idx, _ = cell_positions(df.get_column(cells.column), cells)
+    idx, _ = cell_positions(cell_series(df, cells), cells)
     counts = np.bincount(idx, minlength=cells.n_cells).astype(np.float64)
     return counts / max(counts.sum(), 1.0)
 
@@ -558,7 +624,9 @@ __all__ = [
     "Marginals",
     "cell_index",
     "cell_positions",
+    "cell_series",
     "column_cells",
+    "frame_columns",
     "marginal_of",
     "schema_cells",
 ]

@@ -8,8 +8,10 @@ two, from the public schema alone (privacy rule 2: nothing here is read off the 
 statistic):
 
 - `lower`: the modelled schema. date -> integer (days since 1970-01-01), datetime -> integer
-  (units of its granularity since 1970-01-01T00:00:00), both on the public bounds, so the DP
-  marginals cover them as any integer column; boolean -> categorical with the categories (true
+  (units of its granularity since 1970-01-01T00:00:00), both on the public bounds and marked as
+  calendar columns (`Column.calendar_unit`), which the copula codec and the DP marginals see
+  through their calendar parts (privflow/data/calendar.py: the day or the year and day of year,
+  the time of day), so that times on a grid and seasons are kept; boolean -> categorical with the categories (true
   label, false label); ignore -> dropped; numeric, integer and categorical as they are. The
   schema's rules between columns are kept (a conditional's date or datetime value in modelled
   units: privflow/data/rules.py, `lower_rules`), so a codec's schema holds them for the sampler.
@@ -61,7 +63,8 @@ def lower_column(col: Column) -> Column:
         lo, hi = col.bounds or (0.0, 0.0)
         bounds = (float(int(lo) // col.step), float(int(hi) // col.step))
         atoms = tuple(float(int(a) // col.step) for a in col.atoms)
-        return Column(name=col.name, type="integer", bounds=bounds, nullable=col.nullable, atoms=atoms)
+        lowered = Column(name=col.name, type="integer", bounds=bounds, nullable=col.nullable, atoms=atoms)
+        return lowered.as_calendar(86_400 if col.type == "date" else col.step)
     if col.type == "boolean":
         return Column(name=col.name, type="categorical", categories=col.true_false, nullable=col.nullable)
     if col.modelled:
@@ -117,7 +120,7 @@ def _booleans(s: pl.Series, col: Column) -> pl.Series:
     raise TypeError(f"{s.dtype} values cannot be read as booleans")
 
 
-def _map_unique(s: pl.Series, fn: Callable[[object], object], dtype: pl.DataType) -> pl.Series:
+def _map_unique(s: pl.Series, fn: Callable[..., object], dtype: pl.DataType | type[pl.DataType]) -> pl.Series:
     """`fn` applied once per distinct present value of `s` (a table holds far fewer distinct
     dates than rows), nulls staying null."""
     distinct = s.drop_nulls().unique()

@@ -19,13 +19,14 @@ import math
 from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_serializer,
@@ -468,10 +469,28 @@ class Column(BaseModel):
     def is_categorical(self) -> bool:
         return self.type == "categorical"
 
+    # set by lowering a date or datetime column (privflow/data/lowering.py), never read from a file
+    _calendar: int | None = PrivateAttr(default=None)
+
     @property
     def modelled(self) -> bool:
         """Whether the model takes this column as it is (not lowered first, not ignored)."""
         return self.type in MODELLED_TYPES
+
+    @property
+    def calendar_unit(self) -> int | None:
+        """An integer column lowered from a date or datetime: the seconds one of its units holds
+        (86400 for a date); None for every other column. The copula codec models such a column
+        through its calendar parts (privflow/data/calendar.py)."""
+        return self._calendar
+
+    def as_calendar(self, unit_seconds: int) -> Column:
+        """This integer column, marked as counting units of `unit_seconds` since 1970-01-01."""
+        if self.type != "integer" or unit_seconds <= 0 or 86_400 % unit_seconds and unit_seconds % 86_400:
+            raise ValueError(f"column '{self.name}': a calendar column is integer with a unit that tiles a day")
+        out = self.model_copy()
+        out._calendar = int(unit_seconds)
+        return out
 
     # -- the lowered types' public facts (privflow/data/lowering.py) --------------------------------
 
@@ -517,7 +536,7 @@ class Column(BaseModel):
 
     def _iso(self, number: int) -> str:
         value = time_value(number, self.type)
-        return value.isoformat() if self.type == "date" else value.isoformat(timespec="seconds")
+        return value.isoformat() if self.type == "date" else cast(datetime, value).isoformat(timespec="seconds")
 
 
 class DatasetInfo(BaseModel):

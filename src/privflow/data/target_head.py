@@ -242,7 +242,7 @@ def flow_codec(schema: Schema, codec: Any) -> Any:
     if isinstance(codec, CopulaCodec):
         m = codec.marginals
         probs = {k: v for k, v in m.probs.items() if k != schema.target}
-        return CopulaCodec(rest, Marginals(probs, m.max_atoms, m.grid_bins), codec.space)
+        return CopulaCodec(rest, Marginals(probs, m.max_atoms, m.grid_bins, m.calendar_parts), codec.space)
     return type(codec).from_schema(rest)
 
 
@@ -273,7 +273,7 @@ class TargetCodec:
         when `codec` has one, becomes the calibration rates."""
         rates = None
         if isinstance(codec, CopulaCodec):
-            rates = codec.probs[codec.schema.names.index(schema.target)]
+            rates = codec.probs[[c.column for c in codec.cells].index(schema.target)]
         return cls(schema, flow_codec(schema, codec), head, rates)
 
     def with_head(self, head: TargetHead) -> TargetCodec:
@@ -373,7 +373,7 @@ def release_parts(codec: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | N
         marginals = None
         if inner is not None and codec.rates is not None:
             probs = {**inner.probs, codec.target: codec.rates}
-            full = Marginals({n: probs[n] for n in codec.schema.names}, inner.max_atoms, inner.grid_bins)
+            full = Marginals(probs, inner.max_atoms, inner.grid_bins, inner.calendar_parts)
             marginals = full.to_dict()
         return marginals, codec.head.to_dict()
     if isinstance(codec, CopulaCodec):
