@@ -104,14 +104,15 @@ def _score(
         from privflow.privacy.accounting.plan import MAX_EPSILON
         from privflow.privacy.mechanisms.dp_quantile import DPQuantile
 
-        if not (math.isfinite(epsilon) and 0 < epsilon <= MAX_EPSILON):  # type: ignore[arg-type]
+        assert fpr is not None and epsilon is not None  # none of dp_args is missing
+        if not (math.isfinite(epsilon) and 0 < epsilon <= MAX_EPSILON):
             raise ConfigError(f"--epsilon must be a positive number of at most {MAX_EPSILON:g}, got {epsilon}.")
 
         defaults = SelectConfig()
         try:
             mechanism = DPQuantile(
-                float(fpr),  # type: ignore[arg-type]
-                float(epsilon),  # type: ignore[arg-type]
+                float(fpr),
+                float(epsilon),
                 defaults.score_low if score_low is None else score_low,
                 defaults.score_high if score_high is None else score_high,
             )

@@ -49,7 +49,7 @@ def on_sigterm(signum: int, frame: object) -> None:
         raise Terminated()
 
 
-def _deferred(signum: int) -> bool:
+def _deferred(signum: signal.Signals) -> bool:
     """Whether the handler must not raise now: inside the hook its exception would be lost, so
     the signal is sent again for after it returns."""
     quiet_after_interrupt()
@@ -81,7 +81,7 @@ def _after_interrupt(unraisable: Any) -> None:
         _in_hook = False
 
 
-def _send_again(signum: int) -> None:
+def _send_again(signum: signal.Signals) -> None:
     """The signal again, from another thread and a moment later: sent at once, its handler
     would run before this frame returns, inside the callback or the hook that swallowed it."""
 

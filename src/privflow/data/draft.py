@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 
@@ -329,7 +329,7 @@ DECADE_Z = 4.0  # the scale is known when two adjacent decades' noisy count pass
 SIGN_SHARE = 0.005  # a number column is non-negative when at most this share (or 2 sd) of its values is negative
 
 
-def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, rows_sd: float) -> KindDecision:
+def decide_kind(name: str, noisy: Iterable[float], rows: float, cell_sd: float, rows_sd: float) -> KindDecision:
     """The column's type from its noisy kind counts `noisy` (over KIND_CELLS), the noisy row count `rows` and the noise
     sds: a function of noisy counts and public settings only. The group (a boolean label pair, number, date, each
     datetime family, text) with the largest noisy count wins when it holds all but TYPE_SLACK of the present values
@@ -411,7 +411,8 @@ def decide_kind(name: str, noisy: Sequence[float], rows: float, cell_sd: float, 
         iso, slash = c["date:iso"], c["date:dm"] + c["date:md"] + c["date:amb"]
         if iso >= slash:
             return done(Suggestion(name, "date", BY_DP, format="%Y-%m-%d"))
-        return done(Suggestion(name, "date", BY_DP, **_day_month(c["date:dm"], c["date:md"], "%d/%m/%Y", cell_sd)))
+        # _day_month's dict holds only str fields (format, note), as for the datetime below
+        return done(Suggestion(name, "date", BY_DP, **_day_month(c["date:dm"], c["date:md"], "%d/%m/%Y", cell_sd)))  # type: ignore[arg-type]
     best = int(best_group[2:])
     fmt = DATETIME_FAMILIES[best][0]
     extra: dict[str, object] = {"format": fmt}

@@ -530,6 +530,7 @@ def read_header(path: str | Path) -> tuple[TableFormat, list[str], dict[str, pl.
     columns of its table or query (a `LIMIT 0` query; the connection is checked too); no dtypes,
     since every column is read as text.
     """
+    header: list[str] | None  # None: a CSV file without a first line
     if is_database_uri(path):
         from privflow.data.sources import database_header, parse_source
 

@@ -273,6 +273,7 @@ class TargetCodec:
         when `codec` has one, becomes the calibration rates."""
         rates = None
         if isinstance(codec, CopulaCodec):
+            assert schema.target is not None  # a head's schema names its target
             rates = codec.probs[[c.column for c in codec.cells].index(schema.target)]
         return cls(schema, flow_codec(schema, codec), head, rates)
 

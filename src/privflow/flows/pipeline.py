@@ -53,7 +53,7 @@ from privflow.data.copula import CopulaCodec
 from privflow.data.io import read_table, write_table
 from privflow.data.lowering import lower, to_surface
 from privflow.data.schema import Schema
-from privflow.data.target_head import release_parts
+from privflow.data.target_head import TargetCodec, release_parts
 from privflow.data.validation import CHECK_ADVICE, validate
 from privflow.flows.steps import Runner, runner_for
 from privflow.privacy.accounting.accountant import PLDAccountant, RDPAccountant
@@ -211,7 +211,7 @@ def _read_and_gate(
 def _diagnose(
     config: RunConfig,
     schema: Schema,
-    codec: Codec | CopulaCodec,
+    codec: Codec | CopulaCodec | TargetCodec,
     flow: torch.nn.Module,
     df: pl.DataFrame,
     x_train: np.ndarray,
@@ -618,7 +618,7 @@ class _Released:
     codec: Any
     x_train: Any
     x_val: Any
-    test: pl.DataFrame | None
+    test: _TestTable
     fitted: FitResult
     figures: dict[str, float]
     lineage: Lineage

@@ -150,7 +150,8 @@ def retrain_on_new_data(
     model_name = config.model_name or f"privflow-{schema.dataset.name}"
     holder = mlflow_store.alias_holder(MlflowClient(), model_name, champion_alias)
     compare = promotion == "if_better" and holder is not None
-    events = [*checked.plan.events, *([settings.event()] if compare else [])]  # type: ignore[attr-defined]
+    assert checked.plan is not None  # `preflight` plans every private run (only pretraining's has none)
+    events = [*checked.plan.events, *([settings.event()] if compare else [])]
     budget = check_budget(ledger_path, schema, events)
     if not budget.fits:
         return _refused(config, schema, data_path, budget.message)

@@ -13,7 +13,7 @@ Subclasses implement ``body_forward``, ``body_inverse``, ``first_actnorm`` and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +21,26 @@ from torch import Tensor, nn
 from privflow.models.dequantize import LogitMap, UniformDequantizer, VariationalDequantizer
 from privflow.models.layers import ActNorm
 from privflow.models.priors import MixtureOfGaussians, StandardNormal
+
+
+class LogProbModel(Protocol):
+    """A model DP-SGD trains: a per-row log-likelihood, with the dequantization noise given or drawn."""
+
+    def log_prob(self, x: Tensor, noise: Tensor | None = None) -> Tensor: ...
+
+
+class FlowModel(LogProbModel, Protocol):
+    """The flow methods the pipeline's steps call (``TabularFlow`` has them), for a parameter that
+    needs only these: the DP statistics' ``preprocess`` and ``init_actnorm``, the DP prior's
+    ``set_prior``. Where a step also needs the ``nn.Module`` API, the flow is typed ``nn.Module``."""
+
+    def preprocess(self, x: Tensor, noise: Tensor | None = None) -> Tensor: ...
+
+    def init_actnorm(self, mean: Tensor, std: Tensor) -> None: ...
+
+    def set_prior(self, weights: Tensor, means: Tensor, stds: Tensor) -> None:
+        """The DP prior in the preprocessed space (``TabularFlow.set_prior``'s default ``space``)."""
+        ...
 
 
 class TabularFlow(nn.Module, ABC):
@@ -62,7 +82,7 @@ class TabularFlow(nn.Module, ABC):
                 raise ValueError(f"unknown dequantization '{dequantization}'")
         self.logit = LogitMap(logit_alpha)
         if prior == "normal":
-            self.prior: nn.Module = StandardNormal(self.d)
+            self.prior: StandardNormal | MixtureOfGaussians = StandardNormal(self.d)
         elif prior == "mog":
             self.prior = MixtureOfGaussians(self.d, mog_components)
         else:

@@ -9,7 +9,7 @@ theta^j = NN_nu(x, q(j))), which cuts the parameter count by a factor ~ blocks.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -155,7 +155,7 @@ class DPHFlow(TabularFlow):
         perm = torch.arange(self.d)
         for j in range(self.blocks):
             if self.linears is not None and isinstance(self.linears[j], LULinear):
-                perm = perm[self.linears[j].perm.cpu()]
+                perm = perm[cast(LULinear, self.linears[j]).perm.cpu()]
             perm = perm.flip(0)
         return perm.tolist()
 
@@ -177,7 +177,7 @@ class DPHFlow(TabularFlow):
         for j in reversed(range(self.blocks)):
             h = self.spline.inverse(h.flip(1), j)
             if self.linears is not None:
-                h = self.linears[j].inverse(h)
+                h = cast("LULinear | LowRankLinear", self.linears[j]).inverse(h)  # nn.ModuleList gives nn.Module
         return self.actnorm.inverse(h)
 
     def _after_spline_inverse(self, j: int, like: Tensor) -> Tensor:
@@ -185,7 +185,7 @@ class DPHFlow(TabularFlow):
         flow's inverse, then the reversal (j > 0) or the first ActNorm's inverse (j = 0). All of it
         is affine, so M is read off the map at 0 and at the unit vectors."""
         probe = torch.cat([torch.zeros(1, self.d, dtype=like.dtype, device=like.device), torch.eye(self.d).to(like)])
-        h = self.linears[j].inverse(probe) if self.linears is not None else probe
+        h = cast("LULinear | LowRankLinear", self.linears[j]).inverse(probe) if self.linears is not None else probe
         h = self.actnorm.inverse(h) if j == 0 else h.flip(1)
         return torch.cat([h[:1].T, (h[1:] - h[:1]).T], dim=1)
 

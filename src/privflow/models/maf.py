@@ -117,5 +117,5 @@ class MAF(TabularFlow):
     def body_inverse(self, z: Tensor) -> Tensor:
         h = z
         for act, tr in zip(reversed(self.actnorms), reversed(self.transforms), strict=False):
-            h = act.inverse(tr.inverse(h.flip(1)))
+            h = cast(ActNorm, act).inverse(cast(MaskedAffineAutoregressive, tr).inverse(h.flip(1)))
         return h

@@ -47,6 +47,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from privflow.core.config import RunConfig
 from privflow.core.errors import ConfigError
@@ -73,6 +74,9 @@ from privflow.preflight.budget import (
 from privflow.preflight.files import check_output, check_stream, check_table, public_rows
 from privflow.privacy.mechanisms.validation_gate import gate_floor, gate_limit, gate_note
 
+if TYPE_CHECKING:
+    from privflow.privacy.accounting.plan import PrivacyPlan
+
 
 @dataclass(frozen=True)
 class Preflight:
@@ -81,7 +85,7 @@ class Preflight:
 
     config: RunConfig
     schema: Schema
-    plan: object  # privacy.accounting.plan.PrivacyPlan (imported lazily)
+    plan: PrivacyPlan | None  # imported lazily; None for pretraining (public data: no plan)
     data_format: str
     rows: int | None  # counted for a PUBLIC table only (pretraining); a private file's count is never known here
     device: str

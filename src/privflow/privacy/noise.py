@@ -23,13 +23,16 @@ import math
 import secrets
 from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 if TYPE_CHECKING:  # torch only where a generator is made: planning (pre-flight) imports this module without it
     import torch
     from torch import Tensor, nn
+
+    from privflow.data.chunked import DiskRows
+    from privflow.models.base import FlowModel, LogProbModel
 
 _MAX_WIDEN = 64
 
@@ -204,7 +207,7 @@ def dequantization_noise(model: nn.Module, n: int, like: Tensor, generator: torc
     return deq.noise(n, like, generator)
 
 
-def preprocess_noise(model: nn.Module, n: int, like: Tensor, generator: torch.Generator) -> Tensor | None:
+def preprocess_noise(model: FlowModel, n: int, like: Tensor, generator: torch.Generator) -> Tensor | None:
     """The uniform dequantization noise ``model.preprocess(x, noise)`` uses (None: no categoricals)."""
     uniform = getattr(model, "uniform", None)
     if uniform is None or not hasattr(uniform, "noise"):
@@ -212,12 +215,12 @@ def preprocess_noise(model: nn.Module, n: int, like: Tensor, generator: torch.Ge
     return uniform.noise(n, like, generator)
 
 
-def log_prob_with(model: nn.Module, x: Tensor, noise: Tensor | None) -> Tensor:
+def log_prob_with(model: LogProbModel, x: Tensor, noise: Tensor | None) -> Tensor:
     """``model.log_prob(x, noise)``, or ``model.log_prob(x)`` for a model without dequantization."""
     return model.log_prob(x) if noise is None else model.log_prob(x, noise)
 
 
-def preprocess_private(model: nn.Module, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+def preprocess_private(model: FlowModel, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """``model.preprocess`` on private rows with its noise from a secret generator, not the global RNG."""
     gen = generator if generator is not None else secret_generator()
     noise = preprocess_noise(model, int(x.shape[0]), x, gen)
@@ -225,7 +228,7 @@ def preprocess_private(model: nn.Module, x: Tensor, generator: torch.Generator |
 
 
 def row_loglik(
-    model: nn.Module, x: np.ndarray, batch: int = 4096, generator: torch.Generator | None = None
+    model: nn.Module, x: np.ndarray | DiskRows, batch: int = 4096, generator: torch.Generator | None = None
 ) -> np.ndarray:
     """Per-row log-likelihoods under one model, in batches (bounded memory); [] for no rows.
 
@@ -241,7 +244,10 @@ def row_loglik(
     with torch.no_grad():
         for i in range(0, len(x), batch):  # slices: x may be rows on disk (privflow.data.chunked.DiskRows)
             chunk = torch.as_tensor(x[i : i + batch], dtype=torch.float32)
-            parts.append(log_prob_with(model, chunk, dequantization_noise(model, len(chunk), chunk, gen)))
+            # `model` is a flow (LogProbModel), typed nn.Module as its callers hold it
+            parts.append(
+                log_prob_with(cast("LogProbModel", model), chunk, dequantization_noise(model, len(chunk), chunk, gen))
+            )
     return torch.cat(parts).numpy()
 
 

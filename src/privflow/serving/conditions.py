@@ -55,7 +55,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -236,8 +236,8 @@ def _clauses(where: Mapping[str, Any] | Sequence[str] | Sequence[Clause], option
             f"of condition texts (e.g. ['sex=Female', 'age>=40']), got {type(where).__name__}."
         )
     if all(isinstance(c, Clause) for c in where):  # `parse_where`'s, already read
-        return tuple(where)
-    return parse_where(where, option)
+        return tuple(cast(Sequence[Clause], where))  # all() does not narrow
+    return parse_where(cast(Sequence[str], where), option)
 
 
 def _closest(word: str, options: Sequence[str]) -> str | None:

@@ -60,6 +60,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -525,7 +526,9 @@ def _fill_number(
         mech = dp_bounds.QuantileBounds(part * 1.5, 100.0, sign, below=5, above=4, prior=0.0)
     rel = mech.release(body)
     lows, _, highs, _ = mech.candidates()
-    rank_error = CandidateQuantile(dp_bounds.HIGH_Q, mech.epsilon, tuple(max(lows, highs, key=len))).rank_error()
+    rank_error = CandidateQuantile(
+        dp_bounds.HIGH_Q, mech.epsilon, tuple(cast(np.ndarray, max(lows, highs, key=len)))
+    ).rank_error()
     low, high = dp_bounds.round_out(rel.low, rel.high, integer)
     atoms: list[float] = [0.0] if zero_atom else []
     if shares["atoms"]:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import polars as pl
 
 from privflow.data.codec import Codec
 from privflow.data.row_hash import row_units
+
+if TYPE_CHECKING:
+    from privflow.data.copula import CopulaCodec
+    from privflow.data.target_head import TargetCodec
 
 
 def selection_coins(
@@ -23,7 +29,7 @@ ENCODE_CHUNK_ROWS = 262_144  # rows encoded at a time: only the float32 result i
 
 
 def encode_split(
-    chunk: pl.DataFrame, coin: np.ndarray, codec: Codec, rng: np.random.Generator
+    chunk: pl.DataFrame, coin: np.ndarray, codec: Codec | CopulaCodec | TargetCodec, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
     """One chunk of rows encoded (float32) and split by its selection coins into its training
     and selection rows."""
@@ -31,7 +37,9 @@ def encode_split(
     return x[~coin], x[coin]
 
 
-def encode_rows(df: pl.DataFrame, codec: Codec, validation_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def encode_rows(
+    df: pl.DataFrame, codec: Codec | CopulaCodec | TargetCodec, validation_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Encode every row (float32, what the flows train on) and split off the selection rows
     (`selection_coins`), chunk by chunk into the two outputs. Integer columns and atoms are
     dequantized with fresh uniform offsets (data-independent, OS entropy)."""

@@ -22,12 +22,14 @@ import torch
 
 from privflow.core.config import RunConfig
 from privflow.core.steps import StepRunner, plain_call
+from privflow.data.chunked import DiskRows
 from privflow.data.codec import Codec
 from privflow.data.copula import DEFAULT_GRID_BINS, CopulaCodec, Marginals, marginal_of, schema_cells
 from privflow.data.lowering import lower
 from privflow.data.schema import Schema
 from privflow.data.target_head import TargetCodec, calibration_shift
-from privflow.models import build_flow, initial_flow
+from privflow.models import TabularFlow, build_flow, initial_flow
+from privflow.models.base import FlowModel
 from privflow.privacy.accounting.accountant import PLDAccountant
 from privflow.privacy.accounting.events import Event, PoissonGaussianEvent
 from privflow.privacy.accounting.plan import PrivacyPlan
@@ -133,7 +135,9 @@ class FitResult:
         }
 
 
-def model_factory(config: RunConfig, codec: Codec) -> Callable[[dict | None], torch.nn.Module]:
+def model_factory(
+    config: RunConfig, codec: Codec | CopulaCodec | TargetCodec
+) -> Callable[[dict | None], torch.nn.Module]:
     """Build the configured flow; with a state dict, load it and switch to eval mode."""
     kwargs = config.model.model_dump(exclude={"name"})
 
@@ -147,7 +151,9 @@ def model_factory(config: RunConfig, codec: Codec) -> Callable[[dict | None], to
     return make
 
 
-def initial_model(config: RunConfig, codec: Codec, state: dict | None = None) -> torch.nn.Module:
+def initial_model(
+    config: RunConfig, codec: Codec | CopulaCodec | TargetCodec, state: dict | None = None
+) -> TabularFlow:
     """The untrained flow, its weights drawn from the config's public seed (the global RNG is
     left as it was); with `state`, a warm start: the parent's released weights, in train mode."""
     model = initial_flow(config.model, codec.cardinalities, config.train.seed)
@@ -162,12 +168,12 @@ def _actnorm_statistics(model: Any) -> tuple[np.ndarray, np.ndarray]:
     return act.loc.detach().cpu().numpy().copy(), torch.exp(act.log_scale).detach().cpu().numpy().copy()
 
 
-def _preprocessed(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+def _preprocessed(model: FlowModel, x: np.ndarray | DiskRows) -> np.ndarray:
     with torch.no_grad():
         return model.preprocess(torch.as_tensor(x, dtype=torch.float32)).numpy().astype(np.float64)
 
 
-def exact_statistics(model: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def exact_statistics(model: Any, x: np.ndarray | DiskRows) -> tuple[np.ndarray, np.ndarray]:
     """Non-private only: the same clipped mean/std as the DP statistics, without noise."""
     moments = preprocessed_statistics(model, x)
     mean, std = dp_stats.mean_std_from_statistics(moments, STATS_CLIP)
@@ -176,7 +182,7 @@ def exact_statistics(model: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def exact_mog_prior(
-    model: Any, x: np.ndarray, mean: np.ndarray, std: np.ndarray, k: int, iterations: int, seed: int
+    model: Any, x: np.ndarray | DiskRows, mean: np.ndarray, std: np.ndarray, k: int, iterations: int, seed: int
 ) -> Any:
     """Non-private only: the EM of tasks/prior_stage.py without noise, on the same clipped,
     standardised features, carried back to the preprocessed space for ``set_prior``."""
@@ -194,10 +200,10 @@ def exact_mog_prior(
 
 
 def initialise(
-    model: torch.nn.Module,
+    model: FlowModel,
     config: RunConfig,
     plan: PrivacyPlan | None,
-    x_train: np.ndarray,
+    x_train: np.ndarray | DiskRows,
     spend: Spend,
     runner: StepRunner = plain_call,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -297,7 +303,7 @@ def cumulative_epsilon(
 
 
 def _argmax_checkpoint(
-    make: Callable[[dict], torch.nn.Module], result: TrainResult, x_val: np.ndarray, config: RunConfig
+    make: Callable[[dict], torch.nn.Module], result: TrainResult, x_val: np.ndarray | DiskRows, config: RunConfig
 ) -> list[int]:
     """Non-private selection: the best clipped validation log-likelihood sum."""
     lo, hi = config.select.score_low, config.select.score_high
@@ -324,7 +330,7 @@ def calibrated(codec: Codec | CopulaCodec | TargetCodec, flows: list[torch.nn.Mo
 def copula_only(
     config: RunConfig,
     schema: Schema,
-    codec: Codec | CopulaCodec,
+    codec: Codec | CopulaCodec | TargetCodec,
     make: Callable[[dict | None], torch.nn.Module],
     spend: Spend,
 ) -> FitResult:
@@ -356,9 +362,9 @@ def copula_only(
 def fit(
     config: RunConfig,
     schema: Schema,
-    codec: Codec,
-    x_train: np.ndarray,
-    x_val: np.ndarray,
+    codec: Codec | CopulaCodec | TargetCodec,
+    x_train: np.ndarray | DiskRows,
+    x_val: np.ndarray | DiskRows,
     *,
     plan: PrivacyPlan | None = None,
     private: bool = True,

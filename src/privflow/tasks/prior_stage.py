@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -13,12 +13,15 @@ from privflow.privacy.accounting.plan import StagePlan
 from privflow.privacy.mechanisms import dp_mog
 from privflow.privacy.noise import preprocess_private, secret_generator
 
+if TYPE_CHECKING:
+    from privflow.models.base import FlowModel
+
 # DP-EM runs on features standardised by the DP statistics; a public box of +-4 keeps
 # the sufficient statistics bounded while covering nearly all standardised mass.
 PRIOR_CLIP = 4.0
 
 
-def _standardised(model: torch.nn.Module, x: np.ndarray | DiskRows, mean: np.ndarray, std: np.ndarray) -> Any:
+def _standardised(model: FlowModel, x: np.ndarray | DiskRows, mean: np.ndarray, std: np.ndarray) -> Any:
     """The preprocessed rows standardised by the DP statistics, once (DP-EM reads them every
     iteration): in memory, or for rows on disk (a streamed run) into a file beside them, chunk by
     chunk. The dequantization noise comes from one secret generator, never the global torch RNG."""
@@ -38,7 +41,7 @@ def _standardised(model: torch.nn.Module, x: np.ndarray | DiskRows, mean: np.nda
 
 
 def dp_prior(
-    model: torch.nn.Module, x: np.ndarray, mean: np.ndarray, std: np.ndarray, stage: StagePlan, components: int
+    model: FlowModel, x: np.ndarray | DiskRows, mean: np.ndarray, std: np.ndarray, stage: StagePlan, components: int
 ) -> dp_mog.MoGParams:
     """Fit the prior on the DP-standardised features and install it as the flow's base;
     returns the mixture in the preprocessed space."""

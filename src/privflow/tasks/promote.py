@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 import polars as pl
@@ -48,6 +48,9 @@ from privflow.privacy.mechanisms.promotion import (
 from privflow.privacy.noise import dequantization_noise, log_prob_with, secret_generator, secret_seed
 from privflow.serving.release import Release
 from privflow.tasks.encode import selection_coins
+
+if TYPE_CHECKING:
+    from privflow.models.base import LogProbModel
 from privflow.tasks.mlflow_store import PROMOTION_TAG, alias_holder, load_version, store_lock
 from privflow.tasks.mlflow_store import record_promotion as record
 
@@ -59,6 +62,15 @@ class PromotionSettings(PromotionMechanism):
     """The comparison's mechanism settings (privacy/mechanisms/promotion.py) and the alias it may move."""
 
     alias: str = "champion"
+
+
+class _Versions(TypedDict):
+    """The fields of a `PromotionDecision` that name the versions compared, given by keyword."""
+
+    model_name: str
+    candidate_version: str
+    champion_version: str | None
+    alias: str
 
 
 @dataclass(frozen=True)
@@ -118,7 +130,7 @@ def version_loglik(flows: list[torch.nn.Module], x: np.ndarray, batch: int = 409
     with torch.no_grad():
         for k, flow in enumerate(flows):
             parts = [
-                log_prob_with(flow, chunk, dequantization_noise(flow, len(chunk), chunk, gen))
+                log_prob_with(cast("LogProbModel", flow), chunk, dequantization_noise(flow, len(chunk), chunk, gen))
                 for chunk in (data[i : i + batch] for i in range(0, len(data), batch))
             ]
             per[k] = torch.cat(parts).double().numpy() if parts else np.empty(0)
@@ -183,7 +195,8 @@ def codecs_comparable(new: Release, old: Release, schema: Schema) -> bool:
     if new.marginals is None or old.marginals is None:
         return False
     a, b = new.codec, old.codec
-    return isinstance(a, CopulaCodec | TargetCodec) and type(a) is type(b) and a.same_cells(b)
+    # type(a) is type(b), which mypy cannot carry from a union to same_cells' own class
+    return isinstance(a, CopulaCodec | TargetCodec) and type(a) is type(b) and a.same_cells(cast(Any, b))
 
 
 def promote_if_better(
@@ -213,7 +226,9 @@ def promote_if_better(
         client = MlflowClient()
         alias = settings.alias
         champion = alias_holder(client, model_name, alias)
-        base = dict(model_name=model_name, candidate_version=candidate_version, champion_version=champion, alias=alias)
+        base: _Versions = dict(
+            model_name=model_name, candidate_version=candidate_version, champion_version=champion, alias=alias
+        )
         if champion is None:
             return record(
                 client, PromotionDecision(True, f"no version held '{alias}': the first one takes it at no cost", **base)
@@ -244,7 +259,7 @@ def _compare(
     ledger_path: str,
     promotion_id: str,
     attempt: int,
-    base: dict[str, Any],
+    base: _Versions,
 ) -> PromotionDecision:
     """Reserve the comparison in the ledger, release the noisy margin once, record the decision."""
     client, alias, champion = MlflowClient(), settings.alias, base["champion_version"]

@@ -83,7 +83,7 @@ def run_plan(config: RunConfig, schema: Schema) -> PrivacyPlan:
     def select_event(eps: float) -> Event:
         return report_noisy_max.rnm_event(eps / k, k)
 
-    stages: dict[str, tuple[float, object]] = {"validate": (p.gate_share, gate_event)}
+    stages: dict[str, tuple[float, Callable[[float], Event]]] = {"validate": (p.gate_share, gate_event)}
     if config.marginals.enabled:
         stages["dp_marginals"] = (
             config.marginals.share,

@@ -11,6 +11,7 @@ noise hides the differences between checkpoints).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +21,9 @@ from privflow.privacy.accounting.events import PureDPEvent, RepeatedEvent
 from privflow.privacy.accounting.plan import StagePlan
 from privflow.privacy.mechanisms import report_noisy_max
 from privflow.privacy.noise import row_loglik
+
+if TYPE_CHECKING:
+    from privflow.data.chunked import DiskRows
 
 
 def per_pick_epsilon(stage: StagePlan) -> float:
@@ -31,7 +35,9 @@ def per_pick_epsilon(stage: StagePlan) -> float:
     return event.epsilon
 
 
-def loglik_matrix(make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray) -> np.ndarray:
+def loglik_matrix(
+    make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray | DiskRows
+) -> np.ndarray:
     """[checkpoints, rows] per-row log-likelihoods (rows may be 0: then [checkpoints, 0])."""
     if not states:
         return np.empty((0, len(x)))
@@ -41,7 +47,7 @@ def loglik_matrix(make_model: Callable[[dict], torch.nn.Module], states: list[di
 def select_checkpoints(
     make_model: Callable[[dict], torch.nn.Module],
     checkpoints: list[tuple[int, dict]],
-    x_val: np.ndarray,
+    x_val: np.ndarray | DiskRows,
     stage: StagePlan,
     cfg: SelectConfig,
 ) -> list[int]:
@@ -61,7 +67,7 @@ SCORE_CHUNK_ROWS = 65_536  # selection rows scored at a time
 
 
 def checkpoint_scores(
-    make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray, cfg: SelectConfig
+    make_model: Callable[[dict], torch.nn.Module], states: list[dict], x: np.ndarray | DiskRows, cfg: SelectConfig
 ) -> tuple[np.ndarray, float]:
     """Each checkpoint's score (`cfg.score`) and the scores' sensitivity. Both scores are sums over
     rows of a term that depends on that row alone, so they are summed over chunks of rows: the

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from privflow.privacy.accounting.plan import StagePlan
 from privflow.privacy.mechanisms import dp_stats
 from privflow.privacy.noise import preprocess_private, secret_generator
+
+if TYPE_CHECKING:
+    from privflow.data.chunked import DiskRows
+    from privflow.models.base import FlowModel
 
 # Public clip for the features the first actnorm sees: the logit map sends [0, 1] into
 # roughly [-7, 7], so clipping there bounds each row's contribution without touching most.
@@ -26,7 +32,7 @@ STATS_PRIOR_STD = float(np.pi / np.sqrt(3.0))
 STATS_CHUNK_ROWS = 65_536  # rows preprocessed at a time: bounded memory on large tables (a few float64 copies)
 
 
-def preprocessed_statistics(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+def preprocessed_statistics(model: FlowModel, x: np.ndarray | DiskRows) -> np.ndarray:
     """The noiseless clipped moments of ``model.preprocess`` output (`mean_std_statistics`), summed
     over chunks of rows; the dequantization noise comes from one secret generator."""
     gen = secret_generator()
@@ -40,7 +46,7 @@ def preprocessed_statistics(model: torch.nn.Module, x: np.ndarray) -> np.ndarray
     return stats
 
 
-def dp_statistics(model: torch.nn.Module, x: np.ndarray, stage: StagePlan) -> tuple[np.ndarray, np.ndarray]:
+def dp_statistics(model: FlowModel, x: np.ndarray | DiskRows, stage: StagePlan) -> tuple[np.ndarray, np.ndarray]:
     """Release the clipped mean/std with the planned Gaussian noise and set the actnorm from them.
 
     The dequantization noise of `preprocess` comes from a secret generator, not the global

@@ -8,13 +8,13 @@ import polars as pl
 
 from privflow.data.io import read_table
 from privflow.data.schema import Schema
-from privflow.data.validation import Gate, ValidationReport, validate
+from privflow.data.validation import Gate, Policy, ValidationReport, validate
 
 
 def validate_data(
-    data_path: Path,
+    data_path: Path | str,
     schema: Schema,
-    policy: str,
+    policy: Policy,
     quarantine_path: Path | None,
     gate: Gate | None = None,
 ) -> tuple[pl.DataFrame, ValidationReport]:

@@ -10,7 +10,7 @@ raw value. `RowCells` is the rows' partition the DP gate releases
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from privflow.core.errors import ValidationFailed
 from privflow.data.schema import TEMPORAL_TYPES, Column
@@ -22,8 +22,8 @@ NOT_DP_LABEL = (
 
 Policy = Literal["strict", "quarantine"]
 Check = Literal["missing_column", "extra_column", "unreadable", "type", "integer", "bounds", "category", "not_null"]
-SCHEMA_LEVEL = "schema"
-ROW_LEVEL = "row"
+SCHEMA_LEVEL: Final = "schema"
+ROW_LEVEL: Final = "row"
 ROWS = "(row)"  # the `column` of a failure that concerns the whole row (a line the reader could not read)
 
 # the order of a column's checks in a report and in a quarantine file's reasons

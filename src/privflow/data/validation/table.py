@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TypedDict
 
 import polars as pl
 
@@ -62,7 +63,14 @@ def ask_gate(gate: Gate, cells: RowCells) -> bool:
     return bool(gate(cells.failing, cells.passing))
 
 
-def _flags(schema: Schema) -> dict[str, bool]:
+class _Flags(TypedDict):
+    """A report's public flags, as `ValidationReport` takes them by keyword."""
+
+    clamp: bool
+    other: bool
+
+
+def _flags(schema: Schema) -> _Flags:
     """A report's public flags: whether the schema clamps some column, declares some `other`."""
     return {"clamp": bool(clamping(schema)), "other": any(c.other is not None for c in schema.columns)}
 

@@ -30,11 +30,14 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from privflow.models.layers import LULinear
 
 _MIN_EXAMPLES_PER_THREAD = 64
 
@@ -190,9 +193,7 @@ def _summed(shape: tuple[int, ...], dtype: np.dtype, run: Callable[[slice, np.nd
     return torch.from_numpy(out.sum(0) if len(slices) > 1 else out[0])
 
 
-def lu_sq_norms(
-    x: Sequence[Tensor], g: Sequence[Tensor], gld: Sequence[Tensor | None], layer: torch.nn.Module
-) -> Tensor:
+def lu_sq_norms(x: Sequence[Tensor], g: Sequence[Tensor], gld: Sequence[Tensor | None], layer: LULinear) -> Tensor:
     """Squared norms [n, 4] of an LULinear's per-example gradients (lower, upper, log_diag,
     bias; ``grad_samplers.lu_linear``'s eq. 3) summed over its calls, in one pass per
     example: h = P^T g, U x and L^T h are formed in a small buffer and the triangles' norms

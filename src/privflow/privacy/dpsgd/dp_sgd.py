@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import numpy as np
 import torch
@@ -70,6 +70,9 @@ from privflow.privacy.accounting.events import PoissonGaussianEvent
 from privflow.privacy.dpsgd.averaging import ParameterAverage
 from privflow.privacy.dpsgd.clipping import CLIPPINGS, clipped_gradient_sum, model_layers
 from privflow.privacy.noise import dequantization_noise, independent_seeds, log_prob_with
+
+if TYPE_CHECKING:
+    from privflow.models.base import LogProbModel
 
 
 @dataclass(frozen=True)
@@ -375,7 +378,7 @@ def train(
                 stats[0], stats[1], stats[2] = finite.sum(), finite.numel(), res.nonfinite_examples
                 sums = [res.grads[p] for p in params]
             elif len(idx) > 0:  # the non-private baseline: the plain gradient of the summed loss
-                loss_sum = -log_prob_with(model, batch, deq).sum()
+                loss_sum = -log_prob_with(cast("LogProbModel", model), batch, deq).sum()
                 loss_sum.backward()
                 stats[0], stats[1] = loss_sum.detach(), float(len(idx))
                 sums = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]

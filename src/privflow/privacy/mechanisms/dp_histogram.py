@@ -30,11 +30,14 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from privflow.privacy.accounting.events import ApproxDPEvent, LaplaceEvent
 from privflow.privacy.mechanisms.laplace import laplace_event, laplace_mechanism
+
+K = TypeVar("K", bound=Hashable)  # a histogram's keys: a column's values
 
 MAX_DELTA = 0.1  # a delta above this keeps values of count 1 too often to call the release private
 
@@ -65,7 +68,7 @@ class ThresholdedHistogram:
     def event(self) -> ApproxDPEvent:
         return ApproxDPEvent(float(self.epsilon), float(self.delta))
 
-    def release(self, counts: Mapping[Hashable, int], public: Iterable[Hashable] = ()) -> dict[Hashable, float]:
+    def release(self, counts: Mapping[K, int], public: Iterable[K] = ()) -> dict[K, float]:
         """Noisy counts of the `public` keys (always, count 0 where absent) and of the other keys of
         `counts` whose noisy count passes the threshold. `counts` holds the values that occur (count
         >= 1) of one column, each row counted once."""
@@ -79,7 +82,7 @@ class ThresholdedHistogram:
         if np.any(exact < 0):
             raise ValueError("counts must be >= 0")
         noisy = laplace_mechanism(exact, 1.0, self.scale)
-        out: dict[Hashable, float] = {k: float(noisy[i]) for i, k in enumerate(pub)}
+        out: dict[K, float] = {k: float(noisy[i]) for i, k in enumerate(pub)}
         t = self.threshold
         for i, k in enumerate(private, start=len(pub)):
             if noisy[i] > t:

@@ -177,7 +177,7 @@ class Tree:
         noisy_upper: np.ndarray,
         sigma: float,
         total: float,
-        others: Sequence[float] = (),
+        others: Sequence[float] | np.ndarray = (),
         total_sd: float = 0.0,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The leaves' masses, summing with `others`' to `total` (an estimate with standard

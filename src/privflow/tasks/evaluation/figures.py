@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -268,7 +269,8 @@ def dcr_figure(to_train: np.ndarray, to_holdout: np.ndarray, path: Path) -> Path
     ax = fig.subplots()
     both = np.concatenate([to_train, to_holdout])
     hi = float(np.quantile(both, 0.99)) if both.size else 1.0
-    bins = np.linspace(0.0, max(hi, 1e-6), 40)
+    # matplotlib's stub has bins as a Sequence[float]; it takes the array as it is
+    bins = cast(Sequence[float], np.linspace(0.0, max(hi, 1e-6), 40))
     ax.hist(np.minimum(to_train, hi), bins=bins, color=REAL, histtype="step", lw=1.8, label="to closest train row")
     ax.hist(
         np.minimum(to_holdout, hi),
@@ -293,7 +295,7 @@ def loglik_figure(logliks: dict[str, np.ndarray], path: Path) -> Path:
     arrays = {k: np.asarray(v, dtype=np.float64).ravel() for k, v in logliks.items()}
     finite = np.concatenate([v[np.isfinite(v)] for v in arrays.values()] or [np.zeros(1)])
     lo, hi = np.quantile(finite, [0.01, 0.99]) if finite.size else (0.0, 1.0)
-    bins = np.linspace(lo, hi if hi > lo else lo + 1.0, 50)
+    bins = cast(Sequence[float], np.linspace(lo, hi if hi > lo else lo + 1.0, 50))  # an array (matplotlib's stub)
     colors = {"train": REAL, "holdout": "#2ca02c", "test": "#9467bd"}
     for k, v in arrays.items():
         v = np.clip(v[np.isfinite(v)], bins[0], bins[-1])

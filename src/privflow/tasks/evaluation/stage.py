@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -17,6 +18,10 @@ from privflow.data.schema import Schema
 from privflow.tasks.evaluation.report import EvaluationResult, evaluate
 from privflow.tasks.select import row_loglik
 
+if TYPE_CHECKING:
+    from privflow.data.copula import CopulaCodec
+    from privflow.data.target_head import TargetCodec
+
 _MIA_ROWS = 4000  # rows per side for the membership test: enough for a stable AUROC
 
 
@@ -28,7 +33,7 @@ def _some_rows(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def evaluate_run(
     schema: Schema,
-    codec: Codec,
+    codec: Codec | CopulaCodec | TargetCodec,
     model: torch.nn.Module,
     real_train: pl.DataFrame,
     x_train: np.ndarray,

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 _POLL_S = 0.2  # how often a wait checks that the worker is still alive
 
@@ -49,7 +49,8 @@ def _serve(jobs: Any, results: Any, filters: list[Any]) -> None:
     (job id, ok, value or error text, seconds), until the parent ends it (`close`). Ctrl-C is the
     parent's to handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    warnings.filters[:] = filters  # the parent's (quiet unless --verbose)
+    # typeshed has warnings.filters as a read-only Sequence; it is the module's list
+    cast(list[Any], warnings.filters)[:] = filters  # the parent's (quiet unless --verbose)
     while True:
         job_id, fn, args = jobs.get()
         t0 = time.perf_counter()

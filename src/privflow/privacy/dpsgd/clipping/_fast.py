@@ -77,7 +77,7 @@ def layer_sq(
     parts, kept = [], None
     for sl in parts_sl:
         g = materialise_chunk(layer, calls, sl, method)
-        parts.append(sum(v.reshape(v.shape[0], -1).pow(2).sum(1) for v in g.values()))
+        parts.append(cast(Tensor, sum(v.reshape(v.shape[0], -1).pow(2).sum(1) for v in g.values())))
         kept = g if len(parts_sl) == 1 else None
     return torch.cat(parts), kept
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -52,6 +52,9 @@ from privflow.privacy.dpsgd.clipping.registry import StepContext, bounded_clippi
 from privflow.privacy.dpsgd.clipping.structure import LayerInfo, model_layers
 from privflow.privacy.dpsgd.grad_samplers import Tape, materialise
 from privflow.privacy.dpsgd.grad_samplers.registry import Call
+
+if TYPE_CHECKING:
+    from privflow.models.base import LogProbModel
 
 Clipping = Literal["flat", "per_layer", "per_unit", "sparsify", "none"]
 CLIPPINGS = bounded_clippings()  # the registered strategies that bound each example by C
@@ -113,7 +116,17 @@ def clipped_gradient_sum(
         sub = x if idx.numel() == n else x[idx]
         sub_noise = None if noise is None else (noise if idx.numel() == n else noise[idx])
         grads, losses, bad = _clipped_pass(
-            model, sub, sub_noise, clipping, max_grad_norm, sparsity, generator, method, check, layers, params
+            cast("LogProbModel", model),
+            sub,
+            sub_noise,
+            clipping,
+            max_grad_norm,
+            sparsity,
+            generator,
+            method,
+            check,
+            layers,
+            params,
         )
         if first_losses is None:
             first_losses = losses
@@ -167,7 +180,7 @@ def _all_finite(tensors: Sequence[Tensor]) -> bool:
 
 
 def _clipped_pass(
-    model: nn.Module,
+    model: LogProbModel,
     x: Tensor,
     noise: Tensor | None,
     clipping: str,
@@ -192,7 +205,7 @@ def _clipped_pass(
     bad = ~torch.isfinite(losses)
     if bool(bad.any()):
         return None, losses, bad
-    active = [(layer, c) for layer, c in zip(layers, calls, strict=False) if c]
+    active: list[tuple[LayerInfo, Sequence[Call]]] = [(layer, c) for layer, c in zip(layers, calls, strict=False) if c]
     ctx = StepContext(active, layers, n, method, max_grad_norm, sparsity, generator, dtype, x.device)
     if check:
         unclipped: dict[nn.Parameter, Tensor] = {}

@@ -30,7 +30,7 @@ import functools
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +46,16 @@ from privflow.privacy.dpsgd.grad_samplers._common import (
     step_key,
 )
 from privflow.privacy.dpsgd.grad_samplers.registry import Call, register_ghost
+
+if TYPE_CHECKING:
+
+    class _Linear(nn.Module):
+        """The layers ``LinearGhost`` is asked about (nn.Linear; MaskedLinear through its subclass) as
+        their parameters are: torch types nn.Linear.weight as a Tensor, but both hold Parameters."""
+
+        weight: nn.Parameter
+        bias: nn.Parameter | None
+
 
 _CHUNK_ELEMENTS = 1 << 20  # per-example gradient entries per chunk: small chunks stay in cache and
 # reuse freed memory (a fresh large tensor costs more in page faults than its arithmetic)
@@ -199,7 +209,7 @@ class LinearGhost:
 
         return self._memo.get(layer, step_key(calls), stack)
 
-    def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
+    def sq_norms(self, layer: _Linear, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         a, g = _per_call(calls)
         out: dict[nn.Parameter, Tensor] = {}
         if layer.weight.requires_grad:
@@ -220,9 +230,7 @@ class LinearGhost:
             out[layer.bias] = (b * b).sum(1)
         return out
 
-    def materialise(
-        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None
-    ) -> dict[nn.Parameter, Tensor]:
+    def materialise(self, layer: _Linear, calls: Sequence[Call], sl: slice | None = None) -> dict[nn.Parameter, Tensor]:
         """Per-example gradients [c, *shape] of examples ``sl``, summed over the calls."""
         a, g = self._stack(layer, calls)
         if sl is not None:
@@ -288,9 +296,7 @@ class LinearGhost:
         bias = positions[positions >= rows.numel()] - rows.numel()  # empty without a trainable bias
         return cpu_kernels.masked_entries(a_k, g_k, rows[weight], ks[weight], bias)
 
-    def sparsified_sum(
-        self, layer: nn.Module, calls: Sequence[Call], tau: Tensor, gamma: Tensor, clip: float
-    ) -> Tensor:
+    def sparsified_sum(self, layer: _Linear, calls: Sequence[Call], tau: Tensor, gamma: Tensor, clip: float) -> Tensor:
         """sum_i clip_C(T_{tau_i, gamma_i}(v_i)) over the examples' free entries (the layout of
         ``free_entries``), in the fused CPU kernel: no per-example gradient is stored."""
         kernel = self._kernel_inputs(layer, calls)
@@ -299,7 +305,7 @@ class LinearGhost:
         bias = layer.bias is not None and layer.bias.requires_grad
         return cpu_kernels.masked_sparsify_sum(a_k, g_k, prefixes.lengths, prefixes.order, bias, tau, gamma, clip)
 
-    def free_index(self, layer: nn.Module) -> dict[nn.Parameter, Tensor | None]:
+    def free_index(self, layer: _Linear) -> dict[nn.Parameter, Tensor | None]:
         """Flat indices of the entries ``free_entries`` returns (None: all, row-major)."""
         out: dict[nn.Parameter, Tensor | None] = {}
         if layer.weight.requires_grad:
@@ -315,7 +321,7 @@ class LinearGhost:
             out[layer.bias] = None
         return out
 
-    def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> Tensor:
+    def free_entries(self, layer: _Linear, calls: Sequence[Call], sl: slice) -> Tensor:
         """Per-example gradient entries that can be non-zero, [c, m], the trainable parameters'
         (weight, bias) in turn, each in the order of ``free_index``: group by group on the
         staircase, never forming the masked entries, and one copy into the result (on the
@@ -340,7 +346,7 @@ class LinearGhost:
             parts.append(g.sum(0))
         return torch.cat(parts, 1)
 
-    def unit_stats(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
+    def unit_stats(self, layer: _Linear, calls: Sequence[Call]) -> dict[nn.Parameter, tuple[Tensor, Tensor]] | None:
         a, g = _per_call(calls)
         out: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
         if layer.weight.requires_grad:
@@ -363,7 +369,7 @@ class LinearGhost:
             out[layer.bias] = (b.abs(), b * b)
         return out
 
-    def _materialised_row_stats(self, layer: nn.Module, calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
+    def _materialised_row_stats(self, layer: _Linear, calls: Sequence[Call]) -> tuple[Tensor, Tensor]:
         """Row L1 norms and squared norms of a sum over calls: they need the per-example
         gradient, formed in chunks of examples (group by group on the staircase), keeping only
         the per-row reductions; on the CPU row by row in the fused kernel, never stored."""
@@ -398,7 +404,7 @@ class LinearGhost:
         return torch.cat(l1s)[:, layout.back], torch.cat(sqs)[:, layout.back]
 
     def weighted_sum(
-        self, layer: nn.Module, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
+        self, layer: _Linear, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
     ) -> dict[nn.Parameter, Tensor]:
         """sum_n w_n G_n = (sum_u (w * g_u)^T a_u) * M, one product per call (no stacked copies).
         A weight per example scales the narrower side of each product."""

@@ -149,12 +149,12 @@ class LUGhost:
                 out.append(t)
         return (*(_stacked(t) for t in (hs, us, ks, xs)), call_sum(gds), call_sum(gbs))
 
-    def sq_norms(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
+    def sq_norms(self, layer: LULinear, calls: Sequence[Call]) -> dict[nn.Parameter, Tensor]:
         with torch.no_grad():
-            kernel = _kernel_sq_norms(layer, calls)  # type: ignore[arg-type]
+            kernel = _kernel_sq_norms(layer, calls)
             if kernel is not None:
                 return kernel
-            h, u, k, x, gd, gb = self._stack(layer, calls)  # type: ignore[arg-type]
+            h, u, k, x, gd, gb = self._stack(layer, calls)
             out: dict[nn.Parameter, Tensor] = {}
             if layer.lower.requires_grad:
                 out[layer.lower] = _pair_sum(h, _exclusive_cumsum, u)
@@ -166,12 +166,12 @@ class LUGhost:
                 out[layer.bias] = (gb * gb).sum(1)
         return out
 
-    def unit_stats(self, layer: nn.Module, calls: Sequence[Call]) -> dict[nn.Parameter, tuple[Tensor, Tensor]]:
+    def unit_stats(self, layer: LULinear, calls: Sequence[Call]) -> dict[nn.Parameter, tuple[Tensor, Tensor]]:
         """Per-row (L1, squared L2); a layer called several times is materialised (d x d per example)."""
         with torch.no_grad():
             if len(calls) > 1:
                 return {p: row_stats(g) for p, g in self.materialise(layer, calls).items()}
-            h, u, k, x, gd, gb = (t[0] if t.dim() == 3 else t for t in self._stack(layer, calls))  # type: ignore[arg-type]
+            h, u, k, x, gd, gb = (t[0] if t.dim() == 3 else t for t in self._stack(layer, calls))
             out: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
             if layer.lower.requires_grad:
                 out[layer.lower] = (h.abs() * _exclusive_cumsum(u.abs()), h * h * _exclusive_cumsum(u * u))
@@ -184,12 +184,12 @@ class LUGhost:
         return out
 
     def weighted_sum(
-        self, layer: nn.Module, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
+        self, layer: LULinear, calls: Sequence[Call], weights: dict[nn.Parameter, Tensor]
     ) -> dict[nn.Parameter, Tensor]:
         with torch.no_grad():
             if all(w.dim() == 1 for w in weights.values()):
-                return _example_weighted_sum(layer, calls, weights)  # type: ignore[arg-type]
-            h, u, k, x, gd, gb = self._stack(layer, calls)  # type: ignore[arg-type]
+                return _example_weighted_sum(layer, calls, weights)
+            h, u, k, x, gd, gb = self._stack(layer, calls)
             d = h.shape[2]
             out: dict[nn.Parameter, Tensor] = {}
             if layer.lower.requires_grad:
@@ -205,23 +205,23 @@ class LUGhost:
         return out
 
     def materialise(
-        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None = None
+        self, layer: LULinear, calls: Sequence[Call], sl: slice | None = None
     ) -> dict[nn.Parameter, Tensor]:
         """Per-example gradients [c, *shape] of examples ``sl``, summed over the calls."""
         return self._blocks(layer, calls, sl, triangles=True)
 
-    def free_entries(self, layer: nn.Module, calls: Sequence[Call], sl: slice) -> Tensor:
+    def free_entries(self, layer: LULinear, calls: Sequence[Call], sl: slice) -> Tensor:
         """The entries ``free_index`` names, [c, m], the trainable parameters' in turn."""
         full = self._blocks(layer, calls, sl, triangles=False)
         idx = self.free_index(layer)
         return torch.cat([flat_select(v, idx[p]) for p, v in full.items()], 1)
 
     def _blocks(
-        self, layer: nn.Module, calls: Sequence[Call], sl: slice | None, triangles: bool
+        self, layer: LULinear, calls: Sequence[Call], sl: slice | None, triangles: bool
     ) -> dict[nn.Parameter, Tensor]:
         """Per-example gradients; ``triangles=False`` leaves the fixed entries of L and U unzeroed."""
         with torch.no_grad():
-            h, u, k, x, gd, gb = self._stack(layer, calls, sl)  # type: ignore[arg-type]
+            h, u, k, x, gd, gb = self._stack(layer, calls, sl)
             out: dict[nn.Parameter, Tensor] = {}
             if layer.lower.requires_grad:
                 lo = torch.einsum("jni,jnk->nik", h, u)
