@@ -18,6 +18,7 @@ from privflow.data.copula import (
     schema_cells,
 )
 from privflow.data.schema import Column, Schema
+from privflow.privacy.mechanisms.dp_marginals import with_pattern_nulls
 
 
 def make_schema() -> Schema:
@@ -70,7 +71,7 @@ def positive_marginals(schema: Schema, seed: int = 1, **kw: int) -> Marginals:
     """Released-looking marginals with mass in every cell (public: drawn from a seed, not from rows)."""
     g = np.random.default_rng(seed)
     cells = schema_cells(schema, **kw)
-    return Marginals({c.column: g.dirichlet(np.ones(c.n_cells)) for c in cells}, **kw)
+    return Marginals(with_pattern_nulls({c.column: g.dirichlet(np.ones(c.n_cells)) for c in cells}, cells), **kw)
 
 
 def tvd(p: np.ndarray, q: np.ndarray) -> float:
@@ -108,7 +109,8 @@ def test_round_trip(space: str) -> None:
     df = make_frame(20_000)
     codec = CopulaCodec.from_marginals(schema, positive_marginals(schema), space=space)  # type: ignore[arg-type]
     u = codec.encode(df, np.random.default_rng(3))
-    assert u.shape == (df.height, 7) and u.dtype == np.float64 and np.isfinite(u).all()
+    assert u.shape == (df.height, 8)  # 7 columns and the missing pattern of the nullable ones
+    assert u.dtype == np.float64 and np.isfinite(u).all()
     if space == "uniform":
         assert u.min() >= U_MARGIN and u.max() <= 1 - U_MARGIN
     back = codec.decode(u)
@@ -142,7 +144,7 @@ def test_encode_is_uniform_under_the_data_marginals() -> None:
 def test_encode_depends_only_on_schema_marginals_and_generator() -> None:
     """A row's code is fixed by its own value, the marginals and the draws: the same rows inside a
     larger frame land in the same cell intervals (numeric: the same point); no statistic of the rows."""
-    from privflow.data.copula import cell_positions
+    from privflow.data.copula import cell_positions, cell_series
 
     schema = make_schema()
     m = positive_marginals(schema)
@@ -152,7 +154,7 @@ def test_encode_depends_only_on_schema_marginals_and_generator() -> None:
     assert np.array_equal(a, CopulaCodec.from_marginals(schema, m).encode(df, np.random.default_rng(11)))
     b = codec.encode(pl.concat([df, make_frame(3000, seed=2)]), np.random.default_rng(12))[:500]
     for j, c in enumerate(codec.cells):
-        idx, _ = cell_positions(df[c.column], c)
+        idx, _ = cell_positions(cell_series(df, c), c)
         lo, hi = codec.cdfs[j][idx], codec.cdfs[j][idx + 1]
         for u in (a[:, j], b[:, j]):
             assert np.all((u >= np.maximum(lo, U_MARGIN)) & (u < hi)), c.column
@@ -169,11 +171,12 @@ def test_encode_depends_only_on_schema_marginals_and_generator() -> None:
 def sparse_marginals(schema: Schema, g: np.random.Generator, **kw: int) -> Marginals:
     """Sparse, spiky marginals with zero cells, like a projected DP release."""
     probs = {}
-    for c in schema_cells(schema, **kw):
+    cells = schema_cells(schema, **kw)
+    for c in cells:
         p = g.dirichlet(np.full(c.n_cells, 0.3)) * (g.random(c.n_cells) < 0.6)
         p[0] += 0.05
         probs[c.column] = p / p.sum()
-    return Marginals(probs, **kw)
+    return Marginals(with_pattern_nulls(probs, cells), **kw)
 
 
 def test_decode_of_uniform_reproduces_the_marginals() -> None:
@@ -341,12 +344,12 @@ def test_bounds_respected_for_any_input() -> None:
     g = np.random.default_rng(1)
     wild = np.vstack(
         [
-            g.random((1000, 7)),
-            g.normal(0, 5, (1000, 7)),
-            np.full((1, 7), np.inf),
-            np.full((1, 7), -np.inf),
-            np.zeros((1, 7)),
-            np.ones((1, 7)),
+            g.random((1000, codec.dim)),
+            g.normal(0, 5, (1000, codec.dim)),
+            np.full((1, codec.dim), np.inf),
+            np.full((1, codec.dim), -np.inf),
+            np.zeros((1, codec.dim)),
+            np.ones((1, codec.dim)),
         ]
     )
     out = codec.decode(wild)
@@ -416,7 +419,7 @@ def test_marginals_serialise() -> None:
     m = positive_marginals(schema, max_atoms=64, grid_bins=32)
     again = Marginals.from_dict(json.loads(json.dumps(m.to_dict())))
     assert (again.max_atoms, again.grid_bins) == (64, 32)
-    u = np.random.default_rng(0).random((100, 7))
+    u = np.random.default_rng(0).random((100, CopulaCodec(schema, m).dim))
     assert CopulaCodec(schema, again).decode(u).equals(CopulaCodec(schema, m).decode(u))
 
 

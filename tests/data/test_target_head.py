@@ -136,9 +136,9 @@ def test_calibration_meets_the_rates_and_closes_empty_classes() -> None:
 def test_decode_returns_the_whole_schema_with_the_target_drawn_by_the_head() -> None:
     schema, df = make_schema(), make_rows(3000)
     codec = TargetCodec.around(schema, exact_copula(schema, df), random_head(schema, seed=3))
-    assert codec.dim == 3 and codec.rates is not None
+    assert codec.dim == 4 and codec.rates is not None  # three columns and their missing pattern
     x = codec.encode(df, np.random.default_rng(0))
-    assert x.shape == (3000, 3)
+    assert x.shape == (3000, 4)
     u = np.random.default_rng(4).random(3000)
     out = codec.decode(x, u)
     assert out.columns == schema.names
@@ -166,7 +166,7 @@ def test_release_parts_rebuild_the_same_codec() -> None:
     head = random_head(schema, seed=5).shifted(np.array([0.0, -np.inf, 0.5]))
     codec = TargetCodec.around(schema, exact_copula(schema, df), head)
     marginals, stored = release_parts(codec)
-    assert marginals is not None and set(marginals["probs"]) == set(schema.names)
+    assert marginals is not None and set(marginals["probs"]) == {*schema.names, "(missing)"}
     again = release_codec(schema, marginals, stored)
     assert isinstance(again, TargetCodec)
     np.testing.assert_array_equal(again.head.bias, codec.head.bias)

@@ -91,19 +91,21 @@ def extreme_rows(schema: Schema) -> list[pl.DataFrame]:
 
 def test_leave_one_out_sensitivity_is_exact() -> None:
     """Removing any row or adding any (even out-of-bounds) row moves the released vector by 1
-    in one node per level of every column (depths 1, 2, 3, 3, 1 here): sqrt(10) in L2, less
-    only where the row is null in a tree column (its null cell alone)."""
+    in one node per level of every column (depths 1, 2, 3, 3, 1 here, and 1 for the missing pattern
+    of the two nullable columns): sqrt(11) in L2, less only where the row is null in a tree column
+    (its null cell alone)."""
     schema = toy_schema()
     cells = schema_cells(schema)
-    assert [mod.depth(c) for c in cells] == [1, 2, 3, 3, 1]
-    assert marginals_sensitivity(cells) == math.sqrt(10)
+    assert [mod.depth(c) for c in cells] == [1, 2, 3, 3, 1, 1]
+    assert cells[-1].pattern == ("color", "gain")
+    assert marginals_sensitivity(cells) == math.sqrt(11)
     df = toy_frame(300)
     base = statistic(marginal_counts(df, schema), cells)
     variants = [(pl.concat([df.slice(0, i), df.slice(i + 1)]), df.row(i, named=True)) for i in (0, 1, 77, 150, 299)]
     variants += [(pl.concat([df, row]), row.row(0, named=True)) for row in extreme_rows(schema)]
     for v, row in variants:
         shift = statistic(marginal_counts(v, schema), cells) - base
-        expected = 10 - (2 if row["gain"] is None else 0)  # a null gain: its null cell, not 3 levels
+        expected = 11 - (2 if row["gain"] is None else 0)  # a null gain: its null cell, not 3 levels
         assert np.abs(shift).sum() == pytest.approx(expected)
         assert np.linalg.norm(shift) == pytest.approx(math.sqrt(expected))
         assert np.linalg.norm(shift) <= marginals_sensitivity(cells) + 1e-12
@@ -150,7 +152,7 @@ def test_counts_in_chunks_equal_one_pass(monkeypatch: pytest.MonkeyPatch) -> Non
     whole = marginal_counts(df, schema)
     monkeypatch.setattr(mechanism, "COUNT_CHUNK_ROWS", 77)  # 13 chunks, the last one short
     np.testing.assert_array_equal(marginal_counts(df, schema), whole)
-    assert whole.sum() == 1000 * len(schema.columns)
+    assert whole.sum() == 1000 * (len(schema.columns) + 1)  # each row once per column and in the missing pattern
 
 
 # ---------------------------------------------------------------------------- OpenDP certificate
@@ -219,7 +221,7 @@ def test_release_calls_the_exact_gaussian_at_the_stated_sensitivity(monkeypatch:
     monkeypatch.setattr(mod, "gaussian_mechanism", spy)
     schema = toy_schema()
     dp_marginals(toy_frame(50), schema, 2.0)
-    assert calls == [(math.sqrt(10), 2.0)]  # depths 1 + 2 + 3 + 3 + 1
+    assert calls == [(math.sqrt(11), 2.0)]  # depths 1 + 2 + 3 + 3 + 1 and the missing pattern's 1
 
 
 def test_noise_law_and_scale() -> None:

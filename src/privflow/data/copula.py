@@ -61,6 +61,7 @@ import polars as pl
 
 from privflow.core.errors import DataError
 from privflow.data import calendar
+from privflow.data import missing_pattern as pattern
 from privflow.data.schema import Column, Schema
 
 DEFAULT_MAX_ATOMS = 1024
@@ -124,6 +125,7 @@ class Cells:
     source: str | None = None  # a calendar part's column (privflow/data/calendar.py): the values it is read from
     part: str | None = None  # ... which part of them
     unit: int | None = None  # ... and the seconds one of the source's units holds
+    pattern: tuple[str, ...] = ()  # the missing pattern's cells (privflow/data/missing_pattern.py): its columns
 
     @property
     def n_values(self) -> int:
@@ -139,13 +141,14 @@ class Cells:
 
     def same_as(self, other: Cells) -> bool:
         """The same public cells: kind, labels, runs, edges and atoms alike (not just as many)."""
-        return (self.column, self.kind, self.nullable, self.transform, self.labels, self.bounds) == (
+        return (self.column, self.kind, self.nullable, self.transform, self.labels, self.bounds, self.pattern) == (
             other.column,
             other.kind,
             other.nullable,
             other.transform,
             other.labels,
             other.bounds,
+            other.pattern,
         ) and all(
             np.array_equal(a, b)
             for a, b in (
@@ -203,11 +206,17 @@ def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int
 
 
 def schema_cells(
-    schema: Schema, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS, calendar_parts: bool = True
+    schema: Schema,
+    max_atoms: int = DEFAULT_MAX_ATOMS,
+    grid_bins: int = DEFAULT_GRID_BINS,
+    calendar_parts: bool = True,
+    missing_pattern: bool = True,
 ) -> list[Cells]:
     """`column_cells` for every column, in schema order; a calendar column (a lowered date or
     datetime) as the cells of its parts (privflow/data/calendar.py) where `calendar_parts`, as one
-    integer column otherwise (releases made before the parts existed)."""
+    integer column otherwise; where `missing_pattern`, last, the cells of the nullable columns'
+    missing pattern (privflow/data/missing_pattern.py), when two or more columns are nullable.
+    Releases made before the parts or the pattern existed set those flags False."""
     parts = calendar.schema_parts(schema, max_atoms) if calendar_parts else {}
     out: list[Cells] = []
     for c in schema.columns:
@@ -217,11 +226,17 @@ def schema_cells(
         for p in parts[c.name]:
             cells = column_cells(calendar.part_column(c, p), max_atoms, grid_bins)
             out.append(dataclasses.replace(cells, source=c.name, part=p.part, unit=c.calendar_unit))
+    columns = pattern.pattern_columns(schema) if missing_pattern else ()
+    if columns:
+        labels = pattern.labels(len(columns))
+        out.append(Cells(pattern.pattern_name(schema), "categorical", False, labels=labels, pattern=columns))
     return out
 
 
 def cell_series(df: pl.DataFrame, cells: Cells) -> pl.Series:
     """The values `cells` are read from: the frame's column, or a calendar part of its source."""
+    if cells.pattern:
+        return pl.Series(cells.column, pattern.codes(df, cells.pattern)).cast(pl.String)
     if cells.source is None:
         return df.get_column(cells.column)
     units = _numbers(df.get_column(cells.source), cells.source)
@@ -230,7 +245,7 @@ def cell_series(df: pl.DataFrame, cells: Cells) -> pl.Series:
 
 def frame_columns(cells: Sequence[Cells]) -> list[str]:
     """The frame's columns that `cells` read, each once, in order."""
-    return list(dict.fromkeys(c.source or c.column for c in cells))
+    return list(dict.fromkeys(n for c in cells for n in (c.pattern or (c.source or c.column,))))
 
 
 def _numbers(s: pl.Series, name: str) -> np.ndarray:
@@ -322,6 +337,7 @@ class Marginals:
     max_atoms: int = DEFAULT_MAX_ATOMS
     grid_bins: int = DEFAULT_GRID_BINS
     calendar_parts: bool = True
+    missing_pattern: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (floats), for the model artifact."""
@@ -329,6 +345,7 @@ class Marginals:
             "max_atoms": int(self.max_atoms),
             "grid_bins": int(self.grid_bins),
             "calendar_parts": bool(self.calendar_parts),
+            "missing_pattern": bool(self.missing_pattern),
             "probs": {k: [float(x) for x in np.asarray(v)] for k, v in self.probs.items()},
         }
 
@@ -339,6 +356,7 @@ class Marginals:
             int(data["max_atoms"]),
             int(data["grid_bins"]),
             bool(data.get("calendar_parts", False)),  # a release made before the parts: one cell list per column
+            bool(data.get("missing_pattern", False)),  # ... before the missing pattern: none
         )
 
 
@@ -361,7 +379,9 @@ class CopulaCodec:
         self.schema = schema
         self.marginals = marginals
         self.space: Space = space
-        self.cells = schema_cells(schema, marginals.max_atoms, marginals.grid_bins, marginals.calendar_parts)
+        self.cells = schema_cells(
+            schema, marginals.max_atoms, marginals.grid_bins, marginals.calendar_parts, marginals.missing_pattern
+        )
         extra = sorted(set(marginals.probs) - {c.column for c in self.cells})
         if extra:
             raise ValueError(f"marginals for undeclared column(s) {extra}")
@@ -503,25 +523,49 @@ class CopulaCodec:
         u = _ndtr(a) if self.space == "gaussian" else a
         ut = np.array(u.T, dtype=np.float64, order="C")  # a copy, one contiguous row per column
         np.clip(ut, 0.0, np.nextafter(1.0, 0.0), out=ut)
-        cols: dict[str, pl.Series] = {}
-        present: dict[str, np.ndarray] = {}  # a calendar column's rows whose first part is not null
+        cells = []
         for j, c in enumerate(self.cells):
-            cdf, p = self.cdfs[j], self.probs[j]
-            idx = self._cell_of(cdf, ut[j])
+            idx = self._cell_of(self.cdfs[j], ut[j])
             np.clip(idx, 0, c.n_cells - 1, out=idx)
-            if c.source is not None and c.nullable:
-                if c.source not in present:
-                    present[c.source] = idx < c.n_values
-                else:  # the first part decides null: a later one's null cell is redrawn among its values
-                    odd = present[c.source] & (idx >= c.n_values)
-                    ut[j, odd] *= cdf[c.n_values]
-                    idx[odd] = np.minimum(self._cell_of(cdf, ut[j, odd]), c.n_values - 1)
+            cells.append(idx)
+        self._missing_jointly(cells, ut)
+        cols: dict[str, pl.Series] = {}
+        for j, c in enumerate(self.cells):
+            if c.pattern:
+                continue
+            cdf, p, idx = self.cdfs[j], self.probs[j], cells[j]
             r = None
             if not c.is_atomic:  # a category or a single integer is its cell: no position needed
                 pk = p[idx]
                 r = np.clip((ut[j] - cdf[idx]) / np.where(pk > 0, pk, 1.0), 0.0, 1.0)
             cols[c.column] = self._values(c, idx, r)
         return pl.DataFrame(self._recomposed(cols))
+
+    def _missing_jointly(self, cells: list[np.ndarray], ut: np.ndarray) -> None:
+        """Which values are null, decided once per column: by the missing pattern where it covers
+        the column, else (a calendar column's parts) by its first part. A nullable cell list then
+        follows: the null cell where null is decided, a redraw among its value cells (u moved
+        linearly from the null cell's interval onto theirs) where it was drawn but not decided.
+        In place on `cells` and `ut`."""
+        null: dict[str, np.ndarray] = {}
+        for j, c in enumerate(self.cells):
+            if c.pattern:
+                null.update(pattern.nulls(cells[j], c.pattern))
+        for j, c in enumerate(self.cells):
+            if not c.nullable or c.pattern:
+                continue
+            key = c.source or c.column
+            if key not in null:
+                if c.source is not None:  # a calendar column without a pattern: its first part decides
+                    null[key] = cells[j] >= c.n_values
+                continue
+            want, idx, cdf = null[key], cells[j], self.cdfs[j]
+            idx[want] = c.n_values
+            odd = ~want & (idx >= c.n_values)
+            if odd.any():  # u uniform on the null cell [F, 1) -> uniform on the value cells [0, F)
+                f = cdf[c.n_values]
+                ut[j, odd] = (ut[j, odd] - f) / max(1.0 - f, 1e-300) * f
+                idx[odd] = np.minimum(self._cell_of(cdf, ut[j, odd]), c.n_values - 1)
 
     def _recomposed(self, cols: dict[str, pl.Series]) -> list[pl.Series]:
         """The decoded columns in schema order, each calendar column written back from its parts

@@ -242,7 +242,9 @@ def flow_codec(schema: Schema, codec: Any) -> Any:
     if isinstance(codec, CopulaCodec):
         m = codec.marginals
         probs = {k: v for k, v in m.probs.items() if k != schema.target}
-        return CopulaCodec(rest, Marginals(probs, m.max_atoms, m.grid_bins, m.calendar_parts), codec.space)
+        return CopulaCodec(
+            rest, Marginals(probs, m.max_atoms, m.grid_bins, m.calendar_parts, m.missing_pattern), codec.space
+        )
     return type(codec).from_schema(rest)
 
 
@@ -374,7 +376,7 @@ def release_parts(codec: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | N
         marginals = None
         if inner is not None and codec.rates is not None:
             probs = {**inner.probs, codec.target: codec.rates}
-            full = Marginals(probs, inner.max_atoms, inner.grid_bins, inner.calendar_parts)
+            full = Marginals(probs, inner.max_atoms, inner.grid_bins, inner.calendar_parts, inner.missing_pattern)
             marginals = full.to_dict()
         return marginals, codec.head.to_dict()
     if isinstance(codec, CopulaCodec):

@@ -35,7 +35,8 @@ Post-processing (no privacy cost; uses only the noisy vector and public constant
    under them; where the rows are too few to place among a block's cells, the block's mass is
    spread evenly over them. So a column whose rows fill 5% of its public bounds keeps its
    synthetic values there, and a thin tail keeps its mass in the blocks that hold it.
-3. Divide by N: a probability vector per column (`privflow.data.copula.Marginals`).
+3. Divide by N: a probability vector per column (`privflow.data.copula.Marginals`); the columns
+   of the missing pattern take the null share its marginal gives them (`with_pattern_nulls`).
 4. Numeric columns only: a small mass (`DENSITY_FLOOR`) spread evenly over the value cells
    under the top-level blocks that hold rows, and a far smaller one (`DENSITY_FLOOR_FAR`) over
    all of them (`with_density_floor`), so that no value inside the bounds has density 0.
@@ -200,7 +201,30 @@ def marginals_from_counts(
             p = np.concatenate([values, rest]) / total
             support = tree.occupied_top(values)
         probs[c.column] = with_density_floor(p, c, support) if c.kind == "numeric" else p
-    return Marginals(probs, max_atoms, grid_bins)
+    return Marginals(with_pattern_nulls(probs, cells), max_atoms, grid_bins)
+
+
+def with_pattern_nulls(probs: dict[str, np.ndarray], cells: Sequence[Cells]) -> dict[str, np.ndarray]:
+    """Each column of the missing pattern (privflow/data/missing_pattern.py) with the null share
+    the pattern's marginal gives it (its value cells scaled to the rest), so the released marginals
+    agree: decoding, the pattern decides which values are null. Post-processing of released
+    probabilities; a calendar column's parts each take its share."""
+    pattern = next((c for c in cells if c.pattern), None)
+    if pattern is None:
+        return probs
+    codes = np.arange(pattern.n_values)
+    out = dict(probs)
+    for i, name in enumerate(pattern.pattern):
+        share = float(probs[pattern.column][((codes >> i) & 1) == 1].sum())
+        for c in cells:
+            if (c.source or c.column) != name or c.pattern or not c.nullable:
+                continue
+            p = np.array(probs[c.column], dtype=np.float64)
+            values = p[: c.n_values]
+            total = float(values.sum())
+            values = values / total if total > 0 else np.full(c.n_values, 1.0 / c.n_values)
+            out[c.column] = np.concatenate([values * (1.0 - share), [share]])
+    return out
 
 
 def with_density_floor(p: np.ndarray, cells: Cells, support: np.ndarray) -> np.ndarray:
