@@ -421,3 +421,26 @@ def test_the_density_floor_stays_out_of_blocks_found_empty() -> None:
     assert np.all(p[(centres > 37.5) & (centres < 50)] > 0)
     far = p[(centres < 37.5) | (centres > 50)]
     assert np.allclose(far, mod.DENSITY_FLOOR_FAR / 512) and far.sum() < 1e-6
+
+
+def test_the_missing_pattern_is_raked_to_its_columns_null_shares() -> None:
+    """A noisy pattern over (color, gain): its implied null shares become each column's own (gain is
+    never missing: its bit's cells go to 0), a cell released as 0 stays 0, and every column's null
+    cell is the raked pattern's share."""
+    from privflow.privacy.mechanisms.dp_marginals import with_pattern_nulls
+
+    schema = toy_schema()
+    cells = schema_cells(schema)
+    pattern = cells[-1]
+    assert pattern.pattern == ("color", "gain")
+    probs = {c.column: np.full(c.n_cells, 1.0 / c.n_cells) for c in cells}
+    probs["color"] = np.array([0.3, 0.3, 0.2, 0.2])  # 20% missing
+    gain = next(c for c in cells if c.column == "gain")
+    probs["gain"] = np.append(np.full(gain.n_values, 1.0 / gain.n_values), 0.0)  # never missing
+    probs[pattern.column] = np.array([0.7, 0.15, 0.0, 0.15])  # codes: 1 color, 2 gain, 3 both
+    out = with_pattern_nulls(probs, cells)
+    joint = out[pattern.column]
+    assert joint[2] == 0.0 and joint[3] == pytest.approx(0.0, abs=1e-12)
+    assert joint[1] == pytest.approx(0.2) and joint.sum() == pytest.approx(1.0)
+    assert out["color"][-1] == pytest.approx(0.2) and out["gain"][-1] == pytest.approx(0.0, abs=1e-12)
+    np.testing.assert_allclose(out["color"][:3] / out["color"][:3].sum(), [0.375, 0.375, 0.25])

@@ -22,7 +22,12 @@ Each column's marginal is a probability vector over its cells, in this order:
 - numeric: `grid_bins` equal-width bins of [lo, hi] on the column's scale (t = identity or
   log1p), and a zero-width cell [a, a] for each declared atom a (a public point mass: 0 for
   an amount that is often exactly zero, a default value), which holds the rows equal to a;
-- a nullable column has one more cell, last, for null.
+- a nullable column has one more cell, last, for null;
+- a date or datetime (an integer column with `calendar_unit`) is the cells of its calendar
+  parts, each an integer column of its own (privflow/data/calendar.py), and two or more
+  nullable columns add one categorical column, last, for their joint missing pattern
+  (privflow/data/missing_pattern.py): `schema_cells`. Decoding writes a calendar column back
+  from its parts, and the pattern decides which values are null.
 
 Encode (`CopulaCodec.encode`): a value in cell k, whose CDF interval is [F_k, F_k + p_k),
 goes to F_k + p_k * r with r in [0, 1) its position inside the cell: for a category or an

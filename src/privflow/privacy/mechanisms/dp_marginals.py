@@ -35,8 +35,8 @@ Post-processing (no privacy cost; uses only the noisy vector and public constant
    under them; where the rows are too few to place among a block's cells, the block's mass is
    spread evenly over them. So a column whose rows fill 5% of its public bounds keeps its
    synthetic values there, and a thin tail keeps its mass in the blocks that hold it.
-3. Divide by N: a probability vector per column (`privflow.data.copula.Marginals`); the columns
-   of the missing pattern take the null share its marginal gives them (`with_pattern_nulls`).
+3. Divide by N: a probability vector per column (`privflow.data.copula.Marginals`); the missing
+   pattern is raked to its columns' own null shares (`with_pattern_nulls`).
 4. Numeric columns only: a small mass (`DENSITY_FLOOR`) spread evenly over the value cells
    under the top-level blocks that hold rows, and a far smaller one (`DENSITY_FLOOR_FAR`) over
    all of them (`with_density_floor`), so that no value inside the bounds has density 0.
@@ -61,6 +61,7 @@ from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechan
 from privflow.privacy.mechanisms.hierarchy import BRANCHING, Tree, project_to_total
 
 COUNT_CHUNK_ROWS = 500_000  # rows per chunk of the cell index (bounded memory on large tables)
+RAKE_ROUNDS = 50  # iterative proportional fitting of the missing pattern to its columns' null shares
 # the numeric columns' density floor: this share of the mass spread over the value cells of the
 # tree's top-level blocks that hold rows (all value cells without a tree) ...
 DENSITY_FLOOR = 3e-4
@@ -205,17 +206,36 @@ def marginals_from_counts(
 
 
 def with_pattern_nulls(probs: dict[str, np.ndarray], cells: Sequence[Cells]) -> dict[str, np.ndarray]:
-    """Each column of the missing pattern (privflow/data/missing_pattern.py) with the null share
-    the pattern's marginal gives it (its value cells scaled to the rest), so the released marginals
-    agree: decoding, the pattern decides which values are null. Post-processing of released
-    probabilities; a calendar column's parts each take its share."""
+    """The missing pattern (privflow/data/missing_pattern.py) made to agree with its columns' own
+    null shares: raked to them (iterative proportional fitting, Deming & Stephan 1940; RAKE_ROUNDS
+    rounds), so its joint structure stays (a cell released as 0 stays 0) while each column's share
+    of missing values is the one its own marginal released, a single noisy count rather than the sum
+    of the 2^(k-1) pattern cells that hold it. A column never missing (share 0) takes its bit's cells
+    to 0, which clears the noise mass the projection left there. Each column (a calendar column's
+    parts each) then takes the raked pattern's share exactly. Post-processing of released
+    probabilities."""
     pattern = next((c for c in cells if c.pattern), None)
     if pattern is None:
         return probs
     codes = np.arange(pattern.n_values)
+    bits = [((codes >> i) & 1) == 1 for i in range(len(pattern.pattern))]
+    own = {}
+    for name in pattern.pattern:
+        first = next(c for c in cells if (c.source or c.column) == name and not c.pattern)
+        p = np.asarray(probs[first.column], dtype=np.float64)
+        own[name] = float(p[first.n_values :].sum() / max(p.sum(), 1e-300)) if first.nullable else 0.0
+    joint = np.array(probs[pattern.column], dtype=np.float64)
+    for _ in range(RAKE_ROUNDS):
+        for bit, name in zip(bits, pattern.pattern, strict=True):
+            a = float(joint[bit].sum())
+            if 0.0 < a < 1.0:
+                joint[bit] *= own[name] / a
+                joint[~bit] *= (1.0 - own[name]) / (1.0 - a)
+            joint /= max(joint.sum(), 1e-300)
     out = dict(probs)
-    for i, name in enumerate(pattern.pattern):
-        share = float(probs[pattern.column][((codes >> i) & 1) == 1].sum())
+    out[pattern.column] = joint
+    for bit, name in zip(bits, pattern.pattern, strict=True):
+        share = float(joint[bit].sum())
         for c in cells:
             if (c.source or c.column) != name or c.pattern or not c.nullable:
                 continue
