@@ -520,7 +520,9 @@ def _fill_number(
     sign: dp_bounds.Sign = "both"
     if kind.negatives <= max(dp_bounds.SIGN_SHARE * kind.present, margin):
         sign = "nonnegative"
-    elif kind.present - kind.negatives - kind.zeros <= max(dp_bounds.SIGN_SHARE * kind.present, margin):
+    elif kind.present - kind.negatives - kind.zeros <= max(dp_bounds.SIGN_SHARE * kind.present, margin) and (
+        kind.present > 2.0 * margin  # too few present values for the noise to tell the sign: both
+    ):
         sign = "nonpositive"
     if kind.decade is not None:  # the upper edge of the two fullest adjacent decades (DP kind counts)
         mech = dp_bounds.QuantileBounds(part * 1.5, 10.0 ** (kind.decade + 1), sign)  # each end 1.5 of the 3 parts
