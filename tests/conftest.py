@@ -109,6 +109,34 @@ def store_copy(trained_store: dict, tmp_path: Path) -> Path:
     return stores.copy_store(trained_store["store"], tmp_path / "store")
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store folder holding only MLflow's database with its schema made (tests/stores.py,
+    `build_empty`), READ-ONLY: a test that trains into a new store, where how a store is first
+    made is not under test, starts from `stores.copy_store(empty_store, <its store>)` and skips
+    MLflow's migrations (seconds per new store). Built once across xdist workers."""
+    from filelock import FileLock
+
+    from tests import stores
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "empty-store"
+    with FileLock(str(root) + ".lock"):
+        if not (root / "built").exists():
+            stores.build_empty(root)
+            (root / "built").touch()
+    return root / "store"
+
+
+@pytest.fixture()
+def new_store(empty_store: Path, tmp_path: Path) -> Path:
+    """`tmp_path / "store"`: a new store for a test that trains or logs into one, its MLflow
+    database already made (a copy of `empty_store`)."""
+    from tests import stores
+
+    return stores.copy_store(empty_store, tmp_path / "store")
+
+
 TEST_FALSE_STOP = 1e-12
 
 

@@ -1,6 +1,8 @@
 """One small trained store for the whole test session, shared read-only by the tests that need
 a released model (the release allowlist, generate, score, ...), and copies of it for the tests
-that change a store (a charged DP threshold, a new version).
+that change a store (a charged DP threshold, a new version); and one empty store whose MLflow
+database is already made, copied by the tests that train into a new store but do not test how
+a store is first made (tests/conftest.py, `empty_store`).
 
 The store is built once per session even under xdist: the first worker to get the file lock
 trains it with an in-process run (no Prefect server), the others wait and read it.
@@ -58,6 +60,21 @@ def copy_store(src: Path, dst: Path) -> Path:
                 if "CHAR" in kind.upper() or "TEXT" in kind.upper() or kind == "":
                     con.execute(f'UPDATE "{table}" SET "{column}" = replace("{column}", ?, ?)', (old, new))
     return dst
+
+
+def build_empty(root: Path) -> Path:
+    """A store folder that holds only MLflow's SQLite database, its schema made and nothing in it
+    (MLflow's own Default experiment aside): what MLflow leaves after its first open of a store.
+    Making the schema runs MLflow's ~60 database migrations, seconds each time a store is new."""
+    from mlflow import MlflowClient
+
+    store = root / "store"
+    store.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{store.resolve() / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)  # not the process's tracking URI
+    client.search_experiments()  # the tracking store: creates the tables and the Default experiment
+    client.search_registered_models()  # the registry store: finds its tables made
+    return store
 
 
 def load(info_path: Path) -> dict[str, Any]:

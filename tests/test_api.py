@@ -18,7 +18,7 @@ def _no_prefect(*args: object, **kwargs: object) -> None:
     raise AssertionError("fit reached Prefect's engine or server")
 
 
-def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monkeypatch) -> None:
+def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monkeypatch, new_store: Path) -> None:
     """With no PREFECT_API_URL, fit runs in this process as `privflow run` does: no Prefect
     client or temporary server (benchmarks/results/overhead.md: its start-up)."""
     import prefect.client.orchestration as orchestration
@@ -36,7 +36,7 @@ def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monk
         schema,
         epsilon=2.0,
         delta=1e-5,
-        store=tmp_path / "store",
+        store=new_store,
         model_name="privflow-adult-apitest",
         model={"name": "maf", "blocks": 1, "hidden": 8},
         train={"epochs": 1, "batch_size": 256},
@@ -55,12 +55,12 @@ def test_fit_sample_score_on_an_adult_slice(tmp_path: Path, demo_dir: Path, monk
     assert np.array_equal(synth.score(valid, seed=np.int64(0)), ll)
     assert ll.shape == (300,) and np.isfinite(ll).all()
     # the same model loaded back from the registry scores the same rows identically
-    again = Synthesizer.load(f"{synth.summary.model_name}/{synth.summary.model_version}", store=tmp_path / "store")
+    again = Synthesizer.load(f"{synth.summary.model_name}/{synth.summary.model_version}", store=new_store)
     assert np.allclose(again.score(valid, seed=0), ll, atol=1e-4)
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_score_adds_the_target_heads_log_probability(tmp_path: Path, demo_dir: Path) -> None:
+def test_score_adds_the_target_heads_log_probability(tmp_path: Path, demo_dir: Path, new_store: Path) -> None:
     """With a target head, a row's log-likelihood is the flow's density of the other columns plus
     log p(target | them): changing only the target moves the score by exactly the head's difference."""
     from privflow.data.target_head import TargetCodec, conditional_loglik
@@ -74,7 +74,7 @@ def test_score_adds_the_target_heads_log_probability(tmp_path: Path, demo_dir: P
         schema,
         epsilon=2.0,
         delta=1e-5,
-        store=tmp_path / "store",
+        store=new_store,
         model_name="privflow-adult-headtest",
         prefect=True,  # as a Prefect flow (the test session's server)
         model={"name": "maf", "blocks": 1, "hidden": 8},

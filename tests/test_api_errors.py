@@ -52,7 +52,9 @@ def test_fit_refuses_before_anything_is_charged_or_created(
     assert not (tmp_path / "store").exists()  # no ledger, no registry, no Prefect home
 
 
-def test_a_handful_of_rows_is_the_gates_decision_not_a_refusal(tmp_path: Path, rows: pl.DataFrame) -> None:
+def test_a_handful_of_rows_is_the_gates_decision_not_a_refusal(
+    tmp_path: Path, rows: pl.DataFrame, new_store: Path
+) -> None:
     """The frame given to fit is private: its row count decides nothing outside the validation
     gate's DP count (privacy rule 8). Five rows where 100,000 are expected stop at the gate, which
     is charged alone, with DP figures in the message."""
@@ -62,7 +64,7 @@ def test_a_handful_of_rows_is_the_gates_decision_not_a_refusal(tmp_path: Path, r
     doc = yaml.safe_load((DEMO / "adult.yaml").read_text())
     doc["dataset"]["expected_rows"] = 100_000
     with pytest.raises(ValidationFailed, match="public minimum") as exc:
-        fit(rows.head(5), Schema.model_validate(doc), 1.0, delta=1e-6, store=tmp_path / "store")
+        fit(rows.head(5), Schema.model_validate(doc), 1.0, delta=1e-6, store=new_store)
     text = " ".join(str(exc.value).split())
     # the DP counts ("about N rows fail / pass") are noisy and rounded: one may read "about 5 rows"
     # or "about 35 rows" by chance, so they are taken out before looking for the exact count

@@ -32,6 +32,7 @@ from privflow.core.config import RunConfig
 from privflow.data.io import read_table
 from privflow.preflight import preflight
 from tests.conftest import TEST_FALSE_STOP
+from tests.stores import copy_store
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "src" / "privflow" / "demo"
@@ -425,13 +426,14 @@ GATE_STOPS = [
 
 
 @pytest.mark.parametrize(("name", "build"), GATE_STOPS, ids=[c[0] for c in GATE_STOPS])
-def test_too_few_rows_stop_at_the_gate_charging_its_share_alone(ws: dict, name: str, build) -> None:
+def test_too_few_rows_stop_at_the_gate_charging_its_share_alone(ws: dict, empty_store: Path, name: str, build) -> None:
     """How many rows a file holds is never checked on an exact count (privacy rule 8): a table
     far smaller than the schema's expected_rows passes pre-flight and is stopped by the
     validation gate's DP count of passing rows, with one paragraph of DP figures and only the
     gate's epsilon charged."""
     from privflow.privacy.ledger import Ledger
 
+    copy_store(empty_store, ws["store"])  # its MLflow database made (tests/conftest.py): not what is tested here
     result = _invoke(ws, build(ws))
     out = result.output
     assert result.exit_code == 5, out  # the gate stop's own status (ExitStatus.GATE_STOPPED)
@@ -691,13 +693,17 @@ def test_audit_delta_advice_names_the_config_key_not_a_missing_flag(ws: dict) ->
     ],
     ids=["ctrl-c", "sigterm"],
 )
-def test_a_signal_during_training_unwinds_the_run_and_keeps_the_spend(ws: dict, sig, status: int, said: str) -> None:
+def test_a_signal_during_training_unwinds_the_run_and_keeps_the_spend(
+    ws: dict, empty_store: Path, sig, status: int, said: str
+) -> None:
     """Ctrl-C, or SIGTERM as a scheduler cancels a job: the run unwinds (SIGTERM used to kill it
     where it stood, the reservation left open and the MLflow run RUNNING), says so, and what the
     mechanisms spent stays counted. The signal lands after DP-SGD's first step, before its second
     (the run reports "epoch 2" and waits there): inside a mechanism, so the whole reservation
     stays counted, as failed."""
-    store = ws["dir"] / f"signal-{status}"
+    # a new store, its MLflow database already made (tests/conftest.py): MLflow's migrations are
+    # not what is tested here, and they cost the spawned run seconds
+    store = copy_store(empty_store, ws["dir"] / f"signal-{status}")
     events = ws["dir"] / f"events-{status}"
     proc = _spawn_run(ws, store, events, hold="epoch 2")
     try:
@@ -729,10 +735,10 @@ def _mlflow_statuses(store: Path) -> set[str]:
         return set()
 
 
-def test_sigkill_during_training_keeps_the_spend_and_the_store_works(ws: dict) -> None:
+def test_sigkill_during_training_keeps_the_spend_and_the_store_works(ws: dict, empty_store: Path) -> None:
     """SIGKILL (an OOM kill, `kill -9`) between two DP-SGD steps: nothing of the run's own code
     runs, the reservation stays open and counted, and the next run on the store works."""
-    store = ws["dir"] / "sigkill"
+    store = copy_store(empty_store, ws["dir"] / "sigkill")  # MLflow's database made, as above
     events = ws["dir"] / "events-sigkill"
     doc = yaml.safe_load(ws["schema"].read_text())
     # room for the killed run (epsilon 1) and a small one after it under every bound the ledger

@@ -114,10 +114,13 @@ def test_a_budget_refusal_exits_4_before_anything_is_spent(ws: dict[str, Path]) 
     assert not (ws["store"] / "mlflow.db").exists()
 
 
-def test_a_gate_stop_exits_5(ws: dict[str, Path]) -> None:
+def test_a_gate_stop_exits_5(ws: dict[str, Path], empty_store: Path) -> None:
     """A header-only table passes pre-flight (a private file's rows are never counted there) and
     is stopped by the gate's DP count, charging only the gate."""
     from privflow.privacy.ledger import Ledger
+    from tests.stores import copy_store
+
+    copy_store(empty_store, ws["store"])  # its MLflow database made (tests/conftest.py): not what is tested here
 
     header = ws["dir"] / "header.csv"
     header.write_text(ws["data"].read_text().splitlines()[0] + "\n")

@@ -378,7 +378,9 @@ def test_the_pyfunc_signature_lists_the_synthetic_columns() -> None:
 # end to end: a real (tiny) run, then `privflow generate`
 
 
-def test_a_run_and_generate_write_dates_in_the_inputs_format(tmp_path: Path, cli_process_state: None) -> None:
+def test_a_run_and_generate_write_dates_in_the_inputs_format(
+    tmp_path: Path, cli_process_state: None, new_store: Path
+) -> None:
     from typer.testing import CliRunner
 
     from privflow.cli import app
@@ -388,7 +390,7 @@ def test_a_run_and_generate_write_dates_in_the_inputs_format(tmp_path: Path, cli
     data = write_table(table(1000, seed=1), tmp_path / "types.csv")
     schema_path = tmp_path / "types.yaml"
     schema_path.write_text(SCHEMA_YAML)
-    store = tmp_path / "store"
+    store = new_store
     config = small_config(data, schema_path, store, "privflow-types", 2.0, evaluate={"synthetic_rows": 100})
     summary = train_in_process(config, show_progress=False)
 

@@ -250,11 +250,11 @@ def test_gate_limit_is_raised_to_the_configured_false_stop_floor(tmp_path: Path,
 
 
 @pytest.mark.gate_odds
-def test_gate_stop_is_charged_and_speaks_in_dp_counts(tmp_path: Path, demo_dir: Path) -> None:
+def test_gate_stop_is_charged_and_speaks_in_dp_counts(tmp_path: Path, demo_dir: Path, new_store: Path) -> None:
     from privflow.flows.pipeline import train_in_process
 
     data, schema = _slice(tmp_path, demo_dir, 2000, bad_age=600)  # 30% of the rows: far above 1%
-    cfg = _config(data, schema, tmp_path / "store")
+    cfg = _config(data, schema, new_store)
     with pytest.raises(ValidationFailed) as info:
         train_in_process(cfg, show_progress=False)
     message = str(info.value)

@@ -159,6 +159,7 @@ TINY = {
     "privacy": {"epsilon": 1.0, "delta": 1e-5},
     "model": {"name": "maf", "blocks": 1, "hidden": 8},
     "train": {"epochs": 0.5, "batch_size": 128, "checkpoint_every": 2, "device": "cpu", "threads": 1},
+    "head": {"steps": 20},
     "select": {"validation_fraction": 0.2},
     "evaluate": {
         "fidelity": False,
@@ -172,12 +173,13 @@ TINY = {
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory):
+def registry(tmp_path_factory: pytest.TempPathFactory, empty_store: Path):
     """A store with an SQLite MLflow registry and a small Adult slice under its own dataset name."""
     from privflow.tasks.mlflow_store import experiment_for, tracking
+    from tests.stores import copy_store
 
     tmp = tmp_path_factory.mktemp("promote")
-    store = tmp / "store"
+    store = copy_store(empty_store, tmp / "store")  # new, its MLflow database made (tests/conftest.py)
     tracking(store)  # the tests' MlflowClient() objects talk to this store
     experiment_for("adult-promote", store)
     schema_path = _schema(tmp, "adult-promote", 20.0, 600)
@@ -423,14 +425,14 @@ def test_retried_promotion_task_reserves_again(registry: dict, prefect_server, m
 # -- the retraining flow end to end (SQLite registry, temporary Prefect server) ----------------
 
 
-def test_retrain_flow_registers_promotes_and_refuses(tmp_path: Path, prefect_server) -> None:
+def test_retrain_flow_registers_promotes_and_refuses(tmp_path: Path, prefect_server, new_store: Path) -> None:
     from mlflow import MlflowClient
 
     from privflow.data.schema import Schema
     from privflow.flows.retrain import REFUSED, retrain_on_new_data
 
     schema_path = _schema(tmp_path, "adult-retrain", 2.6, 600)
-    store = tmp_path / "store"
+    store = new_store
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump(TINY))
     greedy = tmp_path / "greedy.yaml"
@@ -470,7 +472,7 @@ def test_retrain_flow_registers_promotes_and_refuses(tmp_path: Path, prefect_ser
     assert math.isfinite(ledger.spent(dataset)[0])
 
 
-def test_retrain_keeps_the_datasets_promotion_never(tmp_path: Path, prefect_server) -> None:
+def test_retrain_keeps_the_datasets_promotion_never(tmp_path: Path, prefect_server, new_store: Path) -> None:
     """A schema's `dataset.promotion: never` holds for scheduled retraining too: no comparison is
     planned or charged and the alias does not move (it ignored the setting and charged 0.05)."""
     from mlflow import MlflowClient
@@ -481,7 +483,7 @@ def test_retrain_keeps_the_datasets_promotion_never(tmp_path: Path, prefect_serv
     raw = yaml.safe_load(schema_path.read_text())
     raw["dataset"]["promotion"] = "never"
     schema_path.write_text(yaml.safe_dump(raw))
-    store = tmp_path / "store"
+    store = new_store
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump(TINY))
     out = retrain_on_new_data(
@@ -537,22 +539,22 @@ def _flaky(monkeypatch: pytest.MonkeyPatch, module: object, attr: str, exc: Exce
     return calls
 
 
-def _train_config(tmp: Path, name: str) -> RunConfig:  # noqa: F821
+def _train_config(tmp: Path, name: str, store: Path) -> RunConfig:  # noqa: F821
     from privflow.core.config import RunConfig
 
     schema = _schema(tmp, name, 5.0, 600)
     data = _slice(DEMO / "adult_train.csv", tmp / "rows.csv", 2000, 600)
-    return RunConfig.build(data=data, schema_path=schema, store=tmp / "store", **TINY)
+    return RunConfig.build(data=data, schema_path=schema, store=store, **TINY)
 
 
 def test_retried_flow_run_that_failed_before_any_mechanism_counts_once(
-    tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch, new_store: Path
 ) -> None:
     """Same flow run id, second attempt: the reservation is not counted twice."""
     import privflow.flows.pipeline as pipeline
     import privflow.flows.train as train
 
-    config = _train_config(tmp_path, "adult-retry-early")
+    config = _train_config(tmp_path, "adult-retry-early", new_store)
     calls = _flaky(monkeypatch, pipeline, "validate_data", ConnectionError("data share unreachable"))
     summary = train.train_pipeline.with_options(retries=1, retry_delay_seconds=0)(config, show_progress=False)
     assert calls["n"] == 2
@@ -566,13 +568,13 @@ def test_retried_flow_run_that_failed_before_any_mechanism_counts_once(
 
 
 def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
-    tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, prefect_server, monkeypatch: pytest.MonkeyPatch, new_store: Path
 ) -> None:
     """The retry reruns DP statistics, DP-SGD and selection with fresh noise: a second access."""
     import privflow.flows.pipeline as pipeline
     import privflow.flows.train as train
 
-    config = _train_config(tmp_path, "adult-retry-late")
+    config = _train_config(tmp_path, "adult-retry-late", new_store)
     # sampling the release fails once, after every mechanism ran (a diagnostics failure no longer
     # fails a run: test_a_diagnostics_crash_keeps_the_release)
     calls = _flaky(monkeypatch, pipeline, "_release_table", RuntimeError("sampling crashed"))
@@ -586,12 +588,14 @@ def test_retried_flow_run_that_failed_after_a_mechanism_counts_again(
     assert ledger.spent("adult-retry-late")[0] > summary.epsilon * 1.2
 
 
-def test_a_diagnostics_crash_keeps_the_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_diagnostics_crash_keeps_the_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_store: Path
+) -> None:
     """Curator-only diagnostics run after the release and spend nothing: their failure is a note
     for the curator, not a failed run that spent its budget and registered nothing."""
     import privflow.flows.pipeline as pipeline
 
-    config = _train_config(tmp_path, "adult-diagnostics-crash")
+    config = _train_config(tmp_path, "adult-diagnostics-crash", new_store)
     _flaky(monkeypatch, pipeline, "evaluate_run", RuntimeError("diagnostics crashed"))
     summary = pipeline.train_in_process(config, show_progress=False)
     assert summary.model_version and "diagnostics failed (RuntimeError: diagnostics crashed)" in (
@@ -601,7 +605,7 @@ def test_a_diagnostics_crash_keeps_the_release(tmp_path: Path, monkeypatch: pyte
     assert run.status == "settled" and run.run_id == summary.run_id
 
 
-def test_the_run_summary_counts_its_own_promotion_comparison(tmp_path: Path) -> None:
+def test_the_run_summary_counts_its_own_promotion_comparison(tmp_path: Path, new_store: Path) -> None:
     """`--promote if-better` against a holder charges a DP comparison after the run settles; the
     summary's dataset total is the ledger's after it, as `privflow ledger show` prints it."""
     from privflow.core.config import RunConfig
@@ -609,7 +613,7 @@ def test_the_run_summary_counts_its_own_promotion_comparison(tmp_path: Path) -> 
 
     schema_path = _schema(tmp_path, "adult-summary", 5.0, 600)
     data = _slice(DEMO / "adult_train.csv", tmp_path / "rows.csv", 0, 600)
-    config = RunConfig.build(data=data, schema_path=schema_path, store=tmp_path / "store", **TINY)
+    config = RunConfig.build(data=data, schema_path=schema_path, store=new_store, **TINY)
     train_in_process(config, show_progress=False)  # the first version takes the alias at no cost
     second = train_in_process(config, show_progress=False)
     ledger = Ledger(tmp_path / "store" / "ledger.db")

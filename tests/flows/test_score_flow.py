@@ -43,7 +43,7 @@ def _drop(folder: Path, demo_dir: Path, name: str = "batch-001.csv", rows: int =
 
 
 def test_a_new_file_is_scored_beside_itself_and_counted_for_the_operator_only(
-    tmp_path: Path, demo_dir: Path, released: Release, caplog
+    tmp_path: Path, demo_dir: Path, released: Release, caplog, new_store: Path
 ) -> None:
     import logging
 
@@ -51,7 +51,7 @@ def test_a_new_file_is_scored_beside_itself_and_counted_for_the_operator_only(
 
     caplog.set_level(logging.INFO, logger=score_flow.__name__)
 
-    store = tmp_path / "store"
+    store = new_store  # its MLflow database made (tests/conftest.py)
     path = _drop(tmp_path / "incoming", demo_dir)
     result = score_flow.score_new_file.fn(str(path), "privflow-adult@champion", -25.0, str(store))
     out = Path(result["output_path"])
@@ -83,7 +83,7 @@ def test_a_new_file_is_scored_beside_itself_and_counted_for_the_operator_only(
 
 
 def test_failing_rows_are_kept_with_an_empty_score_and_counted_for_the_operator_only(
-    tmp_path: Path, demo_dir: Path, released: Release, caplog
+    tmp_path: Path, demo_dir: Path, released: Release, caplog, new_store: Path
 ) -> None:
     """Scoring is total: a line the reader cannot read and a row past a public bound stay in
     their places with an empty score; their count and the rows go to the curator store, never
@@ -93,7 +93,7 @@ def test_failing_rows_are_kept_with_an_empty_score_and_counted_for_the_operator_
     from mlflow import MlflowClient
 
     caplog.set_level(logging.INFO, logger=score_flow.__name__)
-    store = tmp_path / "store"
+    store = new_store  # its MLflow database made (tests/conftest.py)
     path = _drop(tmp_path / "incoming", demo_dir, rows=20)
     lines = path.read_bytes().split(b"\n")
     lines[3] += b",extra"  # data row 2: a field too many
@@ -118,13 +118,13 @@ def test_failing_rows_are_kept_with_an_empty_score_and_counted_for_the_operator_
     assert "18" not in said and "unscored" not in said
 
 
-def test_parquet_input_and_an_output_folder(tmp_path: Path, demo_dir: Path, released: Release) -> None:
+def test_parquet_input_and_an_output_folder(tmp_path: Path, demo_dir: Path, released: Release, new_store: Path) -> None:
     folder = tmp_path / "in"
     folder.mkdir()
     src = pl.read_csv(demo_dir / "adult_test.csv", n_rows=20)  # numbers typed, as a Parquet file holds them
     path = folder / "b.parquet"
     src.write_parquet(path)
-    result = score_flow.score_new_file.fn(str(path), "m@champion", 0.0, str(tmp_path / "s"), str(tmp_path / "out"))
+    result = score_flow.score_new_file.fn(str(path), "m@champion", 0.0, str(new_store), str(tmp_path / "out"))
     assert Path(result["output_path"]) == tmp_path / "out" / "b.scored.parquet"
     assert pl.read_parquet(result["output_path"]).height == 20
 

@@ -130,14 +130,14 @@ def test_generate_unknown_alias_is_a_clear_error(run, tmp_path: Path) -> None:
     assert "its aliases: @champion" in text  # what the model has, as Synthesizer.load and --init-from say
 
 
-def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, demo_dir: Path) -> None:
+def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, demo_dir: Path, new_store: Path) -> None:
     from privflow.flows.pipeline import train_in_process
 
     data, schema = adult_slice(tmp_path, demo_dir, 2000)
     cfg = RunConfig.build(
         data=data,
         schema_path=schema,
-        store=tmp_path / "store",
+        store=new_store,
         privacy={"epsilon": 3.0, "delta": 1e-5},
         model={"name": "maf", "blocks": 1, "hidden": 8, "prior": "mog", "mog_components": 3, "mog_iterations": 4},
         train={"epochs": 1, "batch_size": 256, "checkpoint_every": 4},
@@ -156,7 +156,9 @@ def test_dp_mog_prior_is_planned_spent_and_used_when_enabled(tmp_path: Path, dem
     assert len(frame) == 50 and frame["age"].notna().all() and frame["age"].between(17, 100).all()
 
 
-def test_dp_marginals_are_planned_spent_released_and_decoded_through(tmp_path: Path, demo_dir: Path) -> None:
+def test_dp_marginals_are_planned_spent_released_and_decoded_through(
+    tmp_path: Path, demo_dir: Path, new_store: Path
+) -> None:
     """marginals.enabled: one Gaussian release of all column histograms, in the plan and the
     recorded events; the registered model carries the marginals and decodes through them."""
     from privflow.flows.pipeline import train_in_process
@@ -167,7 +169,7 @@ def test_dp_marginals_are_planned_spent_released_and_decoded_through(tmp_path: P
     cfg = small_config(
         data,
         schema,
-        tmp_path / "store",
+        new_store,
         "privflow-adult-marginals",
         3.0,
         marginals={"enabled": True, "share": 0.3, "grid_bins": 64},
@@ -193,7 +195,9 @@ def test_dp_marginals_are_planned_spent_released_and_decoded_through(tmp_path: P
     assert len(frame) == 30 and frame["age"].between(17, 100).all()
 
 
-def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: Path, demo_dir: Path) -> None:
+def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(
+    tmp_path: Path, demo_dir: Path, new_store: Path
+) -> None:
     """With DP marginals, a plan whose DP-SGD would get too small an effective batch trains no
     flow: the marginals take its budget, the release is the independent copula, and the summary,
     the CLI and the registered version say so."""
@@ -204,7 +208,7 @@ def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: 
     cfg = RunConfig.build(
         data=data,
         schema_path=schema,
-        store=tmp_path / "store",
+        store=new_store,
         model_name="privflow-adult-small",
         privacy={"epsilon": 1.0, "delta": 1e-5},
         marginals={"enabled": True},
@@ -229,7 +233,7 @@ def test_a_table_too_small_for_dp_sgd_releases_the_independent_copula(tmp_path: 
 
 
 def test_a_test_file_whose_rows_all_fail_skips_its_diagnostics_and_keeps_the_release(
-    tmp_path: Path, demo_dir: Path
+    tmp_path: Path, demo_dir: Path, new_store: Path
 ) -> None:
     """Diagnostics come after the release: a --test-data file none of whose rows pass its checks
     used to end the run with a validation error after the budget was spent and before the model
@@ -244,7 +248,7 @@ def test_a_test_file_whose_rows_all_fail_skips_its_diagnostics_and_keeps_the_rel
     cfg = small_config(
         data,
         schema,
-        tmp_path / "store",
+        new_store,
         "privflow-adult-badtest",
         1.0,
         train={"min_effective_batch": 0},
@@ -259,7 +263,7 @@ def test_a_test_file_whose_rows_all_fail_skips_its_diagnostics_and_keeps_the_rel
 
 
 def test_a_crash_in_the_diagnostics_changes_nothing_released(
-    tmp_path: Path, demo_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, demo_dir: Path, monkeypatch: pytest.MonkeyPatch, new_store: Path
 ) -> None:
     """Registration does not wait on the curator-only diagnostics: a crash there that no handler
     sees (a memory kill, a native fault; here an exception no `except Exception` catches) leaves
@@ -274,7 +278,7 @@ def test_a_crash_in_the_diagnostics_changes_nothing_released(
 
     monkeypatch.setattr(pipeline, "_diagnose", crash)
     data, schema = adult_slice(tmp_path, demo_dir, 1500)
-    cfg = small_config(data, schema, tmp_path / "store", "privflow-adult-crash", 1.0, train={"min_effective_batch": 0})
+    cfg = small_config(data, schema, new_store, "privflow-adult-crash", 1.0, train={"min_effective_batch": 0})
     with pytest.raises(Crash):
         pipeline.train_in_process(cfg, show_progress=False)
     client = MlflowClient()

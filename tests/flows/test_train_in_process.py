@@ -33,25 +33,29 @@ def _no_prefect_api(*args: object, **kwargs: object) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, demo_dir: Path):
-    """(config, summary) of the Prefect flow and of the in-process run, in one store."""
+def runs(tmp_path_factory, demo_dir: Path, empty_store: Path):
+    """(config, summary) of the Prefect flow and of the in-process run, in one store (new, its
+    MLflow database already made: tests/conftest.py, `empty_store`)."""
     import prefect.client.orchestration as orchestration
     from prefect.server.api.server import SubprocessASGIServer
 
     from privflow.flows.pipeline import train_in_process
     from privflow.flows.train import train_pipeline
+    from tests.stores import copy_store
 
     tmp = tmp_path_factory.mktemp("inprocess")
     data, schema = adult_slice(tmp, demo_dir, ROWS)
+    store = copy_store(empty_store, tmp / "store")
 
     def config(model_name: str) -> RunConfig:
         return RunConfig.build(
             data=data,
             schema_path=schema,
-            store=tmp / "store",
+            store=store,
             model_name=model_name,
             privacy={"epsilon": 2.0, "delta": 1e-5},
             model={"name": "maf", "blocks": 1, "hidden": 8},
+            head={"steps": 20},
             train={"epochs": 1, "batch_size": 256, "checkpoint_every": 2, "min_effective_batch": 0},
             evaluate={"synthetic_rows": 300, "utility": False, "privacy_risk": False, "report": False},
         )

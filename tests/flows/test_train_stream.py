@@ -29,16 +29,19 @@ def _no_prefect_api(*args: object, **kwargs: object) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, demo_dir: Path):
-    """(config, summary) of the run that reads the table whole and of the streamed run."""
+def runs(tmp_path_factory, demo_dir: Path, empty_store: Path):
+    """(config, summary) of the run that reads the table whole and of the streamed run, in one
+    store (new, its MLflow database already made: tests/conftest.py, `empty_store`)."""
     import prefect.client.orchestration as orchestration
     from prefect.server.api.server import SubprocessASGIServer
 
     import privflow.tasks.validate as whole_reader
     from privflow.flows.pipeline import train_in_process
+    from tests.stores import copy_store
 
     tmp = tmp_path_factory.mktemp("stream")
     csv, schema = adult_slice(tmp, demo_dir, ROWS)
+    store = copy_store(empty_store, tmp / "store")
     ints = [c.name for c in Schema.from_yaml(schema).columns if c.type == "integer"]
     df = pl.read_csv(csv, infer_schema=False).with_columns(pl.col(c).str.strip_chars().cast(pl.Int64) for c in ints)
     df = df.with_columns(pl.when(pl.int_range(pl.len()).is_in(BAD)).then(7).otherwise(pl.col("age")).alias("age"))
@@ -49,11 +52,12 @@ def runs(tmp_path_factory, demo_dir: Path):
         return RunConfig.build(
             data=data,
             schema_path=schema,
-            store=tmp / "store",
+            store=store,
             model_name=model_name,
             policy="quarantine",
             privacy={"epsilon": 2.0, "delta": 1e-5},
             model={"name": "maf", "blocks": 1, "hidden": 8, "prior": "mog"},  # DP-EM reads rows on disk too
+            head={"steps": 20},
             train={"epochs": 1, "batch_size": 256, "checkpoint_every": 2, "min_effective_batch": 0},
             evaluate={"synthetic_rows": 300, "utility": False, "privacy_risk": False, "report": False},
             stream={"enabled": stream, "chunk_rows": 1000, "diagnostic_rows": 1000},

@@ -38,14 +38,17 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 
 TINY = {
     "model": {"name": "maf", "blocks": 2, "hidden": 16},
-    "train": {"epochs": 2, "batch_size": 256, "checkpoint_every": 8},
+    "train": {"epochs": 1, "batch_size": 256, "checkpoint_every": 8},
+    "head": {"steps": 20},  # the target head is on (as by default), trained briefly
     "evaluate": {"synthetic_rows": 300, "utility": False, "privacy_risk": False, "report": False},
     "marginals": {"enabled": False},  # the schema codec; the DP-marginals case sets it on
     "promotion": "never",
 }
 
 
-def _files(tmp: Path, demo_dir: Path) -> dict[str, Path]:
+def _files(tmp: Path, demo_dir: Path, empty_store: Path) -> dict[str, Path]:
+    from tests.stores import copy_store
+
     private, public = tmp / "adult-train.csv", tmp / "adult-public.csv"
     pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=3000).write_csv(private)
     pl.read_csv(demo_dir / "adult_test.csv", infer_schema=False, n_rows=2000).write_csv(public)
@@ -53,7 +56,8 @@ def _files(tmp: Path, demo_dir: Path) -> dict[str, Path]:
     doc["dataset"]["expected_rows"] = 3000
     schema = tmp / "adult.yaml"
     schema.write_text(yaml.safe_dump(doc))
-    return {"private": private, "public": public, "schema": schema, "store": tmp / "store"}
+    # a new store, its MLflow database already made (tests/conftest.py, `empty_store`)
+    return {"private": private, "public": public, "schema": schema, "store": copy_store(empty_store, tmp / "store")}
 
 
 def _config(files: dict[str, Path], data: Path, **extra: object) -> RunConfig:
@@ -66,12 +70,12 @@ def _config(files: dict[str, Path], data: Path, **extra: object) -> RunConfig:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
+def runs(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, empty_store: Path) -> dict:
     from privflow.flows.pipeline import train_in_process
     from privflow.flows.pretrain import pretrain_pipeline
     from privflow.tasks import train as train_task
 
-    files = _files(tmp_path_factory.mktemp("warm"), demo_dir)
+    files = _files(tmp_path_factory.mktemp("warm"), demo_dir, empty_store)
     first_weights: list[dict] = []
     real_train = train_task.train
 

@@ -35,14 +35,19 @@ def _register(name: str) -> tuple[str, str]:
             python_model=Echo(),
             registered_model_name=name,
             input_example=pd.DataFrame({"n": [1.0]}),
+            # stated, not inferred: inferring them loads the model in a new process (seconds a model)
+            pip_requirements=["mlflow"],
         )
     return run.info.run_id, str(info.model_id)
 
 
 @pytest.fixture(scope="module")
-def _built(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """The small store, built once: two versions of NAME (the first @champion), one of OTHER."""
-    store = tmp_path_factory.mktemp("registry-times") / "store"
+def _built(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> SimpleNamespace:
+    """The small store, built once: two versions of NAME (the first @champion), one of OTHER.
+    It starts as a copy of the session's empty store (MLflow's database made: tests/conftest.py)."""
+    from tests.stores import copy_store
+
+    store = copy_store(empty_store, tmp_path_factory.mktemp("registry-times") / "store")
     tracking(store)
     mlflow_store.experiment_for("toy", store)
     run_id, model_id = _register(NAME)

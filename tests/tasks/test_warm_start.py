@@ -67,9 +67,11 @@ def _register(store: Path, name: str, schema: Path, tags: dict[str, str], model:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path) -> dict:
+def setup(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, empty_store: Path) -> dict:
+    from tests.stores import copy_store
+
     tmp = tmp_path_factory.mktemp("warm")
-    store = tmp / "store"
+    store = copy_store(empty_store, tmp / "store")  # new, its MLflow database made (tests/conftest.py)
     data = tmp / "adult.csv"
     pl.read_csv(demo_dir / "adult_train.csv", infer_schema=False, n_rows=400).write_csv(data)
     schema = _schema_file(tmp / "adult.yaml", demo_dir)
