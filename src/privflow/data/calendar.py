@@ -26,6 +26,7 @@ schema (privacy rule 2): per-row maps, no statistic of the rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,13 +109,13 @@ def part_values(units: np.ndarray, unit: int, part: str) -> np.ndarray:
     return np.where(null, np.nan, v.astype(np.float64))
 
 
-def recompose(col: Column, parts: list[Part], values: list[np.ndarray]) -> np.ndarray:
-    """The column's units (int64) from its parts' decoded integer values, clamped to its bounds
-    (module docstring); rows whose first part is null are the caller's to null."""
+def recompose(col: Column, values: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The column's units (int64) from its parts' decoded integer values, keyed by `Part.part`,
+    clamped to its bounds (module docstring); rows whose first part is null are the caller's to null."""
     unit = col.calendar_unit
     if unit is None or col.bounds is None:
         raise ValueError(f"column '{col.name}' is not a calendar column")
-    got = {p.part: np.asarray(v, dtype=np.int64) for p, v in zip(parts, values, strict=True)}
+    got = {part: np.asarray(v, dtype=np.int64) for part, v in values.items()}
     if "day" in got:
         day = got["day"]
     else:

@@ -585,10 +585,7 @@ class CopulaCodec:
                 out.append(cols[col.name])
                 continue
             mine = parts[col.name]
-            values = [cols[c.column].fill_null(0).to_numpy() for c in mine]
-            units = calendar.recompose(
-                col, calendar.parts_of(col, self.marginals.max_atoms, frozenset(self.schema.names)), values
-            )
+            units = calendar.recompose(col, {str(c.part): cols[c.column].fill_null(0).to_numpy() for c in mine})
             s = pl.Series(col.name, units, dtype=pl.Int64)
             null = cols[mine[0].column].is_null()
             out.append(s.scatter(np.flatnonzero(null.to_numpy()), None) if null.any() else s)

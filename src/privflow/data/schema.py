@@ -486,8 +486,8 @@ class Column(BaseModel):
 
     def as_calendar(self, unit_seconds: int) -> Column:
         """This integer column, marked as counting units of `unit_seconds` since 1970-01-01."""
-        if self.type != "integer" or unit_seconds <= 0 or 86_400 % unit_seconds and unit_seconds % 86_400:
-            raise ValueError(f"column '{self.name}': a calendar column is integer with a unit that tiles a day")
+        if self.type != "integer" or unit_seconds <= 0 or 86_400 % unit_seconds:
+            raise ValueError(f"column '{self.name}': a calendar column is integer with a unit that divides a day")
         out = self.model_copy()
         out._calendar = int(unit_seconds)
         return out
