@@ -28,14 +28,15 @@ def adult_slice(tmp: Path, demo_dir: Path, rows: int, bad_age: int = 0) -> tuple
 
 def small_config(data: Path, schema: Path, store: Path, model_name: str, epsilon: float, **sections: dict):
     """A quick end-to-end run's config: the MAF backbone with one block of 8 hidden units, one
-    epoch of batch 256, delta 1e-5, 300 synthetic rows and only the fidelity diagnostics;
-    `sections` add to (or replace keys of) those sections, or set others."""
+    epoch of batch 256, 20 target-head steps, delta 1e-5, 300 synthetic rows and only the fidelity
+    diagnostics; `sections` add to (or replace keys of) those sections, or set others."""
     from privflow.core.config import RunConfig
 
     base: dict[str, dict] = {
         "model": {"name": "maf", "blocks": 1, "hidden": 8},
         "train": {"epochs": 1, "batch_size": 256},
         "evaluate": {"synthetic_rows": 300, "utility": False, "privacy_risk": False, "report": False},
+        "head": {"steps": 20},  # the target head on (as by default), trained briefly
     }
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
