@@ -196,8 +196,9 @@ class HeadConfig(_Section):
     When the schema declares a categorical `target`, the flow models every other column and a
     softmax regression trained by DP-SGD on their public encoding models the target given them,
     with `share` of epsilon; with DP marginals its class rates are calibrated to the released
-    ones (post-processing). Numeric columns enter through a hat basis of `numeric_knots` knots on
-    their public bounds (a piecewise-linear effect per column, fixed by the schema). Its effect:
+    ones (post-processing). Numeric columns enter through a hat basis of `numeric_knots` knots,
+    on their released marginal's CDF with DP marginals (`ranked`), else on their public bounds (a
+    piecewise-linear effect per column). Its effect:
     benchmarks/results/peers.md (with and without the head: the `flow-nohead` ablation) and
     benchmarks/results/label_ceiling.md. Off, the flow models the target too.
     """
@@ -218,6 +219,12 @@ class HeadConfig(_Section):
         le=64,
         description="numeric columns enter the head through a hat basis of this many knots on their public "
         "bounds (a piecewise-linear effect, fixed by the schema); 0: linearly",
+    )
+
+    ranked: bool = Field(
+        True,
+        description="with DP marginals, numbers enter the head as their released marginal's CDF (their rank: the "
+        "knots at the marginal's quantiles, privflow/data/marginal_ranks.py) instead of scaled by the public bounds",
     )
 
     @field_validator("numeric_knots")

@@ -49,6 +49,7 @@ from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec, Marginals
 from privflow.data.features import block_size, category_codes, compact_features, expand_features, feature_widths
 from privflow.data.lowering import lower
+from privflow.data.marginal_ranks import rank_features
 from privflow.data.schema import Column, Schema
 
 # Calibration stops when every class rate is within this of its target (or after the cap).
@@ -129,6 +130,7 @@ class TargetHead:
     weight: np.ndarray
     bias: np.ndarray
     knots: int = 0
+    ranked: bool = False  # numerics as the DP marginals' CDF (privflow/data/marginal_ranks.py), not the public scale
 
     def __post_init__(self) -> None:
         w, b = np.asarray(self.weight, dtype=np.float64), np.asarray(self.bias, dtype=np.float64)
@@ -174,7 +176,8 @@ class TargetHead:
 
     def shifted(self, delta: np.ndarray) -> TargetHead:
         """The same head with `delta` added to its biases."""
-        return TargetHead(self.target, self.weight, self.bias + np.asarray(delta, dtype=np.float64), self.knots)
+        bias = self.bias + np.asarray(delta, dtype=np.float64)
+        return TargetHead(self.target, self.weight, bias, self.knots, self.ranked)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for the model artifact (-inf biases as None)."""
@@ -183,13 +186,15 @@ class TargetHead:
             "weight": self.weight.tolist(),
             "bias": [None if np.isneginf(b) else float(b) for b in self.bias],
             "numeric_knots": self.knots,
+            "ranked": self.ranked,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TargetHead:
         bias = np.array([-np.inf if b is None else float(b) for b in data["bias"]], dtype=np.float64)
         knots = int(data.get("numeric_knots", 0))  # heads released before the hat basis: linear
-        return cls(str(data["target"]), np.asarray(data["weight"], dtype=np.float64), bias, knots)
+        ranked = bool(data.get("ranked", False))  # ... before the ranks: the public scale
+        return cls(str(data["target"]), np.asarray(data["weight"], dtype=np.float64), bias, knots, ranked)
 
 
 def calibration_shift(log_probs: np.ndarray, rates: np.ndarray) -> np.ndarray:
@@ -265,6 +270,8 @@ class TargetCodec:
             )
         if inner.schema.names != flow_schema(schema).names:
             raise ValueError("the inner codec must cover every column but the target")
+        if head.ranked and getattr(inner, "marginals", None) is None:
+            raise ValueError("a head trained on the marginals' ranks needs a codec with DP marginals")
         self.inner = inner
         self.head = head
         self.rates = None if rates is None else np.asarray(rates, dtype=np.float64)
@@ -323,7 +330,10 @@ class TargetCodec:
         """[n, K] log p_head(class | the rows' other columns)."""
         rest = (self.target,)
         widths = head_widths(self.schema, self.head.knots)
-        return self.head.compact_log_probs(compact_features(self.schema, df, rest), widths)
+        compact = compact_features(self.schema, df, rest)
+        if self.head.ranked:
+            compact = rank_features(compact, self.schema, df, self.inner.marginals, rest)
+        return self.head.compact_log_probs(compact, widths)
 
     def target_loglik(self, df: pl.DataFrame) -> np.ndarray:
         """[n] log p_head(target | other columns) of the rows (nats; -inf for a class the
