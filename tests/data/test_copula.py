@@ -68,10 +68,13 @@ def make_frame(n: int, seed: int = 0) -> pl.DataFrame:
 
 
 def positive_marginals(schema: Schema, seed: int = 1, **kw: int) -> Marginals:
-    """Released-looking marginals with mass in every cell (public: drawn from a seed, not from rows)."""
+    """Released-looking marginals with mass in every cell (public: drawn from a seed, not from rows),
+    a tenth of each column's spread evenly so that no cell (the raked missing pattern's included)
+    is thinner than the codec's resolution of u (U_MARGIN)."""
     g = np.random.default_rng(seed)
     cells = schema_cells(schema, **kw)
-    return Marginals(with_pattern_nulls({c.column: g.dirichlet(np.ones(c.n_cells)) for c in cells}, cells), **kw)
+    probs = {c.column: 0.9 * g.dirichlet(np.ones(c.n_cells)) + 0.1 / c.n_cells for c in cells}
+    return Marginals(with_pattern_nulls(probs, cells), **kw)
 
 
 def tvd(p: np.ndarray, q: np.ndarray) -> float:

@@ -91,21 +91,21 @@ def extreme_rows(schema: Schema) -> list[pl.DataFrame]:
 
 def test_leave_one_out_sensitivity_is_exact() -> None:
     """Removing any row or adding any (even out-of-bounds) row moves the released vector by 1
-    in one node per level of every column (depths 1, 2, 3, 3, 1 here, and 1 for the missing pattern
-    of the two nullable columns): sqrt(11) in L2, less only where the row is null in a tree column
+    in one node per level of every column (depths 1, 2, 3, 4, 1 here, and 1 for the missing pattern
+    of the two nullable columns): sqrt(12) in L2, less only where the row is null in a tree column
     (its null cell alone)."""
     schema = toy_schema()
     cells = schema_cells(schema)
-    assert [mod.depth(c) for c in cells] == [1, 2, 3, 3, 1, 1]
+    assert [mod.depth(c) for c in cells] == [1, 2, 3, 4, 1, 1]
     assert cells[-1].pattern == ("color", "gain")
-    assert marginals_sensitivity(cells) == math.sqrt(11)
+    assert marginals_sensitivity(cells) == math.sqrt(12)
     df = toy_frame(300)
     base = statistic(marginal_counts(df, schema), cells)
     variants = [(pl.concat([df.slice(0, i), df.slice(i + 1)]), df.row(i, named=True)) for i in (0, 1, 77, 150, 299)]
     variants += [(pl.concat([df, row]), row.row(0, named=True)) for row in extreme_rows(schema)]
     for v, row in variants:
         shift = statistic(marginal_counts(v, schema), cells) - base
-        expected = 11 - (2 if row["gain"] is None else 0)  # a null gain: its null cell, not 3 levels
+        expected = 12 - (2 if row["gain"] is None else 0)  # a null gain: its null cell, not 3 levels
         assert np.abs(shift).sum() == pytest.approx(expected)
         assert np.linalg.norm(shift) == pytest.approx(math.sqrt(expected))
         assert np.linalg.norm(shift) <= marginals_sensitivity(cells) + 1e-12
@@ -221,7 +221,7 @@ def test_release_calls_the_exact_gaussian_at_the_stated_sensitivity(monkeypatch:
     monkeypatch.setattr(mod, "gaussian_mechanism", spy)
     schema = toy_schema()
     dp_marginals(toy_frame(50), schema, 2.0)
-    assert calls == [(math.sqrt(11), 2.0)]  # depths 1 + 2 + 3 + 3 + 1 and the missing pattern's 1
+    assert calls == [(math.sqrt(12), 2.0)]  # depths 1 + 2 + 3 + 4 + 1 and the missing pattern's 1
 
 
 def test_noise_law_and_scale() -> None:
@@ -337,7 +337,7 @@ def test_large_epsilon_converges_to_the_empirical_marginals(adult: tuple[pl.Data
 def test_planned_grid_is_the_configured_one_or_the_default() -> None:
     from privflow.tasks.marginals_stage import planned_grid_bins
 
-    assert planned_grid_bins("auto") == mod.DEFAULT_GRID_BINS == 512
+    assert planned_grid_bins("auto") == mod.DEFAULT_GRID_BINS == 640
     assert planned_grid_bins(64) == 64
 
 
@@ -406,8 +406,9 @@ def test_numeric_columns_get_a_density_floor_and_atoms_keep_their_zeros() -> Non
 
 
 def test_the_density_floor_stays_out_of_blocks_found_empty() -> None:
-    """Rows in 40..45 of public bounds 0..100: the floor lands in the top-level block of the tree
-    that holds them (37.5..50); elsewhere in the bounds only the far floor, a thousandth of it."""
+    """Rows in 40..45 of public bounds 0..100: the floor lands in the block of the tree's coarsest
+    level of 8 or more blocks that holds them (64 of 640 cells: 40..50); elsewhere in the bounds
+    only the far floor, a thousandth of it."""
     g = np.random.default_rng(3)
     df = pl.DataFrame({"x": 40.0 + 5.0 * g.beta(2.0, 2.0, 20_000)})
     schema = Schema.validated(
@@ -417,10 +418,11 @@ def test_the_density_floor_stays_out_of_blocks_found_empty() -> None:
         }
     )
     p = dp_marginals(df, schema, mod.noise_for_epsilon(1.0, 1e-6)).probs["x"]
-    centres = (np.arange(512) + 0.5) * 100 / 512
-    assert np.all(p[(centres > 37.5) & (centres < 50)] > 0)
-    far = p[(centres < 37.5) | (centres > 50)]
-    assert np.allclose(far, mod.DENSITY_FLOOR_FAR / 512) and far.sum() < 1e-6
+    n = mod.DEFAULT_GRID_BINS
+    centres = (np.arange(n) + 0.5) * 100 / n
+    assert np.all(p[(centres > 40) & (centres < 50)] > 0)
+    far = p[(centres < 40) | (centres > 50)]
+    assert np.allclose(far, mod.DENSITY_FLOOR_FAR / n) and far.sum() < 1e-6
 
 
 def test_the_missing_pattern_is_raked_to_its_columns_null_shares() -> None:

@@ -179,7 +179,7 @@ class MarginalsConfig(_Section):
     grid_bins: int | Literal["auto"] = Field(
         "auto",
         description="cells of a numeric column's grid (the leaves of its tree of block counts); auto: "
-        "the default grid, 512 (privacy/mechanisms/dp_marginals.py)",
+        "the default grid, 640 (privflow/data/copula.py DEFAULT_GRID_BINS)",
     )
 
     @field_validator("grid_bins")

@@ -70,11 +70,17 @@ from privflow.data import missing_pattern as pattern
 from privflow.data.schema import Column, Schema
 
 DEFAULT_MAX_ATOMS = 1024
-# 512, not 1024: every occupied bin carries its own Gaussian noise, so a grid column's TVD
-# floor grows with the number of occupied bins. On the Adult demo, even at a generous epsilon,
-# a 512-bin log grid leaves fnlwgt closer to its empirical histogram than a 1024-bin one, while
-# a bin is still narrow on the log scale. Integer supports up to `max_atoms` stay exact.
-DEFAULT_GRID_BINS = 512
+# 640 = 5 x 2^7 cells: a multiple of 10, 20, 40 and 80, so every edge of an equal-width summary
+# of the bounds at those counts is a cell edge, and with round bounds the cells' edges fall on
+# round values (100 / 640 = 0.15625: 1, 5, 55 and 0.5 are edges). Values recorded at round
+# numbers (a visibility of 0.5 miles, a 1.00 carat stone, a table of 55%) then stay on their side
+# of such an edge instead of being drawn across it from a straddling cell, as 512 cells did
+# (benchmarks/results/marginal_tree.md: the 20-bin TVD of diamonds' marginals without noise,
+# 0.012 at 512 and 0.003 at 640; the fine TV better too). It costs one more level of the tree
+# (640, 80, 10, 2 blocks), which the release's noise pays for on tables of a few hundred rows.
+# Not 1024 or more: every occupied bin carries its own noise. Integer supports up to
+# `max_atoms` stay exact.
+DEFAULT_GRID_BINS = 640
 # u stays this far inside (0, 1): Phi^-1 is then within about +-6, and never infinite.
 U_MARGIN = 1e-9
 

@@ -38,8 +38,9 @@ Post-processing (no privacy cost; uses only the noisy vector and public constant
 3. Divide by N: a probability vector per column (`privflow.data.copula.Marginals`); the missing
    pattern is raked to its columns' own null shares (`with_pattern_nulls`).
 4. Numeric columns only: a small mass (`DENSITY_FLOOR`) spread evenly over the value cells
-   under the top-level blocks that hold rows, and a far smaller one (`DENSITY_FLOOR_FAR`) over
-   all of them (`with_density_floor`), so that no value inside the bounds has density 0.
+   under the tree's coarse blocks that hold rows (`Tree.occupied_top`), and a far smaller one
+   (`DENSITY_FLOOR_FAR`) over all of them (`with_density_floor`), so that no value inside the
+   bounds has density 0.
 
 Cost: `dp_marginals_event(noise_multiplier)`; `noise_for_epsilon(epsilon, delta)` calibrates a
 standalone release; the plan stage calibrates its share of the total like dp_stats.
@@ -63,7 +64,7 @@ from privflow.privacy.mechanisms.hierarchy import BRANCHING, Tree, project_to_to
 COUNT_CHUNK_ROWS = 500_000  # rows per chunk of the cell index (bounded memory on large tables)
 RAKE_ROUNDS = 50  # iterative proportional fitting of the missing pattern to its columns' null shares
 # the numeric columns' density floor: this share of the mass spread over the value cells of the
-# tree's top-level blocks that hold rows (all value cells without a tree) ...
+# tree's coarse blocks that hold rows (`Tree.occupied_top`; all value cells without a tree) ...
 DENSITY_FLOOR = 3e-4
 # ... and this share over every value cell, so that no value inside the bounds has density 0
 DENSITY_FLOOR_FAR = 1e-6
@@ -249,13 +250,13 @@ def with_pattern_nulls(probs: dict[str, np.ndarray], cells: Sequence[Cells]) -> 
 
 def with_density_floor(p: np.ndarray, cells: Cells, support: np.ndarray) -> np.ndarray:
     """A numeric column's distribution with `DENSITY_FLOOR` of its value mass spread evenly over
-    the value cells in `support` (those under the tree's top-level blocks that hold rows) and
+    the value cells in `support` (those under the tree's coarse blocks that hold rows) and
     `DENSITY_FLOOR_FAR` over all of them; the null cell and the value cells' total are unchanged.
 
     Why: the release sets cells it cannot tell from empty to exactly 0, and a continuous column
     has no real holes inside the range of its rows: a held-out value in such a cell would get
     density 0 and an infinite negative log-likelihood (scores and DP-AD would call it an
-    anomaly). The floor is a thousandfold smaller in the top-level blocks found empty, so it
+    anomaly). The floor is a thousandfold smaller in the coarse blocks found empty, so it
     puts next to no synthetic value far from the rows; it costs at most `DENSITY_FLOOR` +
     `DENSITY_FLOOR_FAR` of total variation. Categories and
     integers keep their zeros (an absent category or a spike's empty neighbours are facts the

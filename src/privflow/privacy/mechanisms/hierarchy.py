@@ -43,7 +43,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-BRANCHING = 8  # children per node: 512 cells are 3 levels (8, 64, 512)
+BRANCHING = 8  # children per node: 512 cells are 3 levels (8, 64, 512), 640 are 4 (2, 10, 80, 640)
 # per column: the chance that noise alone makes any empty block of its tree look occupied (a
 # block far out in the bounds that does so puts a lump of synthetic values where no row is)
 FALSE_BLOCK = 0.05
@@ -166,8 +166,12 @@ class Tree:
         return self._levels(ones, self.upper_counts(ones))
 
     def occupied_top(self, leaf_mass: np.ndarray) -> np.ndarray:
-        """Which leaves lie under a top-level block holding mass (bool per leaf)."""
+        """Which leaves lie under a block holding mass (bool per leaf), at the tree's top level, or
+        at the level below a top of fewer than `branching` blocks (640 cells: 10 blocks of 64, not
+        2 of 512) where that level is not the leaves."""
         width = self.branching ** (self.depth - 1)
+        while width > self.branching and -(-self.leaves // width) < self.branching:
+            width //= self.branching
         top = np.add.reduceat(np.asarray(leaf_mass, dtype=np.float64), np.arange(0, self.leaves, width)) > 0
         return np.repeat(top, width)[: self.leaves]
 
