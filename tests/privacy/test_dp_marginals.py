@@ -15,8 +15,8 @@ import pytest
 from scipy import stats
 
 import privflow
-from privflow.data.copula import CopulaCodec, cell_index, marginal_of, schema_cells
-from privflow.data.schema import Schema
+from privflow.data.copula import CopulaCodec, cell_index, column_cells, marginal_of, schema_cells
+from privflow.data.schema import Column, Schema
 from privflow.privacy import noise
 from privflow.privacy.accounting.accountant import PLDAccountant
 from privflow.privacy.accounting.events import GaussianEvent
@@ -335,10 +335,34 @@ def test_large_epsilon_converges_to_the_empirical_marginals(adult: tuple[pl.Data
 
 
 def test_planned_grid_is_the_configured_one_or_the_default() -> None:
+    """640 cells by default, 512 (a tree of 3 levels, not 4) below 1,000 public expected rows; a
+    configured grid is kept whatever the rows."""
     from privflow.tasks.marginals_stage import planned_grid_bins
 
-    assert planned_grid_bins("auto") == mod.DEFAULT_GRID_BINS == 640
-    assert planned_grid_bins(64) == 64
+    assert planned_grid_bins("auto") == planned_grid_bins("auto", 1_000) == mod.DEFAULT_GRID_BINS == 640
+    assert planned_grid_bins("auto", 999) == 512
+    assert [
+        mod.depth(column_cells(Column(name="x", type="numeric", bounds=(0, 1)), grid_bins=g)) for g in (640, 512)
+    ] == [4, 3]
+    assert planned_grid_bins(64) == planned_grid_bins(64, 10) == 64
+
+
+def test_a_small_tables_run_releases_marginals_on_the_small_grid() -> None:
+    """The stage plans its grid from the schema's public expected rows."""
+    from privflow.privacy.accounting.plan import StagePlan
+    from privflow.tasks.marginals_stage import dp_marginal_codec
+
+    schema = Schema.validated(
+        {
+            "dataset": {"name": "s", "expected_rows": 300},
+            "columns": [{"name": "x", "type": "numeric", "bounds": [0, 100]}],
+        }
+    )
+    df = pl.DataFrame({"x": np.linspace(10.0, 20.0, 300)})
+    stage = StagePlan("dp_marginals", 0.5, 0.5, dp_marginals_event(5.0))
+    assert dp_marginal_codec(df, schema, stage, "auto").marginals.grid_bins == 512
+    big = schema.model_copy(update={"dataset": schema.dataset.model_copy(update={"expected_rows": 5_000})})
+    assert dp_marginal_codec(df, big, stage, "auto").marginals.grid_bins == 640
 
 
 def test_a_column_in_5_percent_of_its_bounds_keeps_its_synthetic_values_there() -> None:

@@ -179,7 +179,8 @@ class MarginalsConfig(_Section):
     grid_bins: int | Literal["auto"] = Field(
         "auto",
         description="cells of a numeric column's grid (the leaves of its tree of block counts); auto: "
-        "the default grid, 640 (privflow/data/copula.py DEFAULT_GRID_BINS)",
+        "the default grid, 640 (privflow/data/copula.py DEFAULT_GRID_BINS), or 512 below 1,000 expected rows "
+        "(privflow/tasks/marginals_stage.py)",
     )
 
     @field_validator("grid_bins")

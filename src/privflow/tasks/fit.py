@@ -235,7 +235,7 @@ def initialise(
 def exact_marginal_codec(schema: Schema, df: pl.DataFrame, grid_bins: int | str = DEFAULT_GRID_BINS) -> CopulaCodec:
     """Non-private only (the benchmark's reference): the copula codec of the rows' own marginals,
     on the grid a private run uses."""
-    grid_bins = planned_grid_bins(grid_bins)  # type: ignore[arg-type]
+    grid_bins = planned_grid_bins(grid_bins, schema.dataset.expected_rows)  # type: ignore[arg-type]
     cells = schema_cells(schema, grid_bins=grid_bins)
     return CopulaCodec.from_marginals(
         schema, Marginals({c.column: marginal_of(df, c) for c in cells}, grid_bins=grid_bins)

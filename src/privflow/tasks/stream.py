@@ -99,7 +99,7 @@ def first_pass(
     model = lower(schema)
     grid = None
     if plan.has("dp_marginals"):
-        grid = planned_grid_bins(config.marginals.grid_bins)
+        grid = planned_grid_bins(config.marginals.grid_bins, model.dataset.expected_rows)
     head = None
     if plan.has("dp_head"):
         head = DiskRows(work / "head.f32", len(head_widths(model, config.head.numeric_knots)) + 1)
