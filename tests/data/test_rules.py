@@ -485,7 +485,11 @@ def test_no_released_row_breaks_a_rule_and_the_draws_rejected_are_counted(ruled)
     tally = where.tally
     assert tally.kept >= 500 and tally.drawn > tally.kept
     assert tally.broke_rules == tally.drawn - tally.kept  # nothing else was asked for
-    assert list(tally.by_rule) == LABELS and all(k > 0 for k in tally.by_rule.values())
+    # the rule on the target (status, drawn by the head) holds by construction: the head draws
+    # among the classes the row's wind allows, so no draw is rejected for it; the others reject
+    on_target = "if status = HU then wind >= 64"
+    assert list(tally.by_rule) == LABELS and tally.by_rule[on_target] == 0
+    assert all(k > 0 for name, k in tally.by_rule.items() if name != on_target)
     assert max(tally.by_rule.values()) <= tally.broke_rules <= sum(tally.by_rule.values())
     assert 0.3 < tally.rule_share < 1.0
     note = tally.rules_note()
@@ -695,3 +699,25 @@ def test_a_release_table_the_rules_make_too_rare_keeps_the_rows_that_meet_them(t
     assert table.get_column("low").to_list() == [1.0, 2.0]
     assert pl.read_csv(path).height == 2
     assert note is not None and "2 of the 4 rows" in note
+
+
+def test_the_head_draws_only_the_classes_a_rule_on_the_target_allows(ruled) -> None:
+    """`rules.allowed_classes` against the rule read row by row: where wind < 64 the class HU is
+    closed (probability 0) and the head's other classes share its mass in their own proportions;
+    where wind >= 64 the law is the head's."""
+    from privflow.data.rules import allowed_classes
+    from privflow.serving.sampler import sample_rows
+
+    rows = sample_rows(ruled.flows, ruled.codec, 400, seed=7, batch=512)
+    codec = ruled.codec
+    labels = list(codec.column.categories)
+    hu = labels.index("HU")
+    allowed = allowed_classes(ruled.schema, rows)
+    low = (rows["wind"] < 64).fill_null(False).to_numpy()
+    assert allowed is not None and low.any() and (~low).any()
+    assert np.array_equal(allowed[:, hu], ~low) and allowed[:, [k for k in range(len(labels)) if k != hu]].all()
+    head, drawn = codec.head_log_probs(rows), codec.sampling_log_probs(rows)
+    assert np.all(np.isneginf(drawn[low, hu])) and np.allclose(drawn[~low], head[~low])
+    others = [k for k in range(head.shape[1]) if k != hu]
+    ratio = drawn[low][:, others] - head[low][:, others]  # one shift per row: the same proportions
+    assert np.allclose(ratio, ratio[:, :1]) and np.allclose(np.exp(drawn[low]).sum(axis=1), 1.0)

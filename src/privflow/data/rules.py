@@ -74,6 +74,7 @@ import math
 from collections.abc import Sequence
 from datetime import date, datetime
 
+import numpy as np
 import polars as pl
 
 from privflow.data.lowering import lower, rounded
@@ -413,6 +414,40 @@ def _outside_combinations(rule: CombinationsRule, model: Schema, frame: pl.DataF
     return key.is_not_null() & ~key.is_in(allowed)
 
 
+def _then_holds(rule: ConditionalRule, model: Schema, frame: pl.DataFrame) -> pl.Series:
+    """[rows] whether the rule's `then` holds (null where its column's value is missing)."""
+    then = rule.then
+    if then.one_of is not None:
+        return _texts(frame, then.column).is_in(then.one_of)
+    return _compare(_written(frame, model.column(then.column)), str(then.op), float(then.value or 0))
+
+
+def allowed_classes(schema: Schema, frame: pl.DataFrame) -> np.ndarray | None:
+    """[rows, classes] bool: which of the target's classes (its categories, then the null class
+    when nullable: `target_head.class_count`) each row of `frame`, holding the other columns,
+    may take under the conditional rules whose `when` is the target and whose `then` reads
+    another column (if status is hurricane then wind >= 64); None when no rule does. The
+    sampler draws the target among them (`target_head.TargetCodec`), so those rules hold by
+    construction: rejecting and redrawing whole rows instead bends every column's marginal
+    toward the rule's region. A missing `then` value allows every class, as it breaks no rule."""
+    model = lower(schema)
+    target = model.target
+    ruled = [
+        r for r in model.rules if isinstance(r, ConditionalRule) and r.when.column == target and r.then.column != target
+    ]
+    if target is None or not ruled:
+        return None
+    col = model.column(target)
+    labels = list(col.categories or ())
+    allowed = np.ones((frame.height, len(labels) + (1 if col.nullable else 0)), dtype=bool)
+    for rule in ruled:
+        broken_then = ~_then_holds(rule, model, frame).fill_null(True).to_numpy()
+        for k, label in enumerate(labels):
+            if label in rule.when.one_of:
+                allowed[broken_then, k] = False
+    return allowed
+
+
 def _breaks(rule: object, model: Schema, frame: pl.DataFrame) -> pl.Series:
     """[rows] True where the row breaks `rule` (a rule of the modelled schema `model`)."""
     if isinstance(rule, InequalityRule):
@@ -421,13 +456,7 @@ def _breaks(rule: object, model: Schema, frame: pl.DataFrame) -> pl.Series:
     elif isinstance(rule, CombinationsRule):
         bad = _outside_combinations(rule, model, frame)
     elif isinstance(rule, ConditionalRule):
-        hit = _texts(frame, rule.when.column).is_in(rule.when.one_of)
-        then = rule.then
-        if then.one_of is not None:
-            ok = _texts(frame, then.column).is_in(then.one_of)
-        else:
-            ok = _compare(_written(frame, model.column(then.column)), str(then.op), float(then.value or 0))
-        bad = hit & ~ok
+        bad = _texts(frame, rule.when.column).is_in(rule.when.one_of) & ~_then_holds(rule, model, frame)
     elif isinstance(rule, MissingTogetherRule):
         missing = pl.DataFrame([frame.get_column(c).is_null() for c in rule.columns]).sum_horizontal()
         bad = (missing > 0) & (missing < len(rule.columns))
@@ -436,4 +465,4 @@ def _breaks(rule: object, model: Schema, frame: pl.DataFrame) -> pl.Series:
     return bad.fill_null(False).alias(getattr(rule, "label", ""))
 
 
-__all__ = ["broken", "check_rules", "counts", "curator_lines", "lower_rules"]
+__all__ = ["allowed_classes", "broken", "check_rules", "counts", "curator_lines", "lower_rules"]

@@ -45,6 +45,7 @@ import numpy as np
 import polars as pl
 
 from privflow.core.errors import DataError
+from privflow.data import rules
 from privflow.data.codec import Codec
 from privflow.data.copula import CopulaCodec, Marginals
 from privflow.data.features import block_size, category_codes, compact_features, expand_features, feature_widths
@@ -335,6 +336,21 @@ class TargetCodec:
             compact = rank_features(compact, self.schema, df, self.inner.marginals, rest)
         return self.head.compact_log_probs(compact, widths)
 
+    def sampling_log_probs(self, rest: pl.DataFrame) -> np.ndarray:
+        """[n, K] the law the target is drawn from given the rows' other columns: the head's,
+        restricted to the classes the schema's conditional rules on the target allow for the row
+        (`privflow.data.rules.allowed_classes`; a row no class could meet keeps the head's), so
+        such a rule holds by construction. Calibration fits this law to the DP class rates."""
+        lp = self.head_log_probs(rest)
+        allowed = rules.allowed_classes(self.schema, rest)
+        if allowed is None:
+            return lp
+        any_left = allowed.any(axis=1) & np.isfinite(np.where(allowed, lp, -np.inf)).any(axis=1)
+        masked = _log_softmax(np.where(allowed, lp, -np.inf)[any_left])
+        out = lp.copy()
+        out[any_left] = masked
+        return out
+
     def target_loglik(self, df: pl.DataFrame) -> np.ndarray:
         """[n] log p_head(target | other columns) of the rows (nats; -inf for a class the
         calibration closed)."""
@@ -347,7 +363,7 @@ class TargetCodec:
         rest = self.inner.decode(array)
         if u.shape != (rest.height,):
             raise ValueError(f"decode needs one uniform per row: {rest.height} rows, {u.shape} uniforms")
-        codes = draw_classes(self.head_log_probs(rest), u)
+        codes = draw_classes(self.sampling_log_probs(rest), u)
         return rest.with_columns(class_labels(self.column, codes)).select(self.schema.names)
 
 

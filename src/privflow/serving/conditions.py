@@ -747,8 +747,8 @@ class Conditions:
         others = self._matches(rest, skip=codec.target) & ~breaks
         rest = rest.filter(pl.Series(others))
         u = np.asarray(target_u, dtype=np.float64)[others]
-        p = np.exp(codec.head_log_probs(rest)[:, k]) if rest.height else np.empty(0)
-        accept = u < p  # probability p_head(v | x_-t): the exact conditional of the target's value
+        p = np.exp(codec.sampling_log_probs(rest)[:, k]) if rest.height else np.empty(0)
+        accept = u < p  # probability of v in the law the sampler draws the target from: its exact conditional
         kept = rest.filter(pl.Series(accept))
         target = class_labels(codec.column, np.full(kept.height, k, dtype=np.int64))
         return kept.with_columns(target).select(codec.schema.names), float(p.sum()), drawn, counted

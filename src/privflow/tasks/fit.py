@@ -320,7 +320,7 @@ def calibrated(codec: Codec | CopulaCodec | TargetCodec, flows: list[torch.nn.Mo
     if not isinstance(codec, TargetCodec) or codec.rates is None:
         return codec
     frames = iter_samples(flows, codec.inner, CALIBRATION_ROWS, seed=seed)
-    log_probs = np.concatenate([codec.head_log_probs(f) for f in frames])
+    log_probs = np.concatenate([codec.sampling_log_probs(f) for f in frames])
     return codec.with_head(codec.head.shifted(calibration_shift(log_probs, codec.rates)))
 
 
