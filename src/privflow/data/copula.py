@@ -34,8 +34,14 @@ goes to F_k + p_k * r with r in [0, 1) its position inside the cell: for a categ
 integer atom r is a uniform draw from the explicit generator (dequantization inside the
 atom's interval); for a run of integers r = (x - a_k + v) / (b_k - a_k), v uniform; for a
 numeric bin r is the linear position of t(x) in the bin (no draw). Null is the null cell's
-interval with a uniform draw. u is clipped to [`U_MARGIN`, 1 - `U_MARGIN`], and with
-space="gaussian" mapped to z = Phi^-1(u).
+interval with a uniform draw, except in a column the missing pattern covers
+(`Marginals.nulls_in_pattern`): there the pattern's cell alone says the value is missing, the
+column's coordinate is the CDF of its values (its null cell's mass set aside), and a missing
+value is an independent uniform draw. Each coordinate stays uniform, and where the pattern says
+a value is present its coordinate keeps the value's relation to the other columns (with a null
+cell of its own in the coordinate, the flow's draw and the pattern disagreed on some rows, and
+a value redrawn there at random lost it: storms' hurricane category against its wind). u is
+clipped to [`U_MARGIN`, 1 - `U_MARGIN`], and with space="gaussian" mapped to z = Phi^-1(u).
 
 Decode (`CopulaCodec.decode`): u -> cell by `searchsorted` on the CDF (side='right', so
 cells of zero released mass are never chosen), r = (u - F_k) / p_k, and back to a label,
@@ -349,6 +355,9 @@ class Marginals:
     grid_bins: int = DEFAULT_GRID_BINS
     calendar_parts: bool = True
     missing_pattern: bool = True
+    # the missing pattern alone says which of its columns' values are null: each such column's
+    # coordinate is its values' CDF, a missing value an independent uniform (`CopulaCodec`)
+    nulls_in_pattern: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (floats), for the model artifact."""
@@ -357,6 +366,7 @@ class Marginals:
             "grid_bins": int(self.grid_bins),
             "calendar_parts": bool(self.calendar_parts),
             "missing_pattern": bool(self.missing_pattern),
+            "nulls_in_pattern": bool(self.nulls_in_pattern),
             "probs": {k: [float(x) for x in np.asarray(v)] for k, v in self.probs.items()},
         }
 
@@ -368,6 +378,7 @@ class Marginals:
             int(data["grid_bins"]),
             bool(data.get("calendar_parts", False)),  # a release made before the parts: one cell list per column
             bool(data.get("missing_pattern", False)),  # ... before the missing pattern: none
+            bool(data.get("nulls_in_pattern", False)),  # ... before: the pattern's columns kept their null cells
         )
 
 
@@ -398,10 +409,17 @@ class CopulaCodec:
             raise ValueError(f"marginals for undeclared column(s) {extra}")
         self.probs: list[np.ndarray] = []
         self.cdfs: list[np.ndarray] = []
+        covered = {n for c in self.cells if c.pattern for n in c.pattern} if marginals.nulls_in_pattern else set()
+        # per coordinate: a column the missing pattern covers, whose coordinate holds its values alone
+        self.values_only: list[bool] = []
         for c in self.cells:
             if c.column not in marginals.probs:
                 raise ValueError(f"no marginal for column '{c.column}'")
             p = _check_probs(c.column, marginals.probs[c.column], c.n_cells)
+            apart = c.nullable and not c.pattern and (c.source or c.column) in covered and p[: c.n_values].sum() > 0
+            if apart:  # the null cell's mass moves to the pattern: the values' CDF spans (0, 1)
+                p = np.concatenate([p[: c.n_values] / p[: c.n_values].sum(), np.zeros(c.n_cells - c.n_values)])
+            self.values_only.append(bool(apart))
             cdf = np.concatenate([[0.0], np.cumsum(p)])
             cdf /= cdf[-1]
             cdf[-1] = 1.0
@@ -468,8 +486,16 @@ class CopulaCodec:
         same cells, so versions trained through different DP marginals can be compared (-inf
         where a cell has no released mass)."""
         idx = cell_index(df, self.cells)
+        total = np.zeros(df.height)
         with np.errstate(divide="ignore"):
-            return np.sum([np.log(self.probs[j][idx[:, j]]) for j in range(self.dim)], axis=0)
+            for j, c in enumerate(self.cells):
+                lp = np.log(self.probs[j][idx[:, j]])
+                if self.values_only[
+                    j
+                ]:  # a missing value's coordinate: a uniform of mass 1 (the pattern's cell counts it)
+                    lp[idx[:, j] >= c.n_values] = 0.0
+                total += lp
+        return total
 
     def same_cells(self, other: CopulaCodec) -> bool:
         """Both codecs split every column into the same public cells (schema, max_atoms, grid_bins):
@@ -517,6 +543,9 @@ class CopulaCodec:
             u = cdf[idx] + p[idx] * np.clip(r, 0.0, 1.0)
             # rounding must not carry u into the next cell (a tiny cell late in the CDF)
             out[:, j] = np.where(p[idx] > 0, np.minimum(u, np.nextafter(cdf[idx + 1], 0.0)), cdf[idx])
+            if self.values_only[j]:  # a missing value: an independent uniform (the pattern says it is missing)
+                null = idx >= c.n_values
+                out[null, j] = generator.random(int(null.sum()))
         np.clip(out, U_MARGIN, 1.0 - U_MARGIN, out=out)
         return _ndtri(out) if self.space == "gaussian" else out
 
