@@ -686,10 +686,10 @@ def test_audit_delta_advice_names_the_config_key_not_a_missing_flag(ws: dict) ->
 @pytest.mark.parametrize(
     ("sig", "status", "said"),
     [
-        # Ctrl-C's handler and exit status are tested in process (tests/core/test_interrupts.py,
-        # tests/cli/test_exit.py); a real process for each signal is the slow tier's
+        # the handlers and exit statuses are tested in process (tests/core/test_interrupts.py,
+        # tests/cli/test_exit.py); a real process for each signal is the slow tier's (12 s each)
         pytest.param(signal.SIGINT, 130, "interrupted (Ctrl-C)", marks=pytest.mark.slow),
-        (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+        pytest.param(signal.SIGTERM, 143, "terminated (SIGTERM)", marks=pytest.mark.slow),
     ],
     ids=["ctrl-c", "sigterm"],
 )
@@ -735,6 +735,8 @@ def _mlflow_statuses(store: Path) -> set[str]:
         return set()
 
 
+@pytest.mark.slow  # a real process killed mid-run (12 s); the open reservation's count is the
+# default tier's in process (tests/privacy/test_ledger.py::test_sigkill_after_reserving_leaves_spend_counted)
 def test_sigkill_during_training_keeps_the_spend_and_the_store_works(ws: dict, empty_store: Path) -> None:
     """SIGKILL (an OOM kill, `kill -9`) between two DP-SGD steps: nothing of the run's own code
     runs, the reservation stays open and counted, and the next run on the store works."""
