@@ -38,6 +38,7 @@ from typer.testing import CliRunner
 
 from benchmarks import bench_common as common
 from benchmarks.bench_draft import TABLES, _column, _text
+from benchmarks.tables import read_as_privflow
 
 RESULTS = common.ROOT / "benchmarks" / "results"
 CACHE = common.ROOT / "benchmarks" / ".cache" / "draft_run"
@@ -63,15 +64,6 @@ def split(name: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     order = np.random.default_rng(SPLIT_SEED).permutation(table.height)
     n_test = int(round(TEST_SHARE * table.height))
     return table[np.sort(order[n_test:])], table[np.sort(order[:n_test])]
-
-
-def typed(schema: Any, df: pl.DataFrame) -> pl.DataFrame:
-    """Rows as privflow reads them under `schema` (clamp / other included): the frame every
-    method is scored on."""
-    from privflow.data.validation import typed_rows
-
-    absent = [pl.lit(None, dtype=pl.String).alias(c.name) for c in schema.columns if c.name not in df.columns]
-    return typed_rows(df.with_columns(absent), schema)  # a synthetic table holds no ignored column
 
 
 def evaluate(schema: Any, train: pl.DataFrame, test: pl.DataFrame, synthetic: pl.DataFrame) -> dict[str, float]:
@@ -134,15 +126,14 @@ def score(name: str, work: Path, res: dict[str, Any], seed: int) -> dict[str, An
 
     train, test = split(name)
     schema = Schema.from_yaml(work / f"{name}.yaml")
-    real_train, real_test = typed(schema, train), typed(schema, test)
-    synth = typed(schema, pl.read_csv(work / "synthetic.csv", infer_schema=False))
+    real_train, real_test = read_as_privflow(schema, train), read_as_privflow(schema, test)
+    synth = read_as_privflow(schema, pl.read_csv(work / "synthetic.csv", infer_schema=False))
     res["privflow"] = evaluate(schema, real_train, real_test, synth)
     t1 = time.perf_counter()
     model = lower(schema)  # MST's public domain: the modelled columns
     peer = driver.run_peer("mst", model, real_train, PEER_EPSILON, schema.dataset.budget.delta, seed, train.height)
     res["mst_seconds"] = time.perf_counter() - t1
-    written = to_surface(peer.frame, schema).select(pl.all().cast(pl.String))  # as the table is written
-    mst = typed(schema, written)
+    mst = read_as_privflow(schema, to_surface(peer.frame, schema))  # as the table is written
     res["mst"] = evaluate(schema, real_train, real_test, mst)
     res["real"] = evaluate(schema, real_train, real_test, real_train)  # the real training rows as "synthetic"
     res["columns_tvd20"] = decomposition(name, schema, work / "store", real_train, synth, mst, seed)
@@ -208,7 +199,7 @@ def _through_marginals(schema: Any, marginals: Any, rows: int, seed: int) -> pl.
         model = flow_schema(model)
     codec = CopulaCodec(model, marginals)
     frame = codec.decode(np.random.default_rng(seed).random((rows, codec.dim)))
-    return typed(schema, to_surface(frame, schema).select(pl.all().cast(pl.String)))
+    return read_as_privflow(schema, to_surface(frame, schema))
 
 
 def decomposition(

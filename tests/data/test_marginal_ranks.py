@@ -64,7 +64,7 @@ def test_a_numbers_rank_is_its_empirical_cdf_within_a_cell() -> None:
     schema, df = _schema(3000), _rows(3000)
     marginals = _exact(schema, df)
     compact = compact_features(schema, df, ("label",))
-    ranked = rank_features(compact.copy(), schema, df, marginals, ("label",))
+    ranked = rank_features(compact.copy(), schema, df, CopulaCodec(schema, marginals), ("label",))
     length = df.get_column("length").to_numpy()
     present = ~np.isnan(length)
     values = np.sort(length[present])
@@ -109,7 +109,7 @@ def test_a_dp_head_on_ranks_bends_where_the_rows_are() -> None:
     truth = (df.get_column("label") == "mid").to_numpy()
 
     def accuracy(ranked: bool) -> float:
-        rows = head_rows(schema, df, cfg.numeric_knots, marginals if ranked else None)
+        rows = head_rows(schema, df, cfg.numeric_knots, CopulaCodec(schema, marginals) if ranked else None)
         head = fit_head(rows, schema, cfg, shape, 2.0, ranked)
         codec = TargetCodec.around(schema, CopulaCodec(schema, marginals), head)
         return float(np.mean((codec.head_log_probs(df).argmax(axis=1) == 1) == truth))

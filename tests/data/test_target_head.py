@@ -281,3 +281,15 @@ def test_a_head_released_before_the_hat_basis_loads_as_linear() -> None:
     TargetCodec(schema, Codec.from_schema(schema.without("label")), head)  # fits the schema as before
     with pytest.raises(ValueError, match="does not fit"):
         TargetCodec(schema, Codec.from_schema(schema.without("label")), TargetHead("label", head.weight, head.bias, 5))
+
+
+def test_the_flows_codec_keeps_every_flag_of_the_release() -> None:
+    """A release made before the pattern took the nulls (`nulls_in_pattern` False) keeps its
+    columns' own null cells in the flow's codec beside a head, as it was trained."""
+    schema, df = make_schema(), make_rows(500)
+    cells = schema_cells(schema, grid_bins=32)
+    for flag in (False, True):
+        made = Marginals({c.column: marginal_of(df, c) for c in cells}, grid_bins=32, nulls_in_pattern=flag)
+        codec = TargetCodec.around(schema, CopulaCodec(schema, made), random_head(schema))
+        assert codec.inner.marginals.nulls_in_pattern is flag
+        assert any(codec.inner.values_only) is flag  # gain and color are nullable, under the pattern

@@ -425,6 +425,8 @@ class CopulaCodec:
             cdf[-1] = 1.0
             self.probs.append(np.diff(cdf))
             self.cdfs.append(cdf)
+        # a plain column's coordinate (not a calendar part, not the pattern) by its name
+        self._plain = {c.column: j for j, c in enumerate(self.cells) if c.source is None and not c.pattern}
 
     @classmethod
     def from_marginals(cls, schema: Schema, marginals: Marginals, space: Space = "uniform") -> CopulaCodec:
@@ -490,12 +492,30 @@ class CopulaCodec:
         with np.errstate(divide="ignore"):
             for j, c in enumerate(self.cells):
                 lp = np.log(self.probs[j][idx[:, j]])
-                if self.values_only[
-                    j
-                ]:  # a missing value's coordinate: a uniform of mass 1 (the pattern's cell counts it)
+                if self.values_only[j]:  # a missing value: a uniform of mass 1, counted in the pattern's cell
                     lp[idx[:, j] >= c.n_values] = 0.0
                 total += lp
         return total
+
+    def value_ranks(self, df: pl.DataFrame, name: str) -> np.ndarray | None:
+        """[n] each row's value of column `name` as the released CDF of its values (over the value
+        cells' mass: the cells' piecewise-linear CDF, the middle of a cell whose position is drawn,
+        an atom or a run's integer's slot), NaN where the value is missing; deterministic, unlike
+        `encode`. None for a column that is not one cell list here (a calendar column's parts, the
+        pattern, an undeclared name) or whose values got no released mass."""
+        j = self._plain.get(name)
+        if j is None:
+            return None
+        c, cdf, p = self.cells[j], self.cdfs[j], self.probs[j]
+        mass = float(cdf[c.n_values])
+        if not mass > 0:
+            return None
+        idx, pos = cell_positions(cell_series(df, c), c)
+        at = np.minimum(idx, c.n_values - 1)
+        if c.kind == "integer":  # a run of integers: the integer's offset in it -> the middle of its slot
+            pos = (pos + 0.5) / np.maximum(c.ends[at] - c.starts[at], 1)
+        u = np.clip((cdf[at] + p[at] * np.nan_to_num(pos, nan=0.5)) / mass, 0.0, 1.0)
+        return np.where(idx < c.n_values, u, np.nan)
 
     def same_cells(self, other: CopulaCodec) -> bool:
         """Both codecs split every column into the same public cells (schema, max_atoms, grid_bins):

@@ -37,6 +37,7 @@ released model needs no torch to draw its labels.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -246,11 +247,9 @@ def flow_codec(schema: Schema, codec: Any) -> Any:
     codec keeps the same DP marginals (the target's is left out), a schema codec is rebuilt."""
     rest = flow_schema(schema)
     if isinstance(codec, CopulaCodec):
-        m = codec.marginals
+        m = codec.marginals  # every flag of the release kept (a release made before one loads as made)
         probs = {k: v for k, v in m.probs.items() if k != schema.target}
-        return CopulaCodec(
-            rest, Marginals(probs, m.max_atoms, m.grid_bins, m.calendar_parts, m.missing_pattern), codec.space
-        )
+        return CopulaCodec(rest, dataclasses.replace(m, probs=probs), codec.space)
     return type(codec).from_schema(rest)
 
 
@@ -271,7 +270,7 @@ class TargetCodec:
             )
         if inner.schema.names != flow_schema(schema).names:
             raise ValueError("the inner codec must cover every column but the target")
-        if head.ranked and getattr(inner, "marginals", None) is None:
+        if head.ranked and not isinstance(inner, CopulaCodec):
             raise ValueError("a head trained on the marginals' ranks needs a codec with DP marginals")
         self.inner = inner
         self.head = head
@@ -333,7 +332,7 @@ class TargetCodec:
         widths = head_widths(self.schema, self.head.knots)
         compact = compact_features(self.schema, df, rest)
         if self.head.ranked:
-            compact = rank_features(compact, self.schema, df, self.inner.marginals, rest)
+            compact = rank_features(compact, self.schema, df, self.inner, rest)
         return self.head.compact_log_probs(compact, widths)
 
     def sampling_log_probs(self, rest: pl.DataFrame) -> np.ndarray:
@@ -345,11 +344,10 @@ class TargetCodec:
         allowed = rules.allowed_classes(self.schema, rest)
         if allowed is None:
             return lp
-        any_left = allowed.any(axis=1) & np.isfinite(np.where(allowed, lp, -np.inf)).any(axis=1)
-        masked = _log_softmax(np.where(allowed, lp, -np.inf)[any_left])
-        out = lp.copy()
-        out[any_left] = masked
-        return out
+        masked = np.where(allowed, lp, -np.inf)
+        left = np.isfinite(masked).any(axis=1)
+        lp[left] = _log_softmax(masked[left])
+        return lp
 
     def target_loglik(self, df: pl.DataFrame) -> np.ndarray:
         """[n] log p_head(target | other columns) of the rows (nats; -inf for a class the

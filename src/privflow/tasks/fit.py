@@ -268,15 +268,15 @@ def prepare(
         spend.add(plan.stage("dp_marginals").event)
     elif plan is None and config.marginals.enabled:
         codec = exact_marginal_codec(schema, df, config.marginals.grid_bins)
-    marginals = codec.marginals if isinstance(codec, CopulaCodec) and config.head.ranked else None
+    ranks = codec if isinstance(codec, CopulaCodec) and config.head.ranked else None
     if plan is not None and plan.has("dp_head"):
         spend.start()
-        head = runner(dp_target_head, df, schema, config.head, plan.stage("dp_head"), marginals)
+        head = runner(dp_target_head, df, schema, config.head, plan.stage("dp_head"), ranks)
         spend.add(plan.stage("dp_head").event)
         codec = TargetCodec.around(schema, codec, head)
     elif plan is None and head_planned(config, schema):
-        rows = head_rows(schema, df, config.head.numeric_knots, marginals)
-        head = fit_head(rows, schema, config.head, head_shape(config, schema), None, marginals is not None)
+        rows = head_rows(schema, df, config.head.numeric_knots, ranks)
+        head = fit_head(rows, schema, config.head, head_shape(config, schema), None, ranks is not None)
         codec = TargetCodec.around(schema, codec, head)
     fraction = config.select.fraction(schema.dataset.expected_rows)
     x_train, x_val = runner(encode_rows, df, codec, fraction, config.train.seed)

@@ -10,7 +10,7 @@ import polars as pl
 
 from privflow.core.config import HeadConfig
 from privflow.data.chunked import DiskRows
-from privflow.data.copula import Marginals
+from privflow.data.copula import CopulaCodec
 from privflow.data.features import compact_features
 from privflow.data.marginal_ranks import rank_features
 from privflow.data.schema import Schema
@@ -19,15 +19,15 @@ from privflow.privacy.accounting.plan import SGDShape, StagePlan
 from privflow.privacy.mechanisms import dp_head as mechanism
 
 
-def head_rows(schema: Schema, df: pl.DataFrame, knots: int, marginals: Marginals | None = None) -> np.ndarray:
+def head_rows(schema: Schema, df: pl.DataFrame, knots: int, ranks: CopulaCodec | None = None) -> np.ndarray:
     """[n, blocks + 1] float32: the head's compact features of `df` and each row's class index
-    last (`mechanism.train_head`'s input), filled in place: one table-sized array. With released
-    `marginals`, numbers enter as their CDF (privflow/data/marginal_ranks.py)."""
+    last (`mechanism.train_head`'s input), filled in place: one table-sized array. With `ranks`,
+    a codec of released DP marginals, numbers enter as their CDF (privflow/data/marginal_ranks.py)."""
     assert schema.target is not None
     rows = np.empty((df.height, len(head_widths(schema, knots)) + 1), dtype=np.float32)
     compact_features(schema, df, (schema.target,), out=rows)
-    if marginals is not None:
-        rank_features(rows[:, :-1], schema, df, marginals, (schema.target,))
+    if ranks is not None:
+        rank_features(rows[:, :-1], schema, df, ranks, (schema.target,))
     rows[:, -1] = target_codes(schema, df)
     return rows
 
@@ -53,12 +53,12 @@ def fit_head(
 
 
 def dp_target_head(
-    df: pl.DataFrame, schema: Schema, cfg: HeadConfig, stage: StagePlan, marginals: Marginals | None = None
+    df: pl.DataFrame, schema: Schema, cfg: HeadConfig, stage: StagePlan, ranks: CopulaCodec | None = None
 ) -> TargetHead:
-    """Spend the planned stage: the head's DP-SGD run of the stage's shape and noise (on the
-    released `marginals`' ranks when given)."""
-    rows = head_rows(schema, df, cfg.numeric_knots, marginals)
-    return fit_head_planned(rows, schema, cfg, stage, ranked=marginals is not None)
+    """Spend the planned stage: the head's DP-SGD run of the stage's shape and noise (numbers as
+    their ranks under the released marginals of `ranks` when given)."""
+    rows = head_rows(schema, df, cfg.numeric_knots, ranks)
+    return fit_head_planned(rows, schema, cfg, stage, ranked=ranks is not None)
 
 
 def fit_head_planned(
