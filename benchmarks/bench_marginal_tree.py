@@ -37,14 +37,17 @@ import numpy as np
 from benchmarks import bench_common, tables
 
 NOISE_EPSILON, DELTA = 0.5, 1e-5
-VARIANTS = {  # label: (grid cells, branching, false-block rate)
-    "640 cells, 8 children, false-block 0.05 (the default from 1,000 expected rows)": (640, 8, 0.05),
-    "512 cells (the default below 1,000 rows; every table's before 894a83f)": (512, 8, 0.05),
-    "1280 cells": (1280, 8, 0.05),
-    "4 children": (640, 4, 0.05),
-    "32 children": (640, 32, 0.05),
-    "false-block 0.5": (640, 8, 0.5),
-}
+VARIANTS = {  # label: (grid cells, branching, false-block rate, tree levels)
+    "640 cells, twentieths on top, false-block 0.05 (the default from 1,000 expected rows)": (
+        640, 8, 0.05, "twentieths"),
+    "640 cells, twentieths under fifths": (640, 8, 0.05, "fifths"),
+    "640 cells, 8-ary blocks (2, 10, 80: the default before)": (640, 8, 0.05, "b-ary"),
+    "512 cells (the default below 1,000 rows)": (512, 8, 0.05, "twentieths"),
+    "1280 cells": (1280, 8, 0.05, "twentieths"),
+    "4 children": (640, 4, 0.05, "b-ary"),
+    "32 children": (640, 32, 0.05, "b-ary"),
+    "false-block 0.5": (640, 8, 0.5, "twentieths"),
+}  # fmt: skip
 
 
 def tvd20(model: Any, train: Any, marginals: Any, seed: int) -> dict[str, float]:
@@ -74,11 +77,17 @@ def one_table(name: str, repeats: int) -> list[str]:
     for grid in (640, 512):
         exact = dp_marginals.dp_marginals(train, model, 1e-4, grid_bins=grid)
         rows.append((f"no noise, {grid} cells", [tvd20(model, train, exact, r) for r in range(repeats)]))
-    saved = hierarchy.BRANCHING, hierarchy.FALSE_BLOCK
+    saved = hierarchy.BRANCHING, hierarchy.FALSE_BLOCK, dp_marginals.tree_for
+    trees = {
+        "twentieths": hierarchy.tree_for,
+        "fifths": lambda n: hierarchy.tree_for(n, twentieths_top=False),
+        "b-ary": hierarchy.Tree,
+    }
     try:
-        for label, (grid, branching, false_block) in VARIANTS.items():
+        for label, (grid, branching, false_block, levels) in VARIANTS.items():
             hierarchy.BRANCHING = dp_marginals.BRANCHING = branching
             hierarchy.FALSE_BLOCK = false_block
+            dp_marginals.tree_for = trees[levels]  # type: ignore[assignment]
             runs = [
                 tvd20(model, train, dp_marginals.dp_marginals(train, model, noise, grid_bins=grid), r)
                 for r in range(repeats)
@@ -86,7 +95,7 @@ def one_table(name: str, repeats: int) -> list[str]:
             rows.append((label, runs))
     finally:
         hierarchy.BRANCHING = dp_marginals.BRANCHING = saved[0]
-        hierarchy.FALSE_BLOCK = saved[1]
+        hierarchy.FALSE_BLOCK, dp_marginals.tree_for = saved[1:]
     columns = [c for c in rows[0][1][0] if c != FINE]
     out = [
         f"## {name} ({train.height:,} training rows; noise multiplier {noise:.2f})",

@@ -31,7 +31,7 @@ from privflow.privacy.mechanisms.dp_marginals import (
     release_marginal_counts,
     statistic,
 )
-from privflow.privacy.mechanisms.hierarchy import BRANCHING, project_to_total
+from privflow.privacy.mechanisms.hierarchy import project_to_total
 from tests.stats_checks import FALSE_ALARM
 
 DELTA = 1e-5
@@ -91,21 +91,21 @@ def extreme_rows(schema: Schema) -> list[pl.DataFrame]:
 
 def test_leave_one_out_sensitivity_is_exact() -> None:
     """Removing any row or adding any (even out-of-bounds) row moves the released vector by 1
-    in one node per level of every column (depths 1, 2, 3, 4, 1 here, and 1 for the missing pattern
-    of the two nullable columns): sqrt(12) in L2, less only where the row is null in a tree column
-    (its null cell alone)."""
+    in one node per level of every column (depths 1, 2, 3, 3, 1 here: the 640-cell grid's tree is its
+    twentieths and blocks of 8 over the cells; and 1 for the missing pattern of the two nullable
+    columns): sqrt(11) in L2, less only where the row is null in a tree column (its null cell alone)."""
     schema = toy_schema()
     cells = schema_cells(schema)
-    assert [mod.depth(c) for c in cells] == [1, 2, 3, 4, 1, 1]
+    assert [mod.depth(c) for c in cells] == [1, 2, 3, 3, 1, 1]
     assert cells[-1].pattern == ("color", "gain")
-    assert marginals_sensitivity(cells) == math.sqrt(12)
+    assert marginals_sensitivity(cells) == math.sqrt(11)
     df = toy_frame(300)
     base = statistic(marginal_counts(df, schema), cells)
     variants = [(pl.concat([df.slice(0, i), df.slice(i + 1)]), df.row(i, named=True)) for i in (0, 1, 77, 150, 299)]
     variants += [(pl.concat([df, row]), row.row(0, named=True)) for row in extreme_rows(schema)]
     for v, row in variants:
         shift = statistic(marginal_counts(v, schema), cells) - base
-        expected = 12 - (2 if row["gain"] is None else 0)  # a null gain: its null cell, not 3 levels
+        expected = 11 - (2 if row["gain"] is None else 0)  # a null gain: its null cell, not 3 levels
         assert np.abs(shift).sum() == pytest.approx(expected)
         assert np.linalg.norm(shift) == pytest.approx(math.sqrt(expected))
         assert np.linalg.norm(shift) <= marginals_sensitivity(cells) + 1e-12
@@ -114,7 +114,8 @@ def test_leave_one_out_sensitivity_is_exact() -> None:
 
 def test_the_tree_levels_count_blocks_of_cells() -> None:
     """Against a count of (level, block) pairs made row by row: a row in cell k is in block
-    k // b**h of the level h above the cells."""
+    k // w of a level whose blocks hold w cells (b**h for b-ary levels h above the cells; 8 and 32
+    on the 640-cell grid)."""
     schema = toy_schema()
     cells = schema_cells(schema)
     df = toy_frame(500, seed=5)
@@ -129,9 +130,9 @@ def test_the_tree_levels_count_blocks_of_cells() -> None:
         if tree is None:
             continue
         values = codes[:, j][codes[:, j] < c.n_values]
-        for h in range(tree.depth - 1, 0, -1):  # the top level first
-            blocks = -(-c.n_values // BRANCHING**h)
-            expected = np.bincount(values // BRANCHING**h, minlength=blocks).astype(float)
+        for w in tree.widths[:-1]:  # the top level first
+            blocks = -(-c.n_values // w)
+            expected = np.bincount(values // w, minlength=blocks).astype(float)
             assert np.array_equal(released[at : at + blocks], expected)
             at += blocks
     assert at == released.size
@@ -184,7 +185,7 @@ def test_event_is_no_stronger_than_opendp_certifies(eps: float) -> None:
         levels = [(codes[:, j], c.n_cells)]
         if tree is not None:
             values = codes[:, j][codes[:, j] < c.n_values]
-            levels += [(values // BRANCHING**h, -(-c.n_values // BRANCHING**h)) for h in range(tree.depth - 1, 0, -1)]
+            levels += [(values // w, -(-c.n_values // w)) for w in tree.widths[:-1]]
         for block, n_blocks in levels:
             count = dp.t.make_count_by_categories(
                 dp.vector_domain(dp.atom_domain(T=int)),
@@ -221,7 +222,7 @@ def test_release_calls_the_exact_gaussian_at_the_stated_sensitivity(monkeypatch:
     monkeypatch.setattr(mod, "gaussian_mechanism", spy)
     schema = toy_schema()
     dp_marginals(toy_frame(50), schema, 2.0)
-    assert calls == [(math.sqrt(12), 2.0)]  # depths 1 + 2 + 3 + 4 + 1 and the missing pattern's 1
+    assert calls == [(math.sqrt(11), 2.0)]  # depths 1 + 2 + 3 + 3 + 1 and the missing pattern's 1
 
 
 def test_noise_law_and_scale() -> None:
@@ -335,15 +336,16 @@ def test_large_epsilon_converges_to_the_empirical_marginals(adult: tuple[pl.Data
 
 
 def test_planned_grid_is_the_configured_one_or_the_default() -> None:
-    """640 cells by default, 512 (a tree of 3 levels, not 4) below 1,000 public expected rows; a
-    configured grid is kept whatever the rows."""
+    """640 cells by default (a tree of 3 levels: the twentieths, blocks of 8, the cells), 512 (3
+    levels: blocks of 64 and 8, the cells) below 1,000 public expected rows; a configured grid is
+    kept whatever the rows."""
     from privflow.tasks.marginals_stage import planned_grid_bins
 
     assert planned_grid_bins("auto") == planned_grid_bins("auto", 1_000) == mod.DEFAULT_GRID_BINS == 640
     assert planned_grid_bins("auto", 999) == 512
     assert [
         mod.depth(column_cells(Column(name="x", type="numeric", bounds=(0, 1)), grid_bins=g)) for g in (640, 512)
-    ] == [4, 3]
+    ] == [3, 3]
     assert planned_grid_bins(64) == planned_grid_bins(64, 10) == 64
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privflow.privacy.mechanisms.hierarchy import FALSE_BLOCK, Tree, split, threshold
+from privflow.privacy.mechanisms.hierarchy import FALSE_BLOCK, Tree, split, threshold, tree_for, twentieths_fanouts
 
 
 @pytest.mark.parametrize(
@@ -21,6 +21,40 @@ from privflow.privacy.mechanisms.hierarchy import FALSE_BLOCK, Tree, split, thre
 def test_levels_are_added_until_one_holds_at_most_b_blocks(leaves: int, sizes: list[int]) -> None:
     tree = Tree(leaves)
     assert tree.sizes == sizes and tree.depth == len(sizes) and tree.inner == sum(sizes[:-1])
+
+
+@pytest.mark.parametrize(
+    ("leaves", "sizes"),
+    [(640, [20, 80, 640]), (1280, [20, 160, 1280]), (100, [20, 100]), (60, [20, 60]), (512, [8, 64, 512]),
+     (366, [6, 46, 366]), (20, [3, 20]), (660, [2, 11, 83, 660])],
+)  # fmt: skip
+def test_a_grid_that_20_divides_has_its_twentieths_on_top(leaves: int, sizes: list[int]) -> None:
+    """Where 20 divides the cells into blocks whose size factors into fanouts of at most 8, the top
+    level is the 20 blocks of 5% of the cells each; elsewhere 8-ary blocks (660 / 20 = 33 = 3 x 11)."""
+    tree = tree_for(leaves)
+    assert tree.sizes == sizes
+    if sizes[0] == 20:
+        width = leaves // 20
+        top = tree.upper_counts(np.arange(leaves, dtype=float))[:20]  # cell k holds k
+        assert np.array_equal(top, [sum(range(k * width, (k + 1) * width)) for k in range(20)])
+    assert (twentieths_fanouts(leaves) is None) == (sizes[0] != 20)
+
+
+@given(st.integers(1, 700), st.lists(st.integers(2, 9), max_size=4), st.integers(0, 2**31))
+@settings(max_examples=60, deadline=None)
+def test_mixed_fanouts_count_the_blocks_of_cells(leaves: int, fanouts: list[int], seed: int) -> None:
+    """Against a count made from the cell index: a node of height h covers the cells whose index
+    divided by the product of the fanouts below it is its index; the noiseless estimate returns
+    the counts."""
+    tree = Tree(leaves, 8, tuple(fanouts))
+    cells = np.random.default_rng(seed).integers(0, leaves, 300)
+    counts = np.bincount(cells, minlength=leaves).astype(float)
+    upper = tree.upper_counts(counts)
+    widths = np.cumprod([1] + [tree.fanout_below(k) for k in range(tree.depth - 2, -1, -1)])
+    expected = [np.bincount(cells // w, minlength=-(-leaves // w)) for w in widths[1:][::-1]]
+    assert np.array_equal(upper, np.concatenate(expected) if expected else np.zeros(0))
+    mass, _ = tree.estimate(counts, upper, 1e-6, float(counts.sum()))
+    assert np.allclose(mass, counts)
 
 
 @given(st.integers(1, 700), st.integers(2, 16), st.integers(0, 2**31))

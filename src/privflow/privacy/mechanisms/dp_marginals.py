@@ -7,8 +7,9 @@ small integer support, else a fine grid of integer runs; a fine grid of bins for
 columns, on the log1p scale where the schema says so; a cell of its own for each of the
 schema's declared point masses, `atoms`; a null cell for a nullable column). An ordered column
 (integer or numeric) with more than `hierarchy.BRANCHING` value cells also releases the levels
-of a b-ary tree over its value cells (`privacy/mechanisms/hierarchy.py`): the counts of blocks
-of 8, 64, ... consecutive cells. Everything is concatenated into one count vector
+of a tree over its value cells (`privacy/mechanisms/hierarchy.py`, `tree_for`): the counts of
+blocks of consecutive cells (on the default grid of 640 cells, blocks of 8 and the bounds'
+twentieths, 32; blocks of 8, 64, ... cells otherwise). Everything is concatenated into one count vector
 (`statistic`) and released once with the Gaussian mechanism (exact sampler, `privacy.noise`
 via `gaussian_mechanism`).
 
@@ -59,7 +60,7 @@ from privflow.data.schema import Schema
 from privflow.privacy.accounting.calibration import gaussian_noise_for_epsilon
 from privflow.privacy.accounting.events import GaussianEvent
 from privflow.privacy.mechanisms.gaussian import gaussian_event, gaussian_mechanism
-from privflow.privacy.mechanisms.hierarchy import BRANCHING, Tree, project_to_total
+from privflow.privacy.mechanisms.hierarchy import BRANCHING, Tree, project_to_total, tree_for
 
 COUNT_CHUNK_ROWS = 500_000  # rows per chunk of the cell index (bounded memory on large tables)
 RAKE_ROUNDS = 50  # iterative proportional fitting of the missing pattern to its columns' null shares
@@ -74,7 +75,7 @@ def tree_of(cells: Cells) -> Tree | None:
     """The tree over an ordered column's value cells, or None (categories, or too few cells to need one)."""
     if cells.kind == "categorical" or cells.n_values <= BRANCHING:
         return None
-    return Tree(cells.n_values)
+    return tree_for(cells.n_values)
 
 
 def depth(cells: Cells) -> int:
