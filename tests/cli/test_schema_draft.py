@@ -238,3 +238,35 @@ def test_over_budget_after_an_earlier_charge_leaves_the_ledger_as_it_was(tmp_pat
     assert second.exit_code == 4 and "refused before reading any row" in " ".join(second.output.split())
     assert [(r.run_id, r.status, r.epsilon) for r in Ledger(store / "ledger.db").runs()] == before
     assert not (tmp_path / "b.yaml").exists()
+
+
+def test_a_category_below_the_threshold_is_named_with_the_epsilon_that_lists_it(tmp_path: Path, no_noise: None) -> None:
+    """A value holding 6% of 3,000 rows cannot pass a thresholded histogram at the share of a draft at
+    epsilon 0.1: the draft says so, naming the column and an epsilon; drafted again at that epsilon
+    (noise off: the threshold is the only obstacle), the value is listed."""
+    data = tmp_path / "shop.csv"
+    rng = np.random.default_rng(3)
+    rows = 3000
+    kind = rng.choice(["card", "cash", "voucher"], rows, p=[0.6, 0.34, 0.06])
+    amount = np.round(rng.lognormal(3, 1, rows), 2)
+    with data.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["kind", "amount", "visits"])
+        for i in range(rows):
+            w.writerow([kind[i], f"{amount[i]:.2f}", int(rng.integers(1, 40))])
+    store = tmp_path / "store"
+
+    def draft(epsilon: str, out: Path) -> tuple[str, Schema]:
+        result = _draft("--data", str(data), "-o", str(out), "--epsilon", epsilon, "--store", str(store))
+        assert result.exit_code == 0, result.output
+        return result.output, Schema.from_yaml(out)
+
+    said, low = draft("0.1", tmp_path / "low.yaml")
+    assert "voucher" not in low.column("kind").categories
+    line = " ".join(said.split())
+    assert "'kind': at this epsilon a value is listed only when it holds about" in line, said
+    need = line.split("a draft at --epsilon ", 1)[1].split(" ", 1)[0]
+    assert 0.1 < float(need) < 10
+    said, high = draft(need, tmp_path / "high.yaml")
+    assert "voucher" in high.column("kind").categories
+    assert "'kind': at this epsilon" not in " ".join(said.split())

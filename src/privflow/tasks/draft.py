@@ -593,6 +593,14 @@ def _fill_time(kind: dd.KindDecision, s: pl.Series, eps: float, eps_kinds: float
     return [dd.Entry("bounds", bound, comment), _nullable(kind, eps_kinds)]
 
 
+def _round_up(x: float) -> str:
+    """x rounded up to two significant digits, as text."""
+    if not x > 0:
+        return "0"
+    step = 10.0 ** (math.floor(math.log10(x)) - 1)
+    return f"{float(f'{math.ceil(round(x / step, 9)) * step:.12g}'):g}"
+
+
 def _other_label(categories: list[str]) -> str:
     taken = {c.casefold() for c in categories} | {t.casefold() for t in dd.MISSING_TOKENS}
     return next((o for o in OTHER_LABELS if o.casefold() not in taken), f"other_{len(categories)}")
@@ -607,6 +615,16 @@ def _fill_categories(
     target = sug.name == plan.target
     share = TARGET_SHARE if target else CATEGORY_SHARE
     hist = dp_histogram.ThresholdedHistogram(eps, hdelta)
+    reach = share * kind.present  # the rows a value at the listing share holds (DP)
+    if not target and hist.threshold > reach > 1.0:
+        need = float(plan.epsilon or 0.0) * (hist.threshold - 1.0) / (reach - 1.0)  # the threshold falls as 1/epsilon
+        notes.append(
+            f"'{sug.name}': at this epsilon a value is listed only when it holds about {hist.threshold:,.0f} rows "
+            f"({hist.threshold / kind.present:.0%} of its values, DP), so values holding {share:.0%} are read as "
+            f"`other`; a draft at --epsilon {_round_up(need)} or more lists them (the thresholded histogram's "
+            "threshold is 1 + ln(1/delta) / epsilon rows: no DP release can list a value held by fewer rows than about "
+            "ln(1/delta) / epsilon)"
+        )
     kept = hist.release(Counter(v for v in dd.texts(s) if v is not None))
     listed = {str(k): c for k, c in kept.items() if c >= share * kind.present}
     cover = sum(listed.values()) / kind.present
