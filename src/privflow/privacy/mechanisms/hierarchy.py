@@ -21,9 +21,9 @@ the cells' twentieths: the 20 blocks of 5% of the public bounds each, so a summa
 blocks that straddle nothing in particular (640 cells in 8-ary blocks had levels of 2, 10 and 80
 blocks). Otherwise every fanout is b and levels are added until one holds at most b blocks. The
 column's total is not a level: the release estimates it from every column.
-Measured (benchmarks/results/marginal_tree.md): against 8-ary blocks, the twentieths on top cut
-the marginals' 20-bin error by 10-20% on tables of 6,000-43,000 rows at the same noise, one level
-fewer (a smaller sensitivity). A row adds 1
+Measured (benchmarks/results/marginal_tree.md, the marginals alone at one noise): against 8-ary
+blocks, the twentieths on top cut the 20-bin error by 11-25% on tables of 6,000-43,000 rows and
+the fine error a little, one level fewer (a smaller sensitivity); about even on 1,176 rows. A row adds 1
 to one node per level, so a column of depth L (levels, leaves included) adds L to the squared
 L2 sensitivity of the whole release (`privacy/mechanisms/dp_marginals.py`).
 
