@@ -132,6 +132,7 @@ def _column(raw: pl.Series, col: object) -> dict:
         row["bounds"] = f"[{lo:g}, {hi:g}]"
         row["range"] = f"[{x.min():g}, {x.max():g}]" if x.size else "-"
         row["clamped"] = float(np.mean((x < lo) | (x > hi))) if x.size else 0.0
+        row["width"] = (hi - lo) / max(float(x.max() - x.min()), 1e-12) if x.size else None
         row["atoms"] = list(col.atoms)  # type: ignore[attr-defined]
     elif col.type in ("date", "datetime"):  # type: ignore[attr-defined]
         units = [col.time_units(v) for v in present.to_list()]  # type: ignore[attr-defined]
@@ -148,6 +149,9 @@ def _column(raw: pl.Series, col: object) -> dict:
         row["kept"] = len(cats)
         row["distinct"] = present.n_unique()
         row["other"] = float(1 - present.is_in(cats).mean()) if present.len() else 0.0  # type: ignore[arg-type]
+        shares = present.value_counts(normalize=True)
+        big = shares.filter(pl.col("proportion") >= 0.05).get_column(present.name).to_list()
+        row["big"], row["big_listed"] = len(big), sum(1 for v in big if v in cats)
     elif col.type == "boolean":  # type: ignore[attr-defined]
         labels = [t.casefold() for t in col.true_false]  # type: ignore[attr-defined]
         row["labels"] = "/".join(col.true_false)  # type: ignore[attr-defined]
@@ -212,7 +216,35 @@ def report(name: str, epsilon: float, runs: list[dict]) -> list[str]:
             for c in first["columns"] if c["type"] != "ignore"
         ))  # fmt: skip
         lines.append("")
+    lines += _summary(runs)
     return lines
+
+
+def _summary(runs: list[dict]) -> list[str]:
+    """Over every repeat: how many drafted bounds keep >= 99% of their column's values inside, how
+    wide they are against the real range, and how many categories holding >= 5% were listed."""
+    cols = [c for r in runs if "columns" in r for c in r["columns"]]
+    kinds = ("numeric", "integer", "date", "datetime")
+    bounded = [c for c in cols if c.get("clamped") is not None and c["type"] in kinds]
+    kept = sum(1 for c in bounded if c["clamped"] <= 0.01)
+    widths = [c["width"] for c in bounded if c.get("width") is not None]
+    big = sum(c.get("big", 0) for c in cols)
+    listed = sum(c.get("big_listed", 0) for c in cols if c["type"] == "categorical")
+    out = []
+    if bounded:
+        out.append(
+            f"Over all repeats: drafted bounds keeping >= 99% of their column's values inside: **{kept} of "
+            f"{len(bounded)}** ({kept / len(bounded):.0%}; target: all)"
+            + (f"; numeric bounds' width / the real range: median {np.median(widths):.1f}, largest "
+               f"{max(widths):.3g}" if widths else "")
+            + "."
+        )  # fmt: skip
+    if big:
+        out.append(
+            f"Categories holding >= 5% of their column's values listed by name (categorical columns drafted "
+            f"as such): **{listed} of {big}** ({listed / big:.0%})."
+        )
+    return [*out, ""] if out else []
 
 
 def _share(run: dict, name: str) -> float:
