@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from privflow.core.errors import ConfigError, SchemaError
 from privflow.data.lowering import lower
-from privflow.data.rules import broken, counts, curator_lines
+from privflow.data.rules import broken, counts, curator_lines, reflected
 from privflow.data.schema import Schema, time_number
 from privflow.serving import conditions as cond
 from privflow.serving.conditions import Conditions, conditions_for, with_rules
@@ -367,6 +367,34 @@ def test_an_inequality_ignores_a_missing_side_and_compares_values_as_written() -
     assert counts(s, frame) == [("low < high", 3), ("start <= end", 2)]
 
 
+def test_a_broken_inequality_is_mended_by_swapping_where_the_values_fit() -> None:
+    """`reflected`: a row with low > high gets the two values swapped; a row that meets the rule,
+    a missing side, a strict rule's equal values, and a value the other column's bounds do not
+    hold are left for the redraw; other columns are untouched; the rule holds on every mended row."""
+    doc = yaml.safe_load(COLUMNS)
+    doc["columns"][3]["bounds"] = [0, 50]  # high: a narrower range than low's
+    doc["rules"] = [{"kind": "inequality", "low": "low", "high": "high", "strict": True}]
+    s = Schema.validated(doc)
+    frame = pl.DataFrame(
+        {
+            "low": [1.0, 9.0, None, 4.0, 70.0, 30.0],
+            "high": [2.0, 3.0, 5.0, 4.0, 10.0, 20.0],
+            "wind": [1, 2, 3, 4, 5, 6],
+        }
+    )
+    out = reflected(s, frame)
+    assert out.get_column("low").to_list() == [1.0, 3.0, None, 4.0, 70.0, 20.0]
+    assert out.get_column("high").to_list() == [2.0, 9.0, 5.0, 4.0, 10.0, 30.0]  # 70 does not fit high's [0, 50]
+    assert out.get_column("wind").to_list() == [1, 2, 3, 4, 5, 6]
+    assert broken(s, out)["low < high"].to_list() == [False, False, False, True, True, False]
+    dates = schema("rules:\n  - {kind: inequality, low: start, high: end}\n")
+    days = pl.DataFrame({"start": _days("2020-03-01", "2020-01-01"), "end": _days("2020-02-01", "2020-01-05")})
+    assert reflected(dates, days).to_dict(as_series=False) == {
+        "start": _days("2020-02-01", "2020-01-01"),
+        "end": _days("2020-03-01", "2020-01-05"),
+    }
+
+
 def test_combinations_check_present_values_only_and_take_booleans() -> None:
     s = schema(
         "rules:\n  - {kind: combinations, columns: [country, currency], allowed: [[US, USD], [FR, EUR], [DE, EUR]]}\n"
@@ -486,10 +514,12 @@ def test_no_released_row_breaks_a_rule_and_the_draws_rejected_are_counted(ruled)
     assert tally.kept >= 500 and tally.drawn > tally.kept
     assert tally.broke_rules == tally.drawn - tally.kept  # nothing else was asked for
     # the rule on the target (status, drawn by the head) holds by construction: the head draws
-    # among the classes the row's wind allows, so no draw is rejected for it; the others reject
-    on_target = "if status = HU then wind >= 64"
-    assert list(tally.by_rule) == LABELS and tally.by_rule[on_target] == 0
-    assert all(k > 0 for name, k in tally.by_rule.items() if name != on_target)
+    # among the classes the row's wind allows, so no draw is rejected for it; a broken inequality
+    # is mended by swapping its values (`start <= end` always; `low < high` but where they are
+    # equal as written); the others reject
+    on_target, mended = "if status = HU then wind >= 64", ("low < high", "start <= end")
+    assert list(tally.by_rule) == LABELS and tally.by_rule[on_target] == tally.by_rule["start <= end"] == 0
+    assert all(k > 0 for name, k in tally.by_rule.items() if name not in (on_target, *mended))
     assert max(tally.by_rule.values()) <= tally.broke_rules <= sum(tally.by_rule.values())
     assert 0.3 < tally.rule_share < 1.0
     note = tally.rules_note()
@@ -684,8 +714,8 @@ def test_a_release_table_the_rules_make_too_rare_keeps_the_rows_that_meet_them(t
 
     s = with_one({"kind": "inequality", "low": "low", "high": "high", "strict": True})
     drawn = pl.DataFrame({c.name: [None] * 4 for c in lower(s).columns}).with_columns(
-        pl.Series("low", [1.0, 5.0, 2.0, 9.0]), pl.Series("high", [2.0, 4.0, 3.0, 1.0])
-    )
+        pl.Series("low", [1.0, 5.0, 2.0, 3.0]), pl.Series("high", [2.0, 4.0, 3.0, 3.0])
+    )  # the second row is mended by a swap; the last, equal where the rule is strict, cannot be
 
     def sample(n: int, seed: int | None = None, rules: bool = True) -> pl.DataFrame:
         if rules:
@@ -696,9 +726,10 @@ def test_a_release_table_the_rules_make_too_rare_keeps_the_rows_that_meet_them(t
     monkeypatch.setattr(pipeline.store_ml, "log_synthetic", lambda path: None)
     config = RunConfig.build(data=tmp_path / "d.csv", schema_path=tmp_path / "s.yaml", store=tmp_path)
     table, path, note = pipeline._release_table(config, s, SimpleNamespace(sample=sample), tmp_path, "run-1")
-    assert table.get_column("low").to_list() == [1.0, 2.0]
-    assert pl.read_csv(path).height == 2
-    assert note is not None and "2 of the 4 rows" in note
+    assert table.get_column("low").to_list() == [1.0, 4.0, 2.0]
+    assert table.get_column("high").to_list() == [2.0, 5.0, 3.0]
+    assert pl.read_csv(path).height == 3
+    assert note is not None and "1 of the 4 rows" in note
 
 
 def test_the_head_draws_only_the_classes_a_rule_on_the_target_allows(ruled) -> None:

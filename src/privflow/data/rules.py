@@ -54,7 +54,8 @@ Where rules apply (docs/privacy.md):
 - Rules are public schema (privacy rule 2): reading them reads no row and costs nothing, and
   enforcing them is post-processing of the released model.
 - Every released row meets every rule: the sampler (privflow/serving/sampler.py,
-  privflow/serving/conditions.py) treats the rules as conditions every row must meet, combined
+  privflow/serving/conditions.py) first mends a broken inequality by swapping its two values
+  (`reflected`), then treats the rules as conditions every row must meet, combined
   with AND with `--where`'s: a row that breaks one is rejected and another drawn, within the
   conditions' draw cap (a ConfigError names the rule the model almost never meets). How many
   draws broke a rule, and which, is counted in the sampler's `Tally` (curator-facing, never
@@ -446,6 +447,44 @@ def allowed_classes(schema: Schema, frame: pl.DataFrame) -> np.ndarray | None:
             if label in rule.when.one_of:
                 allowed[broken_then, k] = False
     return allowed
+
+
+def reflected(schema: Schema, frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` (decoded rows, modelled form) with each inequality `low <= high` that a row breaks
+    mended by swapping the two values, where the columns are of one type and each value lies
+    inside the bounds of the column it moves to; rows it cannot mend are left as they are (the
+    sampler redraws them). Post-processing of released rows, in the schema's order of rules.
+
+    Why reflect rather than redraw: a model's draws cross the line `low = high` mostly close to
+    it, and rejecting them removes the rows near the line, which real tables hold in numbers
+    (a dew point at the temperature: fog); every column of those rows loses mass there. Swapping
+    folds the crossing mass back across the line, as kernel estimates reflect at a boundary:
+    weather's 20-bin TVD at epsilon 1 fell from 0.027 (rejection; humidity 0.069) to 0.013, its
+    draws breaking `dewp <= temp` being 10% (benchmarks/results/tables.md). A strict inequality's
+    equal values, and a value outside the other column's bounds, stay for the redraw."""
+    model = lower(schema)
+    for rule in model.rules:
+        if not isinstance(rule, InequalityRule):
+            continue
+        low, high = model.column(rule.low), model.column(rule.high)
+        if low.type != high.type or low.bounds is None or high.bounds is None:
+            continue
+        a, b = frame.get_column(rule.low), frame.get_column(rule.high)
+        fa, fb = _written(frame, low), _written(frame, high)
+        swap = (
+            (fa > fb)
+            & (b >= float(low.bounds[0]))
+            & (b <= float(low.bounds[1]))
+            & (a >= float(high.bounds[0]))
+            & (a <= float(high.bounds[1]))
+        ).fill_null(False)
+        if not swap.any():
+            continue
+        frame = frame.with_columns(
+            pl.when(swap).then(b).otherwise(a).alias(rule.low),
+            pl.when(swap).then(a).otherwise(b).alias(rule.high),
+        )
+    return frame
 
 
 def _breaks(rule: object, model: Schema, frame: pl.DataFrame) -> pl.Series:

@@ -453,7 +453,7 @@ def _release_table(
     except ConfigError:
         if not schema.rules:
             raise
-        drawn = fitted.sample(n_rows, seed=config.evaluate.sampling_seed, rules=False)
+        drawn = rules.reflected(schema, fitted.sample(n_rows, seed=config.evaluate.sampling_seed, rules=False))
         synthetic = drawn.filter(pl.Series(~rules.broken(schema, drawn).to_numpy().any(axis=1)))
         note = (
             f"the released model rarely meets the schema's rules: {drawn.height - synthetic.height:,} of the "

@@ -725,19 +725,28 @@ class Conditions:
         return any_rule, np.concatenate([[any_rule.sum()], table.sum(axis=0)]).astype(np.int64)
 
     def kept(
-        self, rows: Callable[..., pl.DataFrame], flow: Any, codec: Any, t: Any, mapped: bool, jitter: Any, target_u: Any
+        self,
+        rows: Callable[..., pl.DataFrame],
+        flow: Any,
+        codec: Any,
+        t: Any,
+        mapped: bool,
+        jitter: Any,
+        target_u: Any,
+        mend: bool = False,
     ) -> tuple[pl.DataFrame, float, int, np.ndarray | None]:
         """One batch of draws -> (the rows that meet the conditions and the rules, the expected
         number kept, the rows drawn, the rules' counts of `_rule_breaks`). `rows` is the sampler's
-        map-and-decode step (privflow.serving.sampler._rows); runs on a worker thread."""
+        map-and-decode step (privflow.serving.sampler._rows; `mend`: its broken inequalities
+        swapped back first); runs on a worker thread."""
         if not self._through_head(codec):
-            frame = rows(flow, codec, t, mapped, jitter, target_u)
+            frame = rows(flow, codec, t, mapped, jitter, target_u, mend)
             breaks, counted = self._rule_breaks(frame)
             keep = self._matches(frame) & ~breaks
             return frame.filter(pl.Series(keep)), float(keep.sum()), frame.height, counted
         from privflow.data.target_head import class_labels
 
-        rest = rows(flow, codec.inner, t, mapped, jitter)  # the flow's columns: the target is not drawn
+        rest = rows(flow, codec.inner, t, mapped, jitter, None, mend)  # the flow's columns: the target is not drawn
         drawn = rest.height
         labels = list(codec.column.categories or ())
         k = labels.index(self.values[codec.target])

@@ -87,17 +87,25 @@ def _target_draws(codec: Any, m: int, generator: Any) -> Any:
     return torch.rand(m, generator=generator, dtype=torch.float64).numpy()
 
 
-def _rows(flow: Any, codec: Any, t: Any, mapped: bool, jitter: Any = None, target_u: Any = None) -> Any:
-    """Map one batch of draws to decoded rows (on a worker thread). Inference mode, not just
-    no_grad: the flow's thousands of small kernels per batch skip autograd's version counting
-    and views (less CPU; the same numbers)."""
+def _rows(
+    flow: Any, codec: Any, t: Any, mapped: bool, jitter: Any = None, target_u: Any = None, mend: bool = False
+) -> Any:
+    """Map one batch of draws to decoded rows (on a worker thread); `mend`: broken inequalities
+    of the schema's rules swapped back (`rules.reflected`). Inference mode, not just no_grad: the
+    flow's thousands of small kernels per batch skip autograd's version counting and views (less
+    CPU; the same numbers)."""
     import torch
 
     with torch.inference_mode():
         v = (flow.from_base(t) if mapped else t).cpu().numpy()
     if jitter is not None:
         v = codec.uniformize(v, jitter)
-    return codec.decode(v) if target_u is None else codec.decode(v, target_u)
+    rows = codec.decode(v) if target_u is None else codec.decode(v, target_u)
+    if mend:
+        from privflow.data.rules import reflected
+
+        rows = reflected(codec.schema, rows)
+    return rows
 
 
 def iter_samples(
@@ -120,8 +128,9 @@ def iter_samples(
     `codec.schema`, the modelled one (a date there is its day number): give `Conditions` from
     `conditions_for(release schema, ...)` to condition on a column as the table writes it.
 
-    The rules of `codec.schema` (privflow/data/rules.py) hold on every row, `where` or not: they
-    are conditions every row meets (`conditions.with_rules`, AND with `where`'s), so a row that
+    The rules of `codec.schema` (privflow/data/rules.py) hold on every row, `where` or not: a
+    broken inequality is first mended by swapping its two values (`rules.reflected`), and the
+    rules are conditions every row meets (`conditions.with_rules`, AND with `where`'s), so a row that
     breaks one is redrawn, in rounds as for `where`, and the share of draws that broke a rule is
     counted in the `tally` of a `Conditions` given as `where` (curator-facing). A schema without
     rules samples as before.
@@ -152,7 +161,8 @@ def iter_samples(
         for start in range(0, share, batch)
     ]
     conditions = None
-    if where or (rules and getattr(getattr(codec, "schema", None), "rules", ())):  # conditions every row meets
+    mend = bool(rules and getattr(getattr(codec, "schema", None), "rules", ()))
+    if where or mend:  # conditions every row meets
         from privflow.serving import conditions as cond
 
         given = cond.conditions_for(codec.schema, where, getattr(where, "option", "where")) if where else None
@@ -172,9 +182,9 @@ def iter_samples(
                 t, mapped = _draw(flow, m, generator)
             jitter, target_u = _jitter(codec, m, generator), _target_draws(codec, m, generator)
             if conditions is None:
-                pending.append(pool.submit(_rows, flow, codec, t, mapped, jitter, target_u))
+                pending.append(pool.submit(_rows, flow, codec, t, mapped, jitter, target_u, mend))
             else:
-                pending.append(pool.submit(conditions.kept, _rows, flow, codec, t, mapped, jitter, target_u))
+                pending.append(pool.submit(conditions.kept, _rows, flow, codec, t, mapped, jitter, target_u, mend))
             if len(pending) > workers:
                 yield pending.popleft().result()
         while pending:
