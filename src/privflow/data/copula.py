@@ -182,8 +182,14 @@ class Cells:
         return self.kind == "categorical" or (self.kind == "integer" and bool(np.all(self.ends - self.starts == 1)))
 
 
-def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS) -> Cells:
-    """The cells of `col` from the schema alone (module docstring, "Cells")."""
+def column_cells(
+    col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int = DEFAULT_GRID_BINS, aligned_runs: bool = True
+) -> Cells:
+    """The cells of `col` from the schema alone (module docstring, "Cells"). An integer column's
+    runs: where `aligned_runs`, the integers between consecutive edges of the grid over its
+    bounds [lo, hi] (as the summaries' bins are), so every 20th edge of the 640 is a 20-bin
+    summary's edge and a spike at one (flights' departures at 6:00, 600 on [0, 2400]) is not
+    drawn across it; releases made before spread the grid over [lo, hi + 1] and rounded."""
     if max_atoms < 1 or grid_bins < 1:
         raise ValueError(f"max_atoms and grid_bins must be >= 1, got {max_atoms}, {grid_bins}")
     if col.is_categorical:
@@ -211,8 +217,14 @@ def column_cells(col: Column, max_atoms: int = DEFAULT_MAX_ATOMS, grid_bins: int
     if hi_i - lo_i + 1 <= max_atoms:
         starts = np.arange(lo_i, hi_i + 1, dtype=np.int64)
     else:
-        t_edges = np.linspace(float(_t(lo_i, col.transform)), float(_t(hi_i + 1, col.transform)), grid_bins + 1)
-        cuts = np.rint(_t_inv(t_edges, col.transform)).astype(np.int64)
+        if aligned_runs:  # the integers v with e_k <= t(v) < e_k+1: at each edge the smallest v with t(v) >= e
+            t_edges = np.linspace(float(_t(lo, col.transform)), float(_t(hi, col.transform)), grid_bins + 1)
+            cuts = np.maximum(np.floor(_t_inv(t_edges, col.transform)).astype(np.int64) - 1, lo_i)
+            for _ in range(3):  # t_inv's rounding error is far below one integer
+                cuts = np.where(_t(cuts.astype(np.float64), col.transform) < t_edges, cuts + 1, cuts)
+        else:
+            t_edges = np.linspace(float(_t(lo_i, col.transform)), float(_t(hi_i + 1, col.transform)), grid_bins + 1)
+            cuts = np.rint(_t_inv(t_edges, col.transform)).astype(np.int64)
         cuts[0], cuts[-1] = lo_i, hi_i + 1
         atoms = np.asarray(col.atoms, dtype=np.int64)  # each its own run [a, a + 1)
         starts = np.unique(np.clip(np.concatenate([cuts[:-1], atoms, atoms + 1]), lo_i, hi_i))
@@ -228,20 +240,21 @@ def schema_cells(
     grid_bins: int = DEFAULT_GRID_BINS,
     calendar_parts: bool = True,
     missing_pattern: bool = True,
+    aligned_runs: bool = True,
 ) -> list[Cells]:
     """`column_cells` for every column, in schema order; a calendar column (a lowered date or
     datetime) as the cells of its parts (privflow/data/calendar.py) where `calendar_parts`, as one
     integer column otherwise; where `missing_pattern`, last, the cells of the nullable columns'
     missing pattern (privflow/data/missing_pattern.py), when two or more columns are nullable.
-    Releases made before the parts or the pattern existed set those flags False."""
+    Releases made before the parts, the pattern or the aligned runs existed set those flags False."""
     parts = calendar.schema_parts(schema, max_atoms) if calendar_parts else {}
     out: list[Cells] = []
     for c in schema.columns:
         if c.name not in parts:
-            out.append(column_cells(c, max_atoms, grid_bins))
+            out.append(column_cells(c, max_atoms, grid_bins, aligned_runs))
             continue
         for p in parts[c.name]:
-            cells = column_cells(calendar.part_column(c, p), max_atoms, grid_bins)
+            cells = column_cells(calendar.part_column(c, p), max_atoms, grid_bins, aligned_runs)
             out.append(dataclasses.replace(cells, source=c.name, part=p.part, unit=c.calendar_unit))
     columns = pattern.pattern_columns(schema) if missing_pattern else ()
     if columns:
@@ -358,6 +371,8 @@ class Marginals:
     # the missing pattern alone says which of its columns' values are null: each such column's
     # coordinate is its values' CDF, a missing value an independent uniform (`CopulaCodec`)
     nulls_in_pattern: bool = True
+    # an integer column's runs lie between the grid's edges over its bounds (`column_cells`)
+    aligned_runs: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (floats), for the model artifact."""
@@ -367,6 +382,7 @@ class Marginals:
             "calendar_parts": bool(self.calendar_parts),
             "missing_pattern": bool(self.missing_pattern),
             "nulls_in_pattern": bool(self.nulls_in_pattern),
+            "aligned_runs": bool(self.aligned_runs),
             "probs": {k: [float(x) for x in np.asarray(v)] for k, v in self.probs.items()},
         }
 
@@ -379,6 +395,7 @@ class Marginals:
             bool(data.get("calendar_parts", False)),  # a release made before the parts: one cell list per column
             bool(data.get("missing_pattern", False)),  # ... before the missing pattern: none
             bool(data.get("nulls_in_pattern", False)),  # ... before: the pattern's columns kept their null cells
+            bool(data.get("aligned_runs", False)),  # ... before: integer runs over [lo, hi + 1], rounded
         )
 
 
@@ -402,7 +419,12 @@ class CopulaCodec:
         self.marginals = marginals
         self.space: Space = space
         self.cells = schema_cells(
-            schema, marginals.max_atoms, marginals.grid_bins, marginals.calendar_parts, marginals.missing_pattern
+            schema,
+            marginals.max_atoms,
+            marginals.grid_bins,
+            marginals.calendar_parts,
+            marginals.missing_pattern,
+            marginals.aligned_runs,
         )
         extra = sorted(set(marginals.probs) - {c.column for c in self.cells})
         if extra:

@@ -400,7 +400,7 @@ def release_parts(codec: Any) -> tuple[dict[str, Any] | None, dict[str, Any] | N
         marginals = None
         if inner is not None and codec.rates is not None:
             probs = {**inner.probs, codec.target: codec.rates}
-            full = Marginals(probs, inner.max_atoms, inner.grid_bins, inner.calendar_parts, inner.missing_pattern)
+            full = dataclasses.replace(inner, probs=probs)  # every flag of the release kept
             marginals = full.to_dict()
         return marginals, codec.head.to_dict()
     if isinstance(codec, CopulaCodec):
