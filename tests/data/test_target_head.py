@@ -293,3 +293,8 @@ def test_the_flows_codec_keeps_every_flag_of_the_release() -> None:
         codec = TargetCodec.around(schema, CopulaCodec(schema, made), random_head(schema))
         assert codec.inner.marginals.nulls_in_pattern is flag
         assert any(codec.inner.values_only) is flag  # gain and color are nullable, under the pattern
+        if codec.rates is not None:  # what is stored beside the weights reads back with the same flags
+            stored, head = release_parts(codec)
+            again = release_codec(schema, stored, head)
+            assert again.inner.marginals.nulls_in_pattern is flag
+            assert again.inner.marginals.aligned_runs is made.aligned_runs
