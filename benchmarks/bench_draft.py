@@ -132,7 +132,8 @@ def _column(raw: pl.Series, col: object) -> dict:
         row["bounds"] = f"[{lo:g}, {hi:g}]"
         row["range"] = f"[{x.min():g}, {x.max():g}]" if x.size else "-"
         row["clamped"] = float(np.mean((x < lo) | (x > hi))) if x.size else 0.0
-        row["width"] = (hi - lo) / max(float(x.max() - x.min()), 1e-12) if x.size else None
+        span = float(x.max() - x.min()) if x.size else 0.0
+        row["width"] = (hi - lo) / span if span > 0 else None  # a constant column has no range to compare
         row["atoms"] = list(col.atoms)  # type: ignore[attr-defined]
     elif col.type in ("date", "datetime"):  # type: ignore[attr-defined]
         units = [col.time_units(v) for v in present.to_list()]  # type: ignore[attr-defined]
