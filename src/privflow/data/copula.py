@@ -14,10 +14,12 @@ Each column's marginal is a probability vector over its cells, in this order:
 - integer: cells are runs of consecutive integers [a_k, b_k). If the support
   ceil(lo)..floor(hi) has at most `max_atoms` values, every integer is its own cell (an
   atom: spikes such as a loan term 12/24/36/48/60 and point masses such as a capital
-  gain of 0 are kept exactly). Otherwise the cells are `grid_bins` equal-width bins of the
-  dequantized domain [lo, hi + 1) on the column's scale (identity or log1p), with edges
-  rounded to integers and duplicates dropped (on a log scale the first cells are then
-  single integers, e.g. 0, 1, 2, ...); each of the schema's declared `atoms` is cut out as a
+  gain of 0 are kept exactly). Otherwise cell k holds the integers v with e_k <= t(v) <
+  e_k+1, for `grid_bins` equal-width bins e of [lo, hi] on the column's scale t (identity or
+  log1p), the last one holding hi; empty cells are dropped (on a log scale the first cells are
+  then single integers, e.g. 0, 1, 2, ...). The bins are the public summaries' (20 bins of
+  [lo, hi]), so no run straddles a summary's edge (releases made before `aligned_runs` binned
+  [lo, hi + 1) and rounded the edges). Each of the schema's declared `atoms` is cut out as a
   single integer of its own;
 - numeric: `grid_bins` equal-width bins of [lo, hi] on the column's scale (t = identity or
   log1p), and a zero-width cell [a, a] for each declared atom a (a public point mass: 0 for
