@@ -270,3 +270,33 @@ def test_a_category_below_the_threshold_is_named_with_the_epsilon_that_lists_it(
     said, high = draft(need, tmp_path / "high.yaml")
     assert "voucher" in high.column("kind").categories
     assert "'kind': at this epsilon" not in " ".join(said.split())
+
+
+def test_a_target_that_keeps_no_class_names_the_epsilon_that_keeps_them(tmp_path: Path, no_noise: None) -> None:
+    """40 cities of about 2.5% of 3,000 rows each, the target, at epsilon 0.1: no class passes the
+    threshold; the note names the epsilon at which classes holding 1% pass, and a draft there (noise
+    off) keeps every city and declares the target."""
+    data = tmp_path / "homes.csv"
+    rng = np.random.default_rng(5)
+    rows = 3000
+    city = rng.choice([f"city{k:02d}" for k in range(40)], rows)
+    with data.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["city", "sales", "month"])
+        for i in range(rows):
+            w.writerow([city[i], int(rng.integers(5, 900)), int(rng.integers(1, 13))])
+    store = tmp_path / "store"
+
+    def draft(epsilon: str, out: Path) -> str:
+        args = ["--data", str(data), "-o", str(out), "--epsilon", epsilon, "--store", str(store), "--target", "city"]
+        result = _draft(*args)
+        assert result.exit_code == 0, result.output
+        return " ".join(result.output.split())
+
+    said = draft("0.1", tmp_path / "low.yaml")
+    assert "target 'city': no class passed the DP threshold" in said and "classes holding 1% of the rows pass" in said
+    need = said.split("at --epsilon ", 1)[1].split(" ", 1)[0]
+    assert 0.1 < float(need) < 10
+    said = draft(need, tmp_path / "high.yaml")
+    high = Schema.from_yaml(tmp_path / "high.yaml")
+    assert high.target == "city" and len([c for c in high.column("city").categories if c.startswith("city")]) == 40

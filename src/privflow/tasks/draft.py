@@ -89,6 +89,7 @@ NULLABLE_SD = 3.0  # nullable unless the DP missing count + this many noise sd i
 ATOM_SHARE = 0.05  # a value holding at least this share of the present values (DP) is an atom
 CATEGORY_SHARE = 0.05  # a category holding at least this share of the present values (DP) is listed
 TARGET_SHARE = 0.002  # ... of the target's classes
+TARGET_HINT_SHARE = 0.01  # a target that keeps no class: the epsilon at which classes this share pass
 COVER_SHARE = 0.5  # a text column whose listed categories cover less than this share is `ignore`
 ID_SHARE = 0.95  # an integer column with an identifier's name and this share of distinct values: ignore
 NOISE_WARN = 0.01  # warn when a kind count's noise sd passes this share of the DP row count
@@ -636,9 +637,18 @@ def _fill_categories(
         return dd.Suggestion(sug.name, "ignore", dd.BY_DP, note=note), []
     out: list[dd.Entry] = []
     if not listed:
+        reach = TARGET_HINT_SHARE * kind.present  # the rows of a class holding 1% of the values (DP)
+        hint = ""
+        if hist.threshold > reach > 1.0:
+            need = float(plan.epsilon or 0.0) * (hist.threshold - 1.0) / (reach - 1.0)
+            hint = (
+                f" (a class is listed when it holds about {hist.threshold:,.0f} rows here; at --epsilon "
+                f"{_round_up(need)} classes holding {TARGET_HINT_SHARE:.0%} of the rows pass)"
+            )
         notes.append(
             f"target '{sug.name}': no class passed the DP threshold (too few rows for this epsilon), so the draft "
-            "leaves it out (type ignore, no `target`); declare its classes by hand, or draft with a larger --epsilon"
+            f"leaves it out (type ignore, no `target`); declare its classes by hand, or draft with a larger --epsilon"
+            + hint
         )
         return dd.Suggestion(sug.name, "ignore", dd.BY_DP, note="the target: no class passed the DP threshold"), out
     categories = sorted(listed)
