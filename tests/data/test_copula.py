@@ -3,6 +3,8 @@ marginals equal the released ones, spikes and bounds kept, row by row at any bat
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import polars as pl
 import pytest
@@ -10,6 +12,7 @@ from scipy import stats
 
 from privflow.core.errors import DataError
 from privflow.data.copula import (
+    NULL_BAND,
     U_MARGIN,
     CopulaCodec,
     Marginals,
@@ -133,15 +136,26 @@ def test_round_trip(space: str) -> None:
 
 
 def test_encode_is_uniform_under_the_data_marginals() -> None:
-    """With the data's own marginals every column encodes to U(0, 1): the copula's premise."""
+    """With the data's own marginals every column encodes to U(0, 1): the copula's premise. A column
+    the missing pattern covers: its present values do, its missing ones lie in the band of width
+    `null_band` around 1/2 (with a band of 1, the whole column is uniform, as releases made before)."""
     from scipy import stats
+
+    from privflow.data.copula import cell_positions, cell_series
 
     schema = make_schema()
     df = make_frame(20_000, seed=5)
     m = Marginals({c.column: marginal_of(df, c) for c in schema_cells(schema)})
-    u = CopulaCodec.from_marginals(schema, m).encode(df, np.random.default_rng(6))
-    for j in range(u.shape[1]):
-        assert stats.kstest(u[:, j], "uniform").pvalue > 1e-3, schema.names[j]
+    for band in (m.null_band, 1.0):
+        codec = CopulaCodec.from_marginals(schema, dataclasses.replace(m, null_band=band))
+        u = codec.encode(df, np.random.default_rng(6))
+        for j, c in enumerate(codec.cells):
+            missing = (cell_positions(cell_series(df, c), c)[0] >= c.n_values) & codec.values_only[j]
+            if missing.any() and band < 1.0:
+                assert np.all(np.abs(u[missing, j] - 0.5) <= band / 2), c.column
+            keep = ~missing if band < 1.0 else np.ones(len(missing), dtype=bool)
+            assert stats.kstest(u[keep, j], "uniform").pvalue > 1e-3, (c.column, band)
+    assert any(codec.values_only)  # the schema has columns the pattern covers
 
 
 def test_encode_depends_only_on_schema_marginals_and_generator() -> None:
@@ -472,8 +486,8 @@ def test_uniformize_equals_the_stable_rank_reference(m: int, dtype: type) -> Non
     """The fast ranks (two radix passes over float32 keys; a stable argsort otherwise) are those of
     a stable sort exactly: ties in row order, -0.0 tied with 0.0, negatives, infinities, the
     clamped 0 and 1 a flow returns; NaN takes the plain path."""
-    schema = make_schema()
-    codec = CopulaCodec.from_marginals(schema, positive_marginals(schema))
+    schema = make_schema()  # the plain ranks: no band (`test_a_banded_column_is_ranked_among_its_present_rows`)
+    codec = CopulaCodec.from_marginals(schema, dataclasses.replace(positive_marginals(schema), null_band=1.0))
     rng = np.random.default_rng(m)
     u = rng.random((m, codec.dim)).astype(dtype)
     u[: m // 3] = np.round(u[: m // 3], 1)  # many ties
@@ -489,7 +503,9 @@ def test_uniformize_equals_the_stable_rank_reference(m: int, dtype: type) -> Non
 
 def test_uniformize_in_gaussian_space_is_the_normal_quantile_of_the_ranks() -> None:
     schema = make_schema()
-    codec = CopulaCodec.from_marginals(schema, positive_marginals(schema), space="gaussian")
+    codec = CopulaCodec.from_marginals(
+        schema, dataclasses.replace(positive_marginals(schema), null_band=1.0), space="gaussian"
+    )
     rng = np.random.default_rng(3)
     u, jitter = rng.normal(size=(500, codec.dim)).astype(np.float32), rng.random((500, codec.dim))
     np.testing.assert_array_equal(codec.uniformize(u, jitter), stats.norm.ppf(_stable_ranks_reference(u, jitter)))
@@ -545,7 +561,8 @@ def test_an_integer_columns_runs_never_straddle_a_summary_bins_edge(bounds: tupl
 
 def test_a_release_made_before_the_aligned_runs_decodes_on_its_own_runs() -> None:
     """A stored release without `aligned_runs` reads as made: its integer columns' runs are the grid
-    over [lo, hi + 1], rounded, as when it was trained; a new release's are the aligned ones."""
+    over [lo, hi + 1], rounded, as when it was trained; a new release's are the aligned ones. Without
+    `null_band`, a missing value's coordinate spans (0, 1) as it did."""
     schema = Schema.model_validate(
         {"dataset": {"name": "t"}, "columns": [{"name": "minutes", "type": "integer", "bounds": [0, 2400]}]}
     )
@@ -553,8 +570,49 @@ def test_a_release_made_before_the_aligned_runs_decodes_on_its_own_runs() -> Non
     old, new = column_cells(col, aligned_runs=False), column_cells(col)
     assert old.n_cells == new.n_cells and not np.array_equal(old.starts, new.starts)
     stored = Marginals({"minutes": np.full(old.n_cells, 1.0 / old.n_cells)}).to_dict()
-    del stored["aligned_runs"]
+    del stored["aligned_runs"], stored["null_band"]
     loaded = Marginals.from_dict(stored)
     assert loaded.aligned_runs is False and Marginals.from_dict(Marginals(loaded.probs).to_dict()).aligned_runs
+    assert loaded.null_band == 1.0 and Marginals.from_dict(Marginals(loaded.probs).to_dict()).null_band == NULL_BAND
     codec = CopulaCodec.from_marginals(schema, loaded)
     assert np.array_equal(codec.cells[0].starts, old.starts)
+
+
+def test_a_banded_column_is_ranked_among_its_present_rows() -> None:
+    """With missing values in a band (`null_band` < 1), `uniformize` ranks a column the pattern
+    covers among the rows the batch's pattern calls present, (rank + V) / k, so its decoded values
+    follow their marginal; the pattern, the other columns and the rows called missing keep the plain
+    ranks. Decoded: the present values' marginal matches the released one."""
+    schema = make_schema()
+    m = positive_marginals(schema)
+    assert m.null_band < 1.0
+    banded, plain = (
+        CopulaCodec.from_marginals(schema, m),
+        CopulaCodec.from_marginals(schema, dataclasses.replace(m, null_band=1.0)),
+    )
+    rng = np.random.default_rng(8)
+    n = 40_000
+    u = rng.random((n, banded.dim))
+    covered = [j for j, flag in enumerate(banded.values_only) if flag]
+    u[: n // 2, covered] = 0.5 + (u[: n // 2, covered] - 0.5) * 0.02  # half the draws in the band
+    jitter = rng.random(u.shape)
+    a, b = banded.uniformize(u, jitter), plain.uniformize(u, jitter)
+    pj = next(j for j, c in enumerate(banded.cells) if c.pattern)
+    code = banded._cell_of(banded.cdfs[pj], a[:, pj])
+    from privflow.data import missing_pattern
+
+    null = missing_pattern.nulls(code, banded.cells[pj].pattern)
+    for j, c in enumerate(banded.cells):
+        if j not in covered:
+            np.testing.assert_array_equal(a[:, j], b[:, j])
+            continue
+        present = ~null[c.source or c.column]
+        k = int(present.sum())
+        rank = np.empty(k)
+        rank[np.argsort(b[present, j], kind="stable")] = np.arange(k)
+        np.testing.assert_allclose(a[present, j], (rank + jitter[present, j]) / k)
+        np.testing.assert_array_equal(a[~present, j], b[~present, j])
+        values = banded.decode(a)
+        got = marginal_of(values.filter(pl.col(c.column).is_not_null()), c)[: c.n_values]
+        want = banded.probs[j][: c.n_values]
+        assert tvd(got / got.sum(), want / want.sum()) < 0.03, c.column
