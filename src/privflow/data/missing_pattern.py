@@ -8,9 +8,13 @@ of 2^k cells, cell b holding the rows whose missing columns are the bits of b (b
 column of `pattern_columns`). Its DP marginal is the joint distribution of missingness, released
 with the other marginals (one cell per row: the sensitivity counts it as one more column), and
 the flow places it among the other columns like any of them (a measurement missing before a year
-stays so). Decoding, the pattern decides which of its columns are null on a row: a column's own
-null cell is then followed where the pattern says null and redrawn among its values where it does
-not. Fixed by the public schema (privacy rule 2): a per-row map, no statistic of the rows.
+stays so). Decoding, the pattern decides which of its columns are null on a row. Since
+`Marginals.nulls_in_pattern`, a covered column's coordinate holds its values alone (their CDF), a
+missing value a draw in a narrow band around 1/2 (`Marginals.null_band`), and sampling ranks the
+coordinate among the rows the pattern calls present (privflow/data/copula.py); in releases made
+before, a column's own null cell was followed where the pattern says null and redrawn among its
+values where it does not. Fixed by the public schema (privacy rule 2): a per-row map, no
+statistic of the rows.
 """
 
 from __future__ import annotations
