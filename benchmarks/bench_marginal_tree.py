@@ -80,7 +80,7 @@ def one_table(name: str, repeats: int) -> list[str]:
     saved = hierarchy.BRANCHING, hierarchy.FALSE_BLOCK, dp_marginals.tree_for
     trees = {
         "twentieths": hierarchy.tree_for,
-        "fifths": lambda n: hierarchy.tree_for(n, twentieths_top=False),
+        "fifths": lambda n: hierarchy.Tree(n, fanouts=hierarchy.twentieths_fanouts(n) or ()),
         "b-ary": hierarchy.Tree,
     }
     try:

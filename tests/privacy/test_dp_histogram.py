@@ -129,3 +129,12 @@ def test_quantile_bounds_event_candidates_and_round_out() -> None:
     x = np.random.default_rng(4).lognormal(3, 0.8, 3000)
     rel = QuantileBounds(500.0, 100.0, "nonnegative").release(x)  # a large epsilon: near the quantiles
     assert np.mean((x >= rel.low) & (x <= rel.high)) >= 0.98
+
+
+@pytest.mark.parametrize(("rows", "delta"), [(2.0, 1e-6), (590.0, 1e-8), (1e5, 0.01)])
+def test_the_epsilon_to_pass_puts_the_threshold_at_those_rows(rows: float, delta: float) -> None:
+    """`epsilon_to_pass` inverts the threshold: at that epsilon it is exactly `rows`."""
+    eps = ThresholdedHistogram(1.0, delta).epsilon_to_pass(rows)
+    assert ThresholdedHistogram(eps, delta).threshold == pytest.approx(rows)
+    with pytest.raises(ValueError, match="exceed 1"):
+        ThresholdedHistogram(1.0, delta).epsilon_to_pass(1.0)

@@ -379,7 +379,7 @@ class Marginals:
     calendar_parts: bool = True
     missing_pattern: bool = True
     # the missing pattern alone says which of its columns' values are null: each such column's
-    # coordinate is its values' CDF, a missing value an independent uniform (`CopulaCodec`)
+    # coordinate is its values' CDF, a missing value a draw in `null_band` (`CopulaCodec`)
     nulls_in_pattern: bool = True
     # an integer column's runs lie between the grid's edges over its bounds (`column_cells`)
     aligned_runs: bool = True
@@ -501,16 +501,17 @@ class CopulaCodec:
         if not self.marginals.null_band < 1.0 or not any(self.values_only):
             return
         pj = next(j for j, c in enumerate(self.cells) if c.pattern)
-        code = np.clip(self._cell_of(self.cdfs[pj], out[:, pj]), 0, self.cells[pj].n_cells - 1)
-        null = pattern.nulls(code, self.cells[pj].pattern)
+        null = pattern.nulls(self._cells_at(pj, out[:, pj]), self.cells[pj].pattern)
         for j, c in enumerate(self.cells):
             present = ~null[c.source or c.column] if self.values_only[j] else None
-            k = 0 if present is None else int(present.sum())
-            if present is None or k == 0:
+            if present is None or not present.any():
                 continue
-            rank = np.empty(k)
-            rank[np.argsort(out[present, j], kind="stable")] = np.arange(k, dtype=np.float64)
-            out[present, j] = np.clip((rank + jitter[present, j]) / k, U_MARGIN, 1 - U_MARGIN)
+            rank = self._ranks(out[present, j][:, None])[0]
+            out[present, j] = np.clip((rank + jitter[present, j]) / rank.size, U_MARGIN, 1 - U_MARGIN)
+
+    def _cells_at(self, j: int, u: np.ndarray) -> np.ndarray:
+        """Coordinate j's cell index of each value of `u` in [0, 1) (its CDF, side='right')."""
+        return np.clip(self._cell_of(self.cdfs[j], u), 0, self.cells[j].n_cells - 1)
 
     @staticmethod
     def _ranks(u: np.ndarray) -> np.ndarray:
@@ -643,10 +644,8 @@ class CopulaCodec:
         ut = np.array(u.T, dtype=np.float64, order="C")  # a copy, one contiguous row per column
         np.clip(ut, 0.0, np.nextafter(1.0, 0.0), out=ut)
         cells = []
-        for j, c in enumerate(self.cells):
-            idx = self._cell_of(self.cdfs[j], ut[j])
-            np.clip(idx, 0, c.n_cells - 1, out=idx)
-            cells.append(idx)
+        for j in range(self.dim):
+            cells.append(self._cells_at(j, ut[j]))
         self._missing_jointly(cells, ut)
         cols: dict[str, pl.Series] = {}
         for j, c in enumerate(self.cells):

@@ -594,6 +594,15 @@ def _fill_time(kind: dd.KindDecision, s: pl.Series, eps: float, eps_kinds: float
     return [dd.Entry("bounds", bound, comment), _nullable(kind, eps_kinds)]
 
 
+def _epsilon_to_list(plan: DraftPlan, hist: dp_histogram.ThresholdedHistogram, eps: float, rows: float) -> str | None:
+    """The draft's --epsilon (rounded up) at which a value held by `rows` (DP) passes the column's
+    thresholded histogram, its share `eps` of the draft's epsilon scaling with it; None where it
+    passes at this epsilon already (or `rows` is too few to say)."""
+    if not hist.threshold > rows > 1.0:
+        return None
+    return _round_up(float(plan.epsilon or 0.0) * hist.epsilon_to_pass(rows) / eps)
+
+
 def _round_up(x: float) -> str:
     """x rounded up to two significant digits, as text."""
     if not x > 0:
@@ -616,13 +625,12 @@ def _fill_categories(
     target = sug.name == plan.target
     share = TARGET_SHARE if target else CATEGORY_SHARE
     hist = dp_histogram.ThresholdedHistogram(eps, hdelta)
-    reach = share * kind.present  # the rows a value at the listing share holds (DP)
-    if not target and hist.threshold > reach > 1.0:
-        need = float(plan.epsilon or 0.0) * (hist.threshold - 1.0) / (reach - 1.0)  # the threshold falls as 1/epsilon
+    need = None if target else _epsilon_to_list(plan, hist, eps, share * kind.present)
+    if need is not None:
         notes.append(
             f"'{sug.name}': at this epsilon a value is listed only when it holds about {hist.threshold:,.0f} rows "
             f"({hist.threshold / kind.present:.0%} of its values, DP), so values holding {share:.0%} are read as "
-            f"`other`; a draft at --epsilon {_round_up(need)} or more lists them (the thresholded histogram's "
+            f"`other`; a draft at --epsilon {need} or more lists them (the thresholded histogram's "
             "threshold is 1 + ln(1/delta) / epsilon rows: no DP release can list a value held by fewer rows than about "
             "ln(1/delta) / epsilon)"
         )
@@ -637,13 +645,12 @@ def _fill_categories(
         return dd.Suggestion(sug.name, "ignore", dd.BY_DP, note=note), []
     out: list[dd.Entry] = []
     if not listed:
-        reach = TARGET_HINT_SHARE * kind.present  # the rows of a class holding 1% of the values (DP)
+        need = _epsilon_to_list(plan, hist, eps, TARGET_HINT_SHARE * kind.present)
         hint = ""
-        if hist.threshold > reach > 1.0:
-            need = float(plan.epsilon or 0.0) * (hist.threshold - 1.0) / (reach - 1.0)
+        if need is not None:
             hint = (
                 f" (a class is listed when it holds about {hist.threshold:,.0f} rows here; at --epsilon "
-                f"{_round_up(need)} classes holding {TARGET_HINT_SHARE:.0%} of the rows pass)"
+                f"{need} classes holding {TARGET_HINT_SHARE:.0%} of the rows pass)"
             )
         notes.append(
             f"target '{sug.name}': no class passed the DP threshold (too few rows for this epsilon), so the draft "

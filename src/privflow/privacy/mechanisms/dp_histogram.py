@@ -65,6 +65,14 @@ class ThresholdedHistogram:
         """T = 1 + b ln(1/delta): a value of count 1 passes it with probability at most delta."""
         return 1.0 + self.scale * math.log(1.0 / float(self.delta))
 
+    def epsilon_to_pass(self, rows: float) -> float:
+        """The epsilon at which the threshold, at this delta, is `rows` (> 1): a value held by that
+        many rows passes it about half the time. No (epsilon, delta)-DP release can list a value held
+        by fewer than about ln(1/delta) / epsilon rows."""
+        if not rows > 1.0:
+            raise ValueError(f"rows must exceed 1, got {rows!r}")
+        return math.log(1.0 / float(self.delta)) / (float(rows) - 1.0)
+
     def event(self) -> ApproxDPEvent:
         return ApproxDPEvent(float(self.epsilon), float(self.delta))
 

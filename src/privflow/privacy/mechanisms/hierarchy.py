@@ -239,8 +239,8 @@ class Tree:
         mass = top[: z[0].size]
         for k in range(1, self.depth):
             below = np.zeros(z[k].size)
+            b = self.fanout_below(k - 1)
             for i in np.nonzero(mass)[0]:
-                b = self.fanout_below(k - 1)
                 lo, hi = i * b, min((i + 1) * b, z[k].size)
                 below[lo:hi] = split(
                     float(mass[i]), z[k][lo:hi], np.sqrt(v[k][lo:hi]), w[k][lo:hi], cut, math.sqrt(v[k - 1][i])
@@ -264,16 +264,14 @@ def twentieths_fanouts(leaves: int, branching: int = BRANCHING) -> tuple[int, ..
     return tuple(out)
 
 
-def tree_for(leaves: int, twentieths_top: bool = True) -> Tree:
+def tree_for(leaves: int) -> Tree:
     """The tree over an ordered column's `leaves` value cells (module docstring, "Layout"): where
     20 divides them into blocks of at most `BRANCHING`-ary factors, the top level is their
-    twentieths (`twentieths_top=False`: `BRANCHING`-ary levels go on above it, the ablation of
-    benchmarks/bench_marginal_tree.py); else `BRANCHING`-ary blocks up to a top of at most
-    `BRANCHING` blocks."""
+    twentieths; else `BRANCHING`-ary blocks up to a top of at most `BRANCHING` blocks."""
     fanouts = twentieths_fanouts(leaves)
     if fanouts is None:
         return Tree(leaves)
-    return Tree(leaves, fanouts=fanouts, top=TWENTIETHS if twentieths_top else None)
+    return Tree(leaves, fanouts=fanouts, top=TWENTIETHS)
 
 
 __all__ = [
